@@ -1,0 +1,1 @@
+//! Persistent worker pool. See docs/ARCHITECTURE.md.
