@@ -1,1 +1,3 @@
 //! See docs/ARCHITECTURE.md.
+pub mod gguf;
+pub mod gguf_write;
