@@ -382,3 +382,46 @@ fn reads_smollm2_q4_1() {
         .unwrap();
     assert!(f.data_start() + end <= f.file_len());
 }
+
+#[test]
+fn id42_ambiguity_is_settled_per_file() {
+    // 2 × 128 weights: g64 = 72 bytes, g128 = 68 bytes; both fit a 96-byte padded span.
+    let mut w = GgufWriter::new();
+    w.add_tensor("tiny", &[2, 128], GgmlType::Q2_0Legacy128, vec![0; 68])
+        .unwrap();
+    let f = GgufFile::from_bytes("w", w.to_bytes()).unwrap();
+    assert_eq!(
+        f.tensor("tiny").unwrap().ty,
+        GgmlType::Q2_0,
+        "tie goes to upstream"
+    );
+
+    // A large legacy tensor in the same file decides for the tiny one too.
+    w.add_tensor(
+        "big",
+        &[2, 4096],
+        GgmlType::Q2_0Legacy128,
+        vec![0; 2 * 1088],
+    )
+    .unwrap();
+    let f = GgufFile::from_bytes("w", w.to_bytes()).unwrap();
+    assert_eq!(f.tensor("tiny").unwrap().ty, GgmlType::Q2_0Legacy128);
+    assert_eq!(f.tensor("big").unwrap().ty, GgmlType::Q2_0Legacy128);
+
+    // Two large tensors with different layouts cannot share one meaning of id 42.
+    let mut w = GgufWriter::new();
+    w.add_tensor("g64", &[2, 4096], GgmlType::Q2_0, vec![0; 2 * 1152])
+        .unwrap();
+    w.add_tensor(
+        "g128",
+        &[2, 4096],
+        GgmlType::Q2_0Legacy128,
+        vec![0; 2 * 1088],
+    )
+    .unwrap();
+    let msg = err_text(GgufFile::from_bytes("w", w.to_bytes()));
+    assert!(
+        msg.contains("'g64'") && msg.contains("'g128'") && msg.contains("disagree"),
+        "{msg}"
+    );
+}
