@@ -6,6 +6,8 @@
 
 pub mod config;
 mod folder;
+pub mod gguf;
+pub mod gguf_write;
 pub mod mlx;
 pub mod safetensors;
 mod unpacked;
