@@ -3,6 +3,7 @@
 //! then checked against the tensors so that a config contradicting the weights is refused at
 //! load instead of producing wrong logits.
 
+use super::gguf::{GgufFile, Value as GgufValue};
 use super::WeightSource;
 use crate::{Error, Result};
 use serde_json::Value;
@@ -265,6 +266,110 @@ impl ModelConfig {
         })
     }
 
+    /// Reads the hyper-parameters from GGUF metadata (`{arch}.*`, `tokenizer.ggml.*`). `vocab`
+    /// is `{arch}.vocab_size` when present (else 0) until `check_tensors`.
+    pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig> {
+        let m = Meta(file);
+        let arch_name = m.str("general.architecture")?;
+        let arch = Arch::from_name(&arch_name)?;
+        let k = |s: &str| format!("{arch_name}.{s}");
+        let hidden = m.usize(&k("embedding_length"))?;
+        let n_heads = m.usize(&k("attention.head_count"))?;
+        if n_heads == 0 {
+            return Err(Error::Config(format!("{} is 0", k("attention.head_count"))));
+        }
+        let n_kv_heads = m
+            .opt_usize(&k("attention.head_count_kv"))?
+            .unwrap_or(n_heads);
+        let head_dim = m
+            .opt_usize(&k("attention.key_length"))?
+            .unwrap_or(hidden / n_heads);
+        if let Some(v) = m.opt_usize(&k("attention.value_length"))? {
+            if v != head_dim {
+                return Err(Error::Unsupported(format!(
+                    "{} = {v} differs from the key length {head_dim}",
+                    k("attention.value_length")
+                )));
+            }
+        }
+        if let Some(r) = m.opt_usize(&k("rope.dimension_count"))? {
+            if r != head_dim {
+                return Err(Error::Unsupported(format!(
+                    "partial RoPE: {} = {r} but head_dim is {head_dim}",
+                    k("rope.dimension_count")
+                )));
+            }
+        }
+        let rope_scaling = match m.opt_str(&k("rope.scaling.type"))?.as_deref() {
+            None | Some("none") => None,
+            Some("yarn") => {
+                let factor = m.f32(&k("rope.scaling.factor"))?;
+                // ggml multiplies its attn_factor by (1 + 0.1 ln factor) inside the YaRN rope.
+                let attn = m.opt_f32(&k("rope.scaling.attn_factor"))?.unwrap_or(1.0);
+                Some(RopeScaling::Yarn {
+                    factor,
+                    original_max_position: m.usize(&k("rope.scaling.original_context_length"))?,
+                    beta_fast: m
+                        .opt_f32(&k("rope.scaling.yarn_beta_fast"))?
+                        .unwrap_or(32.0),
+                    beta_slow: m.opt_f32(&k("rope.scaling.yarn_beta_slow"))?.unwrap_or(1.0),
+                    attention_factor: attn * yarn_mscale(factor, 1.0),
+                })
+            }
+            Some(other) => {
+                return Err(Error::Unsupported(format!(
+                    "{} '{other}' (supported: yarn)",
+                    k("rope.scaling.type")
+                )))
+            }
+        };
+        let id = |key: &str| -> Result<Option<u32>> { Ok(m.opt_usize(key)?.map(|v| v as u32)) };
+        let mut eos = Vec::new();
+        for key in [
+            "tokenizer.ggml.eos_token_id",
+            "tokenizer.ggml.eot_token_id",
+            "tokenizer.ggml.eom_token_id",
+        ] {
+            push_unique(&mut eos, id(key)?);
+        }
+        let add_bos = match m.opt_bool("tokenizer.ggml.add_bos_token")? {
+            Some(b) => b,
+            // llama.cpp's default: SentencePiece vocabularies add BOS, BPE ones do not.
+            None => m.opt_str("tokenizer.ggml.model")?.as_deref() == Some("llama"),
+        };
+        let name = match m.opt_str("general.name")? {
+            Some(n) => n,
+            None => std::path::Path::new(file.source())
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        };
+        Ok(ModelConfig {
+            arch,
+            n_layers: m.usize(&k("block_count"))?,
+            hidden,
+            ffn: m.usize(&k("feed_forward_length"))?,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            vocab: m.opt_usize(&k("vocab_size"))?.unwrap_or(0),
+            rope_theta: m.opt_f32(&k("rope.freq_base"))?.unwrap_or(10_000.0),
+            rope_style: match arch {
+                Arch::Llama => RopeStyle::Adjacent,
+                Arch::Qwen3 => RopeStyle::Neox,
+            },
+            rope_scaling,
+            norm_eps: m.f32(&k("attention.layer_norm_rms_epsilon"))?,
+            max_ctx: m.usize(&k("context_length"))?,
+            tied_embeddings: file.tensor("output.weight").is_none(),
+            qk_norm: arch == Arch::Qwen3,
+            bos: id("tokenizer.ggml.bos_token_id")?,
+            eos,
+            add_bos,
+            name,
+        })
+    }
+
     /// Width of the concatenated query heads.
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim
@@ -344,6 +449,61 @@ impl ModelConfig {
             (true, None) => {}
         }
         Ok(())
+    }
+}
+
+/// Typed GGUF metadata access with messages naming the key and the type found.
+struct Meta<'a>(&'a GgufFile);
+
+impl Meta<'_> {
+    fn get(&self, key: &str) -> Option<&GgufValue> {
+        self.0.get(key)
+    }
+    fn wrong(&self, key: &str, want: &str, v: &GgufValue) -> Error {
+        Error::Config(format!(
+            "{}: metadata '{key}' should be {want}, found {}",
+            self.0.source(),
+            v.type_name()
+        ))
+    }
+    fn missing(&self, key: &str) -> Error {
+        Error::Config(format!("{}: missing metadata key '{key}'", self.0.source()))
+    }
+    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+        self.get(key)
+            .map(|v| {
+                v.as_usize()
+                    .ok_or_else(|| self.wrong(key, "a non-negative integer", v))
+            })
+            .transpose()
+    }
+    fn usize(&self, key: &str) -> Result<usize> {
+        self.opt_usize(key)?.ok_or_else(|| self.missing(key))
+    }
+    fn opt_f32(&self, key: &str) -> Result<Option<f32>> {
+        self.get(key)
+            .map(|v| v.as_f32().ok_or_else(|| self.wrong(key, "a number", v)))
+            .transpose()
+    }
+    fn f32(&self, key: &str) -> Result<f32> {
+        self.opt_f32(key)?.ok_or_else(|| self.missing(key))
+    }
+    fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
+        self.get(key)
+            .map(|v| v.as_bool().ok_or_else(|| self.wrong(key, "a bool", v)))
+            .transpose()
+    }
+    fn opt_str(&self, key: &str) -> Result<Option<String>> {
+        self.get(key)
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| self.wrong(key, "a string", v))
+            })
+            .transpose()
+    }
+    fn str(&self, key: &str) -> Result<String> {
+        self.opt_str(key)?.ok_or_else(|| self.missing(key))
     }
 }
 

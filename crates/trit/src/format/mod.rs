@@ -7,6 +7,7 @@
 pub mod config;
 mod folder;
 pub mod gguf;
+pub mod gguf_source;
 pub mod gguf_write;
 pub mod mlx;
 pub mod safetensors;
@@ -17,7 +18,9 @@ pub use folder::{canonical_to_hf, hf_to_canonical};
 
 use crate::quant::GgmlType;
 use crate::{Error, Result};
+use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Element types of plain (non-block) tensors, as named by safetensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -187,6 +190,8 @@ pub enum TokenizerSource {
         tokenizer: PathBuf,
         config: Option<PathBuf>,
     },
+    /// The vocabulary in a GGUF file's `tokenizer.ggml.*` metadata (the file stays open).
+    Gguf(Arc<gguf::GgufFile>),
 }
 
 /// Sampling defaults shipped with the model. Every field is optional; `source` says where
@@ -232,8 +237,19 @@ pub fn open_with(path: &Path, options: OpenOptions) -> Result<ModelFiles> {
     if meta.is_dir() {
         return folder::open_folder(path, options);
     }
+    let mut magic = [0u8; 4];
+    let n = std::fs::File::open(path)
+        .and_then(|mut f| f.read(&mut magic))
+        .map_err(|e| Error::io(path, e))?;
+    let is_gguf_name = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    if (n == 4 && &magic == gguf::GGUF_MAGIC) || is_gguf_name {
+        return gguf_source::open_gguf(path, options);
+    }
     Err(Error::Unsupported(format!(
-        "{}: not a model folder, and GGUF files are not readable in this build yet",
+        "{}: not a GGUF file (no \"GGUF\" magic) and not a model folder; trit opens a .gguf \
+         file, an MLX 2-bit folder or an unpacked FP16/BF16 safetensors folder",
         path.display()
     )))
 }
