@@ -374,6 +374,22 @@ fn reads_smollm2_q4_1() {
         .as_str_array()
         .unwrap();
     assert_eq!(vocab.len(), 49152);
+    let mut types: Vec<&str> = f.tensors().iter().map(|t| t.ty.name()).collect();
+    types.sort();
+    types.dedup();
+    eprintln!("SmolLM2 tensor types: {types:?}");
+    // Every tensor's first row decodes to finite values; the final norm's gains are positive.
+    for t in f.tensors() {
+        let mut row = vec![0f32; t.row_len()];
+        let rb = t.ty.row_bytes(t.row_len());
+        crate::quant::dequantize(t.ty, &f.tensor_data(t)[..rb], t.row_len(), &mut row).unwrap();
+        assert!(row.iter().all(|v| v.is_finite()), "{}", t.name);
+    }
+    let norm = f.tensor("output_norm.weight").unwrap();
+    let mut g = vec![0f32; norm.n_elements()];
+    crate::quant::dequantize(norm.ty, f.tensor_data(norm), g.len(), &mut g).unwrap();
+    let mean = g.iter().sum::<f32>() / g.len() as f32;
+    assert!(mean > 0.1 && mean < 10.0, "mean norm gain {mean}");
     let end = f
         .tensors()
         .iter()
