@@ -374,6 +374,22 @@ fn reads_smollm2_q4_1() {
         .as_str_array()
         .unwrap();
     assert_eq!(vocab.len(), 49152);
+    let mut types: Vec<&str> = f.tensors().iter().map(|t| t.ty.name()).collect();
+    types.sort();
+    types.dedup();
+    eprintln!("SmolLM2 tensor types: {types:?}");
+    // Every tensor's first row decodes to finite values; the final norm's gains are positive.
+    for t in f.tensors() {
+        let mut row = vec![0f32; t.row_len()];
+        let rb = t.ty.row_bytes(t.row_len());
+        crate::quant::dequantize(t.ty, &f.tensor_data(t)[..rb], t.row_len(), &mut row).unwrap();
+        assert!(row.iter().all(|v| v.is_finite()), "{}", t.name);
+    }
+    let norm = f.tensor("output_norm.weight").unwrap();
+    let mut g = vec![0f32; norm.n_elements()];
+    crate::quant::dequantize(norm.ty, f.tensor_data(norm), g.len(), &mut g).unwrap();
+    let mean = g.iter().sum::<f32>() / g.len() as f32;
+    assert!(mean > 0.1 && mean < 10.0, "mean norm gain {mean}");
     let end = f
         .tensors()
         .iter()
@@ -381,4 +397,47 @@ fn reads_smollm2_q4_1() {
         .max()
         .unwrap();
     assert!(f.data_start() + end <= f.file_len());
+}
+
+#[test]
+fn id42_ambiguity_is_settled_per_file() {
+    // 2 × 128 weights: g64 = 72 bytes, g128 = 68 bytes; both fit a 96-byte padded span.
+    let mut w = GgufWriter::new();
+    w.add_tensor("tiny", &[2, 128], GgmlType::Q2_0Legacy128, vec![0; 68])
+        .unwrap();
+    let f = GgufFile::from_bytes("w", w.to_bytes()).unwrap();
+    assert_eq!(
+        f.tensor("tiny").unwrap().ty,
+        GgmlType::Q2_0,
+        "tie goes to upstream"
+    );
+
+    // A large legacy tensor in the same file decides for the tiny one too.
+    w.add_tensor(
+        "big",
+        &[2, 4096],
+        GgmlType::Q2_0Legacy128,
+        vec![0; 2 * 1088],
+    )
+    .unwrap();
+    let f = GgufFile::from_bytes("w", w.to_bytes()).unwrap();
+    assert_eq!(f.tensor("tiny").unwrap().ty, GgmlType::Q2_0Legacy128);
+    assert_eq!(f.tensor("big").unwrap().ty, GgmlType::Q2_0Legacy128);
+
+    // Two large tensors with different layouts cannot share one meaning of id 42.
+    let mut w = GgufWriter::new();
+    w.add_tensor("g64", &[2, 4096], GgmlType::Q2_0, vec![0; 2 * 1152])
+        .unwrap();
+    w.add_tensor(
+        "g128",
+        &[2, 4096],
+        GgmlType::Q2_0Legacy128,
+        vec![0; 2 * 1088],
+    )
+    .unwrap();
+    let msg = err_text(GgufFile::from_bytes("w", w.to_bytes()));
+    assert!(
+        msg.contains("'g64'") && msg.contains("'g128'") && msg.contains("disagree"),
+        "{msg}"
+    );
 }
