@@ -10,6 +10,7 @@
 use super::folder::{module_of, split_tensor_name, Entry, FolderSource};
 use super::safetensors::SafetensorsSet;
 use super::{Dtype, OpenOptions};
+use crate::quant::{HalfKind, MlxTernary};
 use crate::{Error, Result};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -124,46 +125,13 @@ fn check_bits_group(bits: usize, group_size: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// Bit pattern of the sign flip for a scale dtype.
-fn sign_mask(dtype: Dtype) -> u32 {
-    match dtype {
-        Dtype::F32 => 0x8000_0000,
-        _ => 0x8000,
-    }
-}
-
-fn read_bits(bytes: &[u8], i: usize, size: usize) -> u32 {
-    if size == 4 {
-        u32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes"))
-    } else {
-        u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]) as u32
-    }
-}
-
-/// Index of the first group whose bias is not exactly the negated scale (the ternary mapping
-/// `scale = s, bias = -s`), or `None` when every group is ternary.
-pub fn first_non_ternary_group(scales: &[u8], biases: &[u8], dtype: Dtype) -> Option<usize> {
-    let size = dtype.size();
-    let mask = sign_mask(dtype);
-    (0..scales.len() / size)
-        .find(|&i| read_bits(biases, i, size) != read_bits(scales, i, size) ^ mask)
-}
-
 /// A quantized module found in the folder.
 struct Packed {
     module: String,
     canonical: String,
     entry: Entry,
-    /// First non-ternary `(row, group, scale, bias)` if any.
-    non_ternary: Option<(usize, usize, f32, f32)>,
-}
-
-fn float_of(bits: u32, dtype: Dtype) -> f32 {
-    match dtype {
-        Dtype::F32 => f32::from_bits(bits),
-        Dtype::BF16 => half::bf16::from_bits(bits as u16).to_f32(),
-        _ => half::f16::from_bits(bits as u16).to_f32(),
-    }
+    /// Why the module is not ternary (quant::MlxTernary's check), if it is not.
+    non_ternary: Option<String>,
 }
 
 fn packed_module(
@@ -211,7 +179,18 @@ fn packed_module(
         });
     }
     let groups = vec![rows, cols / group_size];
-    if !sinfo.dtype.is_float() || sinfo.shape != groups {
+    let kind = match sinfo.dtype {
+        Dtype::F16 => HalfKind::F16,
+        Dtype::BF16 => HalfKind::BF16,
+        other => {
+            return Err(Error::Unsupported(format!(
+                "'{}' is {}; MLX scales must be F16 or BF16",
+                name("scales"),
+                other.name()
+            )))
+        }
+    };
+    if sinfo.shape != groups {
         return Err(Error::Format(format!(
             "'{}' should be a float tensor of shape {groups:?} (codes are [{rows}, {cols}], group {group_size}), found {} {:?}",
             name("scales"),
@@ -230,15 +209,9 @@ fn packed_module(
             sinfo.shape
         )));
     }
-    let non_ternary = first_non_ternary_group(scales, biases, sinfo.dtype).map(|i| {
-        let size = sinfo.dtype.size();
-        (
-            i / groups[1],
-            i % groups[1],
-            float_of(read_bits(scales, i, size), sinfo.dtype),
-            float_of(read_bits(biases, i, size), sinfo.dtype),
-        )
-    });
+    let (_, codes) = files.get(&name("weight")).expect("checked above");
+    let view = MlxTernary::new(codes, scales, biases, kind, rows, cols, group_size)?;
+    let non_ternary = view.check_ternary().err().map(|e| e.to_string());
     Ok(Packed {
         module: module.to_string(),
         canonical,
@@ -306,15 +279,12 @@ pub(super) fn build(
     }
     let n_packed = packed.len();
     let generic: Vec<&Packed> = packed.iter().filter(|p| p.non_ternary.is_some()).collect();
-    if let Some(p) = generic.first() {
-        let (row, group, s, b) = p.non_ternary.expect("filtered");
-        if options.require_ternary {
-            return Err(Error::Unsupported(format!(
-                "not a ternary model: '{}.biases' row {row} group {group} is {b} but the scale is {s} \
-                 (ternary MLX packs store bias = -scale); tensor {} is generic 2-bit affine",
-                p.module, p.canonical
-            )));
-        }
+    if let (Some(p), true) = (generic.first(), options.require_ternary) {
+        let why = p.non_ternary.as_deref().unwrap_or_default();
+        return Err(Error::Unsupported(format!(
+            "'{}' ({}.weight) is generic 2-bit affine, not ternary: {why}",
+            p.module, p.canonical
+        )));
     }
     let ternary_note = match generic.first() {
         None => "all ternary (biases == -scales)".to_string(),
@@ -373,33 +343,5 @@ mod tests {
         assert!(e.contains("group_size 32"), "{e}");
         let e = err(json!({"bits": 2}));
         assert!(e.contains("missing key 'group_size'"), "{e}");
-    }
-
-    #[test]
-    fn ternary_check_is_bitwise() {
-        let f16s = |v: &[f32]| -> Vec<u8> {
-            v.iter()
-                .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
-                .collect()
-        };
-        let scales = f16s(&[0.5, 0.25, 0.0]);
-        assert_eq!(
-            first_non_ternary_group(&scales, &f16s(&[-0.5, -0.25, -0.0]), Dtype::F16),
-            None
-        );
-        // +0.0 is not the bitwise negation of 0.0.
-        assert_eq!(
-            first_non_ternary_group(&scales, &f16s(&[-0.5, -0.25, 0.0]), Dtype::F16),
-            Some(2)
-        );
-        assert_eq!(
-            first_non_ternary_group(&scales, &f16s(&[-0.5, -0.2, -0.0]), Dtype::F16),
-            Some(1)
-        );
-        let f32s = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
-        assert_eq!(
-            first_non_ternary_group(&f32s(&[1.0]), &f32s(&[-1.0]), Dtype::F32),
-            None
-        );
     }
 }

@@ -11,6 +11,7 @@ pub mod gguf_source;
 pub mod gguf_write;
 pub mod mlx;
 pub mod safetensors;
+pub mod testgen;
 mod unpacked;
 
 pub use config::{Arch, ModelConfig, RopeScaling, RopeStyle};
