@@ -11,7 +11,7 @@
 mod tokenizer_meta;
 mod writers;
 
-pub use tokenizer_meta::TokenizerAssets;
+pub use tokenizer_meta::{LoadedTokenizer, TokenizerAssets};
 pub use writers::{write_f16_folder, write_gguf, write_mlx_folder};
 
 use super::config::Arch;
