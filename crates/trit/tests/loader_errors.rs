@@ -113,7 +113,7 @@ fn decode(view: &TensorView, rows: &[usize]) -> Vec<f32> {
 
 #[test]
 fn every_format_decodes_to_the_generated_values() {
-    for preset_name in ["tiny", "tiny-llama"] {
+    for preset_name in ["tiny", "tiny-untied-yarn", "tiny-llama"] {
         let preset = Preset::by_name(preset_name).unwrap();
         let dir = shared(preset_name);
         let models: Vec<(String, ModelFiles)> = ALL
@@ -367,6 +367,65 @@ fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     edit(&mut v);
     std::fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
+}
+
+/// Splits a folder's single safetensors file into two shards plus an index.
+fn shard(dir: &Path) -> Vec<String> {
+    let path = dir.join("model.safetensors");
+    let names = [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ];
+    let mut weight_map = serde_json::Map::new();
+    {
+        let f = SafetensorsFile::open(&path).unwrap();
+        let all: Vec<(&String, _)> = f.header().tensors.iter().collect();
+        let half = all.len() / 2;
+        for (i, part) in [&all[..half], &all[half..]].into_iter().enumerate() {
+            let specs: Vec<TensorSpec> = part
+                .iter()
+                .map(|(n, info)| TensorSpec {
+                    name: (*n).clone(),
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                })
+                .collect();
+            for s in &specs {
+                weight_map.insert(s.name.clone(), names[i].into());
+            }
+            safetensors::write(&dir.join(names[i]), &BTreeMap::new(), &specs, |j, out| {
+                out.write_all(f.get(&specs[j].name).unwrap().1)
+                    .map_err(|e| Error::io("x", e))
+            })
+            .unwrap();
+        }
+    }
+    std::fs::remove_file(&path).unwrap();
+    let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn sharded_folder_reads_like_a_single_file() {
+    let dir = gen("tiny", &["mlx"]);
+    let mlx = dir.path().join("mlx");
+    let single = open(&mlx);
+    let rows: Vec<usize> = (0..768).collect();
+    let before = decode(
+        &single.weights.require("blk.3.ffn_up.weight").unwrap(),
+        &rows,
+    );
+    drop(single);
+    shard(&mlx);
+    let m = open(&mlx);
+    assert!(
+        m.weights.describe().contains("2 safetensors file(s)"),
+        "{}",
+        m.weights.describe()
+    );
+    let after = decode(&m.weights.require("blk.3.ffn_up.weight").unwrap(), &rows);
+    assert!(before == after);
 }
 
 #[test]

@@ -383,13 +383,13 @@ impl ModelConfig {
     /// Checks every tensor the graph uses against the config and takes `vocab` from the
     /// embedding. A declared vocabulary size (non-zero `vocab` on entry) must match it.
     pub fn check_tensors(&mut self, w: &dyn WeightSource) -> Result<()> {
-        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+        if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(Error::Config(format!(
                 "{} query heads cannot be grouped over {} key/value heads",
                 self.n_heads, self.n_kv_heads
             )));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return Err(Error::Config(format!(
                 "head_dim {} must be even and non-zero for RoPE",
                 self.head_dim

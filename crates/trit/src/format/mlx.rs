@@ -171,7 +171,7 @@ fn packed_module(
         )));
     }
     let (rows, cols) = (winfo.shape[0], winfo.shape[1] * 32 / bits);
-    if cols % group_size != 0 {
+    if !cols.is_multiple_of(group_size) {
         return Err(Error::ShapeMismatch {
             tensor: name("weight"),
             found: vec![rows, cols],

@@ -393,7 +393,7 @@ pub fn write(
         offset += n;
     }
     let mut json = serde_json::to_vec(&Value::Object(header)).expect("JSON of strings");
-    while json.len() % 8 != 0 {
+    while !json.len().is_multiple_of(8) {
         json.push(b' ');
     }
     let file = File::create(path).map_err(|e| Error::io(path, e))?;

@@ -11,7 +11,7 @@
 mod tokenizer_meta;
 mod writers;
 
-pub use tokenizer_meta::TokenizerAssets;
+pub use tokenizer_meta::{LoadedTokenizer, TokenizerAssets};
 pub use writers::{write_f16_folder, write_gguf, write_mlx_folder};
 
 use super::config::Arch;
@@ -209,7 +209,7 @@ impl Ternary {
         let per = SCALE_GROUP / 64;
         self.scales
             .iter()
-            .flat_map(|s| std::iter::repeat(s.to_f32()).take(per))
+            .flat_map(|s| std::iter::repeat_n(s.to_f32(), per))
             .collect()
     }
 
@@ -288,7 +288,11 @@ pub fn gen_ternary(seed: u64, plan: &Plan) -> Ternary {
         panic!("gen_ternary on norm tensor {}", plan.name)
     };
     let (rows, cols) = (plan.shape[0], plan.shape[1]);
-    assert!(cols % SCALE_GROUP == 0, "{}: cols {cols}", plan.name);
+    assert!(
+        cols.is_multiple_of(SCALE_GROUP),
+        "{}: cols {cols}",
+        plan.name
+    );
     let spr = cols / SCALE_GROUP;
     let mut codes = vec![0u8; rows * cols];
     let mut scales = vec![f16::ZERO; rows * spr];
@@ -407,17 +411,18 @@ mod tests {
 
     #[test]
     fn presets_have_real_parameter_counts() {
-        let count = |name| -> usize {
-            Preset::by_name(name)
+        let billions = |name| -> f64 {
+            let n: usize = Preset::by_name(name)
                 .unwrap()
                 .tensors()
                 .iter()
                 .map(|t| t.shape.iter().product::<usize>())
-                .sum()
+                .sum();
+            n as f64 / 1e9
         };
         // models.md §2: 1.7B has 1.7206 B parameters, 8B has 8.19 B.
-        assert_eq!(count("1.7b") / 100_000, 17_206);
-        assert_eq!(count("8b") / 10_000_000, 819);
+        assert_eq!((billions("1.7b") * 1e4).round(), 17_206.0);
+        assert_eq!((billions("8b") * 1e2).round(), 819.0);
         assert!(Preset::by_name("3b").is_err());
     }
 

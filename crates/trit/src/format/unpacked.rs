@@ -24,32 +24,6 @@ struct Offence {
     detail: String,
 }
 
-/// Magnitude bits, sign, and float value of element `i`, for the three float dtypes.
-#[derive(Clone, Copy)]
-struct Elem {
-    mag: u32,
-    neg: bool,
-}
-
-fn elem(bytes: &[u8], i: usize, dtype: Dtype) -> Elem {
-    match dtype {
-        Dtype::F32 => {
-            let b = u32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes"));
-            Elem {
-                mag: b & 0x7fff_ffff,
-                neg: b >> 31 != 0,
-            }
-        }
-        _ => {
-            let b = u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]) as u32;
-            Elem {
-                mag: b & 0x7fff,
-                neg: b >> 15 != 0,
-            }
-        }
-    }
-}
-
 /// Float value of a magnitude bit pattern.
 fn mag_value(mag: u32, dtype: Dtype) -> f32 {
     match dtype {
@@ -68,37 +42,38 @@ fn inf_bits(dtype: Dtype) -> u32 {
     }
 }
 
-/// Packs one row (`cols` values) into PQ2_0 blocks, or names the first non-ternary group.
-fn pack_row(
+/// Packs one row into PQ2_0 blocks, or names the first non-ternary group.
+fn pack_row(src: &[u8], dtype: Dtype, out: &mut [u8]) -> std::result::Result<(), Offence> {
+    match dtype {
+        Dtype::F32 => pack_row_width::<4>(src, dtype, out),
+        _ => pack_row_width::<2>(src, dtype, out),
+    }
+}
+
+/// `pack_row` for elements of `W` bytes (monomorphized: this loop runs over every weight).
+fn pack_row_width<const W: usize>(
     src: &[u8],
-    cols: usize,
     dtype: Dtype,
     out: &mut [u8],
 ) -> std::result::Result<(), Offence> {
+    let sign: u32 = 1 << (8 * W - 1);
+    let mag_mask = sign - 1;
+    let mut bits = [0u32; GROUP];
     for (g, block) in out.chunks_exact_mut(BLOCK_BYTES).enumerate() {
-        let mut elems = [Elem { mag: 0, neg: false }; GROUP];
-        for (k, e) in elems.iter_mut().enumerate() {
-            *e = elem(src, g * GROUP + k, dtype);
+        let group = &src[g * GROUP * W..(g + 1) * GROUP * W];
+        for (b, c) in bits.iter_mut().zip(group.chunks_exact(W)) {
+            *b = if W == 4 {
+                u32::from_le_bytes([c[0], c[1], c[2], c[3]])
+            } else {
+                u16::from_le_bytes([c[0], c[1]]) as u32
+            };
         }
         // For IEEE formats, magnitude order equals the integer order of the magnitude bits.
-        let s_bits = elems.iter().map(|e| e.mag).max().unwrap_or(0);
+        let s_bits = bits.iter().map(|b| b & mag_mask).max().unwrap_or(0);
         if s_bits >= inf_bits(dtype) {
             return Err(Offence {
                 group: g,
                 detail: "holds an infinity or NaN".into(),
-            });
-        }
-        if let Some(k) = elems.iter().position(|e| e.mag != 0 && e.mag != s_bits) {
-            return Err(Offence {
-                group: g,
-                detail: format!(
-                    "column {} is {}{} but the group's largest magnitude is {}; an unpacked ternary \
-                     group holds only -s, 0 and +s",
-                    g * GROUP + k,
-                    if elems[k].neg { "-" } else { "" },
-                    mag_value(elems[k].mag, dtype),
-                    mag_value(s_bits, dtype)
-                ),
             });
         }
         let s = mag_value(s_bits, dtype);
@@ -110,19 +85,49 @@ fn pack_row(
             });
         }
         block[..2].copy_from_slice(&d.to_le_bytes());
-        let qs = &mut block[2..];
-        qs.fill(0);
-        for (k, e) in elems.iter().enumerate() {
-            let q: u8 = match (e.mag, e.neg) {
-                (0, _) => 1,
-                (_, true) => 0,
-                (_, false) => 2,
-            };
-            qs[k / 4] |= q << (2 * (k % 4));
+        for (byte, four) in block[2..].iter_mut().zip(bits.chunks_exact(4)) {
+            let mut packed = 0u8;
+            for (j, &b) in four.iter().enumerate() {
+                let q: u8 = match (b & mag_mask, b & sign != 0) {
+                    (0, _) => 1,
+                    (m, _) if m != s_bits => {
+                        return Err(non_ternary(g, &bits, s_bits, mag_mask, sign, dtype));
+                    }
+                    (_, true) => 0,
+                    (_, false) => 2,
+                };
+                packed |= q << (2 * j);
+            }
+            *byte = packed;
         }
     }
-    debug_assert_eq!(cols / GROUP * BLOCK_BYTES, out.len());
     Ok(())
+}
+
+/// Describes the first element of group `g` whose magnitude is neither 0 nor the group's.
+fn non_ternary(
+    g: usize,
+    bits: &[u32],
+    s_bits: u32,
+    mag_mask: u32,
+    sign: u32,
+    dtype: Dtype,
+) -> Offence {
+    let k = bits
+        .iter()
+        .position(|b| b & mag_mask != 0 && b & mag_mask != s_bits)
+        .unwrap_or(0);
+    Offence {
+        group: g,
+        detail: format!(
+            "column {} is {}{} but the group's largest magnitude is {}; an unpacked ternary \
+             group holds only -s, 0 and +s",
+            g * GROUP + k,
+            if bits[k] & sign != 0 { "-" } else { "" },
+            mag_value(bits[k] & mag_mask, dtype),
+            mag_value(s_bits, dtype)
+        ),
+    }
 }
 
 /// Re-packs a `[rows, cols]` ternary tensor as PQ2_0 bytes.
@@ -134,7 +139,7 @@ fn repack(
     dtype: Dtype,
 ) -> Result<Vec<u8>> {
     let (rows, cols) = (shape[0], shape[1]);
-    if cols % GROUP != 0 {
+    if !cols.is_multiple_of(GROUP) {
         return Err(Error::ShapeMismatch {
             tensor: tensor.to_string(),
             found: shape.to_vec(),
@@ -151,7 +156,7 @@ fn repack(
         .par_chunks_mut(row_out)
         .enumerate()
         .filter_map(|(r, chunk)| {
-            pack_row(&bytes[r * row_in..(r + 1) * row_in], cols, dtype, chunk)
+            pack_row(&bytes[r * row_in..(r + 1) * row_in], dtype, chunk)
                 .err()
                 .map(|o| (r, o))
         })

@@ -118,7 +118,7 @@ fn group_scales(t: &Ternary, negate: bool) -> Vec<u8> {
     let flip = if negate { 0x8000 } else { 0 };
     t.scales
         .iter()
-        .flat_map(|s| std::iter::repeat((s.to_bits() ^ flip).to_le_bytes()).take(per))
+        .flat_map(|s| std::iter::repeat_n((s.to_bits() ^ flip).to_le_bytes(), per))
         .flatten()
         .collect()
 }
