@@ -7,7 +7,8 @@ Writes (small JSON files, committed):
   tests/fixtures/chat/qwen3_renders.json       Jinja2 renderings of the official Qwen3 template
   tests/fixtures/chat/smollm2_renders.json     Jinja2 renderings of the template inside the SmolLM2 GGUF
 
-The Jinja environment is written here the way transformers' `apply_chat_template` builds it
+The render fixtures embed the template source (Apache-2.0, like the models), so the Rust
+template tests run without the cache. The Jinja environment is written here the way transformers' `apply_chat_template` builds it
 (sandboxed, trim_blocks + lstrip_blocks, its own `tojson`, `raise_exception`, `strftime_now`,
 reasoning-field aliasing); when transformers is importable every rendering is also checked against
 `apply_chat_template` itself.
@@ -378,6 +379,7 @@ def qwen3(cache):
         "source": "Jinja2 (transformers-style environment) on the chat_template of .cache/qwen3/tokenizer_config.json",
         "jinja2_version": jinja2.__version__,
         "tokenizer_config_sha256": sha256(cfg_path),
+        "template": template,
         "bos_token": "",
         "eos_token": "<|im_end|>",
         "cases": [
@@ -439,6 +441,7 @@ def smollm2(cache):
     write_json("tests/fixtures/chat/smollm2_renders.json", {
         "source": "Jinja2 (transformers-style environment) on tokenizer.chat_template of the SmolLM2 GGUF",
         "jinja2_version": jinja2.__version__,
+        "template": template,
         "bos_token": special["bos_token"],
         "eos_token": special["eos_token"],
         "cases": [
