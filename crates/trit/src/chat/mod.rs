@@ -2,6 +2,7 @@
 //! ([`ChatTemplate`]), and the split of a thinking model's reply into reasoning and answer.
 
 mod pyjson;
+mod pystr;
 pub mod reasoning;
 mod strftime;
 mod template;

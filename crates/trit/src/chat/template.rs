@@ -6,6 +6,7 @@
 //!   minijinja-contrib's pycompat, negative-step slicing (`messages[::-1]`);
 //! - transformers' globals `raise_exception(msg)` and `strftime_now(fmt)`, and its `tojson`
 //!   filter (Python `json.dumps` spacing, no HTML escaping);
+//! - values printed as Python prints them (`None`, `True`, `['a', 'b']`, `1e-07`);
 //! - the variables transformers passes: `messages`, `tools`, `documents`,
 //!   `add_generation_prompt`, the special tokens, then the caller's kwargs
 //!   (`enable_thinking`, ...); a message's reasoning is visible under `reasoning_content`,
@@ -13,6 +14,7 @@
 //! - transformers' `{% generation %}` blocks (assistant-mask markers) render their body.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
@@ -21,6 +23,7 @@ use minijinja::{Environment, ErrorKind};
 use serde_json::{Map, Value as Json};
 
 use super::pyjson::{self, DumpOptions};
+use super::pystr;
 use super::strftime;
 use crate::{Error, Result};
 
@@ -76,6 +79,12 @@ impl ChatTemplate {
         env.set_keep_trailing_newline(false);
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_formatter(|out, state, value| match pystr::python_str(value) {
+            Some(text) => out
+                .write_str(&text)
+                .map_err(|_| minijinja::Error::new(ErrorKind::WriteFailure, "output failed")),
+            None => minijinja::escape_formatter(out, state, value),
+        });
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
         let clock_fn = Arc::clone(&clock);

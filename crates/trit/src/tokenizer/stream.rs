@@ -136,3 +136,55 @@ impl StreamDecoder {
         Some(new)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A SentencePiece-style tokenizer (`▁` for spaces, `<0xNN>` byte fallback, first space
+    /// stripped by the decoder): exercises the generic windowed path.
+    fn sentencepiece_like() -> Tokenizer {
+        let json = r#"{
+          "version": "1.0", "truncation": null, "padding": null,
+          "added_tokens": [{"id": 0, "content": "</s>", "single_word": false, "lstrip": false,
+                            "rstrip": false, "normalized": false, "special": true}],
+          "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+          "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+          "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                    "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                    "fuse_unk": false, "byte_fallback": true, "ignore_merges": false,
+                    "vocab": {"</s>": 0, "▁Hello": 1, "▁world": 2, "<0xE4>": 3, "<0xBD>": 4,
+                              "<0xA0>": 5, "!": 6},
+                    "merges": []}
+        }"#;
+        Tokenizer::from_json_bytes(json.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn generic_path_keeps_spaces_and_waits_for_whole_characters() {
+        let tok = sentencepiece_like();
+        assert!(!tok.is_byte_level());
+        let ids = [1, 2, 3, 4, 5, 6, 0, 1];
+        assert_eq!(tok.decode(&ids, true).unwrap(), "Hello world你! Hello");
+        let mut s = StreamDecoder::new(true);
+        let got: Vec<Option<String>> = ids.iter().map(|&id| s.push(&tok, id)).collect();
+        let want = [
+            Some("Hello"),
+            Some(" world"),
+            None,
+            None,
+            Some("你"),
+            Some("!"),
+            None,
+            Some(" Hello"),
+        ];
+        assert_eq!(got, want.map(|w| w.map(String::from)));
+        assert_eq!(s.flush(), None);
+        // An incomplete character at the end is flushed as U+FFFD, like decode.
+        assert_eq!(s.push(&tok, 3), None);
+        assert_eq!(s.flush().as_deref(), Some("\u{FFFD}"));
+    }
+}
