@@ -64,15 +64,22 @@ fn cache_file(rel: &str) -> Option<PathBuf> {
     if path.is_file() {
         Some(path)
     } else {
-        eprintln!("SKIPPED: {} is absent (run tools/fetch_assets.sh or set TRIT_CACHE)", path.display());
+        eprintln!(
+            "SKIPPED: {} is absent (run tools/fetch_assets.sh or set TRIT_CACHE)",
+            path.display()
+        );
         None
     }
 }
 
 #[test]
 fn qwen3_template_tokens_match_assets_md() {
-    let Some(tok_path) = cache_file("qwen3/tokenizer.json") else { return };
-    let Some(cfg_path) = cache_file("qwen3/tokenizer_config.json") else { return };
+    let Some(tok_path) = cache_file("qwen3/tokenizer.json") else {
+        return;
+    };
+    let Some(cfg_path) = cache_file("qwen3/tokenizer_config.json") else {
+        return;
+    };
     let tok = Tokenizer::from_json_file(tok_path).unwrap();
     let cfg = trit::tokenizer::TokenizerConfig::from_json_file(cfg_path).unwrap();
     let t = ChatTemplate::new(cfg.chat_template.as_deref().unwrap(), "", "<|im_end|>").unwrap();
@@ -92,7 +99,10 @@ fn qwen3_template_tokens_match_assets_md() {
     let prompt = t.render(&messages, true, None, &kwargs).unwrap();
     let ids = tok.encode(&prompt, false).unwrap();
     assert_eq!(ids[..want.len()], want);
-    assert_eq!(ids[want.len() - 2..], [77091, 198, 151667, 271, 151668, 271]);
+    assert_eq!(
+        ids[want.len() - 2..],
+        [77091, 198, 151667, 271, 151668, 271]
+    );
 }
 
 fn render(src: &str, vars: Value) -> Result<String, Error> {
@@ -135,7 +145,8 @@ fn python_compat_methods_and_slicing() {
 fn whitespace_control_is_transformers_like() {
     // trim_blocks drops the newline after a block tag, lstrip_blocks the indentation before
     // it; a single trailing newline of the template is dropped.
-    let src = "{% for i in [1, 2] %}\n    {% if i %}\n{{ i }}\n    {% endif %}\n{% endfor %}\nend\n";
+    let src =
+        "{% for i in [1, 2] %}\n    {% if i %}\n{{ i }}\n    {% endif %}\n{% endfor %}\nend\n";
     assert_eq!(render(src, json!({})).unwrap(), "1\n2\nend");
 }
 
@@ -151,7 +162,11 @@ fn tojson_is_pythons_json_dumps() {
         "[\n  1,\n  2.5,\n  1e-07,\n  true,\n  null\n]"
     );
     assert_eq!(
-        render("{{ x|tojson(sort_keys=true, separators=(',', ':')) }}", vars.clone()).unwrap(),
+        render(
+            "{{ x|tojson(sort_keys=true, separators=(',', ':')) }}",
+            vars.clone()
+        )
+        .unwrap(),
         r#"{"e":{},"n":[1,2.5,1e-07,true,null],"name":"天气 <b>&'\""}"#
     );
     assert_eq!(
@@ -166,24 +181,44 @@ fn tojson_is_pythons_json_dumps() {
 fn strftime_now_uses_the_fixed_clock() {
     let t = ChatTemplate::new("Today is {{ strftime_now('%d %b %Y') }}.", "", "").unwrap();
     t.set_fixed_time(Some(1_709_211_909)); // 2024-02-29 13:05:09 UTC
-    assert_eq!(t.render(&[], false, None, &Map::new()).unwrap(), "Today is 29 Feb 2024.");
+    assert_eq!(
+        t.render(&[], false, None, &Map::new()).unwrap(),
+        "Today is 29 Feb 2024."
+    );
     t.set_fixed_time(None);
     let live = t.render(&[], false, None, &Map::new()).unwrap();
-    assert!(live.starts_with("Today is ") && live.len() == "Today is 29 Feb 2024.".len(), "{live}");
+    assert!(
+        live.starts_with("Today is ") && live.len() == "Today is 29 Feb 2024.".len(),
+        "{live}"
+    );
 }
 
 #[test]
 fn generation_blocks_render_their_body() {
     let src = "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}{% endgeneration %}{% else %}[{{ m.content }}]{% endif %}{% endfor %}";
     let t = ChatTemplate::new(src, "", "").unwrap();
-    let messages = [json!({"role": "user", "content": "q"}), json!({"role": "assistant", "content": "a"})];
-    assert_eq!(t.render(&messages, false, None, &Map::new()).unwrap(), "[q]a");
+    let messages = [
+        json!({"role": "user", "content": "q"}),
+        json!({"role": "assistant", "content": "a"}),
+    ];
+    assert_eq!(
+        t.render(&messages, false, None, &Map::new()).unwrap(),
+        "[q]a"
+    );
 }
 
 #[test]
 fn empty_bos_is_undefined_like_a_missing_token() {
-    let t = ChatTemplate::new("{{ bos_token is defined }}|{{ bos_token }}|{{ eos_token }}", "", "<|im_end|>").unwrap();
-    assert_eq!(t.render(&[], false, None, &Map::new()).unwrap(), "False||<|im_end|>");
+    let t = ChatTemplate::new(
+        "{{ bos_token is defined }}|{{ bos_token }}|{{ eos_token }}",
+        "",
+        "<|im_end|>",
+    )
+    .unwrap();
+    assert_eq!(
+        t.render(&[], false, None, &Map::new()).unwrap(),
+        "False||<|im_end|>"
+    );
 }
 
 #[test]
@@ -200,19 +235,39 @@ fn template_errors_are_reported_not_panics() {
     )
     .unwrap();
     let err = raising
-        .render(&[json!({"role": "assistant", "content": "x"})], false, None, &Map::new())
+        .render(
+            &[json!({"role": "assistant", "content": "x"})],
+            false,
+            None,
+            &Map::new(),
+        )
         .unwrap_err();
     match err {
-        Error::Template(msg) => assert!(msg.contains("Conversations must start with a user turn"), "{msg}"),
+        Error::Template(msg) => assert!(
+            msg.contains("Conversations must start with a user turn"),
+            "{msg}"
+        ),
         other => panic!("{other:?}"),
     }
     assert_eq!(
-        raising.render(&[json!({"role": "user", "content": "x"})], false, None, &Map::new()).unwrap(),
+        raising
+            .render(
+                &[json!({"role": "user", "content": "x"})],
+                false,
+                None,
+                &Map::new()
+            )
+            .unwrap(),
         "ok"
     );
 
     // Runtime failures: calling a method of an undefined value, an unknown filter, bad slicing.
-    for src in ["{{ nope.strip() }}", "{{ 'x'|no_such_filter }}", "{{ 'abc'[::0] }}", "{{ strftime_now('%Q') }}"] {
+    for src in [
+        "{{ nope.strip() }}",
+        "{{ 'x'|no_such_filter }}",
+        "{{ 'abc'[::0] }}",
+        "{{ strftime_now('%Q') }}",
+    ] {
         match render(src, json!({})) {
             Err(Error::Template(_)) => {}
             other => panic!("{src}: {other:?}"),
@@ -222,7 +277,10 @@ fn template_errors_are_reported_not_panics() {
     let mut kwargs = Map::new();
     kwargs.insert("messages".into(), json!([]));
     let t = ChatTemplate::new("x", "", "").unwrap();
-    assert!(matches!(t.render(&[], false, None, &kwargs), Err(Error::Template(_))));
+    assert!(matches!(
+        t.render(&[], false, None, &kwargs),
+        Err(Error::Template(_))
+    ));
 }
 
 #[test]
@@ -243,5 +301,8 @@ fn reasoning_split_feeds_back_into_the_qwen3_template() {
     let a = t.render(&raw, false, None, &Map::new()).unwrap();
     let b = t.render(&structured, false, None, &Map::new()).unwrap();
     assert_eq!(a, b);
-    assert!(a.ends_with("<think>\nThe user greets.\n</think>\n\nHello! How can I help?<|im_end|>\n"), "{a}");
+    assert!(
+        a.ends_with("<think>\nThe user greets.\n</think>\n\nHello! How can I help?<|im_end|>\n"),
+        "{a}"
+    );
 }

@@ -81,10 +81,19 @@ fn nfc(text: &str) -> String {
 fn check_goldens(tok: &Tokenizer, cases: &[Case], normalize_input: bool, what: &str) {
     assert!(cases.len() >= 15, "{what}: too few golden cases");
     for c in cases {
-        let input = if normalize_input { nfc(&c.text) } else { c.text.clone() };
+        let input = if normalize_input {
+            nfc(&c.text)
+        } else {
+            c.text.clone()
+        };
         let ids = tok.encode(&input, false).unwrap();
         assert_eq!(ids, c.ids, "{what}: ids of {:?}", c.text);
-        assert_eq!(tok.decode(&ids, false).unwrap(), c.decoded, "{what}: decode of {:?}", c.text);
+        assert_eq!(
+            tok.decode(&ids, false).unwrap(),
+            c.decoded,
+            "{what}: decode of {:?}",
+            c.text
+        );
         assert_eq!(
             tok.decode(&ids, true).unwrap(),
             c.decoded_skip_special,
@@ -106,7 +115,10 @@ const QWEN3_ASSET_IDS: &[(&str, &[u32])] = &[
             11162, 97, 244,
         ],
     ),
-    ("<|im_start|>user\nHi<|im_end|>", &[151644, 872, 198, 13048, 151645]),
+    (
+        "<|im_start|>user\nHi<|im_end|>",
+        &[151644, 872, 198, 13048, 151645],
+    ),
 ];
 
 /// Independent goldens from docs/assets.md §3 (llama.cpp's own GGUF tokenizer).
@@ -115,7 +127,9 @@ const SMOLLM2_ASSET_IDS: &[(&str, &[u32])] = &[
     ("Hello world", &[19556, 905]),
     (
         "苹果发布M5芯片",
-        &[179, 229, 134, 43774, 12034, 235, 32947, 221, 61, 37, 179, 228, 124, 33913, 225],
+        &[
+            179, 229, 134, 43774, 12034, 235, 32947, 221, 61, 37, 179, 228, 124, 33913, 225,
+        ],
     ),
 ];
 
@@ -123,10 +137,19 @@ const SMOLLM2_ASSET_IDS: &[(&str, &[u32])] = &[
 fn qwen3_tokenizer_json_matches_python_goldens() {
     let Some(tok) = qwen3_json() else { return };
     for (text, ids) in QWEN3_ASSET_IDS {
-        assert_eq!(tok.encode(text, false).unwrap(), *ids, "assets.md ids of {text:?}");
+        assert_eq!(
+            tok.encode(text, false).unwrap(),
+            *ids,
+            "assets.md ids of {text:?}"
+        );
         assert_eq!(tok.decode(ids, false).unwrap(), *text);
     }
-    check_goldens(&tok, &cases("tokenizer/qwen3_ids.json"), false, "qwen3 tokenizer.json");
+    check_goldens(
+        &tok,
+        &cases("tokenizer/qwen3_ids.json"),
+        false,
+        "qwen3 tokenizer.json",
+    );
     assert_eq!(tok.vocab_size(), 151_669);
     // The Qwen3 post-processor adds nothing, with or without special tokens.
     assert_eq!(tok.encode("Hello world", true).unwrap(), [9707, 1879]);
@@ -135,8 +158,11 @@ fn qwen3_tokenizer_json_matches_python_goldens() {
 #[test]
 fn qwen3_special_tokens() {
     let Some(mut tok) = qwen3_json() else { return };
-    let Some(cfg) = cache_file("qwen3/tokenizer_config.json") else { return };
-    tok.apply_config(&TokenizerConfig::from_json_file(cfg).unwrap()).unwrap();
+    let Some(cfg) = cache_file("qwen3/tokenizer_config.json") else {
+        return;
+    };
+    tok.apply_config(&TokenizerConfig::from_json_file(cfg).unwrap())
+        .unwrap();
     assert_eq!(tok.bos_id(), None);
     assert_eq!(tok.eos_id(), Some(151_645));
     let named = [
@@ -152,17 +178,32 @@ fn qwen3_special_tokens() {
         assert_eq!(tok.token_id(text), Some(id), "{text}");
         assert_eq!(tok.id_to_piece(id).as_deref(), Some(text));
         assert_eq!(tok.is_special(id), special, "{text}");
-        assert_eq!(tok.encode(text, false).unwrap(), [id], "{text} written in text");
+        assert_eq!(
+            tok.encode(text, false).unwrap(),
+            [id],
+            "{text} written in text"
+        );
         assert_eq!(tok.token_bytes(id).unwrap(), text.as_bytes());
     }
-    let ids = tok.encode("<|im_start|>assistant\n<think>\nx\n</think>\n\nhi<|im_end|>", false).unwrap();
-    assert_eq!(tok.decode(&ids, true).unwrap(), "assistant\n<think>\nx\n</think>\n\nhi");
+    let ids = tok
+        .encode(
+            "<|im_start|>assistant\n<think>\nx\n</think>\n\nhi<|im_end|>",
+            false,
+        )
+        .unwrap();
+    assert_eq!(
+        tok.decode(&ids, true).unwrap(),
+        "assistant\n<think>\nx\n</think>\n\nhi"
+    );
     assert_eq!(tok.id_to_piece(13048).as_deref(), Some("Hi"));
     assert_eq!(tok.id_to_piece(220).as_deref(), Some("Ġ"));
     assert_eq!(tok.token_bytes(220).unwrap(), b" ");
     // Embedding rows beyond the vocabulary (Qwen3 has 151,936) have no token: decoded as nothing.
     assert_eq!(tok.id_to_piece(151_700), None);
-    assert_eq!(tok.decode(&[9707, 151_700, 1879], false).unwrap(), "Hello world");
+    assert_eq!(
+        tok.decode(&[9707, 151_700, 1879], false).unwrap(),
+        "Hello world"
+    );
     assert!(tok.set_eos(Some(151_700)).is_err());
 }
 
@@ -199,7 +240,11 @@ fn qwen3_as_gguf_vocab(json_path: &Path) -> GgufVocab {
         .iter()
         .map(|m| match m {
             Value::String(s) => s.clone(),
-            Value::Array(pair) => format!("{} {}", pair[0].as_str().unwrap(), pair[1].as_str().unwrap()),
+            Value::Array(pair) => format!(
+                "{} {}",
+                pair[0].as_str().unwrap(),
+                pair[1].as_str().unwrap()
+            ),
             other => panic!("merge {other}"),
         })
         .collect();
@@ -219,22 +264,40 @@ fn qwen3_as_gguf_vocab(json_path: &Path) -> GgufVocab {
 
 #[test]
 fn qwen3_gguf_vocab_path_matches_python_goldens() {
-    let Some(path) = cache_file("qwen3/tokenizer.json") else { return };
+    let Some(path) = cache_file("qwen3/tokenizer.json") else {
+        return;
+    };
     let tok = Tokenizer::from_gguf_vocab(qwen3_as_gguf_vocab(&path)).unwrap();
     assert_eq!(tok.vocab_size(), 151_936);
     assert_eq!(tok.eos_id(), Some(151_645));
     assert!(tok.is_special(151_644) && !tok.is_special(151_667));
     for (text, ids) in QWEN3_ASSET_IDS {
-        assert_eq!(tok.encode(text, false).unwrap(), *ids, "assets.md ids of {text:?}");
+        assert_eq!(
+            tok.encode(text, false).unwrap(),
+            *ids,
+            "assets.md ids of {text:?}"
+        );
         // add_bos is false for Qwen: nothing is added.
         assert_eq!(tok.encode(text, true).unwrap(), *ids);
     }
     // llama.cpp does not NFC-normalize BPE input (Qwen's tokenizer.json does): the goldens
     // hold for NFC input, and decomposed input tokenizes differently.
-    check_goldens(&tok, &cases("tokenizer/qwen3_ids.json"), true, "qwen3 GGUF vocab");
+    check_goldens(
+        &tok,
+        &cases("tokenizer/qwen3_ids.json"),
+        true,
+        "qwen3 GGUF vocab",
+    );
     let decomposed = "e\u{301}";
-    assert_ne!(tok.encode(decomposed, false).unwrap(), tok.encode(&nfc(decomposed), false).unwrap());
-    assert_eq!(tok.decode(&tok.encode(decomposed, false).unwrap(), false).unwrap(), decomposed);
+    assert_ne!(
+        tok.encode(decomposed, false).unwrap(),
+        tok.encode(&nfc(decomposed), false).unwrap()
+    );
+    assert_eq!(
+        tok.decode(&tok.encode(decomposed, false).unwrap(), false)
+            .unwrap(),
+        decomposed
+    );
     // Padding entries exist as pieces but decode like any normal piece.
     assert_eq!(tok.id_to_piece(151_700).as_deref(), Some("[PAD151700]"));
 }
@@ -374,13 +437,24 @@ fn smollm2() -> Option<(Tokenizer, GgufVocab)> {
 
 #[test]
 fn smollm2_gguf_vocab_matches_llama_cpp_and_python_goldens() {
-    let Some((tok, vocab)) = smollm2() else { return };
+    let Some((tok, vocab)) = smollm2() else {
+        return;
+    };
     assert_eq!(vocab.pre.as_deref(), Some("smollm"));
     assert_eq!(vocab.merges.len(), 48_900);
     for (text, ids) in SMOLLM2_ASSET_IDS {
-        assert_eq!(tok.encode(text, false).unwrap(), *ids, "llama.cpp ids of {text:?}");
+        assert_eq!(
+            tok.encode(text, false).unwrap(),
+            *ids,
+            "llama.cpp ids of {text:?}"
+        );
     }
-    check_goldens(&tok, &cases("tokenizer/smollm2_ids.json"), false, "smollm2 GGUF vocab");
+    check_goldens(
+        &tok,
+        &cases("tokenizer/smollm2_ids.json"),
+        false,
+        "smollm2 GGUF vocab",
+    );
     assert_eq!(tok.vocab_size(), 49_152);
     assert_eq!((tok.bos_id(), tok.eos_id()), (Some(1), Some(2)));
     // add_bos_token is false in this GGUF.
@@ -391,7 +465,9 @@ fn smollm2_gguf_vocab_matches_llama_cpp_and_python_goldens() {
 
 #[test]
 fn gguf_add_bos_and_eos_wrap_the_sequence() {
-    let Some((_, mut vocab)) = smollm2() else { return };
+    let Some((_, mut vocab)) = smollm2() else {
+        return;
+    };
     vocab.add_bos = true;
     vocab.add_eos = true;
     let tok = Tokenizer::from_gguf_vocab(vocab).unwrap();
@@ -479,8 +555,8 @@ fn stream_decoder_on_random_ids_equals_decode() {
         let len = 1 + (next() % 40) as usize;
         let ids: Vec<u32> = (0..len)
             .map(|_| match next() % 4 {
-                0 => (next() % 256) as u32,                 // mostly single bytes
-                1 => 151_640 + (next() % 40) as u32,        // specials and unassigned rows
+                0 => (next() % 256) as u32,          // mostly single bytes
+                1 => 151_640 + (next() % 40) as u32, // specials and unassigned rows
                 _ => (next() % 151_936) as u32,
             })
             .collect();
@@ -494,9 +570,17 @@ fn decode_round_trips_goldens() {
     for c in cases("tokenizer/qwen3_ids.json") {
         let ids = tok.encode(&c.text, false).unwrap();
         // NFC is the only lossy step: decode gives the normalized text.
-        assert_eq!(tok.decode(&ids, false).unwrap(), nfc(&c.text), "{:?}", c.text);
+        assert_eq!(
+            tok.decode(&ids, false).unwrap(),
+            nfc(&c.text),
+            "{:?}",
+            c.text
+        );
         // Concatenating raw token bytes is the same as decoding.
-        let bytes: Vec<u8> = ids.iter().flat_map(|&i| tok.token_bytes(i).unwrap()).collect();
+        let bytes: Vec<u8> = ids
+            .iter()
+            .flat_map(|&i| tok.token_bytes(i).unwrap())
+            .collect();
         assert_eq!(String::from_utf8(bytes).unwrap(), nfc(&c.text));
     }
 }
@@ -513,7 +597,10 @@ fn malformed_tokenizer_files_are_errors() {
     for bytes in garbage {
         match Tokenizer::from_json_bytes(bytes) {
             Err(Error::Tokenizer(msg)) => assert!(!msg.is_empty()),
-            other => panic!("{:?}: expected a tokenizer error, got {other:?}", String::from_utf8_lossy(bytes)),
+            other => panic!(
+                "{:?}: expected a tokenizer error, got {other:?}",
+                String::from_utf8_lossy(bytes)
+            ),
         }
     }
     match Tokenizer::from_json_file("/nonexistent/tokenizer.json") {
@@ -531,5 +618,28 @@ fn malformed_tokenizer_files_are_errors() {
         tokens: vec!["a".into()],
         ..Default::default()
     };
-    assert!(matches!(Tokenizer::from_gguf_vocab(bad), Err(Error::Unsupported(_))));
+    assert!(matches!(
+        Tokenizer::from_gguf_vocab(bad),
+        Err(Error::Unsupported(_))
+    ));
+}
+
+#[test]
+fn qwen3_token_counts_of_whole_books_match_assets_md() {
+    let Some(tok) = qwen3_json() else { return };
+    // docs/assets.md §1: Pride and Prejudice 161,035 tokens, KJV 996,887 (whole file, no
+    // special tokens).
+    for (rel, want) in [
+        ("texts/prideprejudice.txt", 161_035),
+        ("texts/kjv.txt", 996_887),
+    ] {
+        let Some(path) = cache_file(rel) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(path).unwrap();
+        let start = std::time::Instant::now();
+        let ids = tok.encode(&text, false).unwrap();
+        eprintln!("{rel}: {} tokens in {:.2?}", ids.len(), start.elapsed());
+        assert_eq!(ids.len(), want, "{rel}");
+    }
 }

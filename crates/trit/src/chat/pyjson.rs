@@ -76,11 +76,19 @@ fn write_value(out: &mut String, v: &Value, opts: &DumpOptions, depth: usize) ->
             if opts.sort_keys {
                 entries.sort_by(|a, b| a.0.cmp(&b.0));
             }
-            write_container(out, opts, depth, '{', '}', &entries, |out, (k, item), depth| {
-                write_string(out, k, opts.ensure_ascii);
-                out.push_str(&opts.key_separator);
-                write_value(out, item, opts, depth)
-            })?;
+            write_container(
+                out,
+                opts,
+                depth,
+                '{',
+                '}',
+                &entries,
+                |out, (k, item), depth| {
+                    write_string(out, k, opts.ensure_ascii);
+                    out.push_str(&opts.key_separator);
+                    write_value(out, item, opts, depth)
+                },
+            )?;
         }
         ValueKind::Undefined => return Err(type_error("Undefined")),
         other => return Err(type_error(other)),
@@ -264,7 +272,13 @@ mod tests {
             pretty,
             "{\n  \"a\": \"\\u00e9 \\\"q\\\" <b>&\\n\\u0001\",\n  \"b\": [\n    1,\n    2.0,\n    null,\n    true\n  ],\n  \"e\": {},\n  \"l\": []\n}"
         );
-        let emoji = dumps(&Value::from("🤖"), &DumpOptions { ensure_ascii: true, ..Default::default() });
+        let emoji = dumps(
+            &Value::from("🤖"),
+            &DumpOptions {
+                ensure_ascii: true,
+                ..Default::default()
+            },
+        );
         assert_eq!(emoji.unwrap(), r#""\ud83e\udd16""#);
     }
 

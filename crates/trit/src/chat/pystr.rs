@@ -108,9 +108,18 @@ mod tests {
     #[test]
     fn matches_python_str() {
         // Expected strings are Python 3's str() of the same values.
-        let v = Value::from_serialize(serde_json::json!(
-            ["a", "it's", "say \"hi\"", "both ' \"", "tab\t\u{1}\u{a0}é", null, true, 2.5, 1e-7, 3]
-        ));
+        let v = Value::from_serialize(serde_json::json!([
+            "a",
+            "it's",
+            "say \"hi\"",
+            "both ' \"",
+            "tab\t\u{1}\u{a0}é",
+            null,
+            true,
+            2.5,
+            1e-7,
+            3
+        ]));
         assert_eq!(
             python_str(&v).unwrap(),
             r#"['a', "it's", 'say "hi"', 'both \' "', 'tab\t\x01\xa0é', None, True, 2.5, 1e-07, 3]"#

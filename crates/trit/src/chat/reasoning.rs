@@ -91,8 +91,8 @@ impl ReasoningStream {
             match self.state {
                 State::Start => {
                     let t = self.held.trim_start();
-                    if t.starts_with(THINK_OPEN) {
-                        self.held = t[THINK_OPEN.len()..].to_string();
+                    if let Some(after) = t.strip_prefix(THINK_OPEN) {
+                        self.held = after.to_string();
                         self.state = State::Reasoning(true);
                     } else if t.is_empty() || THINK_OPEN.starts_with(t) {
                         return out; // undecided: wait for more text
@@ -240,7 +240,11 @@ mod tests {
             );
             for pieces in chunkings {
                 let (r, c) = stream_all(&pieces, false);
-                assert_eq!(r.trim_end(), whole.reasoning.clone().unwrap_or_default(), "{pieces:?}");
+                assert_eq!(
+                    r.trim_end(),
+                    whole.reasoning.clone().unwrap_or_default(),
+                    "{pieces:?}"
+                );
                 assert_eq!(c, whole.content, "{pieces:?}");
             }
         }

@@ -99,7 +99,10 @@ pub fn format_utc(unix: i64, fmt: &str) -> Result<String, String> {
                 format!("{v:0width$}")
             }
         };
-        let hour12 = if t.hour % 12 == 0 { 12 } else { t.hour % 12 };
+        let hour12 = match t.hour % 12 {
+            0 => 12,
+            h => h,
+        };
         let piece = match spec {
             'Y' => t.year.to_string(),
             'y' => num(t.year.rem_euclid(100), 2),
@@ -136,14 +139,20 @@ mod tests {
     #[test]
     fn known_dates() {
         // Expected values: `date -u -d @SECONDS +FORMAT` (GNU date).
-        assert_eq!(format_utc(0, "%Y-%m-%d %H:%M:%S %a %j").unwrap(), "1970-01-01 00:00:00 Thu 001");
+        assert_eq!(
+            format_utc(0, "%Y-%m-%d %H:%M:%S %a %j").unwrap(),
+            "1970-01-01 00:00:00 Thu 001"
+        );
         // 2024-02-29 13:05:09 UTC, a leap day.
         assert_eq!(
             format_utc(1_709_211_909, "%d %b %Y, %A %B %-d %I:%M %p, day %j").unwrap(),
             "29 Feb 2024, Thursday February 29 01:05 PM, day 060"
         );
         // 2000-12-31 23:59:59 UTC: day 366 of a leap century year.
-        assert_eq!(format_utc(978_307_199, "%F %T %j %y %e").unwrap(), "2000-12-31 23:59:59 366 00 31");
+        assert_eq!(
+            format_utc(978_307_199, "%F %T %j %y %e").unwrap(),
+            "2000-12-31 23:59:59 366 00 31"
+        );
         // Before the epoch: 1969-12-31 23:59:59 was a Wednesday.
         assert_eq!(format_utc(-1, "%D %a %%").unwrap(), "12/31/69 Wed %");
     }

@@ -14,7 +14,6 @@
 //! - transformers' `{% generation %}` blocks (assistant-mask markers) render their body.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
@@ -135,7 +134,10 @@ impl ChatTemplate {
             "add_generation_prompt".into(),
             Value::from(add_generation_prompt),
         );
-        for (name, text) in [("bos_token", &self.bos_token), ("eos_token", &self.eos_token)] {
+        for (name, text) in [
+            ("bos_token", &self.bos_token),
+            ("eos_token", &self.eos_token),
+        ] {
             if !text.is_empty() {
                 ctx.insert(name.into(), Value::from(text.as_str()));
             }
@@ -244,8 +246,9 @@ fn strftime_now(clock: i64, fmt: &str) -> std::result::Result<String, minijinja:
     } else {
         clock
     };
-    strftime::format_utc(unix, fmt)
-        .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, format!("strftime_now: {e}")))
+    strftime::format_utc(unix, fmt).map_err(|e| {
+        minijinja::Error::new(ErrorKind::InvalidOperation, format!("strftime_now: {e}"))
+    })
 }
 
 /// Rewrites transformers' `{% generation %}…{% endgeneration %}` (an extension marking the
@@ -302,17 +305,36 @@ mod tests {
     #[test]
     fn generation_tags_become_if_blocks() {
         assert_eq!(
-            replace_generation_tags("a{%- generation -%}b{% endgeneration %}c{% if x %}{% endif %}"),
+            replace_generation_tags(
+                "a{%- generation -%}b{% endgeneration %}c{% if x %}{% endif %}"
+            ),
             "a{%- if true -%}b{% endif %}c{% if x %}{% endif %}"
         );
-        assert_eq!(replace_generation_tags("{% unterminated"), "{% unterminated");
+        assert_eq!(
+            replace_generation_tags("{% unterminated"),
+            "{% unterminated"
+        );
     }
 
     #[test]
     fn reasoning_alias_keeps_python_key_order() {
         let m = serde_json::json!({"role": "assistant", "content": "x", "reasoning": "r"});
-        let keys: Vec<String> = alias_reasoning(&m).as_object().unwrap().keys().cloned().collect();
-        assert_eq!(keys, ["thinking", "role", "content", "reasoning", "reasoning_content"]);
+        let keys: Vec<String> = alias_reasoning(&m)
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "thinking",
+                "role",
+                "content",
+                "reasoning",
+                "reasoning_content"
+            ]
+        );
         let plain = serde_json::json!({"role": "user", "content": "x", "reasoning_content": null});
         assert_eq!(alias_reasoning(&plain), plain);
     }

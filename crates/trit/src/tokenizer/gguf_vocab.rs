@@ -1,7 +1,6 @@
 //! Byte-level BPE tokenizers rebuilt from GGUF metadata (`tokenizer.ggml.*`), for files that
 //! carry no `tokenizer.json` (SmolLM2, Bonsai GGUFs, our own exports).
 
-
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::BPE;
 use tokenizers::AddedToken;
@@ -64,10 +63,14 @@ impl GgufVocab {
             )));
         }
         if self.tokens.is_empty() {
-            return Err(Error::Tokenizer("GGUF tokenizer.ggml.tokens is empty".into()));
+            return Err(Error::Tokenizer(
+                "GGUF tokenizer.ggml.tokens is empty".into(),
+            ));
         }
         if u32::try_from(self.tokens.len()).is_err() {
-            return Err(Error::Tokenizer("GGUF vocabulary has more than 2^32 tokens".into()));
+            return Err(Error::Tokenizer(
+                "GGUF vocabulary has more than 2^32 tokens".into(),
+            ));
         }
         if !self.token_types.is_empty() && self.token_types.len() != self.tokens.len() {
             return Err(Error::Tokenizer(format!(
@@ -198,7 +201,11 @@ mod tests {
     #[test]
     fn builds_and_merges() {
         let tok = build(&tiny()).unwrap();
-        let ids = tok.encode("ab ab<|end|>", false).unwrap().get_ids().to_vec();
+        let ids = tok
+            .encode("ab ab<|end|>", false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
         assert_eq!(ids, [2, 4, 5]);
     }
 
@@ -214,7 +221,10 @@ mod tests {
 
         let mut v = tiny();
         v.eos = Some(6);
-        assert!(build(&v).unwrap_err().to_string().contains("eos token id 6"));
+        assert!(build(&v)
+            .unwrap_err()
+            .to_string()
+            .contains("eos token id 6"));
 
         let mut v = tiny();
         v.merges.push("ab".into());

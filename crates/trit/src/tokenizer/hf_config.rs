@@ -20,9 +20,9 @@ impl TokenizerConfig {
     pub fn from_json_bytes(bytes: &[u8]) -> Result<Self> {
         let v: Value = serde_json::from_slice(bytes)
             .map_err(|e| Error::Tokenizer(format!("cannot parse tokenizer_config.json: {e}")))?;
-        let obj = v.as_object().ok_or_else(|| {
-            Error::Tokenizer("tokenizer_config.json is not a JSON object".into())
-        })?;
+        let obj = v
+            .as_object()
+            .ok_or_else(|| Error::Tokenizer("tokenizer_config.json is not a JSON object".into()))?;
         Ok(TokenizerConfig {
             bos_token: token_name(obj.get("bos_token"), "bos_token")?,
             eos_token: token_name(obj.get("eos_token"), "eos_token")?,
@@ -75,7 +75,10 @@ fn chat_template(v: Option<&Value>) -> Result<Option<String>> {
             let mut first = None;
             for item in list {
                 let name = item.get("name").and_then(Value::as_str).ok_or_else(bad)?;
-                let template = item.get("template").and_then(Value::as_str).ok_or_else(bad)?;
+                let template = item
+                    .get("template")
+                    .and_then(Value::as_str)
+                    .ok_or_else(bad)?;
                 if name == "default" {
                     return Ok(Some(template.to_string()));
                 }

@@ -61,16 +61,13 @@ const fn spec(
 /// `(names, spec)`; the names are llama.cpp's spellings of `tokenizer.ggml.pre`.
 const KNOWN: &[(&[&str], PreTokenizerSpec)] = &[
     (
-        &[
-            "llama3",
-            "llama-v3",
-            "llama-bpe",
-            "falcon3",
-            "pixtral",
-        ],
+        &["llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"],
         spec("llama3", &[LLAMA3], true, true),
     ),
-    (&["dbrx", "smaug-bpe"], spec("llama3", &[LLAMA3], false, false)),
+    (
+        &["dbrx", "smaug-bpe"],
+        spec("llama3", &[LLAMA3], false, false),
+    ),
     (
         &["qwen2", "deepseek-r1-qwen", "megrez", "stablelm2"],
         spec("qwen2", &[QWEN2], false, false),
@@ -147,7 +144,10 @@ mod tests {
     use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
 
     fn pieces(pre: &str, text: &str) -> Vec<String> {
-        let pt = PreTokenizerSpec::for_pre(Some(pre)).unwrap().build().unwrap();
+        let pt = PreTokenizerSpec::for_pre(Some(pre))
+            .unwrap()
+            .build()
+            .unwrap();
         let mut s = PreTokenizedString::from(text);
         pt.pre_tokenize(&mut s).unwrap();
         s.get_splits(OffsetReferential::Original, OffsetType::Byte)
@@ -158,9 +158,15 @@ mod tests {
 
     #[test]
     fn digits_follow_the_family() {
-        assert_eq!(pieces("qwen2", "x 12345"), ["x", " ", "1", "2", "3", "4", "5"]);
+        assert_eq!(
+            pieces("qwen2", "x 12345"),
+            ["x", " ", "1", "2", "3", "4", "5"]
+        );
         assert_eq!(pieces("llama-bpe", "x 12345"), ["x", " ", "123", "45"]);
-        assert_eq!(pieces("smollm", "x 12345"), ["x", " ", "1", "2", "3", "4", "5"]);
+        assert_eq!(
+            pieces("smollm", "x 12345"),
+            ["x", " ", "1", "2", "3", "4", "5"]
+        );
         assert_eq!(pieces("gpt2", "x 12345"), ["x", " 12345"]);
         assert_eq!(pieces("default", "x 12345"), ["x", " ", "123", "45"]);
     }
@@ -169,7 +175,10 @@ mod tests {
     fn whitespace_lookahead_keeps_last_space_with_the_word() {
         // `\s+(?!\S)` needs look-ahead (fancy-regex): "   b" → "  " + " b".
         assert_eq!(pieces("gpt2", "a   b"), ["a", "  ", " b"]);
-        assert_eq!(pieces("qwen2", "a   b\n\n c"), ["a", "  ", " b", "\n\n", " c"]);
+        assert_eq!(
+            pieces("qwen2", "a   b\n\n c"),
+            ["a", "  ", " b", "\n\n", " c"]
+        );
         assert_eq!(pieces("qwen2", "I'M ok"), ["I", "'M", " ok"]);
     }
 
@@ -181,7 +190,9 @@ mod tests {
 
     #[test]
     fn unknown_pre_is_refused_with_the_known_list() {
-        let err = PreTokenizerSpec::for_pre(Some("mystery")).unwrap_err().to_string();
+        let err = PreTokenizerSpec::for_pre(Some("mystery"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("'mystery'") && err.contains("qwen2"), "{err}");
         assert_eq!(PreTokenizerSpec::for_pre(None).unwrap().family, "default");
     }
