@@ -5,12 +5,15 @@
 //! Needs the cache assets (tools/fetch_assets.sh; found via TRIT_CACHE or <repo>/.cache);
 //! tests print a notice and return when an asset is absent.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde_json::Value;
 use tokenizers::normalizers::unicode::NFC;
 use tokenizers::{NormalizedString, Normalizer};
+use trit::format::gguf::GgufFile;
+use trit::format::gguf_write::GgufWriter;
+use trit::format::TokenizerSource;
 use trit::tokenizer::{token_type, GgufVocab, StreamDecoder, Tokenizer, TokenizerConfig};
 use trit::Error;
 
@@ -302,136 +305,9 @@ fn qwen3_gguf_vocab_path_matches_python_goldens() {
     assert_eq!(tok.id_to_piece(151_700).as_deref(), Some("[PAD151700]"));
 }
 
-/// Reads the `tokenizer.*` metadata of a GGUF file (test-only; the library's GGUF reader
-/// lives in `format::gguf`).
-fn read_gguf_tokenizer(path: &Path) -> HashMap<String, GgufValue> {
-    let bytes = std::fs::read(path).unwrap();
-    let mut r = Reader { b: &bytes, pos: 0 };
-    assert_eq!(r.take(4), b"GGUF");
-    let version = r.u32();
-    assert!(version == 2 || version == 3, "GGUF version {version}");
-    let _n_tensors = r.u64();
-    let n_kv = r.u64();
-    let mut out = HashMap::new();
-    for _ in 0..n_kv {
-        let key = r.string();
-        let ty = r.u32();
-        let value = r.value(ty);
-        if key.starts_with("tokenizer.") {
-            out.insert(key, value);
-        }
-    }
-    out
-}
-
-#[derive(Debug, Clone)]
-enum GgufValue {
-    Int(i64),
-    Bool(bool),
-    Str(String),
-    Array(Vec<GgufValue>),
-    Other,
-}
-
-struct Reader<'a> {
-    b: &'a [u8],
-    pos: usize,
-}
-
-impl Reader<'_> {
-    fn take(&mut self, n: usize) -> &[u8] {
-        let s = &self.b[self.pos..self.pos + n];
-        self.pos += n;
-        s
-    }
-    fn u32(&mut self) -> u32 {
-        u32::from_le_bytes(self.take(4).try_into().unwrap())
-    }
-    fn u64(&mut self) -> u64 {
-        u64::from_le_bytes(self.take(8).try_into().unwrap())
-    }
-    fn string(&mut self) -> String {
-        let n = self.u64() as usize;
-        String::from_utf8(self.take(n).to_vec()).unwrap()
-    }
-    fn value(&mut self, ty: u32) -> GgufValue {
-        match ty {
-            0 => GgufValue::Int(self.take(1)[0] as i64),
-            1 => GgufValue::Int(self.take(1)[0] as i8 as i64),
-            2 => GgufValue::Int(u16::from_le_bytes(self.take(2).try_into().unwrap()) as i64),
-            3 => GgufValue::Int(i16::from_le_bytes(self.take(2).try_into().unwrap()) as i64),
-            4 => GgufValue::Int(self.u32() as i64),
-            5 => GgufValue::Int(self.u32() as i32 as i64),
-            6 => {
-                self.take(4);
-                GgufValue::Other
-            }
-            7 => GgufValue::Bool(self.take(1)[0] != 0),
-            8 => GgufValue::Str(self.string()),
-            9 => {
-                let elem = self.u32();
-                let n = self.u64() as usize;
-                GgufValue::Array((0..n).map(|_| self.value(elem)).collect())
-            }
-            10 | 11 => GgufValue::Int(self.u64() as i64),
-            12 => {
-                self.take(8);
-                GgufValue::Other
-            }
-            other => panic!("GGUF value type {other}"),
-        }
-    }
-}
-
-fn gguf_vocab(meta: &HashMap<String, GgufValue>) -> GgufVocab {
-    let s = |k: &str| match meta.get(k) {
-        Some(GgufValue::Str(s)) => Some(s.clone()),
-        _ => None,
-    };
-    let id = |k: &str| match meta.get(k) {
-        Some(GgufValue::Int(i)) => Some(*i as u32),
-        _ => None,
-    };
-    let flag = |k: &str| matches!(meta.get(k), Some(GgufValue::Bool(true)));
-    let strs = |k: &str| match meta.get(k) {
-        Some(GgufValue::Array(a)) => a
-            .iter()
-            .map(|v| match v {
-                GgufValue::Str(s) => s.clone(),
-                other => panic!("{k}: {other:?}"),
-            })
-            .collect(),
-        _ => Vec::new(),
-    };
-    let types = match meta.get("tokenizer.ggml.token_type") {
-        Some(GgufValue::Array(a)) => a
-            .iter()
-            .map(|v| match v {
-                GgufValue::Int(i) => *i as i32,
-                other => panic!("token_type {other:?}"),
-            })
-            .collect(),
-        _ => Vec::new(),
-    };
-    GgufVocab {
-        model: s("tokenizer.ggml.model").unwrap(),
-        pre: s("tokenizer.ggml.pre"),
-        tokens: strs("tokenizer.ggml.tokens"),
-        token_types: types,
-        merges: strs("tokenizer.ggml.merges"),
-        bos: id("tokenizer.ggml.bos_token_id"),
-        eos: id("tokenizer.ggml.eos_token_id"),
-        eot: id("tokenizer.ggml.eot_token_id"),
-        pad: id("tokenizer.ggml.padding_token_id"),
-        unk: id("tokenizer.ggml.unknown_token_id"),
-        add_bos: flag("tokenizer.ggml.add_bos_token"),
-        add_eos: flag("tokenizer.ggml.add_eos_token"),
-    }
-}
-
 fn smollm2() -> Option<(Tokenizer, GgufVocab)> {
     let path = cache_file("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")?;
-    let vocab = gguf_vocab(&read_gguf_tokenizer(&path));
+    let vocab = GgufVocab::from_gguf(&GgufFile::open(path).unwrap()).unwrap();
     Some((Tokenizer::from_gguf_vocab(vocab.clone()).unwrap(), vocab))
 }
 
@@ -442,6 +318,11 @@ fn smollm2_gguf_vocab_matches_llama_cpp_and_python_goldens() {
     };
     assert_eq!(vocab.pre.as_deref(), Some("smollm"));
     assert_eq!(vocab.merges.len(), 48_900);
+    assert_eq!(
+        (vocab.bos, vocab.eos, vocab.pad, vocab.unk),
+        (Some(1), Some(2), Some(2), Some(0))
+    );
+    assert!(!vocab.add_bos && !vocab.add_eos);
     for (text, ids) in SMOLLM2_ASSET_IDS {
         assert_eq!(
             tok.encode(text, false).unwrap(),
@@ -479,7 +360,7 @@ fn gguf_add_bos_and_eos_wrap_the_sequence() {
 /// does, and that the pieces add up to the full decode. Returns how many pushes were held back.
 fn check_stream(tok: &Tokenizer, ids: &[u32], skip_special: bool) -> usize {
     let full = tok.decode(ids, skip_special).unwrap();
-    let mut stream = StreamDecoder::new(skip_special);
+    let mut stream = StreamDecoder::new().skip_special(skip_special);
     let mut out = String::new();
     let mut held = 0;
     for &id in ids {
@@ -494,9 +375,7 @@ fn check_stream(tok: &Tokenizer, ids: &[u32], skip_special: bool) -> usize {
             None => held += 1,
         }
     }
-    if let Some(rest) = stream.flush() {
-        out.push_str(&rest);
-    }
+    out.push_str(&stream.flush(tok));
     assert_eq!(out, full, "stream of {ids:?}");
     assert!(!stream.has_pending());
     held
@@ -514,7 +393,7 @@ fn stream_decoder_never_splits_characters() {
     // the emoji only when its last byte arrives.
     let robot = tok.encode(" 🤖", false).unwrap();
     assert_eq!(robot, [11162, 97, 244]);
-    let mut s = StreamDecoder::new(false);
+    let mut s = StreamDecoder::new();
     assert_eq!(s.push(&tok, robot[0]).as_deref(), Some(" "));
     assert!(s.has_pending());
     assert_eq!(s.push(&tok, robot[1]), None);
@@ -525,8 +404,8 @@ fn stream_decoder_never_splits_characters() {
     // continuation byte, at once.
     assert_eq!(s.push(&tok, robot[1]).as_deref(), Some("\u{FFFD}"));
     assert_eq!(s.push(&tok, robot[0]).as_deref(), Some(" "));
-    assert_eq!(s.flush().as_deref(), Some("\u{FFFD}"));
-    assert_eq!(s.flush(), None);
+    assert_eq!(s.flush(&tok), "\u{FFFD}");
+    assert_eq!(s.flush(&tok), "");
 
     if let Some((smol, _)) = smollm2() {
         for c in cases("tokenizer/smollm2_ids.json") {
@@ -642,4 +521,94 @@ fn qwen3_token_counts_of_whole_books_match_assets_md() {
         eprintln!("{rel}: {} tokens in {:.2?}", ids.len(), start.elapsed());
         assert_eq!(ids.len(), want, "{rel}");
     }
+}
+
+#[test]
+fn from_source_loads_json_folders_and_gguf_files() {
+    if let (Some(tok), Some(cfg)) = (
+        cache_file("qwen3/tokenizer.json"),
+        cache_file("qwen3/tokenizer_config.json"),
+    ) {
+        let src = TokenizerSource::Json {
+            tokenizer: tok,
+            config: Some(cfg),
+        };
+        let t = Tokenizer::from_source(&src).unwrap();
+        assert_eq!(t.eos_id(), Some(151_645));
+        assert_eq!(t.eos_token().as_deref(), Some("<|im_end|>"));
+        assert_eq!(t.bos_token(), None);
+    }
+    if let Some(path) = cache_file("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") {
+        let src = TokenizerSource::Gguf(Arc::new(GgufFile::open(path).unwrap()));
+        let t = Tokenizer::from_source(&src).unwrap();
+        assert_eq!(
+            t.encode("The capital of France is", false).unwrap(),
+            [504, 3575, 282, 4649, 314]
+        );
+        assert_eq!(t.bos_token().as_deref(), Some("<|im_start|>"));
+        assert_eq!(t.eos_token().as_deref(), Some("<|im_end|>"));
+    }
+}
+
+/// A GGUF holding only tokenizer metadata (no tensors), from our own writer.
+fn gguf_with(keys: impl FnOnce(&mut GgufWriter)) -> trit::Result<GgufFile> {
+    let mut w = GgufWriter::new();
+    w.add("general.architecture", "llama").unwrap();
+    keys(&mut w);
+    GgufFile::from_bytes("test.gguf", w.to_bytes())
+}
+
+#[test]
+fn gguf_metadata_is_validated() {
+    let ok = gguf_with(|w| {
+        w.add("tokenizer.ggml.model", "gpt2").unwrap();
+        w.add("tokenizer.ggml.pre", "llama-bpe").unwrap();
+        w.add("tokenizer.ggml.tokens", vec!["a", "b", "ab", "<|begin|>"])
+            .unwrap();
+        w.add("tokenizer.ggml.token_type", vec![1i32, 1, 1, 3])
+            .unwrap();
+        w.add("tokenizer.ggml.merges", vec!["a b"]).unwrap();
+        w.add("tokenizer.ggml.bos_token_id", 3u32).unwrap();
+    })
+    .unwrap();
+    let v = GgufVocab::from_gguf(&ok).unwrap();
+    // No add_bos_token key: llama.cpp adds BOS for Llama-3 vocabularies.
+    assert!(v.add_bos);
+    let t = Tokenizer::from_gguf_vocab(v).unwrap();
+    assert_eq!(t.encode("abab", true).unwrap(), [3, 2, 2]);
+
+    let no_vocab = gguf_with(|_| {}).unwrap();
+    let err = GgufVocab::from_gguf(&no_vocab).unwrap_err().to_string();
+    assert!(
+        err.contains("tokenizer.ggml.model") && err.contains("test.gguf"),
+        "{err}"
+    );
+
+    let wrong_type = gguf_with(|w| {
+        w.add("tokenizer.ggml.model", "gpt2").unwrap();
+        w.add("tokenizer.ggml.tokens", vec![1u32, 2]).unwrap();
+    })
+    .unwrap();
+    let err = GgufVocab::from_gguf(&wrong_type).unwrap_err().to_string();
+    assert!(err.contains("tokenizer.ggml.tokens"), "{err}");
+
+    let bad_id = gguf_with(|w| {
+        w.add("tokenizer.ggml.model", "gpt2").unwrap();
+        w.add("tokenizer.ggml.tokens", vec!["a"]).unwrap();
+        w.add("tokenizer.ggml.eos_token_id", "two").unwrap();
+    })
+    .unwrap();
+    let err = GgufVocab::from_gguf(&bad_id).unwrap_err().to_string();
+    assert!(err.contains("eos_token_id"), "{err}");
+
+    let spm = gguf_with(|w| {
+        w.add("tokenizer.ggml.model", "llama").unwrap();
+        w.add("tokenizer.ggml.tokens", vec!["a"]).unwrap();
+    })
+    .unwrap();
+    let src = TokenizerSource::Gguf(Arc::new(spm));
+    assert!(matches!(
+        Tokenizer::from_source(&src),
+        Err(Error::Unsupported(_))
+    ));
 }

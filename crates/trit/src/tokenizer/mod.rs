@@ -13,6 +13,7 @@ mod byte_level;
 mod gguf_vocab;
 mod hf_config;
 mod pretokenize;
+mod source;
 mod stream;
 
 use std::collections::HashSet;
@@ -227,6 +228,16 @@ impl Tokenizer {
 
     pub fn eos_id(&self) -> Option<u32> {
         self.eos
+    }
+
+    /// The text of the BOS token (`bos_token` in chat templates).
+    pub fn bos_token(&self) -> Option<String> {
+        self.bos.and_then(|id| self.id_to_piece(id))
+    }
+
+    /// The text of the EOS token (`eos_token` in chat templates).
+    pub fn eos_token(&self) -> Option<String> {
+        self.eos.and_then(|id| self.id_to_piece(id))
     }
 
     /// The wrapped Hugging Face tokenizer, for anything not covered here.

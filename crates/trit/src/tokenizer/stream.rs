@@ -11,11 +11,11 @@ use super::Tokenizer;
 /// Turns a stream of token ids into text pieces that always end on a character boundary.
 ///
 /// ```ignore
-/// let mut stream = StreamDecoder::new(true);
+/// let mut stream = StreamDecoder::new();
 /// for id in generated { if let Some(text) = stream.push(&tok, id) { print!("{text}") } }
-/// if let Some(rest) = stream.flush() { print!("{rest}") }
+/// print!("{}", stream.flush(&tok));
 /// ```
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct StreamDecoder {
     skip_special: bool,
     /// Byte-level tokenizers: raw bytes not yet emitted (an incomplete UTF-8 sequence).
@@ -30,13 +30,30 @@ pub struct StreamDecoder {
 
 const REPLACEMENT: char = char::REPLACEMENT_CHARACTER;
 
+impl Default for StreamDecoder {
+    fn default() -> Self {
+        StreamDecoder::new()
+    }
+}
+
 impl StreamDecoder {
-    /// `skip_special`: leave out special tokens (e.g. `<|im_end|>`), as `decode(.., true)` does.
-    pub fn new(skip_special: bool) -> Self {
+    /// A decoder that leaves out special tokens (`<|im_end|>`), as `decode(.., true)` does.
+    /// Qwen's `<think>`/`</think>` are not special and are kept.
+    pub fn new() -> Self {
         StreamDecoder {
-            skip_special,
-            ..Default::default()
+            skip_special: true,
+            pending: Vec::new(),
+            window: Vec::new(),
+            context_len: 0,
+            emitted: String::new(),
+            latest: String::new(),
         }
+    }
+
+    /// `false`: also print special tokens, as `decode(.., false)` does.
+    pub fn skip_special(mut self, skip: bool) -> Self {
+        self.skip_special = skip;
+        self
     }
 
     /// Feeds one generated id; returns the text that became complete, if any. Ids without a
@@ -49,9 +66,9 @@ impl StreamDecoder {
         }
     }
 
-    /// Emits whatever is still held back (an incomplete character becomes U+FFFD, as in
-    /// `decode`) and resets the decoder for a new sequence.
-    pub fn flush(&mut self) -> Option<String> {
+    /// Returns whatever is still held back (an incomplete character becomes U+FFFD, as in
+    /// `decode`; empty if nothing is) and resets the decoder for a new sequence.
+    pub fn flush(&mut self, _tok: &Tokenizer) -> String {
         let rest = if !self.pending.is_empty() {
             String::from_utf8_lossy(&self.pending).into_owned()
         } else {
@@ -60,9 +77,8 @@ impl StreamDecoder {
                 .unwrap_or_default()
                 .to_string()
         };
-        let skip_special = self.skip_special;
-        *self = StreamDecoder::new(skip_special);
-        (!rest.is_empty()).then_some(rest)
+        *self = StreamDecoder::new().skip_special(self.skip_special);
+        rest
     }
 
     /// Whether text is being held back waiting for the rest of a character.
@@ -169,7 +185,7 @@ mod tests {
         assert!(!tok.is_byte_level());
         let ids = [1, 2, 3, 4, 5, 6, 0, 1];
         assert_eq!(tok.decode(&ids, true).unwrap(), "Hello world你! Hello");
-        let mut s = StreamDecoder::new(true);
+        let mut s = StreamDecoder::new();
         let got: Vec<Option<String>> = ids.iter().map(|&id| s.push(&tok, id)).collect();
         let want = [
             Some("Hello"),
@@ -182,9 +198,9 @@ mod tests {
             Some(" Hello"),
         ];
         assert_eq!(got, want.map(|w| w.map(String::from)));
-        assert_eq!(s.flush(), None);
+        assert_eq!(s.flush(&tok), "");
         // An incomplete character at the end is flushed as U+FFFD, like decode.
         assert_eq!(s.push(&tok, 3), None);
-        assert_eq!(s.flush().as_deref(), Some("\u{FFFD}"));
+        assert_eq!(s.flush(&tok), "\u{FFFD}");
     }
 }
