@@ -303,6 +303,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn shareable_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<ChatTemplate>();
+        assert_send_sync::<crate::tokenizer::Tokenizer>();
+        assert_send_sync::<crate::tokenizer::StreamDecoder>();
+    }
+
+    #[test]
     fn generation_tags_become_if_blocks() {
         assert_eq!(
             replace_generation_tags(
