@@ -1,3 +1,38 @@
+//! `trit`: run ternary language models locally.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "trit", version, about = "Run ternary (1.58-bit) language models on your CPU")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate a reply to one prompt.
+    Run(cmd::run::RunArgs),
+    /// Multi-turn chat that keeps the KV cache between turns.
+    Chat(cmd::chat::ChatArgs),
+    /// Describe a model file: architecture, tensor types, sizes, memory needs.
+    Info(cmd::info::InfoArgs),
+    /// Perplexity of a text file (llama-perplexity convention).
+    Perplexity(cmd::perplexity::PerplexityArgs),
+}
+
 fn main() {
-    println!("trit");
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(a) => cmd::run::run(a),
+        Command::Chat(a) => cmd::chat::run(a),
+        Command::Info(a) => cmd::info::run(a),
+        Command::Perplexity(a) => cmd::perplexity::run(a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
 }

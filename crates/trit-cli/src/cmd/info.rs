@@ -1,0 +1,105 @@
+//! `trit info MODEL`: what a model file is and what it needs.
+
+use super::{resolve_model, ModelArgs};
+use anyhow::Result;
+use clap::Args;
+use std::collections::BTreeMap;
+use trit::format::TensorData;
+
+#[derive(Args, Debug)]
+pub struct InfoArgs {
+    /// Model path (positional form of --model).
+    pub path: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+fn gib(b: usize) -> String {
+    if b >= 1 << 30 {
+        format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+    } else {
+        format!("{:.2} MiB", b as f64 / (1u64 << 20) as f64)
+    }
+}
+
+pub fn run(a: InfoArgs) -> Result<()> {
+    let path = resolve_model(&a.path.or(a.model.model))?;
+    let files = trit::format::open(&path)?;
+    let c = &files.config;
+    println!("file:          {} ({})", path.display(), files.format_name);
+    println!("name:          {}", c.name);
+    println!("architecture:  {:?}", c.arch);
+    println!(
+        "shape:         {} layers, hidden {}, ffn {}, heads {} q / {} kv × {}, vocab {}",
+        c.n_layers, c.hidden, c.ffn, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab
+    );
+    println!(
+        "rope:          θ {} ({:?}){}",
+        c.rope_theta,
+        c.rope_style,
+        if c.rope_scaling.is_some() { ", YaRN" } else { "" }
+    );
+    println!("context:       {} tokens; tied embeddings: {}", c.max_ctx, c.tied_embeddings);
+
+    let mut by_type: BTreeMap<String, (usize, usize, usize)> = BTreeMap::new();
+    let (mut params, mut bytes) = (0usize, 0usize);
+    for name in files.weights.tensor_names() {
+        let Some(view) = files.weights.tensor(&name)? else {
+            continue;
+        };
+        let n: usize = view.shape.iter().product();
+        let (ty, b) = match &view.data {
+            TensorData::F32(x) => ("F32".to_string(), x.len()),
+            TensorData::F16(x) => ("F16".to_string(), x.len()),
+            TensorData::BF16(x) => ("BF16".to_string(), x.len()),
+            TensorData::Ggml { ty, bytes } => (ty.name().to_string(), bytes.len()),
+            TensorData::Mlx {
+                codes,
+                scales,
+                biases,
+                bits,
+                group_size,
+                ..
+            } => (
+                format!("MLX {bits}-bit g{group_size}"),
+                codes.len() + scales.len() + biases.len(),
+            ),
+        };
+        let e = by_type.entry(ty).or_default();
+        e.0 += 1;
+        e.1 += n;
+        e.2 += b;
+        params += n;
+        bytes += b;
+    }
+    println!(
+        "parameters:    {:.2} M ({:.3} bits per weight, {} of weights)",
+        params as f64 / 1e6,
+        bytes as f64 * 8.0 / params.max(1) as f64,
+        gib(bytes)
+    );
+    println!("tensor types:");
+    for (ty, (count, n, b)) in &by_type {
+        println!(
+            "  {ty:<18} {count:>4} tensors {:>10.2} M weights {:>12}  {:.3} bpw",
+            *n as f64 / 1e6,
+            gib(*b),
+            *b as f64 * 8.0 / (*n).max(1) as f64
+        );
+    }
+    let ctx = a.model.ctx.unwrap_or(c.max_ctx.min(4096));
+    let kv = trit::model::KvCache::bytes_for(c.n_layers, c.n_kv_heads * c.head_dim, ctx);
+    println!(
+        "memory:        weights {} + KV cache {} at {ctx} tokens (f32) = {}",
+        gib(bytes),
+        gib(kv),
+        gib(bytes + kv)
+    );
+    let g = &files.generation;
+    println!(
+        "sampling:      temp {:?} top_k {:?} top_p {:?} min_p {:?} (from {})",
+        g.temperature, g.top_k, g.top_p, g.min_p, g.source
+    );
+    println!("chat template: {}", if files.chat_template.is_some() { "yes" } else { "no" });
+    Ok(())
+}

@@ -1,0 +1,183 @@
+//! Shared pieces of the subcommands: finding and loading the model, sampling flags.
+
+pub mod chat;
+pub mod info;
+pub mod perplexity;
+pub mod run;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use trit::chat::ChatTemplate;
+use trit::format::ModelFiles;
+use trit::model::Model;
+use trit::sample::{Penalties, SamplingParams};
+use trit::tokenizer::Tokenizer;
+
+/// Where the model comes from: `--model`, then `TRIT_MODEL`, then the repository's default.
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// GGUF file, MLX 2-bit folder, or unpacked FP16/BF16 safetensors folder.
+    #[arg(short, long, env = "TRIT_MODEL")]
+    pub model: Option<PathBuf>,
+    /// Worker threads (default: physical cores).
+    #[arg(short = 't', long, env = "TRIT_ARG_THREADS")]
+    pub threads: Option<usize>,
+    /// Context size in tokens (default: the model's, capped at 4096).
+    #[arg(short = 'c', long = "ctx", alias = "ctx-size", env = "TRIT_ARG_CTX_SIZE")]
+    pub ctx: Option<usize>,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct SamplingArgs {
+    /// Maximum tokens to generate.
+    #[arg(short = 'n', long, default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Temperature (0 = greedy). Default: the model's recommendation.
+    #[arg(long)]
+    pub temp: Option<f32>,
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// Repetition penalty (1.0 = off).
+    #[arg(long)]
+    pub repeat_penalty: Option<f32>,
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Random seed (same seed, same output).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Stop before this string (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+}
+
+impl SamplingArgs {
+    pub fn params(&self, loaded: &Loaded) -> SamplingParams {
+        let d = &loaded.files.generation;
+        SamplingParams {
+            temperature: self.temp.or(d.temperature).unwrap_or(0.7),
+            top_k: self.top_k.or(d.top_k).unwrap_or(20),
+            top_p: self.top_p.or(d.top_p).unwrap_or(0.8),
+            min_p: self.min_p.or(d.min_p).unwrap_or(0.0),
+            penalties: Penalties {
+                repetition: self.repeat_penalty.or(d.repetition_penalty).unwrap_or(1.0),
+                presence: self.presence_penalty,
+                frequency: self.frequency_penalty,
+                last_n: 64,
+            },
+            seed: self.seed,
+        }
+    }
+}
+
+pub struct Loaded {
+    pub files: ModelFiles,
+    pub model: Arc<Model>,
+    pub tokenizer: Tokenizer,
+    pub template: Option<ChatTemplate>,
+    pub n_ctx: usize,
+    pub load_secs: f64,
+}
+
+/// The model shipped in the repository (`models/default/*.gguf`), looked up next to the
+/// working directory, the executable, and the source tree this binary was built from.
+pub fn default_model() -> Option<PathBuf> {
+    let mut roots = vec![PathBuf::from(".")];
+    if let Ok(exe) = std::env::current_exe() {
+        roots.extend(exe.ancestors().skip(1).map(Path::to_path_buf));
+    }
+    roots.push(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")));
+    for root in roots {
+        let dir = root.join("models/default");
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            let mut ggufs: Vec<PathBuf> = entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
+                .collect();
+            ggufs.sort();
+            if let Some(p) = ggufs.into_iter().next() {
+                return Some(p);
+            }
+        }
+    }
+    None
+}
+
+pub fn resolve_model(arg: &Option<PathBuf>) -> Result<PathBuf> {
+    if let Some(p) = arg {
+        return Ok(p.clone());
+    }
+    match default_model() {
+        Some(p) => Ok(p),
+        None => bail!(
+            "no model given and no default model found.\n\
+             Pass one with --model PATH (a .gguf file or an MLX/safetensors folder) or set TRIT_MODEL.\n\
+             The repository ships one in models/default/ (run from a clone of trit)."
+        ),
+    }
+}
+
+pub fn load(args: &ModelArgs) -> Result<Loaded> {
+    let path = resolve_model(&args.model)?;
+    let t0 = std::time::Instant::now();
+    let files = trit::format::open(&path).with_context(|| format!("loading {}", path.display()))?;
+    let tokenizer = trit::tokenizer::Tokenizer::from_source(&files.tokenizer)?;
+    let template = match &files.chat_template {
+        Some(src) => Some(ChatTemplate::new(
+            src,
+            &tokenizer.bos_token().unwrap_or_default(),
+            &tokenizer.eos_token().unwrap_or_default(),
+        )?),
+        None => None,
+    };
+    let threads = args.threads.unwrap_or_else(trit::threadpool::default_threads);
+    let model = Arc::new(Model::load(&files, threads)?);
+    let n_ctx = args.ctx.unwrap_or(files.config.max_ctx.min(4096));
+    if n_ctx == 0 {
+        bail!("--ctx must be at least 1");
+    }
+    Ok(Loaded {
+        files,
+        model,
+        tokenizer,
+        template,
+        n_ctx,
+        load_secs: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// Stop tokens: the config's EOS ids plus the tokenizer's end-of-turn tokens.
+pub fn eos_ids(loaded: &Loaded) -> Vec<u32> {
+    let mut ids = loaded.files.config.eos.clone();
+    for t in ["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>"] {
+        if let Some(id) = loaded.tokenizer.token_id(t) {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+    }
+    ids
+}
+
+pub fn print_speed(g: &trit::engine::Generation) {
+    println!(
+        "Prompt: {} tokens, {:.3} tokens-per-sec",
+        g.prompt_evaluated,
+        g.prompt_tps()
+    );
+    println!(
+        "Generation: {} tokens, {:.3} tokens-per-sec",
+        g.tokens.len(),
+        g.gen_tps()
+    );
+    if let Some(b) = trit::engine::stats::peak_rss_bytes() {
+        println!("Peak memory: {:.3} GB", b as f64 / 1e9);
+    }
+}

@@ -1,0 +1,106 @@
+//! `trit run "prompt"`: one generation, streamed, followed by mlx-lm-style speed lines.
+
+use super::{eos_ids, load, print_speed, Loaded, ModelArgs, SamplingArgs};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde_json::{json, Map, Value};
+use std::io::Write;
+use trit::engine::{generate, GenerateOptions, Session};
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The prompt (a user message, unless --raw).
+    pub prompt: String,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// System message.
+    #[arg(long, alias = "system-prompt")]
+    pub system: Option<String>,
+    /// Disable Qwen3 thinking (enable_thinking=false in the chat template).
+    #[arg(long)]
+    pub no_think: bool,
+    /// Extra chat-template variables as JSON, e.g. '{"enable_thinking": false}'.
+    #[arg(long)]
+    pub chat_template_args: Option<String>,
+    /// Feed the prompt as-is, without the chat template.
+    #[arg(long, alias = "ignore-chat-template")]
+    pub raw: bool,
+    /// Print only the generated text.
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+pub fn template_kwargs(no_think: bool, extra: &Option<String>) -> Result<Map<String, Value>> {
+    let mut kw = Map::new();
+    if let Some(s) = extra {
+        let v: Value = serde_json::from_str(s).context("--chat-template-args is not valid JSON")?;
+        match v {
+            Value::Object(m) => kw.extend(m),
+            _ => bail!("--chat-template-args must be a JSON object"),
+        }
+    }
+    if no_think {
+        kw.insert("enable_thinking".into(), Value::Bool(false));
+    }
+    Ok(kw)
+}
+
+/// Turns the user's text into prompt token ids (chat template unless raw).
+pub fn prompt_ids(
+    loaded: &Loaded,
+    messages: &[Value],
+    raw_text: Option<&str>,
+    kwargs: &Map<String, Value>,
+) -> Result<Vec<u32>> {
+    let tok = &loaded.tokenizer;
+    if let Some(text) = raw_text {
+        let mut ids = Vec::new();
+        if loaded.files.config.add_bos {
+            if let Some(b) = loaded.files.config.bos {
+                ids.push(b);
+            }
+        }
+        ids.extend(tok.encode(text, false)?);
+        return Ok(ids);
+    }
+    let Some(t) = &loaded.template else {
+        bail!("this model has no chat template; use --raw to feed the prompt as plain text");
+    };
+    let text = t.render(messages, true, None, kwargs)?;
+    Ok(tok.encode(&text, false)?)
+}
+
+pub fn run(a: RunArgs) -> Result<()> {
+    let loaded = load(&a.model)?;
+    let kwargs = template_kwargs(a.no_think, &a.chat_template_args)?;
+    let mut messages = Vec::new();
+    if let Some(s) = &a.system {
+        messages.push(json!({"role": "system", "content": s}));
+    }
+    messages.push(json!({"role": "user", "content": a.prompt}));
+    let ids = prompt_ids(&loaded, &messages, a.raw.then_some(a.prompt.as_str()), &kwargs)?;
+    let opts = GenerateOptions {
+        max_tokens: a.sampling.max_tokens,
+        sampling: a.sampling.params(&loaded),
+        stop: a.sampling.stop.clone(),
+        eos: eos_ids(&loaded),
+    };
+    let mut session = Session::new(loaded.model.clone(), loaded.n_ctx);
+    if !a.quiet {
+        println!("==========");
+    }
+    let mut stdout = std::io::stdout();
+    let g = generate(&mut session, &loaded.tokenizer, &ids, &opts, &mut |piece| {
+        print!("{piece}");
+        let _ = stdout.flush();
+        true
+    })?;
+    println!();
+    if !a.quiet {
+        println!("==========");
+        print_speed(&g);
+    }
+    Ok(())
+}

@@ -1,0 +1,95 @@
+//! End-to-end checks of the `trit` binary: errors are clear and exit non-zero, the default
+//! model runs offline, and prompts longer than the context are refused before any compute.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn trit() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_trit"));
+    c.env_remove("TRIT_MODEL");
+    c
+}
+
+fn default_model() -> Option<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/default");
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "gguf"))
+}
+
+#[test]
+fn missing_model_file_is_a_clear_error() {
+    let out = trit()
+        .args(["run", "--model", "/nonexistent/model.gguf", "hi"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/model.gguf"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn not_a_model_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("junk.gguf");
+    std::fs::write(&p, b"this is not a gguf file at all").unwrap();
+    let out = trit().args(["info"]).arg(&p).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.to_lowercase().contains("magic"), "{err}");
+}
+
+#[test]
+fn prompt_longer_than_context_is_refused_with_llama_cpp_wording() {
+    let Some(model) = default_model() else {
+        eprintln!("skipped: no default model in models/default");
+        return;
+    };
+    let out = trit()
+        .args(["run", "--raw", "-c", "16", "-n", "8", "--model"])
+        .arg(&model)
+        .arg("one two three four five six seven eight nine ten eleven twelve thirteen")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("exceeds the available context size (16 tokens), try increasing it"),
+        "{err}"
+    );
+    // Refused before any compute: no generated text, no speed line.
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("Generation:"));
+}
+
+#[test]
+fn default_model_runs_offline_and_prints_speed() {
+    if default_model().is_none() {
+        eprintln!("skipped: no default model in models/default");
+        return;
+    }
+    let out = trit()
+        .args(["run", "--temp", "0", "-n", "12", "What is the capital of France?"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("Paris"), "{stdout}");
+    assert!(stdout.contains("Prompt:") && stdout.contains("tokens-per-sec"), "{stdout}");
+    assert!(stdout.contains("Peak memory:"), "{stdout}");
+}
+
+#[test]
+fn info_describes_the_default_model() {
+    if default_model().is_none() {
+        eprintln!("skipped: no default model in models/default");
+        return;
+    }
+    let out = trit().arg("info").output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("Llama"), "{stdout}");
+    assert!(stdout.contains("Q2_0"), "{stdout}");
+    assert!(stdout.contains("bits per weight"), "{stdout}");
+}

@@ -1,0 +1,214 @@
+//! The generation loop: prefill (with prefix reuse), then sample → stream → step until an
+//! EOS token, a stop string, `max_tokens`, or the end of the context.
+
+use super::session::Session;
+use crate::sample::{Sampler, SamplingParams};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::{Error, Result};
+use std::time::Instant;
+
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Generation stops before any of these strings; they are not part of the output.
+    pub stop: Vec<String>,
+    /// Tokens that end generation (not emitted).
+    pub eos: Vec<u32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// EOS token or stop string.
+    Stop,
+    /// `max_tokens` reached, or the context is full.
+    Length,
+    /// The callback asked to stop.
+    Cancelled,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length | FinishReason::Cancelled => "length",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Generation {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub finish: FinishReason,
+    pub prompt_tokens: usize,
+    /// Prompt tokens computed (the others were reused from the session's cache).
+    pub prompt_evaluated: usize,
+    pub prompt_secs: f64,
+    pub gen_secs: f64,
+}
+
+impl Generation {
+    pub fn prompt_tps(&self) -> f64 {
+        self.prompt_evaluated as f64 / self.prompt_secs.max(1e-9)
+    }
+
+    /// Decode speed over the steps after the first token (whose time is the prefill's).
+    pub fn gen_tps(&self) -> f64 {
+        self.tokens.len().saturating_sub(1) as f64 / self.gen_secs.max(1e-9)
+    }
+}
+
+/// Refuses a request that cannot fit before any compute (llama.cpp's wording).
+pub fn check_context(prompt: usize, max_tokens: usize, n_ctx: usize) -> Result<()> {
+    if prompt + max_tokens > n_ctx || prompt >= n_ctx {
+        return Err(Error::ContextOverflow {
+            n_prompt: prompt + max_tokens,
+            n_ctx,
+        });
+    }
+    Ok(())
+}
+
+/// Generates after `prompt`. `on_text` receives text pieces as they become final (complete
+/// UTF-8 characters, never part of a stop string) and returns false to cancel.
+pub fn generate(
+    session: &mut Session,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    on_text: &mut dyn FnMut(&str) -> bool,
+) -> Result<Generation> {
+    check_context(prompt.len(), opts.max_tokens, session.n_ctx())?;
+    let mut sampler = Sampler::new(opts.sampling.clone())?;
+    let t0 = Instant::now();
+    let mut logits = session.prefill(prompt)?;
+    let prompt_evaluated = session.last_evaluated();
+    let prompt_secs = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+
+    let mut history = prompt.to_vec();
+    let mut out = Generation {
+        text: String::new(),
+        tokens: Vec::new(),
+        finish: FinishReason::Length,
+        prompt_tokens: prompt.len(),
+        prompt_evaluated,
+        prompt_secs,
+        gen_secs: 0.0,
+    };
+    let mut decoder = StreamDecoder::new();
+    let mut stops = StopMatcher::new(&opts.stop);
+    while out.tokens.len() < opts.max_tokens {
+        let tok = sampler.sample(&mut logits, &history);
+        if opts.eos.contains(&tok) {
+            out.finish = FinishReason::Stop;
+            break;
+        }
+        out.tokens.push(tok);
+        history.push(tok);
+        if let Some(piece) = decoder.push(tokenizer, tok) {
+            let (ready, hit) = stops.push(&piece);
+            out.text.push_str(&ready);
+            let go_on = ready.is_empty() || on_text(&ready);
+            if hit {
+                out.finish = FinishReason::Stop;
+                break;
+            }
+            if !go_on {
+                out.finish = FinishReason::Cancelled;
+                break;
+            }
+        }
+        if out.tokens.len() >= opts.max_tokens || session.tokens().len() + 1 > session.n_ctx() {
+            break;
+        }
+        logits = session.step(tok)?;
+    }
+    if !stops.hit {
+        // Text held back as a possible stop-string prefix, or bytes of an unfinished character.
+        let tail = format!("{}{}", stops.take_held(), decoder.flush(tokenizer));
+        if !tail.is_empty() {
+            out.text.push_str(&tail);
+            on_text(&tail);
+        }
+    }
+    out.gen_secs = t1.elapsed().as_secs_f64();
+    Ok(out)
+}
+
+/// Holds back streamed text that could be the start of a stop string.
+struct StopMatcher {
+    stops: Vec<String>,
+    held: String,
+    hit: bool,
+}
+
+impl StopMatcher {
+    fn new(stops: &[String]) -> Self {
+        StopMatcher {
+            stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            held: String::new(),
+            hit: false,
+        }
+    }
+
+    /// Returns (text safe to emit, whether a stop string was found).
+    fn push(&mut self, piece: &str) -> (String, bool) {
+        self.held.push_str(piece);
+        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+            let ready = self.held[..at].to_string();
+            self.held.clear();
+            self.hit = true;
+            return (ready, true);
+        }
+        // Keep the longest suffix that is a prefix of some stop string.
+        let mut keep = 0;
+        for s in &self.stops {
+            for (i, _) in self.held.char_indices() {
+                let suffix = &self.held[i..];
+                if s.starts_with(suffix) {
+                    keep = keep.max(suffix.len());
+                    break;
+                }
+            }
+        }
+        let cut = self.held.len() - keep;
+        let ready = self.held[..cut].to_string();
+        self.held.drain(..cut);
+        (ready, false)
+    }
+
+    fn take_held(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_matcher_holds_prefixes_and_cuts_at_stop() {
+        let mut m = StopMatcher::new(&["</s>".to_string(), "\n\n".to_string()]);
+        assert_eq!(m.push("Hello <"), ("Hello ".to_string(), false));
+        assert_eq!(m.push("/"), (String::new(), false));
+        assert_eq!(m.push("b> x"), ("</b> x".to_string(), false));
+        assert_eq!(m.push(" end</"), (" end".to_string(), false));
+        assert_eq!(m.push("s> more"), (String::new(), true));
+        let mut m = StopMatcher::new(&["\n\n".to_string()]);
+        assert_eq!(m.push("a\n"), ("a".to_string(), false));
+        assert_eq!(m.push("\nb"), (String::new(), true));
+    }
+
+    #[test]
+    fn context_check_uses_llama_cpp_wording() {
+        assert!(check_context(10, 20, 30).is_ok());
+        let e = check_context(9000, 214, 8192).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "request (9214 tokens) exceeds the available context size (8192 tokens), try increasing it"
+        );
+        assert!(check_context(30, 0, 30).is_err());
+    }
+}

@@ -1,0 +1,109 @@
+//! A session owns one sequence's KV cache and remembers which tokens it holds, so a new
+//! request evaluates only what follows the longest common prefix with the cache
+//! (multi-turn chat re-sends the whole history; only the new turn is computed).
+
+use crate::model::{KvCache, Logits, Model};
+use crate::{Error, Result};
+use std::sync::Arc;
+
+/// Prompt tokens evaluated per forward call (bounds scratch memory for long prompts).
+const PREFILL_CHUNK: usize = 512;
+
+pub struct Session {
+    model: Arc<Model>,
+    cache: KvCache,
+    tokens: Vec<u32>,
+    last_evaluated: usize,
+}
+
+impl Session {
+    pub fn new(model: Arc<Model>, n_ctx: usize) -> Self {
+        let cache = model.new_cache(n_ctx);
+        Session {
+            model,
+            cache,
+            tokens: Vec::new(),
+            last_evaluated: 0,
+        }
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.cache.capacity()
+    }
+
+    /// Tokens whose keys/values the cache holds.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Prompt tokens actually computed by the last `prefill` (the rest came from the cache).
+    pub fn last_evaluated(&self) -> usize {
+        self.last_evaluated
+    }
+
+    pub fn reset(&mut self) {
+        self.cache.clear();
+        self.tokens.clear();
+    }
+
+    /// Brings the cache to exactly `prompt` and returns the logits after its last token.
+    pub fn prefill(&mut self, prompt: &[u32]) -> Result<Vec<f32>> {
+        if prompt.is_empty() {
+            return Err(Error::InvalidArgument("empty prompt".into()));
+        }
+        if prompt.len() > self.n_ctx() {
+            return Err(Error::ContextOverflow {
+                n_prompt: prompt.len(),
+                n_ctx: self.n_ctx(),
+            });
+        }
+        let mut common = self
+            .tokens
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        // The last prompt token must be evaluated to get its logits.
+        common = common.min(prompt.len() - 1);
+        self.cache.truncate(common);
+        self.tokens.truncate(common);
+        self.last_evaluated = 0;
+        let mut logits = Vec::new();
+        for chunk in prompt[common..].chunks(PREFILL_CHUNK) {
+            logits = self.eval(chunk, Logits::Last)?;
+        }
+        Ok(logits)
+    }
+
+    /// Appends one generated token and returns the next logits.
+    pub fn step(&mut self, token: u32) -> Result<Vec<f32>> {
+        let logits = self.eval(&[token], Logits::Last)?;
+        self.last_evaluated -= 1;
+        Ok(logits)
+    }
+
+    /// Evaluates tokens after the cache and returns logits for every one (perplexity).
+    pub fn eval_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.eval(tokens, Logits::All)
+    }
+
+    fn eval(&mut self, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
+        let result = self.model.forward(tokens, &mut self.cache, which);
+        match result {
+            Ok(l) => {
+                self.tokens.extend_from_slice(tokens);
+                self.last_evaluated += tokens.len();
+                Ok(l)
+            }
+            Err(e) => {
+                // A failed forward may have appended part of a layer; drop it.
+                self.cache.truncate(self.tokens.len());
+                Err(e)
+            }
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! Turns named tensor views from any file format into kernel-ready weights:
+//! ternary formats are repacked into `TernaryMatrix`, everything else is dequantized to f32.
+
+use crate::format::{Dtype, TensorData, TensorView, WeightSource};
+use crate::quant::float::HalfKind;
+use crate::kernels::{DenseMatrix, Linear, TernaryMatrix};
+use crate::quant::{self, GgmlType};
+use crate::{Error, Result};
+
+pub fn require<'a>(src: &'a dyn WeightSource, name: &str) -> Result<TensorView<'a>> {
+    src.tensor(name)?.ok_or_else(|| Error::MissingTensor(name.to_string()))
+}
+
+fn check_shape(view: &TensorView<'_>, expected: &[usize]) -> Result<()> {
+    if view.shape != expected {
+        return Err(Error::ShapeMismatch {
+            tensor: view.name.clone(),
+            found: view.shape.clone(),
+            expected: expected.to_vec(),
+        });
+    }
+    Ok(())
+}
+
+/// A `rows × cols` matrix (cols = input dimension).
+pub fn linear(src: &dyn WeightSource, name: &str, rows: usize, cols: usize) -> Result<Linear> {
+    let view = require(src, name)?;
+    check_shape(&view, &[rows, cols])?;
+    to_linear(&view)
+}
+
+pub fn to_linear(view: &TensorView<'_>) -> Result<Linear> {
+    let (rows, cols) = match view.shape.as_slice() {
+        [r, c] => (*r, *c),
+        s => {
+            return Err(Error::Format(format!(
+                "tensor '{}' should be 2-D, has shape {s:?}",
+                view.name
+            )))
+        }
+    };
+    match &view.data {
+        TensorData::Ggml { ty, bytes } if ty.is_ternary() => {
+            let src = quant::ternary::GgmlTernary::new(*ty, bytes, rows, cols)?;
+            Ok(Linear::Ternary(TernaryMatrix::from_rows(&src)?))
+        }
+        TensorData::Mlx {
+            codes,
+            scales,
+            biases,
+            scale_dtype,
+            group_size,
+            bits,
+        } => {
+            if *bits != 2 {
+                return Err(Error::Unsupported(format!(
+                    "tensor '{}' is MLX {bits}-bit; only 2-bit is supported",
+                    view.name
+                )));
+            }
+            let half = match scale_dtype {
+                Dtype::F16 => HalfKind::F16,
+                Dtype::BF16 => HalfKind::BF16,
+                other => {
+                    return Err(Error::Unsupported(format!(
+                        "tensor '{}' has MLX scales of type {}",
+                        view.name,
+                        other.name()
+                    )))
+                }
+            };
+            let src = quant::mlx2::MlxTernary::new(codes, scales, biases, half, rows, cols, *group_size)?;
+            if src.check_ternary().is_ok() {
+                Ok(Linear::Ternary(TernaryMatrix::from_rows(&src)?))
+            } else {
+                // Generic 2-bit affine: run it dequantized rather than refuse.
+                let mut data = vec![0f32; rows * cols];
+                for (r, row) in data.chunks_exact_mut(cols).enumerate() {
+                    src.dequantize_row(r, row);
+                }
+                Ok(Linear::Dense(DenseMatrix::new(rows, cols, data)))
+            }
+        }
+        _ => {
+            let data = to_f32(view)?;
+            Ok(Linear::Dense(DenseMatrix::new(rows, cols, data)))
+        }
+    }
+}
+
+/// Dequantizes any non-packed tensor to f32 (norm weights, dense matrices).
+pub fn to_f32(view: &TensorView<'_>) -> Result<Vec<f32>> {
+    let n: usize = view.shape.iter().product();
+    let mut out = vec![0f32; n];
+    match &view.data {
+        TensorData::F32(b) => quant::dequantize(GgmlType::F32, b, n, &mut out)?,
+        TensorData::F16(b) => quant::dequantize(GgmlType::F16, b, n, &mut out)?,
+        TensorData::BF16(b) => quant::dequantize(GgmlType::BF16, b, n, &mut out)?,
+        TensorData::Ggml { ty, bytes } => quant::dequantize(*ty, bytes, n, &mut out)?,
+        TensorData::Mlx { .. } => {
+            return Err(Error::Unsupported(format!(
+                "tensor '{}' is MLX-quantized where a plain vector is expected",
+                view.name
+            )))
+        }
+    }
+    Ok(out)
+}
+
+/// A 1-D weight of length `n` (norms).
+pub fn vector(src: &dyn WeightSource, name: &str, n: usize) -> Result<Vec<f32>> {
+    let view = require(src, name)?;
+    let len: usize = view.shape.iter().product();
+    if len != n {
+        return Err(Error::ShapeMismatch {
+            tensor: name.to_string(),
+            found: view.shape.clone(),
+            expected: vec![n],
+        });
+    }
+    to_f32(&view)
+}

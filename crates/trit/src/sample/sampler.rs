@@ -1,0 +1,219 @@
+//! Token selection. Order follows llama.cpp's default chain: penalties → top-k → top-p →
+//! min-p (both on untempered probabilities) → temperature → draw. Temperature 0 is greedy.
+
+use super::processors::Penalties;
+use super::rng::Rng;
+use crate::{Error, Result};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    pub temperature: f32,
+    /// 0 disables.
+    pub top_k: usize,
+    /// 1.0 disables.
+    pub top_p: f32,
+    /// 0.0 disables.
+    pub min_p: f32,
+    pub penalties: Penalties,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.7,
+            top_k: 20,
+            top_p: 0.8,
+            min_p: 0.0,
+            penalties: Penalties::default(),
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what: &str| Err(Error::InvalidArgument(what.to_string()));
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return bad("temperature must be a finite number ≥ 0");
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p must be in (0, 1]");
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p must be in [0, 1]");
+        }
+        if !(self.penalties.repetition > 0.0 && self.penalties.repetition.is_finite()) {
+            return bad("repetition penalty must be > 0");
+        }
+        Ok(())
+    }
+}
+
+pub struct Sampler {
+    params: SamplingParams,
+    rng: Rng,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Result<Self> {
+        params.validate()?;
+        let rng = Rng::new(params.seed);
+        Ok(Sampler { params, rng })
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Picks the next token from `logits` (modified in place by the penalties), given the
+    /// tokens seen so far in this sequence.
+    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        let p = &self.params;
+        p.penalties.apply(logits, history);
+        if p.temperature <= 0.0 {
+            return argmax(logits);
+        }
+        // Candidates sorted by logit, descending; top-k bounds the sort.
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.is_finite())
+            .map(|(i, &l)| (i as u32, l))
+            .collect();
+        if cand.is_empty() {
+            return 0;
+        }
+        let k = if p.top_k == 0 { cand.len() } else { p.top_k.min(cand.len()) };
+        if k < cand.len() {
+            cand.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
+            cand.truncate(k);
+        }
+        cand.sort_by(|a, b| b.1.total_cmp(&a.1));
+
+        let probs = softmax(cand.iter().map(|c| c.1), 1.0);
+        let mut keep = cand.len();
+        if p.top_p < 1.0 {
+            let mut cum = 0.0;
+            for (i, pr) in probs.iter().enumerate() {
+                cum += pr;
+                if cum >= p.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p as f64;
+            keep = keep.min(probs.iter().take_while(|&&pr| pr >= floor).count().max(1));
+        }
+        cand.truncate(keep.max(1));
+
+        let probs = softmax(cand.iter().map(|c| c.1), p.temperature);
+        let r = self.rng.next_f64();
+        let mut cum = 0.0;
+        for (c, pr) in cand.iter().zip(&probs) {
+            cum += pr;
+            if r < cum {
+                return c.0;
+            }
+        }
+        cand.last().map(|c| c.0).unwrap_or(0)
+    }
+}
+
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn softmax(logits: impl Iterator<Item = f32> + Clone, temperature: f32) -> Vec<f64> {
+    let t = temperature as f64;
+    let max = logits.clone().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let e: Vec<f64> = logits.map(|l| ((l as f64 - max) / t).exp()).collect();
+    let sum: f64 = e.iter().sum();
+    e.into_iter().map(|x| x / sum).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(t: f32, k: usize, p: f32, min_p: f32) -> SamplingParams {
+        SamplingParams {
+            temperature: t,
+            top_k: k,
+            top_p: p,
+            min_p,
+            penalties: Penalties::default(),
+            seed: 42,
+        }
+    }
+
+    fn histogram(p: SamplingParams, logits: &[f32], n: usize) -> Vec<usize> {
+        let mut s = Sampler::new(p).unwrap();
+        let mut h = vec![0; logits.len()];
+        for _ in 0..n {
+            h[s.sample(&mut logits.to_vec(), &[]) as usize] += 1;
+        }
+        h
+    }
+
+    #[test]
+    fn greedy_picks_argmax() {
+        let mut s = Sampler::new(SamplingParams::greedy()).unwrap();
+        assert_eq!(s.sample(&mut [0.1, 3.0, 2.9, -1.0], &[]), 1);
+    }
+
+    #[test]
+    fn top_k_one_is_greedy_and_top_k_limits_support() {
+        let logits = [1.0, 2.0, 3.0, 2.5];
+        assert_eq!(histogram(params(1.0, 1, 1.0, 0.0), &logits, 200), vec![0, 0, 200, 0]);
+        let h = histogram(params(1.0, 2, 1.0, 0.0), &logits, 2000);
+        assert_eq!(h[0] + h[1], 0);
+        assert!(h[2] > h[3] && h[3] > 300, "{h:?}");
+    }
+
+    #[test]
+    fn top_p_and_min_p_cut_the_tail() {
+        // probabilities ≈ [0.64, 0.24, 0.09, 0.03]
+        let logits = [3.0, 2.0, 1.0, 0.0];
+        let h = histogram(params(1.0, 0, 0.7, 0.0), &logits, 2000);
+        assert!(h[2] == 0 && h[3] == 0 && h[1] > 0, "{h:?}");
+        let h = histogram(params(1.0, 0, 1.0, 0.2), &logits, 2000);
+        assert!(h[2] == 0 && h[3] == 0 && h[1] > 0, "{h:?}");
+    }
+
+    #[test]
+    fn distribution_follows_temperature_and_seed_reproduces() {
+        let logits = [0.0, (3f32).ln()]; // p = 0.25 / 0.75 at T = 1
+        let h = histogram(params(1.0, 0, 1.0, 0.0), &logits, 8000);
+        let f = h[1] as f64 / 8000.0;
+        assert!((f - 0.75).abs() < 0.03, "{f}");
+        let hot = histogram(params(100.0, 0, 1.0, 0.0), &logits, 8000);
+        assert!((hot[1] as f64 / 8000.0 - 0.5).abs() < 0.04);
+        assert_eq!(
+            histogram(params(1.0, 0, 1.0, 0.0), &logits, 500),
+            histogram(params(1.0, 0, 1.0, 0.0), &logits, 500)
+        );
+    }
+
+    #[test]
+    fn invalid_params_are_refused() {
+        assert!(Sampler::new(params(-1.0, 0, 1.0, 0.0)).is_err());
+        assert!(Sampler::new(params(1.0, 0, 0.0, 0.0)).is_err());
+        assert!(Sampler::new(params(1.0, 0, 1.0, 2.0)).is_err());
+    }
+}
