@@ -1,0 +1,46 @@
+//! Shared helpers for integration tests: locating fetched assets (skip, don't fail, when a
+//! fresh checkout has not run tools/fetch_assets.sh).
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+pub fn cache_dir() -> PathBuf {
+    match std::env::var_os("TRIT_CACHE") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache"),
+    }
+}
+
+/// The asset at `rel` inside the cache, or None with a printed notice.
+pub fn asset(rel: &str) -> Option<PathBuf> {
+    let p = cache_dir().join(rel);
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!("SKIPPED: {} is absent (run tools/fetch_assets.sh)", p.display());
+        None
+    }
+}
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+    let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+pub fn top_k(logits: &[f32], k: usize) -> Vec<u32> {
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+    idx.truncate(k);
+    idx
+}
