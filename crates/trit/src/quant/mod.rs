@@ -5,6 +5,54 @@
 //! of a row, one scale `s` and codes `q = t + 1` with `t ∈ {-1, 0, +1}` (code 3 = +2 is
 //! representable and is carried through, never silently dropped).
 
+pub mod float;
+pub mod mlx2;
+pub mod ptq1_0;
+pub mod q1_0;
+pub mod q2_0;
+pub mod q4;
+pub mod q8_0;
+pub mod ternary;
+pub mod tq1_0;
+pub mod tq2_0;
+pub mod trit3;
+
+pub use float::HalfKind;
+pub use mlx2::MlxTernary;
+pub use ternary::GgmlTernary;
+
+/// Scalar reference dequantization of `n` consecutive weights of type `ty` (n a multiple of the
+/// block size; `bytes` exactly `ty.row_bytes(n)` long; `out` at least `n` long).
+pub fn dequantize(ty: GgmlType, bytes: &[u8], n: usize, out: &mut [f32]) -> crate::Result<()> {
+    if !n.is_multiple_of(ty.block_size()) || bytes.len() != ty.row_bytes(n) || out.len() < n {
+        return Err(crate::Error::InvalidArgument(format!(
+            "dequantize {}: {n} weights need a multiple of {} and {} bytes (got {} bytes, \
+             output room {})",
+            ty.name(),
+            ty.block_size(),
+            ty.row_bytes(n),
+            bytes.len(),
+            out.len()
+        )));
+    }
+    let out = &mut out[..n];
+    match ty {
+        GgmlType::F32 => float::dequantize_f32(bytes, out),
+        GgmlType::F16 => float::dequantize_f16(bytes, out),
+        GgmlType::BF16 => float::dequantize_bf16(bytes, out),
+        GgmlType::Q8_0 => q8_0::dequantize_row(bytes, out),
+        GgmlType::Q4_0 => q4::dequantize_row_q4_0(bytes, out),
+        GgmlType::Q4_1 => q4::dequantize_row_q4_1(bytes, out),
+        GgmlType::Q1_0 => q1_0::dequantize_row(bytes, out),
+        GgmlType::Q2_0 => q2_0::dequantize_row(64, bytes, out),
+        GgmlType::Q2_0Legacy128 | GgmlType::PQ2_0 => q2_0::dequantize_row(128, bytes, out),
+        GgmlType::PTQ1_0 => ptq1_0::dequantize_row(bytes, out),
+        GgmlType::TQ1_0 => tq1_0::dequantize_row(bytes, out),
+        GgmlType::TQ2_0 => tq2_0::dequantize_row(bytes, out),
+    }
+    Ok(())
+}
+
 /// ggml tensor type ids that trit reads (ids from upstream llama.cpp and the PrismML fork).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GgmlType {
