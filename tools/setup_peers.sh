@@ -73,10 +73,8 @@ if [ "$missing" = 1 ]; then
     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON >/dev/null
   cmake --build "$BUILD" -j "$JOBS" --target "${TOOLS[@]}"
   mkdir -p "$BIN"
-  out="$BUILD/vendor/llama.cpp/bin"
-  for t in "${TOOLS[@]}"; do cp "$out/$t" "$BIN/"; done
-  cp -P "$out"/lib*.so* "$BIN/" 2>/dev/null || true
-  find "$BUILD" -name 'lib*.so*' -path '*vendor/llama.cpp*' -exec cp -P {} "$BIN/" \;
+  for t in "${TOOLS[@]}"; do cp "$BUILD/bin/$t" "$BIN/"; done
+  cp -P "$BUILD"/bin/lib*.so* "$BIN/"
 fi
 
 # 6. Smoke test on the SmolLM2 Q4_1 GGUF (a quantized type that would hit the AMX trap).
