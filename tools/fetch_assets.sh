@@ -37,13 +37,45 @@ if [ ! -f smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
   check smollm2/SmolLM2-135M-Instruct.Q4_1.gguf b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 fi
 
-# Public-domain texts: Jane Austen (Debian r-cran-janeaustenr), extracted by tools/janeausten.py.
+# Debian packages are fetched with apt-get (the machine's own sources), pinned by version and sha256.
+apt_fetch() { # dir pkg=version...
+  local dir=$1; shift
+  (cd "$dir" && apt-get download "$@" >/dev/null 2>&1) \
+    || { apt-get update >/dev/null && (cd "$dir" && apt-get download "$@" >/dev/null); }
+}
+
+# Public-domain texts: Jane Austen (Debian r-cran-janeaustenr), extracted by tools/janeausten.py,
+# which also checks every novel's line/word/byte counts.
 if [ ! -f texts/prideprejudice.txt ]; then
   tmp=$(mktemp -d)
-  (cd "$tmp" && apt-get download r-cran-janeaustenr >/dev/null 2>&1 || { apt-get update >/dev/null && apt-get download r-cran-janeaustenr >/dev/null; })
-  dpkg-deb -x "$tmp"/r-cran-janeaustenr_*.deb "$tmp/jar"
+  apt_fetch "$tmp" r-cran-janeaustenr=1.0.0-1
+  check "$tmp/r-cran-janeaustenr_1.0.0-1_all.deb" df6bddf211906d1ff404f8ff662c21b34e6660e7f54a311084e749050c019c95
+  dpkg-deb -x "$tmp/r-cran-janeaustenr_1.0.0-1_all.deb" "$tmp/jar"
   mkdir -p texts
   python3 "$ROOT/tools/janeausten.py" "$tmp/jar/usr/lib/R/site-library/janeaustenr/data/Rdata" texts
   rm -rf "$tmp"
+  check texts/emma.txt 7c67b5985c6d0de1efaeb5d342d52cb82c38083c40e2295129e30e87ee690ebe
+  check texts/mansfieldpark.txt 98bc90519cdf4ef663ad7de2734bb529435ef24f7abbde6bb1a50898871dafe9
+  check texts/northangerabbey.txt 51f91bbe0517db8e65cff009b097ce0a1836124c4e0532ac19e6c0cad982abed
+  check texts/persuasion.txt 8061549557aebd2fd6e353d18d9197cb707029112bd52d4d8b174583a925848a
+  check texts/prideprejudice.txt dfc684d4f857fa938268f9ab9c5567b64bd0691251eca959644adeabe6287a4d
+  check texts/sensesensibility.txt 105e1651fe93bed7130078578efd31e0c557d68667ba672ddc876f735b30fe09
+fi
+
+# King James Bible (Debian bible-kjv-text + bible-kjv): the package's reader prints one verse per
+# line with its reference, which sed strips. 31,102 verses, 4,137,850 bytes.
+if [ ! -f texts/kjv.txt ]; then
+  tmp=$(mktemp -d)
+  apt_fetch "$tmp" bible-kjv=4.38 bible-kjv-text=4.38
+  check "$tmp/bible-kjv_4.38_amd64.deb" 75a49c032a6efa9faa2beb4a9acb70974380122906329d0e100de36cc88ff02d
+  check "$tmp/bible-kjv-text_4.38_all.deb" d61b6aad4c51ba9e2800b825325fa6a09e99a0d02a9bb6dc4724fcc4995a1b7a
+  for d in "$tmp"/bible-kjv*.deb; do dpkg-deb -x "$d" "$tmp/kjv"; done
+  mkdir -p texts
+  "$tmp/kjv/usr/bin/bible" -f -p "$tmp/kjv/usr/lib" -m 8192 'Gen1:1-Rev22:21' \
+    | sed -E 's/^[0-9A-Za-z]+[0-9]+:[0-9]+ //' > texts/kjv.txt.tmp
+  mv texts/kjv.txt.tmp texts/kjv.txt
+  rm -rf "$tmp"
+  check texts/kjv.txt b5c4940bcfeee072c0935b5200d0f9d88a00a0199cb0961d16133458fcdfae5d
+  echo "kjv.txt sha256 b5c4940bcfeee072c0935b5200d0f9d88a00a0199cb0961d16133458fcdfae5d ok"
 fi
 echo "assets ready in $CACHE"
