@@ -46,6 +46,21 @@ def default_cache():
         return os.path.join(os.path.dirname(here), ".cache")
 
 
+def dump_json(obj, path):
+    """Pretty JSON with every list of numbers/strings on one line (readable diffs, small files)."""
+    def enc(o, ind):
+        pad = " " * ind
+        if isinstance(o, dict):
+            items = [f'{pad} {json.dumps(k)}: {enc(v, ind + 1)}' for k, v in o.items()]
+            return "{\n" + ",\n".join(items) + "\n" + pad + "}" if items else "{}"
+        if isinstance(o, list) and any(isinstance(v, (dict, list)) for v in o):
+            return "[\n" + ",\n".join(pad + " " + enc(v, ind + 1) for v in o) + "\n" + pad + "]"
+        return json.dumps(o, ensure_ascii=False)
+
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(enc(obj, 0) + "\n")
+
+
 def top_k(logits, k):
     """Ids of the k largest logits, ties broken by the smaller id (a stable, testable order)."""
     order = np.lexsort((np.arange(len(logits)), -logits.astype(np.float64)))[:k]
@@ -317,9 +332,7 @@ def main():
         "seconds": round(time.time() - t0, 1),
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(doc, fh, indent=1)
-        fh.write("\n")
+    dump_json(doc, args.out)
     print(json.dumps({k: doc[k] for k in ("prompt_ids",)}),
           "\nllama.cpp top10", lc["last_logits_top10"]["ids"],
           "\nf32       top10", ref["last_logits_top10"]["ids"],
