@@ -1,0 +1,167 @@
+//! trit against mlx-lm and llama.cpp on random ternary models of small real-like shapes.
+//!
+//! tools/ref_models.py ran mlx-lm 0.32.2 (f32) on the MLX folders and llama.cpp on the GGUF
+//! exports of the same weights; tests/fixtures/ref/ holds their logits and greedy ids. The
+//! models are regenerated here from the same deterministic generator (format::testgen).
+//!
+//! What is compared:
+//! - Reference kernel level (exact f32 math): all 151,936 last-position logits within 1e-3 of
+//!   mlx-lm's (max abs diff; logits are O(5)) and cosine ≥ 0.999999; the 32 greedy ids equal
+//!   mlx-lm's up to the first step where mlx-lm's own top-1/top-2 gap is below 2e-3.
+//! - Fast kernels (int8 activations): cosine ≥ 0.999 and max abs diff ≤ 0.25 against mlx-lm,
+//!   the same order of error llama.cpp's TQ2_0 path shows (it quantizes activations too).
+//! - llama.cpp on TQ2_0 / TQ1_0 / Q2_0: trit's logits at llama.cpp's 1024 sampled ids and its
+//!   top-50 correlate ≥ 0.998 with llama.cpp's.
+
+mod common;
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use trit::engine::Session;
+use trit::format::testgen::{generate, OutFormat, Preset, TokenizerAssets};
+use trit::kernels::{best_level, set_level, KernelLevel};
+use trit::model::Model;
+
+/// The kernel level is process-global: tests that set it run one at a time.
+static LEVEL: Mutex<()> = Mutex::new(());
+
+const PRESETS: [&str; 3] = ["tiny", "tiny-untied-yarn", "tiny-llama"];
+
+fn fixture(preset: &str) -> (Value, Vec<f32>) {
+    let dir = common::repo_root().join("tests/fixtures/ref");
+    let json = std::fs::read_to_string(dir.join(format!("{preset}.json"))).unwrap();
+    let bytes = std::fs::read(dir.join(format!("{preset}.mlx_logits.f32"))).unwrap();
+    let logits = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    (serde_json::from_str(&json).unwrap(), logits)
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn make_models(preset: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let formats: Vec<OutFormat> = ["mlx", "tq2_0", "tq1_0", "q2_0"]
+        .iter()
+        .map(|f| OutFormat::parse(f).unwrap())
+        .collect();
+    let p = Preset::by_name(preset).unwrap();
+    generate(&p, 0, dir.path(), &formats, &TokenizerAssets::Placeholder).unwrap();
+    let path = dir.path().to_path_buf();
+    (dir, path)
+}
+
+/// Last-position logits of `prompt` and `steps` greedy ids.
+fn run(path: &Path, prompt: &[u32], steps: usize) -> (Vec<f32>, Vec<u32>) {
+    let files = trit::format::open(path).unwrap();
+    let model = Arc::new(Model::load(&files, 2).unwrap());
+    let mut s = Session::new(model, 128);
+    let first = s.prefill(prompt).unwrap();
+    let mut logits = first.clone();
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        let t = trit::sample::sampler::argmax(&logits);
+        out.push(t);
+        logits = s.step(t).unwrap();
+    }
+    (first, out)
+}
+
+#[test]
+fn exact_path_matches_mlx_lm() {
+    let _g = LEVEL.lock().unwrap_or_else(|e| e.into_inner());
+    set_level(KernelLevel::Reference).unwrap();
+    for preset in PRESETS {
+        let (fx, mlx_logits) = fixture(preset);
+        let (_tmp, dir) = make_models(preset);
+        let prompt = ids(&fx["prompt_ids"]);
+        let (logits, greedy) = run(&dir.join("mlx"), &prompt, 32);
+        assert_eq!(logits.len(), mlx_logits.len());
+        let d = common::max_abs_diff(&logits, &mlx_logits);
+        let cos = common::cosine(&logits, &mlx_logits);
+        eprintln!("{preset}: exact path vs mlx-lm max |Δ| {d:.2e}, cosine {cos:.9}");
+        assert!(d < 1e-3, "{preset}: max |Δ| {d}");
+        assert!(cos > 0.999_999, "{preset}: cosine {cos}");
+
+        let mlx_greedy = ids(&fx["mlx"]["greedy32"]["ids"]);
+        let gaps: Vec<f64> = fx["mlx"]["greedy32"]["gap_top1_top2"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g.as_f64().unwrap())
+            .collect();
+        let comparable = gaps.iter().take_while(|&&g| g > 2e-3).count();
+        assert!(comparable >= 1, "{preset}: no comparable step");
+        assert_eq!(
+            greedy[..comparable],
+            mlx_greedy[..comparable],
+            "{preset}: greedy ids differ within the first {comparable} steps"
+        );
+    }
+}
+
+#[test]
+fn fast_kernels_stay_close_to_mlx_lm() {
+    let _g = LEVEL.lock().unwrap_or_else(|e| e.into_inner());
+    let level = best_level();
+    set_level(level).unwrap();
+    for preset in PRESETS {
+        let (fx, mlx_logits) = fixture(preset);
+        let (_tmp, dir) = make_models(preset);
+        let prompt = ids(&fx["prompt_ids"]);
+        let (logits, _) = run(&dir.join("mlx"), &prompt, 0);
+        let d = common::max_abs_diff(&logits, &mlx_logits);
+        let cos = common::cosine(&logits, &mlx_logits);
+        eprintln!("{preset}: {level:?} kernels vs mlx-lm max |Δ| {d:.3}, cosine {cos:.6}");
+        assert!(cos > 0.999, "{preset}: cosine {cos}");
+        assert!(d < 0.25, "{preset}: max |Δ| {d}");
+    }
+    set_level(KernelLevel::Reference).unwrap();
+}
+
+#[test]
+fn agrees_with_llama_cpp_on_its_formats() {
+    let _g = LEVEL.lock().unwrap_or_else(|e| e.into_inner());
+    set_level(best_level()).unwrap();
+    for preset in PRESETS {
+        let (fx, _) = fixture(preset);
+        let (_tmp, dir) = make_models(preset);
+        let prompt = ids(&fx["prompt_ids"]);
+        for (ty, file) in [("TQ2_0", "model-tq2_0.gguf"), ("TQ1_0", "model-tq1_0.gguf"), ("Q2_0", "model-q2_0.gguf")] {
+            let r = &fx["llama_cpp"][ty];
+            let (logits, _) = run(&dir.join(file), &prompt, 0);
+            // llama.cpp's logits at ids 0, 148, 296, … (every 148th id).
+            let mut ours = Vec::new();
+            let mut theirs = Vec::new();
+            for (k, v) in r["sampled_logits"].as_array().unwrap().iter().enumerate() {
+                ours.push(logits[k * 148]);
+                theirs.push(v.as_f64().unwrap() as f32);
+            }
+            for (i, v) in ids(&r["top50"]["ids"]).iter().zip(r["top50"]["logits"].as_array().unwrap()) {
+                ours.push(logits[*i as usize]);
+                theirs.push(v.as_f64().unwrap() as f32);
+            }
+            let corr = pearson(&ours, &theirs);
+            let d = common::max_abs_diff(&ours, &theirs);
+            eprintln!("{preset} {ty}: vs llama.cpp corr {corr:.5}, max |Δ| {d:.3}");
+            assert!(corr > 0.998, "{preset} {ty}: correlation {corr}");
+        }
+    }
+    set_level(KernelLevel::Reference).unwrap();
+}
+
+fn pearson(a: &[f32], b: &[f32]) -> f64 {
+    let n = a.len() as f64;
+    let (ma, mb) = (
+        a.iter().map(|&x| x as f64).sum::<f64>() / n,
+        b.iter().map(|&x| x as f64).sum::<f64>() / n,
+    );
+    let cov: f64 = a.iter().zip(b).map(|(&x, &y)| (x as f64 - ma) * (y as f64 - mb)).sum();
+    let va: f64 = a.iter().map(|&x| (x as f64 - ma).powi(2)).sum();
+    let vb: f64 = b.iter().map(|&x| (x as f64 - mb).powi(2)).sum();
+    cov / (va * vb).sqrt()
+}
