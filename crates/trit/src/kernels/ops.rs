@@ -1,0 +1,172 @@
+//! Elementwise and reduction ops on f32 rows. Plain loops shaped so LLVM vectorizes them:
+//! reductions keep 16 independent partial sums (a float sum is not reassociated otherwise).
+
+/// Independent partial sums in reductions.
+const LANES: usize = 16;
+
+/// `out = x / sqrt(mean(x²) + eps) * w` for one row.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    assert!(
+        w.len() == x.len() && out.len() == x.len(),
+        "rms_norm: lengths {} / {} / {}",
+        x.len(),
+        w.len(),
+        out.len()
+    );
+    if x.is_empty() {
+        return;
+    }
+    let mean_sq = dot(x, x) / x.len() as f32;
+    let inv = 1.0 / (mean_sq + eps).sqrt();
+    for ((o, &xi), &wi) in out.iter_mut().zip(x).zip(w) {
+        *o = xi * inv * wi;
+    }
+}
+
+/// `gate[i] = silu(gate[i]) · up[i]` with `silu(g) = g / (1 + e^-g)`.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len(), "silu_mul: lengths");
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// Numerically stable softmax in place (an empty slice is left alone).
+pub fn softmax_inplace(x: &mut [f32]) {
+    if x.is_empty() {
+        return;
+    }
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let mut sum = 0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// `Σ a[i]·b[i]`.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot: lengths");
+    let mut acc = [0f32; LANES];
+    let mut ca = a.chunks_exact(LANES);
+    let mut cb = b.chunks_exact(LANES);
+    for (xa, xb) in (&mut ca).zip(&mut cb) {
+        for i in 0..LANES {
+            acc[i] += xa[i] * xb[i];
+        }
+    }
+    let mut tail = 0f32;
+    for (&xa, &xb) in ca.remainder().iter().zip(cb.remainder()) {
+        tail += xa * xb;
+    }
+    reduce(acc) + tail
+}
+
+/// `y += a·x`.
+pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    assert_eq!(x.len(), y.len(), "axpy: lengths");
+    for (yi, &xi) in y.iter_mut().zip(x) {
+        *yi += a * xi;
+    }
+}
+
+/// `y += x`.
+pub fn add_inplace(y: &mut [f32], x: &[f32]) {
+    assert_eq!(x.len(), y.len(), "add_inplace: lengths");
+    for (yi, &xi) in y.iter_mut().zip(x) {
+        *yi += xi;
+    }
+}
+
+/// Pairwise sum of the partial sums (keeps rounding error small and the order fixed).
+#[inline]
+pub(crate) fn reduce(mut acc: [f32; LANES]) -> f32 {
+    let mut w = LANES / 2;
+    while w > 0 {
+        for i in 0..w {
+            acc[i] += acc[i + w];
+        }
+        w /= 2;
+    }
+    acc[0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                (((i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8) as f32 / 16777216.0)
+                    * 4.0
+                    - 2.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn dot_matches_f64_on_awkward_lengths() {
+        for n in [0, 1, 15, 16, 17, 100, 2048] {
+            let (a, b) = (data(n, 1), data(n, 2));
+            let exact: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
+            let mag: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(&x, &y)| (x as f64 * y as f64).abs())
+                .sum();
+            assert!(
+                (dot(&a, &b) as f64 - exact).abs() <= 1e-6 * mag + 1e-30,
+                "n={n}"
+            );
+        }
+    }
+
+    #[test]
+    fn rms_norm_normalizes() {
+        let x = data(300, 3);
+        let w = data(300, 4);
+        let mut out = vec![0f32; 300];
+        rms_norm(&x, &w, 1e-6, &mut out);
+        let ms: f64 = x.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / 300.0;
+        let inv = 1.0 / (ms + 1e-6).sqrt();
+        for i in 0..300 {
+            let e = x[i] as f64 * inv * w[i] as f64;
+            assert!((out[i] as f64 - e).abs() <= 1e-5 * (1.0 + e.abs()));
+        }
+        // A zero row stays finite thanks to eps.
+        let z = vec![0f32; 8];
+        let mut o = vec![1f32; 8];
+        rms_norm(&z, &z, 1e-6, &mut o);
+        assert!(o.iter().all(|&v| v == 0.0));
+    }
+
+    #[test]
+    fn silu_softmax_axpy_add() {
+        let mut g = vec![-3.0f32, 0.0, 2.0];
+        silu_mul(&mut g, &[2.0, 5.0, 0.5]);
+        let silu = |v: f64| v / (1.0 + (-v).exp());
+        assert!((g[0] as f64 - silu(-3.0) * 2.0).abs() < 1e-6);
+        assert_eq!(g[1], 0.0);
+        assert!((g[2] as f64 - silu(2.0) * 0.5).abs() < 1e-6);
+
+        let mut s = vec![1000.0f32, 1001.0, 999.0, f32::NEG_INFINITY];
+        softmax_inplace(&mut s);
+        let e = [(-1f64).exp(), 1.0, (-2f64).exp()];
+        let z: f64 = e.iter().sum();
+        for i in 0..3 {
+            assert!((s[i] as f64 - e[i] / z).abs() < 1e-6);
+        }
+        assert_eq!(s[3], 0.0);
+
+        let mut y = vec![1.0f32, 2.0];
+        axpy(0.5, &[2.0, -4.0], &mut y);
+        assert_eq!(y, [2.0, 0.0]);
+        add_inplace(&mut y, &[1.0, 1.0]);
+        assert_eq!(y, [3.0, 1.0]);
+    }
+}

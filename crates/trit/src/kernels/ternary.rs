@@ -1,0 +1,326 @@
+//! `TernaryMatrix`: ternary weights repacked at load into the tile layout described in
+//! `kernels/mod.rs`, and the level dispatch of its matrix products.
+
+use super::act::ActQ8;
+use super::{level, split_range, KernelLevel, OutPtr};
+use crate::quant::TernaryRows;
+use crate::threadpool::ThreadPool;
+use crate::{Error, Result};
+use rayon::prelude::*;
+
+/// Rows per tile (one per dword lane of a 512-bit register).
+pub(crate) const TILE_ROWS: usize = 16;
+/// Columns per scale block.
+pub(crate) const BLOCK: usize = 64;
+/// Code bytes of one tile × one block.
+pub(crate) const TILE_BLOCK_BYTES: usize = TILE_ROWS * BLOCK / 4;
+
+/// One cache line; a `Vec<Line>` is a 64-byte aligned byte buffer (aligned vector loads).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct Line([u8; 64]);
+
+/// Per-block weight scales of all tiles (`tiles × blocks × 16`, tile-major then block).
+pub(crate) enum Scales {
+    /// IEEE half bits; used when every scale converts exactly.
+    F16(Vec<u16>),
+    F32(Vec<f32>),
+}
+
+/// Scales of one tile (`blocks × 16`).
+#[derive(Clone, Copy)]
+pub(crate) enum TileScales<'a> {
+    F16(&'a [u16]),
+    F32(&'a [f32]),
+}
+
+impl TileScales<'_> {
+    #[inline]
+    pub(crate) fn get(&self, i: usize) -> f32 {
+        match self {
+            TileScales::F16(s) => half::f16::from_bits(s[i]).to_f32(),
+            TileScales::F32(s) => s[i],
+        }
+    }
+}
+
+/// Ternary weights `W[r][k] = s(r, k/64) · (code − 1)` in the kernels' tile layout.
+pub struct TernaryMatrix {
+    rows: usize,
+    cols: usize,
+    tiles: usize,
+    blocks: usize,
+    codes: Vec<Line>,
+    pub(crate) scales: Scales,
+}
+
+impl TernaryMatrix {
+    /// Repacks `src` (in parallel). Fails if `cols` is not a positive multiple of 64, the matrix
+    /// is empty, or the source yields a code above 3.
+    pub fn from_rows(src: &dyn TernaryRows) -> Result<Self> {
+        let (rows, cols) = (src.rows(), src.cols());
+        if cols == 0 || cols % BLOCK != 0 {
+            return Err(Error::Unsupported(format!(
+                "ternary matrix with {cols} columns: the kernels need a positive multiple of {BLOCK}"
+            )));
+        }
+        if rows == 0 {
+            return Err(Error::InvalidArgument(
+                "ternary matrix with 0 rows".to_string(),
+            ));
+        }
+        let blocks = cols / BLOCK;
+        let tiles = rows.div_ceil(TILE_ROWS);
+        let tile_lines = blocks * TILE_BLOCK_BYTES / 64;
+        let tile_scales = blocks * TILE_ROWS;
+        let mut codes = vec![Line([0; 64]); tiles * tile_lines];
+        let mut scales = vec![0f32; tiles * tile_scales];
+        codes
+            .par_chunks_mut(tile_lines)
+            .zip(scales.par_chunks_mut(tile_scales))
+            .enumerate()
+            .try_for_each_init(
+                || (vec![0u8; cols], vec![0f32; blocks]),
+                |(row_codes, row_scales), (tile, (tile_codes, tile_sc))| {
+                    pack_tile(src, tile, row_codes, row_scales, tile_codes, tile_sc)
+                },
+            )?;
+        let all_f16 = scales
+            .par_iter()
+            .all(|&s| half::f16::from_f32(s).to_f32().to_bits() == s.to_bits());
+        let scales = if all_f16 {
+            Scales::F16(
+                scales
+                    .par_iter()
+                    .map(|&s| half::f16::from_f32(s).to_bits())
+                    .collect(),
+            )
+        } else {
+            Scales::F32(scales)
+        };
+        Ok(TernaryMatrix {
+            rows,
+            cols,
+            tiles,
+            blocks,
+            codes,
+            scales,
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes of repacked storage (codes + scales, padding rows included).
+    pub fn bytes(&self) -> usize {
+        self.codes.len() * 64
+            + match &self.scales {
+                Scales::F16(s) => s.len() * 2,
+                Scales::F32(s) => s.len() * 4,
+            }
+    }
+
+    pub(crate) fn blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// Code bytes of tile `t` (`blocks × 256`, 64-byte aligned).
+    pub(crate) fn tile_codes(&self, t: usize) -> &[u8] {
+        let len = self.blocks * TILE_BLOCK_BYTES;
+        let lines = &self.codes[t * len / 64..(t + 1) * len / 64];
+        // SAFETY: `Line` is a plain 64-byte array with no padding; the slice covers `len` bytes.
+        unsafe { std::slice::from_raw_parts(lines.as_ptr().cast::<u8>(), len) }
+    }
+
+    pub(crate) fn tile_scales(&self, t: usize) -> TileScales<'_> {
+        let len = self.blocks * TILE_ROWS;
+        match &self.scales {
+            Scales::F16(s) => TileScales::F16(&s[t * len..(t + 1) * len]),
+            Scales::F32(s) => TileScales::F32(&s[t * len..(t + 1) * len]),
+        }
+    }
+
+    /// Row `r` as exact f32 weights `s·t`. `out.len()` must equal `cols`.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        assert_eq!(out.len(), self.cols, "dequantize_row: output length");
+        let mut codes = [0u8; BLOCK];
+        for (b, out_b) in out.chunks_exact_mut(BLOCK).enumerate() {
+            let s = self.block_codes(r, b, &mut codes);
+            for (o, &c) in out_b.iter_mut().zip(&codes) {
+                *o = s * (c as f32 - 1.0);
+            }
+        }
+    }
+
+    /// Row `r` back as codes (`cols`) and scales (`cols / 64`), as `TernaryRows` gave them.
+    pub(crate) fn row_codes(&self, r: usize, codes: &mut [u8], scales: &mut [f32]) {
+        for (b, (cb, s)) in codes
+            .chunks_exact_mut(BLOCK)
+            .zip(scales.iter_mut())
+            .enumerate()
+        {
+            *s = self.block_codes(r, b, cb.try_into().expect("64 codes"));
+        }
+    }
+
+    /// Unpacks the codes of row `r`, block `b`; returns the block's scale.
+    fn block_codes(&self, r: usize, b: usize, out: &mut [u8; BLOCK]) -> f32 {
+        assert!(r < self.rows, "row {r} of a {}-row matrix", self.rows);
+        let (tile, j) = (r / TILE_ROWS, r % TILE_ROWS);
+        let cb = &self.tile_codes(tile)[b * TILE_BLOCK_BYTES..][..TILE_BLOCK_BYTES];
+        for p in 0..4 {
+            for i in 0..4 {
+                let byte = cb[64 * p + 4 * j + i];
+                for sh in 0..4 {
+                    out[16 * p + 4 * sh + i] = (byte >> (2 * sh)) & 3;
+                }
+            }
+        }
+        self.tile_scales(tile).get(b * TILE_ROWS + j)
+    }
+
+    /// `y[t·rows + r] = Σ_k W[r][k] · x[t·cols + k]` for `t < n`, at the global `level()`.
+    pub fn matmul(&self, pool: &ThreadPool, x: &[f32], n: usize, y: &mut [f32]) {
+        self.matmul_at(level(), pool, x, n, y)
+    }
+
+    /// Same as `matmul` with activations quantized once by the caller (shared by q/k/v).
+    pub fn matmul_q8(&self, pool: &ThreadPool, xq: &ActQ8, y: &mut [f32]) {
+        self.matmul_q8_at(level(), pool, xq, y)
+    }
+
+    /// `matmul` at an explicit level (an unsupported level falls back to the best supported).
+    pub fn matmul_at(
+        &self,
+        level: KernelLevel,
+        pool: &ThreadPool,
+        x: &[f32],
+        n: usize,
+        y: &mut [f32],
+    ) {
+        assert!(
+            x.len() >= n * self.cols,
+            "matmul: x has {} values, need {n} × {}",
+            x.len(),
+            self.cols
+        );
+        assert!(
+            y.len() >= n * self.rows,
+            "matmul: y has {} values, need {n} × {}",
+            y.len(),
+            self.rows
+        );
+        if n == 0 {
+            return;
+        }
+        match level.or_supported() {
+            KernelLevel::Reference => super::scalar::ternary_matmul_f32(self, pool, x, n, y),
+            l => self.matmul_q8_at(l, pool, &ActQ8::quantize(x, n, self.cols), y),
+        }
+    }
+
+    /// `matmul_q8` at an explicit level. At `Reference` the exact f32 activations kept in `xq`
+    /// are used.
+    pub fn matmul_q8_at(&self, level: KernelLevel, pool: &ThreadPool, xq: &ActQ8, y: &mut [f32]) {
+        assert_eq!(xq.cols, self.cols, "matmul_q8: activation width");
+        let n = xq.n;
+        assert!(
+            y.len() >= n * self.rows,
+            "matmul: y has {} values, need {n} × {}",
+            y.len(),
+            self.rows
+        );
+        if n == 0 {
+            return;
+        }
+        let level = level.or_supported();
+        if level == KernelLevel::Reference {
+            return super::scalar::ternary_matmul_f32(self, pool, &xq.exact, n, y);
+        }
+        let out = OutPtr::new(y);
+        pool.run(&|i, nt| {
+            let tiles = split_range(self.tiles, i, nt);
+            if tiles.is_empty() {
+                return;
+            }
+            match level {
+                KernelLevel::Portable => super::portable::ternary_tiles(self, tiles, xq, out),
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `or_supported` checked avx2, fma and f16c.
+                KernelLevel::Avx2 => unsafe { super::avx2::ternary_tiles(self, tiles, xq, out) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `or_supported` checked avx512f, avx512bw and avx512vnni.
+                KernelLevel::Avx512 => unsafe {
+                    super::avx512::ternary_tiles(self, tiles, xq, out)
+                },
+                _ => super::portable::ternary_tiles(self, tiles, xq, out),
+            }
+        });
+    }
+
+    /// Writes the results of one tile for token `t` (rows past the matrix end are dropped).
+    ///
+    /// # Safety
+    /// The caller must be the only thread writing this tile's rows.
+    #[inline]
+    pub(crate) unsafe fn store_tile(
+        &self,
+        out: OutPtr,
+        t: usize,
+        tile: usize,
+        vals: &[f32; TILE_ROWS],
+    ) {
+        let r0 = tile * TILE_ROWS;
+        let valid = (self.rows - r0).min(TILE_ROWS);
+        out.write(t * self.rows + r0, &vals[..valid]);
+    }
+}
+
+/// Reads the 16 rows of `tile` from `src` and packs them (see the layout in `kernels/mod.rs`).
+fn pack_tile(
+    src: &dyn TernaryRows,
+    tile: usize,
+    row_codes: &mut [u8],
+    row_scales: &mut [f32],
+    tile_codes: &mut [Line],
+    tile_scales: &mut [f32],
+) -> Result<()> {
+    let blocks = row_scales.len();
+    for j in 0..TILE_ROWS {
+        let r = tile * TILE_ROWS + j;
+        if r < src.rows() {
+            row_codes.fill(0);
+            src.row(r, row_codes, row_scales);
+            if let Some(k) = row_codes.iter().position(|&c| c > 3) {
+                return Err(Error::Format(format!(
+                    "ternary source gave code {} at row {r}, column {k} (codes must be 0..=3)",
+                    row_codes[k]
+                )));
+            }
+        } else {
+            // Padding row: t = 0 and scale 0, so it contributes nothing and is never stored.
+            row_codes.fill(1);
+            row_scales.fill(0.0);
+        }
+        for b in 0..blocks {
+            tile_scales[b * TILE_ROWS + j] = row_scales[b];
+            let rc = &row_codes[b * BLOCK..][..BLOCK];
+            let lines = &mut tile_codes[b * 4..][..4];
+            for (p, line) in lines.iter_mut().enumerate() {
+                for i in 0..4 {
+                    let mut byte = 0u8;
+                    for s in 0..4 {
+                        byte |= rc[16 * p + 4 * s + i] << (2 * s);
+                    }
+                    line.0[4 * j + i] = byte;
+                }
+            }
+        }
+    }
+    Ok(())
+}
