@@ -5,7 +5,11 @@ mod cmd;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "trit", version, about = "Run ternary (1.58-bit) language models on your CPU")]
+#[command(
+    name = "trit",
+    version,
+    about = "Run ternary (1.58-bit) language models on your CPU"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

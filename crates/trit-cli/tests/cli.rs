@@ -70,13 +70,27 @@ fn default_model_runs_offline_and_prints_speed() {
         return;
     }
     let out = trit()
-        .args(["run", "--temp", "0", "-n", "12", "What is the capital of France?"])
+        .args([
+            "run",
+            "--temp",
+            "0",
+            "-n",
+            "12",
+            "What is the capital of France?",
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("Paris"), "{stdout}");
-    assert!(stdout.contains("Prompt:") && stdout.contains("tokens-per-sec"), "{stdout}");
+    assert!(
+        stdout.contains("Prompt:") && stdout.contains("tokens-per-sec"),
+        "{stdout}"
+    );
     assert!(stdout.contains("Peak memory:"), "{stdout}");
 }
 
@@ -88,7 +102,11 @@ fn info_describes_the_default_model() {
     }
     let out = trit().arg("info").output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("Llama"), "{stdout}");
     assert!(stdout.contains("Q2_0"), "{stdout}");
     assert!(stdout.contains("bits per weight"), "{stdout}");

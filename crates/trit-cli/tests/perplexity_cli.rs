@@ -32,7 +32,11 @@ fn perplexity_matches_llama_perplexity() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let line = stdout
         .lines()
         .find(|l| l.starts_with("Final estimate: PPL = "))
@@ -44,6 +48,10 @@ fn perplexity_matches_llama_perplexity() {
         .parse()
         .unwrap();
     let rel = (ppl - expected).abs() / expected;
-    assert!(rel < 0.01, "trit {ppl} vs llama-perplexity {expected} ({:.2}%)", rel * 100.0);
+    assert!(
+        rel < 0.01,
+        "trit {ppl} vs llama-perplexity {expected} ({:.2}%)",
+        rel * 100.0
+    );
     assert!(stdout.starts_with("[1]"), "{stdout}");
 }

@@ -18,7 +18,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let turns: usize = args.get(2).map_or(Ok(6), |s| s.parse())?;
     let files = trit::format::open(std::path::Path::new(path))?;
     let tok = Tokenizer::from_source(&files.tokenizer)?;
-    let tpl = ChatTemplate::new(files.chat_template.as_deref().ok_or("no chat template")?, "", "")?;
+    let tpl = ChatTemplate::new(
+        files.chat_template.as_deref().ok_or("no chat template")?,
+        "",
+        "",
+    )?;
     let model = Arc::new(Model::load(&files, trit::threadpool::default_threads())?);
     let mut eos = files.config.eos.clone();
     eos.extend(tok.token_id("<|im_end|>"));
@@ -40,7 +44,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ];
     let mut session = Session::new(model.clone(), 8192);
     let mut msgs: Vec<Value> = Vec::new();
-    println!("| turn | prompt tokens | evaluated (reuse) | TTFT reuse ms | TTFT cold ms | speed-up |");
+    println!(
+        "| turn | prompt tokens | evaluated (reuse) | TTFT reuse ms | TTFT cold ms | speed-up |"
+    );
     println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
     for turn in 0..turns {
         msgs.push(json!({"role": "user", "content": questions[turn % questions.len()]}));

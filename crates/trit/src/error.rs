@@ -16,7 +16,11 @@ pub enum Error {
     #[error("{0}")]
     Format(String),
     #[error("tensor '{tensor}' has unknown ggml type id {id} (trit knows: {known})")]
-    UnknownTensorType { tensor: String, id: u32, known: String },
+    UnknownTensorType {
+        tensor: String,
+        id: u32,
+        known: String,
+    },
     #[error("missing tensor '{0}'")]
     MissingTensor(String),
     #[error("tensor '{tensor}' has shape {found:?}, expected {expected:?}")]

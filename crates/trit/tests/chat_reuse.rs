@@ -14,7 +14,9 @@ use trit::tokenizer::Tokenizer;
 
 #[test]
 fn second_turn_evaluates_only_new_tokens() {
-    let Some(path) = common::asset("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") else { return };
+    let Some(path) = common::asset("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
     let files = trit::format::open(&path).unwrap();
     let tok = Tokenizer::from_source(&files.tokenizer).unwrap();
     let tpl = ChatTemplate::new(files.chat_template.as_deref().unwrap(), "", "").unwrap();
@@ -26,7 +28,10 @@ fn second_turn_evaluates_only_new_tokens() {
         stop: vec![],
         eos,
     };
-    let render = |msgs: &[Value]| tok.encode(&tpl.render(msgs, true, None, &Map::new()).unwrap(), false).unwrap();
+    let render = |msgs: &[Value]| {
+        tok.encode(&tpl.render(msgs, true, None, &Map::new()).unwrap(), false)
+            .unwrap()
+    };
 
     let mut session = Session::new(model.clone(), 1024);
     let mut msgs = vec![json!({"role": "user", "content": "What is the capital of France?"})];
@@ -41,15 +46,26 @@ fn second_turn_evaluates_only_new_tokens() {
     let held = session.tokens().to_vec();
     let common = held.iter().zip(&p2).take_while(|(a, b)| a == b).count();
     // The cache holds the first prompt and the reply (minus its last token).
-    assert!(common >= p1.len(), "common prefix {common} < first prompt {}", p1.len());
+    assert!(
+        common >= p1.len(),
+        "common prefix {common} < first prompt {}",
+        p1.len()
+    );
     let reused_logits = session.prefill(&p2).unwrap();
     assert_eq!(session.last_evaluated(), p2.len() - common);
-    assert!(session.last_evaluated() < 20, "evaluated {}", session.last_evaluated());
+    assert!(
+        session.last_evaluated() < 20,
+        "evaluated {}",
+        session.last_evaluated()
+    );
 
     let mut fresh = Session::new(model, 1024);
     let fresh_logits = fresh.prefill(&p2).unwrap();
     assert_eq!(fresh.last_evaluated(), p2.len());
     let d = common::max_abs_diff(&reused_logits, &fresh_logits);
     assert!(d < 1e-2, "reused vs fresh logits differ by {d}");
-    assert_eq!(common::top_k(&reused_logits, 1), common::top_k(&fresh_logits, 1));
+    assert_eq!(
+        common::top_k(&reused_logits, 1),
+        common::top_k(&fresh_logits, 1)
+    );
 }

@@ -40,7 +40,11 @@ fn fixture(preset: &str) -> (Value, Vec<f32>) {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn make_models(preset: &str) -> (tempfile::TempDir, PathBuf) {
@@ -131,7 +135,11 @@ fn agrees_with_llama_cpp_on_its_formats() {
         let (fx, _) = fixture(preset);
         let (_tmp, dir) = make_models(preset);
         let prompt = ids(&fx["prompt_ids"]);
-        for (ty, file) in [("TQ2_0", "model-tq2_0.gguf"), ("TQ1_0", "model-tq1_0.gguf"), ("Q2_0", "model-q2_0.gguf")] {
+        for (ty, file) in [
+            ("TQ2_0", "model-tq2_0.gguf"),
+            ("TQ1_0", "model-tq1_0.gguf"),
+            ("Q2_0", "model-q2_0.gguf"),
+        ] {
             let r = &fx["llama_cpp"][ty];
             let (logits, _) = run(&dir.join(file), &prompt, 0);
             // llama.cpp's logits at ids 0, 148, 296, … (every 148th id).
@@ -141,7 +149,10 @@ fn agrees_with_llama_cpp_on_its_formats() {
                 ours.push(logits[k * 148]);
                 theirs.push(v.as_f64().unwrap() as f32);
             }
-            for (i, v) in ids(&r["top50"]["ids"]).iter().zip(r["top50"]["logits"].as_array().unwrap()) {
+            for (i, v) in ids(&r["top50"]["ids"])
+                .iter()
+                .zip(r["top50"]["logits"].as_array().unwrap())
+            {
                 ours.push(logits[*i as usize]);
                 theirs.push(v.as_f64().unwrap() as f32);
             }
@@ -160,7 +171,11 @@ fn pearson(a: &[f32], b: &[f32]) -> f64 {
         a.iter().map(|&x| x as f64).sum::<f64>() / n,
         b.iter().map(|&x| x as f64).sum::<f64>() / n,
     );
-    let cov: f64 = a.iter().zip(b).map(|(&x, &y)| (x as f64 - ma) * (y as f64 - mb)).sum();
+    let cov: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as f64 - ma) * (y as f64 - mb))
+        .sum();
     let va: f64 = a.iter().map(|&x| (x as f64 - ma).powi(2)).sum();
     let vb: f64 = b.iter().map(|&x| (x as f64 - mb).powi(2)).sum();
     cov / (va * vb).sqrt()

@@ -16,11 +16,19 @@ fn reference() -> serde_json::Value {
 }
 
 fn floats(v: &serde_json::Value) -> Vec<f32> {
-    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
 }
 
 fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn load() -> Option<(Arc<Model>, Tokenizer)> {
@@ -61,17 +69,41 @@ fn capital_of_france_is_paris() {
 #[test]
 fn perplexity_of_pride_and_prejudice_matches_llama_cpp() {
     let Some((model, tok)) = load() else { return };
-    let Some(text) = common::asset("texts/prideprejudice.txt") else { return };
+    let Some(text) = common::asset("texts/prideprejudice.txt") else {
+        return;
+    };
     let text = std::fs::read_to_string(text).unwrap();
     let tokens = tok.encode(&text, false).unwrap();
     let reference = reference();
     assert_eq!(tokens[..512], ids(&reference["ppl_window_ids"])[..]);
     // One window of the first 512 tokens, no BOS, every position 1..511 scored.
-    let r = perplexity(&model, &tokens[..512], 512, 0, None, Some(1), &mut |_, _| {}).unwrap();
+    let r = perplexity(
+        &model,
+        &tokens[..512],
+        512,
+        0,
+        None,
+        Some(1),
+        &mut |_, _| {},
+    )
+    .unwrap();
     assert_eq!(r.scored, 511);
-    let llama_cpp = reference["llama_cpp"]["ppl_one_window"]["ppl"].as_f64().unwrap();
+    let llama_cpp = reference["llama_cpp"]["ppl_one_window"]["ppl"]
+        .as_f64()
+        .unwrap();
     let rel = (r.ppl - llama_cpp).abs() / llama_cpp;
-    assert!(rel < 0.01, "ppl {} vs llama.cpp {llama_cpp} ({:.2}%)", r.ppl, rel * 100.0);
-    let f32_ppl = reference["f32_reference"]["ppl_one_window"]["ppl"].as_f64().unwrap();
-    assert!((r.ppl - f32_ppl).abs() < 1e-3 * f32_ppl, "ppl {} vs f32 {f32_ppl}", r.ppl);
+    assert!(
+        rel < 0.01,
+        "ppl {} vs llama.cpp {llama_cpp} ({:.2}%)",
+        r.ppl,
+        rel * 100.0
+    );
+    let f32_ppl = reference["f32_reference"]["ppl_one_window"]["ppl"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        (r.ppl - f32_ppl).abs() < 1e-3 * f32_ppl,
+        "ppl {} vs f32 {f32_ppl}",
+        r.ppl
+    );
 }

@@ -37,9 +37,16 @@ pub fn run(a: InfoArgs) -> Result<()> {
         "rope:          θ {} ({:?}){}",
         c.rope_theta,
         c.rope_style,
-        if c.rope_scaling.is_some() { ", YaRN" } else { "" }
+        if c.rope_scaling.is_some() {
+            ", YaRN"
+        } else {
+            ""
+        }
     );
-    println!("context:       {} tokens; tied embeddings: {}", c.max_ctx, c.tied_embeddings);
+    println!(
+        "context:       {} tokens; tied embeddings: {}",
+        c.max_ctx, c.tied_embeddings
+    );
 
     let mut by_type: BTreeMap<String, (usize, usize, usize)> = BTreeMap::new();
     let (mut params, mut bytes) = (0usize, 0usize);
@@ -100,6 +107,13 @@ pub fn run(a: InfoArgs) -> Result<()> {
         "sampling:      temp {:?} top_k {:?} top_p {:?} min_p {:?} (from {})",
         g.temperature, g.top_k, g.top_p, g.min_p, g.source
     );
-    println!("chat template: {}", if files.chat_template.is_some() { "yes" } else { "no" });
+    println!(
+        "chat template: {}",
+        if files.chat_template.is_some() {
+            "yes"
+        } else {
+            "no"
+        }
+    );
     Ok(())
 }

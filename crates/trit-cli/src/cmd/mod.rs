@@ -25,7 +25,12 @@ pub struct ModelArgs {
     #[arg(short = 't', long, env = "TRIT_ARG_THREADS")]
     pub threads: Option<usize>,
     /// Context size in tokens (default: the model's, capped at 4096).
-    #[arg(short = 'c', long = "ctx", alias = "ctx-size", env = "TRIT_ARG_CTX_SIZE")]
+    #[arg(
+        short = 'c',
+        long = "ctx",
+        alias = "ctx-size",
+        env = "TRIT_ARG_CTX_SIZE"
+    )]
     pub ctx: Option<usize>,
 }
 
@@ -137,7 +142,9 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         )?),
         None => None,
     };
-    let threads = args.threads.unwrap_or_else(trit::threadpool::default_threads);
+    let threads = args
+        .threads
+        .unwrap_or_else(trit::threadpool::default_threads);
     let model = Arc::new(Model::load(&files, threads)?);
     let n_ctx = args.ctx.unwrap_or(files.config.max_ctx.min(4096));
     if n_ctx == 0 {
@@ -156,7 +163,12 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
 /// Stop tokens: the config's EOS ids plus the tokenizer's end-of-turn tokens.
 pub fn eos_ids(loaded: &Loaded) -> Vec<u32> {
     let mut ids = loaded.files.config.eos.clone();
-    for t in ["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>"] {
+    for t in [
+        "<|im_end|>",
+        "<|endoftext|>",
+        "<|eot_id|>",
+        "<|end_of_text|>",
+    ] {
         if let Some(id) = loaded.tokenizer.token_id(t) {
             if !ids.contains(&id) {
                 ids.push(id);

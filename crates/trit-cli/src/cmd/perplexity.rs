@@ -37,15 +37,27 @@ pub fn run(mut a: PerplexityArgs) -> Result<()> {
     eprintln!(
         "perplexity: {} tokens, {} windows of {n_ctx}, scoring from position {first}",
         tokens.len(),
-        a.chunks.map_or(tokens.len() / n_ctx, |c| c.min(tokens.len() / n_ctx))
+        a.chunks
+            .map_or(tokens.len() / n_ctx, |c| c.min(tokens.len() / n_ctx))
     );
     let t0 = std::time::Instant::now();
-    let r = perplexity(&loaded.model, &tokens, n_ctx, first, bos, a.chunks, &mut |done, total| {
-        let secs = t0.elapsed().as_secs_f64();
-        let eta = secs / done as f64 * (total - done) as f64;
-        eprint!("\r[{done}/{total}] {:.1}s elapsed, ETA {:.1}s   ", secs, eta);
-        let _ = std::io::stderr().flush();
-    })?;
+    let r = perplexity(
+        &loaded.model,
+        &tokens,
+        n_ctx,
+        first,
+        bos,
+        a.chunks,
+        &mut |done, total| {
+            let secs = t0.elapsed().as_secs_f64();
+            let eta = secs / done as f64 * (total - done) as f64;
+            eprint!(
+                "\r[{done}/{total}] {:.1}s elapsed, ETA {:.1}s   ",
+                secs, eta
+            );
+            let _ = std::io::stderr().flush();
+        },
+    )?;
     eprintln!();
     let chunks: Vec<String> = r
         .per_chunk

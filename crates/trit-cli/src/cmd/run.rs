@@ -80,7 +80,12 @@ pub fn run(a: RunArgs) -> Result<()> {
         messages.push(json!({"role": "system", "content": s}));
     }
     messages.push(json!({"role": "user", "content": a.prompt}));
-    let ids = prompt_ids(&loaded, &messages, a.raw.then_some(a.prompt.as_str()), &kwargs)?;
+    let ids = prompt_ids(
+        &loaded,
+        &messages,
+        a.raw.then_some(a.prompt.as_str()),
+        &kwargs,
+    )?;
     let opts = GenerateOptions {
         max_tokens: a.sampling.max_tokens,
         sampling: a.sampling.params(&loaded),

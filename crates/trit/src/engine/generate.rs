@@ -156,7 +156,12 @@ impl StopMatcher {
     /// Returns (text safe to emit, whether a stop string was found).
     fn push(&mut self, piece: &str) -> (String, bool) {
         self.held.push_str(piece);
-        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+        if let Some(at) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min()
+        {
             let ready = self.held[..at].to_string();
             self.held.clear();
             self.hit = true;

@@ -8,6 +8,9 @@ use crate::kernels::ops;
 use crate::threadpool::ThreadPool;
 use std::sync::Mutex;
 
+/// Output rows computed by one thread: (token·head index, head_dim values).
+type Partial = Vec<(usize, Vec<f32>)>;
+
 /// `q` holds `n × n_heads × head_dim` rotated queries for positions `pos0..pos0+n`, whose keys
 /// and values are already appended to `cache` for `layer`. Writes `n × n_heads × head_dim`.
 #[allow(clippy::too_many_arguments)]
@@ -29,8 +32,9 @@ pub fn attend(
     let values = cache.values(layer, total);
     let scale = 1.0 / (hd as f32).sqrt();
     let pairs = n * nh;
-    let results: Vec<Mutex<Vec<(usize, Vec<f32>)>>> =
-        (0..pool.n_threads()).map(|_| Mutex::new(Vec::new())).collect();
+    let results: Vec<Mutex<Partial>> = (0..pool.n_threads())
+        .map(|_| Mutex::new(Vec::new()))
+        .collect();
     pool.run(&|tid, nt| {
         let mut local = Vec::new();
         let mut scores = Vec::with_capacity(total);

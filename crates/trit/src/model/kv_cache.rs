@@ -77,7 +77,11 @@ impl KvCache {
 
     /// Bytes held now.
     pub fn bytes(&self) -> usize {
-        self.k.iter().chain(self.v.iter()).map(|x| x.len() * 4).sum()
+        self.k
+            .iter()
+            .chain(self.v.iter())
+            .map(|x| x.len() * 4)
+            .sum()
     }
 
     /// Bytes a full cache of `tokens` positions needs (for `trit info`).

@@ -13,7 +13,12 @@ pub struct Rope {
 }
 
 impl Rope {
-    pub fn new(head_dim: usize, theta: f32, style: RopeStyle, scaling: Option<&RopeScaling>) -> Self {
+    pub fn new(
+        head_dim: usize,
+        theta: f32,
+        style: RopeStyle,
+        scaling: Option<&RopeScaling>,
+    ) -> Self {
         let half = head_dim / 2;
         let base = theta as f64;
         let extra: Vec<f64> = (0..half)
@@ -23,7 +28,11 @@ impl Rope {
             Some(s) => yarn(&extra, head_dim, base, s),
             None => (extra, 1.0),
         };
-        Rope { style, inv_freq, mscale }
+        Rope {
+            style,
+            inv_freq,
+            mscale,
+        }
     }
 
     /// Rotates one head vector in place at position `pos`.
@@ -57,7 +66,9 @@ fn yarn(extra: &[f64], dim: usize, base: f64, s: &RopeScaling) -> (Vec<f64>, f32
         dim as f64 * (max_pos / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
     };
     let low = correction_dim(beta_fast as f64).floor().max(0.0);
-    let mut high = correction_dim(beta_slow as f64).ceil().min(dim as f64 - 1.0);
+    let mut high = correction_dim(beta_slow as f64)
+        .ceil()
+        .min(dim as f64 - 1.0);
     if low == high {
         high += 0.001;
     }
@@ -100,7 +111,13 @@ mod tests {
         let neox = Rope::new(d, 10000.0, RopeStyle::Neox, None);
         let adj = Rope::new(d, 10000.0, RopeStyle::Adjacent, None);
         let orig: Vec<f32> = (0..d).map(|i| i as f32 * 0.37 - 1.0).collect();
-        let stored_of = |i: usize| if i < d / 2 { 2 * i } else { 2 * (i - d / 2) + 1 };
+        let stored_of = |i: usize| {
+            if i < d / 2 {
+                2 * i
+            } else {
+                2 * (i - d / 2) + 1
+            }
+        };
         let mut permuted = vec![0.0; d];
         for i in 0..d {
             permuted[stored_of(i)] = orig[i];

@@ -58,8 +58,16 @@ impl Transformer {
                 k: linear(src, &name("attn_k"), nkv, d)?,
                 v: linear(src, &name("attn_v"), nkv, d)?,
                 o: linear(src, &name("attn_output"), d, nq)?,
-                q_norm: if qk_norm { Some(norm("attn_q_norm")?) } else { None },
-                k_norm: if qk_norm { Some(norm("attn_k_norm")?) } else { None },
+                q_norm: if qk_norm {
+                    Some(norm("attn_q_norm")?)
+                } else {
+                    None
+                },
+                k_norm: if qk_norm {
+                    Some(norm("attn_k_norm")?)
+                } else {
+                    None
+                },
                 ffn_norm: vector(src, &name("ffn_norm"), d)?,
                 gate: linear(src, &name("ffn_gate"), cfg.ffn, d)?,
                 up: linear(src, &name("ffn_up"), cfg.ffn, d)?,
@@ -72,7 +80,12 @@ impl Transformer {
         } else {
             Some(linear(src, "output.weight", cfg.vocab, d)?)
         };
-        let rope = Rope::new(hd, cfg.rope_theta, cfg.rope_style, cfg.rope_scaling.as_ref());
+        let rope = Rope::new(
+            hd,
+            cfg.rope_theta,
+            cfg.rope_style,
+            cfg.rope_scaling.as_ref(),
+        );
         Ok(Transformer {
             config: cfg.clone(),
             embed,
@@ -139,10 +152,15 @@ impl Transformer {
                     c.vocab
                 )));
             }
-            self.embed.dequantize_row(tok as usize, &mut x[t * d..(t + 1) * d]);
+            self.embed
+                .dequantize_row(tok as usize, &mut x[t * d..(t + 1) * d]);
         }
         let pos0 = cache.len();
-        let (hd, nq, nkv) = (c.head_dim, c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+        let (hd, nq, nkv) = (
+            c.head_dim,
+            c.n_heads * c.head_dim,
+            c.n_kv_heads * c.head_dim,
+        );
         let mut h = vec![0f32; n * d];
         let mut q = vec![0f32; n * nq];
         let mut k = vec![0f32; n * nkv];

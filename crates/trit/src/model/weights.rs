@@ -2,13 +2,14 @@
 //! ternary formats are repacked into `TernaryMatrix`, everything else is dequantized to f32.
 
 use crate::format::{Dtype, TensorData, TensorView, WeightSource};
-use crate::quant::float::HalfKind;
 use crate::kernels::{DenseMatrix, Linear, TernaryMatrix};
+use crate::quant::float::HalfKind;
 use crate::quant::{self, GgmlType};
 use crate::{Error, Result};
 
 pub fn require<'a>(src: &'a dyn WeightSource, name: &str) -> Result<TensorView<'a>> {
-    src.tensor(name)?.ok_or_else(|| Error::MissingTensor(name.to_string()))
+    src.tensor(name)?
+        .ok_or_else(|| Error::MissingTensor(name.to_string()))
 }
 
 fn check_shape(view: &TensorView<'_>, expected: &[usize]) -> Result<()> {
@@ -69,7 +70,8 @@ pub fn to_linear(view: &TensorView<'_>) -> Result<Linear> {
                     )))
                 }
             };
-            let src = quant::mlx2::MlxTernary::new(codes, scales, biases, half, rows, cols, *group_size)?;
+            let src =
+                quant::mlx2::MlxTernary::new(codes, scales, biases, half, rows, cols, *group_size)?;
             if src.check_ternary().is_ok() {
                 Ok(Linear::Ternary(TernaryMatrix::from_rows(&src)?))
             } else {

@@ -161,7 +161,12 @@ impl GgmlType {
     pub fn is_ternary(self) -> bool {
         matches!(
             self,
-            Self::TQ1_0 | Self::TQ2_0 | Self::Q2_0 | Self::Q2_0Legacy128 | Self::PQ2_0 | Self::PTQ1_0
+            Self::TQ1_0
+                | Self::TQ2_0
+                | Self::Q2_0
+                | Self::Q2_0Legacy128
+                | Self::PQ2_0
+                | Self::PTQ1_0
         )
     }
 

@@ -91,7 +91,11 @@ impl Sampler {
         if cand.is_empty() {
             return 0;
         }
-        let k = if p.top_k == 0 { cand.len() } else { p.top_k.min(cand.len()) };
+        let k = if p.top_k == 0 {
+            cand.len()
+        } else {
+            p.top_k.min(cand.len())
+        };
         if k < cand.len() {
             cand.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
             cand.truncate(k);
@@ -180,7 +184,10 @@ mod tests {
     #[test]
     fn top_k_one_is_greedy_and_top_k_limits_support() {
         let logits = [1.0, 2.0, 3.0, 2.5];
-        assert_eq!(histogram(params(1.0, 1, 1.0, 0.0), &logits, 200), vec![0, 0, 200, 0]);
+        assert_eq!(
+            histogram(params(1.0, 1, 1.0, 0.0), &logits, 200),
+            vec![0, 0, 200, 0]
+        );
         let h = histogram(params(1.0, 2, 1.0, 0.0), &logits, 2000);
         assert_eq!(h[0] + h[1], 0);
         assert!(h[2] > h[3] && h[3] > 300, "{h:?}");

@@ -18,7 +18,10 @@ pub fn asset(rel: &str) -> Option<PathBuf> {
     if p.exists() {
         Some(p)
     } else {
-        eprintln!("SKIPPED: {} is absent (run tools/fetch_assets.sh)", p.display());
+        eprintln!(
+            "SKIPPED: {} is absent (run tools/fetch_assets.sh)",
+            p.display()
+        );
         None
     }
 }
@@ -28,7 +31,10 @@ pub fn repo_root() -> PathBuf {
 }
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
