@@ -111,3 +111,45 @@ fn info_describes_the_default_model() {
     assert!(stdout.contains("Q2_0"), "{stdout}");
     assert!(stdout.contains("bits per weight"), "{stdout}");
 }
+
+#[test]
+fn chat_keeps_the_cache_between_turns() {
+    let model = std::env::var_os("TRIT_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache"))
+        .join("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !model.exists() {
+        eprintln!("SKIPPED: SmolLM2 is absent (run tools/fetch_assets.sh)");
+        return;
+    }
+    use std::io::Write;
+    let mut child = trit()
+        .args(["chat", "--temp", "0", "-n", "16", "-v", "--model"])
+        .arg(&model)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"What is the capital of France?\nAnd of Italy?\n/reset\nHi\n/exit\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let reused: Vec<usize> = stdout
+        .lines()
+        .filter_map(|l| l.split(" tokens (").nth(1))
+        .map(|r| r.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    // Turn 1: nothing cached; turn 2: the first turn is reused; after /reset: nothing again.
+    assert_eq!(reused.len(), 3, "{stdout}");
+    assert_eq!(reused[0], 0);
+    assert!(reused[1] > 30, "{stdout}");
+    assert_eq!(reused[2], 0, "{stdout}");
+    assert!(stdout.contains("Paris"), "{stdout}");
+    assert!(stdout.contains("(conversation cleared)"));
+}
