@@ -25,6 +25,8 @@ enum Command {
     Info(cmd::info::InfoArgs),
     /// Perplexity of a text file (llama-perplexity convention).
     Perplexity(cmd::perplexity::PerplexityArgs),
+    /// Throughput benchmark (llama-bench's pp/tg tests and table; --format mlx for mlx_lm's).
+    Bench(cmd::bench::BenchArgs),
 }
 
 fn main() {
@@ -34,6 +36,7 @@ fn main() {
         Command::Chat(a) => cmd::chat::run(a),
         Command::Info(a) => cmd::info::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

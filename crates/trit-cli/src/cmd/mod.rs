@@ -1,5 +1,6 @@
 //! Shared pieces of the subcommands: finding and loading the model, sampling flags.
 
+pub mod bench;
 pub mod chat;
 pub mod info;
 pub mod perplexity;
