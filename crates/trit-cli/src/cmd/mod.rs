@@ -89,7 +89,6 @@ pub struct Loaded {
     pub tokenizer: Tokenizer,
     pub template: Option<ChatTemplate>,
     pub n_ctx: usize,
-    pub load_secs: f64,
 }
 
 /// The model shipped in the repository (`models/default/*.gguf`), looked up next to the
@@ -132,7 +131,6 @@ pub fn resolve_model(arg: &Option<PathBuf>) -> Result<PathBuf> {
 
 pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let path = resolve_model(&args.model)?;
-    let t0 = std::time::Instant::now();
     let files = trit::format::open(&path).with_context(|| format!("loading {}", path.display()))?;
     let tokenizer = trit::tokenizer::Tokenizer::from_source(&files.tokenizer)?;
     let template = match &files.chat_template {
@@ -157,7 +155,6 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         tokenizer,
         template,
         n_ctx,
-        load_secs: t0.elapsed().as_secs_f64(),
     })
 }
 

@@ -222,9 +222,9 @@ impl GgufFile {
     }
 }
 
-/// Maps a file read-only.
+/// Maps a file read-only (the one place the loaders map files; see its safety note).
 #[allow(unsafe_code)]
-fn map_read_only(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
+pub(crate) fn map_read_only(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
     // SAFETY: the map is only read. A file truncated or rewritten by another process while mapped
     // is undefined behaviour in Rust terms; every mmap-based model loader shares this caveat, and
     // model files are not modified in place while an engine has them open.

@@ -211,13 +211,8 @@ impl SafetensorsFile {
     }
 }
 
-#[allow(unsafe_code)]
 fn map_file(file: &File, path: &Path) -> Result<Mmap> {
-    // SAFETY: the map is read-only and private to this process. memmap2 marks mapping unsafe
-    // because another process truncating or rewriting the file while mapped would change
-    // (or invalidate) the bytes; model files are not modified while a model is loaded, which
-    // is the same assumption every mmap-based model loader makes.
-    unsafe { Mmap::map(file) }.map_err(|e| Error::io(path, e))
+    super::gguf::map_read_only(file).map_err(|e| Error::io(path, e))
 }
 
 /// All safetensors files of one model folder, with a name → file index.
