@@ -26,7 +26,7 @@ impl ActQ8 {
     /// `TernaryMatrix` has) and `x` must hold `n·cols` values.
     pub fn quantize(x: &[f32], n: usize, cols: usize) -> Self {
         assert!(
-            cols % ACT_BLOCK == 0,
+            cols.is_multiple_of(ACT_BLOCK),
             "ActQ8::quantize: cols = {cols} is not a multiple of {ACT_BLOCK}"
         );
         assert!(
@@ -75,25 +75,40 @@ impl ActQ8 {
 
 /// Quantizes one block; returns (scale, Σq).
 fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
-    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-    if amax == 0.0 || !amax.is_finite() {
-        // All zero (or unusable): q = 0 keeps the sums consistent; a non-finite input makes the
-        // scale non-finite so the result is visibly NaN instead of silently wrong.
+    // Lane-wise maximum (vectorizes; `f32::max` folds would not, because of NaN semantics);
+    // `poison` turns NaN for any NaN or infinite input (v·0).
+    let mut lanes = [0f32; 16];
+    let mut poison = [0f32; 16];
+    for c in x.chunks_exact(16) {
+        for ((m, p), &v) in lanes.iter_mut().zip(poison.iter_mut()).zip(c) {
+            let a = v.abs();
+            *m = if a > *m { a } else { *m };
+            *p += v * 0.0;
+        }
+    }
+    let amax = lanes.iter().fold(0f32, |m, &v| if v > m { v } else { m });
+    let finite = poison.iter().sum::<f32>() == 0.0;
+    if amax == 0.0 || !finite {
+        // All zero, or a NaN/infinite input: q = 0 keeps the sums consistent, and a non-finite
+        // input makes the scale NaN so the result is visibly NaN instead of silently wrong.
         q.fill(0);
-        let d = if amax == 0.0 { 0.0 } else { f32::NAN };
-        return (d, 0);
+        return (if finite { 0.0 } else { f32::NAN }, 0);
     }
     let inv = 127.0 / amax;
+    // Adding and subtracting 1.5·2^23 rounds to the nearest integer (ties to even) for |v| < 2^22
+    // with plain float adds, which vectorize (`f32::round` is a libm call without SSE4.1).
+    const MAGIC: f32 = 12_582_912.0;
     let mut sum = 0i32;
     for (qi, &xi) in q.iter_mut().zip(x) {
-        let v = (xi * inv).round() as i8;
-        *qi = v;
-        sum += v as i32;
+        let v = ((xi * inv + MAGIC) - MAGIC) as i32;
+        *qi = v as i8;
+        sum += v;
     }
     (amax / 127.0, sum)
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)] // index loops mirror the formulas being checked
 mod tests {
     use super::*;
 
@@ -127,11 +142,14 @@ mod tests {
 
     #[test]
     fn zero_and_nonfinite_blocks() {
-        let mut x = vec![0f32; 128];
+        let mut x = vec![0f32; 192];
         x[70] = f32::INFINITY;
-        let a = ActQ8::quantize(&x, 1, 128);
+        x[130] = f32::NAN;
+        x[131] = 5.0;
+        let a = ActQ8::quantize(&x, 1, 192);
         assert_eq!(a.d[0], 0.0);
         assert!(a.qs[..64].iter().all(|&q| q == 0));
         assert!(a.d[1].is_nan());
+        assert!(a.d[2].is_nan());
     }
 }

@@ -5,7 +5,7 @@
 #![cfg(target_arch = "x86_64")]
 
 use super::act::ActQ8;
-use super::ternary::{TernaryMatrix, TileScales, TILE_BLOCK_BYTES, TILE_ROWS};
+use super::ternary::{TernaryMatrix, TileScales, PREFETCH_BYTES, TILE_BLOCK_BYTES, TILE_ROWS};
 use super::OutPtr;
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -86,6 +86,12 @@ unsafe fn group<const T: usize, const F16: bool>(
     let mut facc = [[_mm256_setzero_ps(); 2]; T];
     for b in 0..blocks {
         let cb = codes.add(b * TILE_BLOCK_BYTES);
+        // Software prefetch: the hardware prefetcher alone leaves decode ~30 % short of the
+        // memory bandwidth (see `PREFETCH_BYTES`).
+        let pf = cb.wrapping_add(PREFETCH_BYTES);
+        for l in 0..TILE_BLOCK_BYTES / 64 {
+            _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(64 * l).cast());
+        }
         let mut acc = [[_mm256_setzero_si256(); 2]; T];
         for p in 0..4 {
             let w = [

@@ -4,7 +4,7 @@
 #![cfg(target_arch = "x86_64")]
 
 use super::act::ActQ8;
-use super::ternary::{TernaryMatrix, TileScales, TILE_BLOCK_BYTES, TILE_ROWS};
+use super::ternary::{TernaryMatrix, TileScales, PREFETCH_BYTES, TILE_BLOCK_BYTES, TILE_ROWS};
 use super::OutPtr;
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -91,6 +91,7 @@ unsafe fn decode<const F16: bool>(
     let mut facc = _mm512_setzero_ps();
     for b in 0..blocks {
         let cb = codes.add(b * TILE_BLOCK_BYTES);
+        prefetch_ahead(cb);
         let xb = x.add(b * 64);
         let mut a0 = _mm512_setzero_si512();
         let mut a1 = _mm512_setzero_si512();
@@ -158,6 +159,7 @@ unsafe fn group<const T: usize, const F16: bool>(
     let mut facc = [_mm512_setzero_ps(); T];
     for b in 0..blocks {
         let cb = codes.add(b * TILE_BLOCK_BYTES);
+        prefetch_ahead(cb);
         let mut acc = [_mm512_setzero_si512(); T];
         for p in 0..4 {
             let w = _mm512_load_si512(cb.add(64 * p).cast());
@@ -184,5 +186,16 @@ unsafe fn group<const T: usize, const F16: bool>(
     }
     for t in 0..T {
         _mm512_storeu_ps(res[t].as_mut_ptr(), facc[t]);
+    }
+}
+
+/// Prefetches the block `PREFETCH_BYTES` ahead of `cb` (past the tile end it is the next tile,
+/// which this thread usually reads next; a prefetch never faults).
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn prefetch_ahead(cb: *const u8) {
+    let pf = cb.wrapping_add(PREFETCH_BYTES);
+    for l in 0..TILE_BLOCK_BYTES / 64 {
+        _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(64 * l).cast());
     }
 }

@@ -4,7 +4,7 @@
 //! row is loaded once per group of 4 tokens.
 
 use super::ops::reduce;
-use super::{level, split_range, KernelLevel, OutPtr};
+use super::{level, KernelLevel, OutPtr};
 use crate::threadpool::ThreadPool;
 use std::ops::Range;
 
@@ -74,8 +74,7 @@ impl DenseMatrix {
         }
         let level = level.or_supported();
         let out = OutPtr::new(y);
-        pool.run(&|i, nt| {
-            let rows = split_range(self.rows, i, nt);
+        super::for_each_chunk(pool, self.rows, self.cols * 4, &|rows| {
             match level {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: `or_supported` checked the features.

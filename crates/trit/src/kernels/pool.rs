@@ -3,14 +3,20 @@
 //! `kernels/`).
 //!
 //! Why not rayon per matmul: decode issues ~200 small matmuls per token and a fork/join costs
-//! 10–34 µs against 20–70 µs kernels. Here a job is published by bumping a sequence number;
+//! 10–34 µs against 20–70 µs kernels. Here a job is published by bumping a generation number;
 //! workers that finished the previous job spin on it for a short while (so back-to-back matmuls
 //! start within a cache-line transfer) and only then park on a condvar.
+//!
+//! A job is split into `n_threads` parts. The caller runs part 0, and the other parts are
+//! *claimed* (one atomic compare-and-swap each) by whichever thread gets there first, the caller
+//! included. So a worker that is descheduled or still waking up never stalls a matmul: the caller
+//! takes its part, and the late worker finds nothing left and goes back to waiting. The caller
+//! only waits for parts that were actually claimed.
 
 use std::any::Any;
 use std::cell::{Cell, UnsafeCell};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -29,21 +35,26 @@ fn spin_budget() -> Duration {
     Duration::from_micros(us)
 }
 
+/// `state` packs the job generation (high 32 bits) and the next unclaimed part (low 32 bits).
+const PART_BITS: u32 = 32;
+const PART_MASK: u64 = (1 << PART_BITS) - 1;
+
 struct Shared {
     n_threads: usize,
-    /// Job generation; a change tells workers a new job is in `job`.
-    seq: AtomicUsize,
-    /// Written by the caller before `seq` is bumped (Release), read by workers after they
-    /// observe the new `seq` (Acquire); never touched while workers may read it.
+    /// Generation and next unclaimed part of the current job.
+    state: AtomicU64,
+    /// Written by the caller before `state` is published (SeqCst store), read by a worker only
+    /// after it claimed a part of that job (compare-and-swap on `state`); cleared only after
+    /// every part has finished.
     job: UnsafeCell<Option<JobPtr>>,
-    /// Workers that have not finished the current job.
-    remaining: AtomicUsize,
+    /// Parts of the current job that have finished.
+    done: AtomicUsize,
     shutdown: AtomicBool,
-    /// Parked workers (Dekker-style handshake with `seq`, both SeqCst).
+    /// Parked workers (Dekker-style handshake with `state`, both SeqCst).
     sleepers: AtomicUsize,
     wake_lock: Mutex<()>,
     wake_cv: Condvar,
-    /// Whether the caller parked waiting for `remaining == 0`.
+    /// Whether the caller parked waiting for `done == n_threads`.
     caller_sleeping: AtomicBool,
     done_lock: Mutex<()>,
     done_cv: Condvar,
@@ -52,11 +63,51 @@ struct Shared {
     spin: Duration,
 }
 
-// SAFETY: `job` is the only non-Sync field; it is written only by the thread holding `run_lock`
-// while no worker reads it (all workers finished the previous job: `remaining == 0`), and read by
-// workers only between observing a new `seq` and decrementing `remaining`.
+// SAFETY: `job` is the only non-Sync field; see its comment for the protocol that orders every
+// access to it.
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
+
+impl Shared {
+    /// Claims the next part of the current job, if any: (generation, part).
+    fn claim(&self) -> Option<(u64, usize)> {
+        let mut s = self.state.load(Ordering::Acquire);
+        loop {
+            let part = (s & PART_MASK) as usize;
+            if part >= self.n_threads {
+                return None;
+            }
+            match self
+                .state
+                .compare_exchange_weak(s, s + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some((s >> PART_BITS, part)),
+                Err(now) => s = now,
+            }
+        }
+    }
+
+    /// Runs part `part` of the current job and counts it as done.
+    fn run_part(&self, part: usize) {
+        // SAFETY: the job was stored before its generation was published, and it stays valid
+        // until `done` reaches n_threads, which cannot happen before this part finishes.
+        let job = unsafe { *self.job.get() };
+        if let Some(job) = job {
+            // SAFETY: as above, the closure outlives this call.
+            let f = unsafe { &*job };
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(part, self.n_threads))) {
+                let mut slot = self.panic.lock().unwrap_or_else(|e| e.into_inner());
+                slot.get_or_insert(p);
+            }
+        }
+        if self.done.fetch_add(1, Ordering::SeqCst) + 1 == self.n_threads
+            && self.caller_sleeping.load(Ordering::SeqCst)
+        {
+            let _l = self.done_lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.done_cv.notify_all();
+        }
+    }
+}
 
 thread_local! {
     /// Address of the pool whose job this thread is executing (0 = none); nested `run` calls on
@@ -64,7 +115,7 @@ thread_local! {
     static ACTIVE_POOL: Cell<usize> = const { Cell::new(0) };
 }
 
-/// A fixed set of persistent threads; `run` executes a closure once on each of them.
+/// A fixed set of persistent threads; `run` executes a closure once for each part.
 pub struct ThreadPool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
@@ -83,9 +134,10 @@ impl ThreadPool {
         let n_threads = n_threads.max(1);
         let shared = Arc::new(Shared {
             n_threads,
-            seq: AtomicUsize::new(0),
+            // No job yet: generation 0 with every part already taken.
+            state: AtomicU64::new(n_threads as u64),
             job: UnsafeCell::new(None),
-            remaining: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
             sleepers: AtomicUsize::new(0),
             wake_lock: Mutex::new(()),
@@ -101,7 +153,7 @@ impl ThreadPool {
                 let shared = Arc::clone(&shared);
                 std::thread::Builder::new()
                     .name(format!("trit-worker-{idx}"))
-                    .spawn(move || worker_loop(&shared, idx))
+                    .spawn(move || worker_loop(&shared))
                     .expect("failed to spawn a thread-pool worker")
             })
             .collect();
@@ -116,15 +168,16 @@ impl ThreadPool {
         self.shared.n_threads
     }
 
-    /// Calls `f(i, n_threads)` once for every `i` in `0..n_threads` (thread 0 is the caller) and
-    /// returns when all calls have returned. A panic in any call is re-raised here after every
-    /// thread has finished, and the pool stays usable.
+    /// Calls `f(i, n_threads)` once for every part `i` in `0..n_threads` and returns when all
+    /// calls have returned. Part 0 runs on the caller; the others run on whichever pool thread
+    /// claims them first (normally one part per thread). A panic in any part is re-raised here
+    /// after every part has finished, and the pool stays usable.
     pub fn run(&self, f: &(dyn Fn(usize, usize) + Sync)) {
         let n = self.shared.n_threads;
         let pool_id = Arc::as_ptr(&self.shared) as usize;
         if n == 1 || ACTIVE_POOL.with(|a| a.get()) == pool_id {
             // Single thread, or nested inside one of our own jobs: the workers are busy (or are
-            // us), so run every index here.
+            // us), so run every part here.
             for i in 0..n {
                 f(i, n);
             }
@@ -133,52 +186,55 @@ impl ThreadPool {
         let _guard = self.run_lock.lock().unwrap_or_else(|e| e.into_inner());
         let sh = &*self.shared;
         // SAFETY: erasing the borrow's lifetime is sound because this function does not return
-        // (not even by unwinding: every call below is wrapped in catch_unwind) before all workers
-        // have decremented `remaining`, after which none of them dereferences the pointer again.
+        // (not even by unwinding: every part runs under catch_unwind) before all parts have
+        // finished, and no thread dereferences the pointer without holding an unfinished part.
         let ptr: JobPtr = unsafe {
             std::mem::transmute::<
                 &(dyn Fn(usize, usize) + Sync),
                 &'static (dyn Fn(usize, usize) + Sync),
             >(f)
         };
-        // SAFETY: no worker reads `job` now: the previous job finished (remaining == 0).
+        // SAFETY: no part of the previous job is unfinished, so nobody reads `job` now.
         unsafe { *sh.job.get() = Some(ptr) };
-        sh.remaining.store(n - 1, Ordering::Relaxed);
-        sh.seq.fetch_add(1, Ordering::SeqCst);
+        sh.done.store(0, Ordering::Relaxed);
+        let generation = (sh.state.load(Ordering::Relaxed) >> PART_BITS) + 1;
+        // Part 0 is reserved for the caller.
+        sh.state
+            .store((generation << PART_BITS) | 1, Ordering::SeqCst);
         if sh.sleepers.load(Ordering::SeqCst) > 0 {
             let _l = sh.wake_lock.lock().unwrap_or_else(|e| e.into_inner());
             sh.wake_cv.notify_all();
         }
 
         let prev = ACTIVE_POOL.with(|a| a.replace(pool_id));
-        let own = catch_unwind(AssertUnwindSafe(|| f(0, n)));
+        sh.run_part(0);
+        while let Some((_, part)) = sh.claim() {
+            sh.run_part(part);
+        }
         ACTIVE_POOL.with(|a| a.set(prev));
 
-        self.wait_workers();
-        // SAFETY: all workers are done with the job.
+        self.wait_parts();
+        // SAFETY: every part has finished; late workers find no part to claim.
         unsafe { *sh.job.get() = None };
-        let worker_panic = sh.panic.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Err(p) = own {
-            resume_unwind(p);
-        }
-        if let Some(p) = worker_panic {
+        if let Some(p) = sh.panic.lock().unwrap_or_else(|e| e.into_inner()).take() {
             resume_unwind(p);
         }
     }
 
-    fn wait_workers(&self) {
+    fn wait_parts(&self) {
         let sh = &*self.shared;
+        let n = sh.n_threads;
         let start = Instant::now();
         let mut spins = 0u32;
-        while sh.remaining.load(Ordering::Acquire) != 0 {
+        while sh.done.load(Ordering::Acquire) != n {
             spins = spins.wrapping_add(1);
-            if spins % 64 != 0 || start.elapsed() < sh.spin {
+            if !spins.is_multiple_of(64) || start.elapsed() < sh.spin {
                 std::hint::spin_loop();
                 continue;
             }
             let mut guard = sh.done_lock.lock().unwrap_or_else(|e| e.into_inner());
             sh.caller_sleeping.store(true, Ordering::SeqCst);
-            while sh.remaining.load(Ordering::SeqCst) != 0 {
+            while sh.done.load(Ordering::SeqCst) != n {
                 guard = sh.done_cv.wait(guard).unwrap_or_else(|e| e.into_inner());
             }
             sh.caller_sleeping.store(false, Ordering::SeqCst);
@@ -190,7 +246,12 @@ impl Drop for ThreadPool {
     fn drop(&mut self) {
         let sh = &*self.shared;
         sh.shutdown.store(true, Ordering::SeqCst);
-        sh.seq.fetch_add(1, Ordering::SeqCst);
+        // A new generation with no claimable part wakes everyone without giving them work.
+        let generation = (sh.state.load(Ordering::Relaxed) >> PART_BITS) + 1;
+        sh.state.store(
+            (generation << PART_BITS) | sh.n_threads as u64,
+            Ordering::SeqCst,
+        );
         {
             let _l = sh.wake_lock.lock().unwrap_or_else(|e| e.into_inner());
             sh.wake_cv.notify_all();
@@ -201,55 +262,40 @@ impl Drop for ThreadPool {
     }
 }
 
-fn worker_loop(sh: &Shared, idx: usize) {
+fn worker_loop(sh: &Shared) {
     let pool_id = sh as *const Shared as usize;
     ACTIVE_POOL.with(|a| a.set(pool_id));
-    // The pool starts at sequence 0; reading `seq` here instead would miss a job published
-    // before this thread got scheduled.
     let mut seen = 0;
     loop {
         seen = wait_for_job(sh, seen);
         if sh.shutdown.load(Ordering::Acquire) {
             return;
         }
-        // SAFETY: the caller stored the job before bumping `seq` (which we observed with
-        // Acquire) and keeps it alive until `remaining` reaches 0.
-        let job = unsafe { *sh.job.get() };
-        if let Some(job) = job {
-            // SAFETY: see `ThreadPool::run`: the closure outlives this call.
-            let f = unsafe { &*job };
-            if let Err(p) = catch_unwind(AssertUnwindSafe(|| f(idx, sh.n_threads))) {
-                let mut slot = sh.panic.lock().unwrap_or_else(|e| e.into_inner());
-                slot.get_or_insert(p);
-            }
-        }
-        if sh.remaining.fetch_sub(1, Ordering::SeqCst) == 1
-            && sh.caller_sleeping.load(Ordering::SeqCst)
-        {
-            let _l = sh.done_lock.lock().unwrap_or_else(|e| e.into_inner());
-            sh.done_cv.notify_all();
+        while let Some((generation, part)) = sh.claim() {
+            seen = seen.max(generation);
+            sh.run_part(part);
         }
     }
 }
 
-/// Spins, then parks, until `seq` differs from `seen`; returns the new value.
-fn wait_for_job(sh: &Shared, seen: usize) -> usize {
+/// Spins, then parks, until the job generation differs from `seen`; returns the new one.
+fn wait_for_job(sh: &Shared, seen: u64) -> u64 {
     let start = Instant::now();
     let mut spins = 0u32;
     loop {
-        let now = sh.seq.load(Ordering::Acquire);
+        let now = sh.state.load(Ordering::Acquire) >> PART_BITS;
         if now != seen {
             return now;
         }
         spins = spins.wrapping_add(1);
-        if spins % 64 != 0 || start.elapsed() < sh.spin {
+        if !spins.is_multiple_of(64) || start.elapsed() < sh.spin {
             std::hint::spin_loop();
             continue;
         }
         let mut guard = sh.wake_lock.lock().unwrap_or_else(|e| e.into_inner());
         sh.sleepers.fetch_add(1, Ordering::SeqCst);
         loop {
-            let now = sh.seq.load(Ordering::SeqCst);
+            let now = sh.state.load(Ordering::SeqCst) >> PART_BITS;
             if now != seen {
                 sh.sleepers.fetch_sub(1, Ordering::SeqCst);
                 return now;
@@ -309,9 +355,17 @@ mod tests {
             let pool = ThreadPool::new(n);
             assert_eq!(pool.n_threads(), n);
             let counts: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            let caller = std::thread::current().id();
             for _ in 0..2000 {
                 pool.run(&|i, nt| {
                     assert_eq!(nt, n);
+                    if i == 0 {
+                        assert_eq!(
+                            std::thread::current().id(),
+                            caller,
+                            "part 0 runs on the caller"
+                        );
+                    }
                     counts[i].fetch_add(1, Ordering::Relaxed);
                 });
             }

@@ -1,6 +1,8 @@
 //! Portable integer kernel: unpacks one tile-block (16 rows × 64 columns) to bytes, then plain
-//! u8 × i8 → i32 dot products that LLVM vectorizes for the target (SSE2 `pmaddwd`, NEON
-//! `smlal`/`sdot`). The unpacked block is reused for up to `GROUP` tokens.
+//! i8 × i8 → i32 dot products that LLVM vectorizes for the target (SSE2 `pmaddwd`, NEON
+//! `smlal`, or `sdot` where the target has dotprod; codes 0..=3 are valid as i8). The unpacked
+//! block and its 16 scales are reused for up to `GROUP` tokens, and the per-row float work is
+//! a 16-lane loop.
 
 use super::act::ActQ8;
 use super::ternary::{TernaryMatrix, BLOCK, TILE_BLOCK_BYTES, TILE_ROWS};
@@ -13,7 +15,7 @@ const GROUP: usize = 8;
 /// Computes the rows of `tiles` for every token of `xq` and stores them through `out`.
 pub(crate) fn ternary_tiles(m: &TernaryMatrix, tiles: Range<usize>, xq: &ActQ8, out: OutPtr) {
     let (cols, blocks) = (m.cols(), m.blocks());
-    let mut unpacked = [[0u8; BLOCK]; TILE_ROWS];
+    let mut unpacked = [[0i8; BLOCK]; TILE_ROWS];
     for tile in tiles {
         let codes = m.tile_codes(tile);
         let scales = m.tile_scales(tile);
@@ -25,6 +27,7 @@ pub(crate) fn ternary_tiles(m: &TernaryMatrix, tiles: Range<usize>, xq: &ActQ8, 
                     &codes[b * TILE_BLOCK_BYTES..][..TILE_BLOCK_BYTES],
                     &mut unpacked,
                 );
+                let ws: [f32; TILE_ROWS] = std::array::from_fn(|j| scales.get(b * TILE_ROWS + j));
                 for (dt, acc_t) in acc.iter_mut().enumerate().take(nt) {
                     let t = t0 + dt;
                     let q: &[i8; BLOCK] = xq.qs[t * cols + b * BLOCK..][..BLOCK]
@@ -32,9 +35,9 @@ pub(crate) fn ternary_tiles(m: &TernaryMatrix, tiles: Range<usize>, xq: &ActQ8, 
                         .expect("64 activations");
                     let d = xq.d[t * blocks + b];
                     let sum = xq.sums[t * blocks + b];
-                    for (j, a) in acc_t.iter_mut().enumerate() {
-                        let dot = dot_u8_i8(&unpacked[j], q) - sum;
-                        *a += dot as f32 * (scales.get(b * TILE_ROWS + j) * d);
+                    let dots: [i32; TILE_ROWS] = std::array::from_fn(|j| dot_i8(&unpacked[j], q));
+                    for j in 0..TILE_ROWS {
+                        acc_t[j] += (dots[j] - sum) as f32 * (ws[j] * d);
                     }
                 }
             }
@@ -46,22 +49,25 @@ pub(crate) fn ternary_tiles(m: &TernaryMatrix, tiles: Range<usize>, xq: &ActQ8, 
     }
 }
 
-/// `out[j][k]` = code of row `j`, column `k` of the block (layout in `kernels/mod.rs`).
+/// `out[j][k]` = code of row `j`, column `k` of the block (layout in `kernels/mod.rs`). Works on
+/// 32-bit words: the word at byte `4j` of chunk `p`, shifted by `2s` and masked with 0x03030303,
+/// is exactly row `j`'s codes for columns `16p+4s .. 16p+4s+4`, in byte order.
 #[inline]
-fn unpack_block(cb: &[u8], out: &mut [[u8; BLOCK]; TILE_ROWS]) {
+fn unpack_block(cb: &[u8], out: &mut [[i8; BLOCK]; TILE_ROWS]) {
     for p in 0..4 {
+        let chunk = &cb[64 * p..64 * (p + 1)];
         for (j, row) in out.iter_mut().enumerate() {
-            for i in 0..4 {
-                let byte = cb[64 * p + 4 * j + i];
-                for s in 0..4 {
-                    row[16 * p + 4 * s + i] = (byte >> (2 * s)) & 3;
-                }
+            let w = u32::from_le_bytes(chunk[4 * j..4 * j + 4].try_into().expect("4 bytes"));
+            for s in 0..4 {
+                let codes = (w >> (2 * s)) & 0x0303_0303;
+                row[16 * p + 4 * s..16 * p + 4 * s + 4]
+                    .copy_from_slice(&codes.to_le_bytes().map(|c| c as i8));
             }
         }
     }
 }
 
 #[inline]
-fn dot_u8_i8(a: &[u8; BLOCK], b: &[i8; BLOCK]) -> i32 {
+fn dot_i8(a: &[i8; BLOCK], b: &[i8; BLOCK]) -> i32 {
     a.iter().zip(b).map(|(&x, &y)| x as i32 * y as i32).sum()
 }

@@ -8,7 +8,7 @@
 
 use super::act::ActQ8;
 use super::ternary::TernaryMatrix;
-use super::{ops, split_range, OutPtr};
+use super::{ops, OutPtr};
 use crate::threadpool::ThreadPool;
 
 /// `y[t·rows + r] = Σ_k W[r][k] · x[t·cols + k]` with f32 weights from `dequantize_row`.
@@ -25,9 +25,9 @@ pub fn ternary_matmul_f32(
         "ternary_matmul_f32: sizes"
     );
     let out = OutPtr::new(y);
-    pool.run(&|i, nt| {
+    super::for_each_chunk(pool, rows, cols, &|range| {
         let mut w = vec![0f32; cols];
-        for r in split_range(rows, i, nt) {
+        for r in range {
             m.dequantize_row(r, &mut w);
             for t in 0..n {
                 let v = ops::dot(&w, &x[t * cols..(t + 1) * cols]);

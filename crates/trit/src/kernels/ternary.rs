@@ -2,7 +2,7 @@
 //! `kernels/mod.rs`, and the level dispatch of its matrix products.
 
 use super::act::ActQ8;
-use super::{level, split_range, KernelLevel, OutPtr};
+use super::{level, KernelLevel, OutPtr};
 use crate::quant::TernaryRows;
 use crate::threadpool::ThreadPool;
 use crate::{Error, Result};
@@ -14,6 +14,11 @@ pub(crate) const TILE_ROWS: usize = 16;
 pub(crate) const BLOCK: usize = 64;
 /// Code bytes of one tile × one block.
 pub(crate) const TILE_BLOCK_BYTES: usize = TILE_ROWS * BLOCK / 4;
+
+/// How far ahead of the block being multiplied the SIMD kernels prefetch codes. Measured on a
+/// 2-core Zen 5 VM over a 113 MB ring of 1.7B-shaped matrices (decode): none 25 / 30 GB/s (1 / 2
+/// threads), 4 KiB 28 / 41, 8 KiB 29 / 41, 16 KiB 29 / 40 against a ~42 GB/s read bandwidth.
+pub(crate) const PREFETCH_BYTES: usize = 8192;
 
 /// One cache line; a `Vec<Line>` is a 64-byte aligned byte buffer (aligned vector loads).
 #[derive(Clone, Copy)]
@@ -59,7 +64,7 @@ impl TernaryMatrix {
     /// is empty, or the source yields a code above 3.
     pub fn from_rows(src: &dyn TernaryRows) -> Result<Self> {
         let (rows, cols) = (src.rows(), src.cols());
-        if cols == 0 || cols % BLOCK != 0 {
+        if cols == 0 || !cols.is_multiple_of(BLOCK) {
             return Err(Error::Unsupported(format!(
                 "ternary matrix with {cols} columns: the kernels need a positive multiple of {BLOCK}"
             )));
@@ -243,23 +248,16 @@ impl TernaryMatrix {
             return super::scalar::ternary_matmul_f32(self, pool, &xq.exact, n, y);
         }
         let out = OutPtr::new(y);
-        pool.run(&|i, nt| {
-            let tiles = split_range(self.tiles, i, nt);
-            if tiles.is_empty() {
-                return;
-            }
-            match level {
-                KernelLevel::Portable => super::portable::ternary_tiles(self, tiles, xq, out),
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `or_supported` checked avx2, fma and f16c.
-                KernelLevel::Avx2 => unsafe { super::avx2::ternary_tiles(self, tiles, xq, out) },
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `or_supported` checked avx512f, avx512bw and avx512vnni.
-                KernelLevel::Avx512 => unsafe {
-                    super::avx512::ternary_tiles(self, tiles, xq, out)
-                },
-                _ => super::portable::ternary_tiles(self, tiles, xq, out),
-            }
+        let tile_bytes = self.blocks * (TILE_BLOCK_BYTES + TILE_ROWS * 2);
+        super::for_each_chunk(pool, self.tiles, tile_bytes, &|tiles| match level {
+            KernelLevel::Portable => super::portable::ternary_tiles(self, tiles, xq, out),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `or_supported` checked avx2, fma and f16c.
+            KernelLevel::Avx2 => unsafe { super::avx2::ternary_tiles(self, tiles, xq, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `or_supported` checked avx512f, avx512bw and avx512vnni.
+            KernelLevel::Avx512 => unsafe { super::avx512::ternary_tiles(self, tiles, xq, out) },
+            _ => super::portable::ternary_tiles(self, tiles, xq, out),
         });
     }
 

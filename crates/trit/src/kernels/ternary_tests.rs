@@ -2,6 +2,8 @@
 //! matrices of awkward shapes (row counts that are not a multiple of the 16-row tile, code 3
 //! present, zero and tiny activation blocks).
 
+#![allow(clippy::needless_range_loop)] // index loops mirror the formulas being checked
+
 use super::scalar::ternary_matmul_int8_model;
 use super::ternary::Scales;
 use super::*;
@@ -45,7 +47,7 @@ impl RandomRows {
         let scales = (0..rows * cols / 64)
             .map(|_| {
                 let s = 0.01 + 0.1 * rng.f32().abs();
-                let s = if rng.next() % 5 == 0 { -s } else { s };
+                let s = if rng.next().is_multiple_of(5) { -s } else { s };
                 if f32_scales {
                     s
                 } else {
@@ -182,7 +184,7 @@ fn integer_levels_match_the_int8_model_and_the_quantization_bound() {
         for cols in SHAPES_COLS {
             for n in SHAPES_N {
                 let seed = (rows * 1000 + cols * 10 + n) as u64;
-                let src = RandomRows::new(rows, cols, seed, seed % 2 == 0);
+                let src = RandomRows::new(rows, cols, seed, seed.is_multiple_of(2));
                 assert!(src.codes.contains(&3));
                 let m = TernaryMatrix::from_rows(&src).unwrap();
                 let x = activations(n, cols, seed + 1);
