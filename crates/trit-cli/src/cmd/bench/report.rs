@@ -228,12 +228,14 @@ impl Markdown {
 
 fn membw_summary(bw: &Bandwidth) {
     println!(
-        "memory read bandwidth ({} threads, {} buffer, {} passes): best {:.2} GB/s, median {:.2} GB/s",
+        "memory read bandwidth ({} threads, {} buffer, {} passes, {}): best {:.2} GB/s, median {:.2} GB/s (other method: best {:.2} GB/s)",
         bw.threads,
         size_text(bw.buffer_bytes),
         bw.passes_gbs.len(),
+        bw.method,
         bw.best_gbs(),
-        bw.median_gbs()
+        bw.median_gbs(),
+        bw.other_best_gbs
     );
 }
 
