@@ -40,7 +40,9 @@ fn json_output_has_llama_bench_fields() {
     let dir = tempfile::tempdir().unwrap();
     let (model, params) = tiny_model(dir.path());
     let out = trit()
-        .args(["bench", "-p", "8", "-n", "4", "-r", "1", "-t", "1", "-o", "json"])
+        .args([
+            "bench", "-p", "8", "-n", "4", "-r", "1", "-t", "1", "-o", "json",
+        ])
         .arg(&model)
         .output()
         .unwrap();
@@ -56,7 +58,10 @@ fn json_output_has_llama_bench_fields() {
         assert_eq!(row["backends"], "CPU");
         assert_eq!(row["model_n_params"].as_u64(), Some(params as u64));
         let size = row["model_size"].as_u64().unwrap();
-        assert!(size > 0 && size < file_size, "tensor bytes {size} vs file {file_size}");
+        assert!(
+            size > 0 && size < file_size,
+            "tensor bytes {size} vs file {file_size}"
+        );
         let ty = row["model_type"].as_str().unwrap();
         assert!(ty.starts_with("qwen3 ") && ty.ends_with(" TQ2_0"), "{ty}");
         assert!(!row["build_commit"].as_str().unwrap().is_empty());
@@ -64,13 +69,20 @@ fn json_output_has_llama_bench_fields() {
 
         let samples_ts = row["samples_ts"].as_array().unwrap();
         let samples_ns = row["samples_ns"].as_array().unwrap();
-        assert_eq!((samples_ts.len(), samples_ns.len()), (1, 1), "-r 1 gives one sample");
+        assert_eq!(
+            (samples_ts.len(), samples_ns.len()),
+            (1, 1),
+            "-r 1 gives one sample"
+        );
         let ts = samples_ts[0].as_f64().unwrap();
         let ns = samples_ns[0].as_f64().unwrap();
         assert!(ts > 0.0 && ns > 0.0);
         // t/s is tokens over time, and the mean of one sample is that sample.
         let tokens = (n_prompt + n_gen) as f64;
-        assert!((ts - tokens * 1e9 / ns).abs() <= 1e-6 * ts, "{ts} vs {ns} ns");
+        assert!(
+            (ts - tokens * 1e9 / ns).abs() <= 1e-6 * ts,
+            "{ts} vs {ns} ns"
+        );
         assert_eq!(row["avg_ts"].as_f64(), Some(ts));
         assert_eq!(row["stddev_ts"].as_f64(), Some(0.0));
         assert_eq!(row["avg_ns"].as_f64(), Some(ns));
@@ -86,7 +98,9 @@ fn markdown_table_matches_llama_bench_columns() {
     let dir = tempfile::tempdir().unwrap();
     let (model, _) = tiny_model(dir.path());
     let out = trit()
-        .args(["bench", "-p", "8", "-n", "2", "-r", "2", "-t", "1", "--model"])
+        .args([
+            "bench", "-p", "8", "-n", "2", "-r", "2", "-t", "1", "--model",
+        ])
         .arg(&model)
         .output()
         .unwrap();
@@ -100,10 +114,18 @@ fn markdown_table_matches_llama_bench_columns() {
         lines[1],
         "| ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | -------------------: |"
     );
-    assert!(lines[2].contains("|             pp8 |") && lines[2].contains(" ± "), "{text}");
+    assert!(
+        lines[2].contains("|             pp8 |") && lines[2].contains(" ± "),
+        "{text}"
+    );
     assert!(lines[3].contains("|             tg2 |"), "{text}");
     assert!(lines[5].starts_with("build: "), "{text}");
-    for extra in ["peak RSS:", "load time:", "weights read per token:", "kernel level:"] {
+    for extra in [
+        "peak RSS:",
+        "load time:",
+        "weights read per token:",
+        "kernel level:",
+    ] {
         assert!(text.contains(extra), "missing '{extra}' in {text}");
     }
 }
@@ -112,7 +134,10 @@ fn assert_clear_error(args: &[&str], expect: &str) {
     let out = trit().arg("bench").args(args).output().unwrap();
     assert!(!out.status.success(), "{args:?} succeeded");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains(expect), "{args:?}: expected '{expect}' in: {err}");
+    assert!(
+        err.contains(expect),
+        "{args:?}: expected '{expect}' in: {err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
     assert!(out.stdout.is_empty(), "no table on error");
 }

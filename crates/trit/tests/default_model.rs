@@ -36,7 +36,9 @@ fn held_out_ppl(path: &std::path::Path) -> Option<f64> {
     let files = trit::format::open(path).unwrap();
     let tok = Tokenizer::from_source(&files.tokenizer).unwrap();
     let model = Arc::new(Model::load(&files, 2).unwrap());
-    let ids = tok.encode(&std::fs::read_to_string(text).unwrap(), false).unwrap();
+    let ids = tok
+        .encode(&std::fs::read_to_string(text).unwrap(), false)
+        .unwrap();
     let r = perplexity(&model, &ids[..512], 512, 0, None, Some(1), &mut |_, _| {}).unwrap();
     Some(r.ppl)
 }
@@ -48,12 +50,19 @@ fn held_out_perplexity_stays_below_threshold_and_matches_llama_cpp() {
         return;
     };
     let _g = LEVEL.lock().unwrap_or_else(|e| e.into_inner());
-    let llama_cpp = reference()["student"]["ppl_first512_one_window"].as_f64().unwrap();
+    let llama_cpp = reference()["student"]["ppl_first512_one_window"]
+        .as_f64()
+        .unwrap();
     for level in [KernelLevel::Reference, best_level()] {
         set_level(level).unwrap();
-        let Some(ppl) = held_out_ppl(&path) else { return };
+        let Some(ppl) = held_out_ppl(&path) else {
+            return;
+        };
         eprintln!("default model, {level:?} kernels: ppl {ppl:.4} (llama.cpp {llama_cpp:.4})");
-        assert!(ppl < PPL_THRESHOLD, "{level:?}: held-out ppl {ppl} ≥ {PPL_THRESHOLD}");
+        assert!(
+            ppl < PPL_THRESHOLD,
+            "{level:?}: held-out ppl {ppl} ≥ {PPL_THRESHOLD}"
+        );
         let rel = (ppl - llama_cpp).abs() / llama_cpp;
         assert!(rel < 0.01, "{level:?}: ppl {ppl} vs llama.cpp {llama_cpp}");
     }
@@ -64,7 +73,8 @@ fn held_out_perplexity_stays_below_threshold_and_matches_llama_cpp() {
 fn mlx_export_gives_the_same_logits() {
     let Some(gguf) = default_gguf() else { return };
     // Written by tools/distill/export_mlx.py (kept out of git: same weights, 38 MB more).
-    let Some(mlx) = common::asset("default-mlx/config.json").map(|p| p.parent().unwrap().to_path_buf())
+    let Some(mlx) =
+        common::asset("default-mlx/config.json").map(|p| p.parent().unwrap().to_path_buf())
     else {
         return;
     };

@@ -26,16 +26,31 @@ pub struct BenchArgs {
     #[arg(short, long, env = "TRIT_MODEL")]
     pub model: Option<PathBuf>,
     /// Prompt lengths to test, comma-separated (0 = none). mlx style: one length, default 512.
-    #[arg(short = 'p', long = "n-prompt", alias = "prompt-tokens", value_name = "N[,N..]")]
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        alias = "prompt-tokens",
+        value_name = "N[,N..]"
+    )]
     pub n_prompt: Option<String>,
     /// Generation lengths, comma-separated (0 = none). mlx style: number of trials (default 5).
-    #[arg(short = 'n', long = "n-gen", alias = "num-trials", value_name = "N[,N..]")]
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        alias = "num-trials",
+        value_name = "N[,N..]"
+    )]
     pub n_gen: Option<String>,
     /// Prompt+generation tests "PP,TG" (llama-bench's -pg), repeatable.
     #[arg(long = "pg", value_name = "PP,TG")]
     pub pg: Vec<String>,
     /// Cache depths to measure at, comma-separated (pre-filled, untimed).
-    #[arg(short = 'd', long = "n-depth", value_name = "N[,N..]", default_value = "0")]
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_name = "N[,N..]",
+        default_value = "0"
+    )]
     pub n_depth: String,
     /// Timed repetitions of each test (default 5).
     #[arg(short = 'r', long = "repetitions")]
@@ -44,7 +59,11 @@ pub struct BenchArgs {
     #[arg(short = 't', long = "threads", value_name = "N[,N..]")]
     pub threads: Option<String>,
     /// Prompt tokens per forward call.
-    #[arg(long = "ubatch-size", alias = "batch-size-tokens", default_value_t = 512)]
+    #[arg(
+        long = "ubatch-size",
+        alias = "batch-size-tokens",
+        default_value_t = 512
+    )]
     pub ubatch: usize,
     /// llama style: output format. Other formats print at the end of the run.
     #[arg(short = 'o', long = "output", value_enum)]
@@ -132,7 +151,10 @@ impl Measured {
     /// Tokens per second of each sample (llama-bench averages these, not the times).
     pub fn samples_ts(&self) -> Vec<f64> {
         let n = self.test.tokens() as f64;
-        self.samples_ns.iter().map(|&ns| n * 1e9 / ns.max(1) as f64).collect()
+        self.samples_ns
+            .iter()
+            .map(|&ns| n * 1e9 / ns.max(1) as f64)
+            .collect()
     }
 }
 
@@ -453,7 +475,11 @@ fn run_llama(a: &BenchArgs, path: &std::path::Path) -> Result<()> {
     let mut printer = report::Markdown::default();
     for &n_threads in &threads {
         let mut lb = load(path, n_threads, a)?;
-        let needed = tests.iter().map(|t| t.n_depth + t.tokens()).max().unwrap_or(0);
+        let needed = tests
+            .iter()
+            .map(|t| t.n_depth + t.tokens())
+            .max()
+            .unwrap_or(0);
         if needed > lb.max_ctx {
             bail!(
                 "the longest test needs {needed} positions but the model's context is {} tokens",
@@ -616,6 +642,9 @@ mod tests {
         assert_eq!(a, TokenRng(7).tokens(1000, 151_936));
         assert_ne!(a, TokenRng(8).tokens(1000, 151_936));
         assert!(a.iter().all(|&t| t < 151_936));
-        assert!(a.iter().any(|&t| t > 100_000), "not spread over the vocabulary");
+        assert!(
+            a.iter().any(|&t| t > 100_000),
+            "not spread over the vocabulary"
+        );
     }
 }

@@ -55,7 +55,10 @@ fn sum_words(words: &[u64]) -> u64 {
             *a = a.wrapping_add(w);
         }
     }
-    let tail = chunks.remainder().iter().fold(0u64, |s, &w| s.wrapping_add(w));
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(0u64, |s, &w| s.wrapping_add(w));
     acc.iter().fold(tail, |s, &a| s.wrapping_add(a))
 }
 
@@ -81,7 +84,11 @@ pub fn measure(threads: usize, bytes: usize, passes: usize) -> Bandwidth {
     let best = |v: &Vec<f64>| v.iter().copied().fold(0.0, f64::max);
     let ((buffer_bytes, passes_gbs), other, method) = if best(&wide.1) >= best(&plain.1) {
         let level = trit::kernels::level();
-        (wide, plain, format!("f32 matrix-vector product, {level} kernel"))
+        (
+            wide,
+            plain,
+            format!("f32 matrix-vector product, {level} kernel"),
+        )
     } else {
         (plain, wide, "u64 sum".to_string())
     };
@@ -145,7 +152,9 @@ fn measure_sum(pool: &ThreadPool, bytes: usize, passes: usize) -> (usize, Vec<f6
     };
     let gbs = time_passes(passes, words * 8, || pool.run(&read));
     // The sums must be observed, or the reads could be optimized away.
-    let check = sinks.iter().fold(0u64, |s, a| s ^ a.load(Ordering::Relaxed));
+    let check = sinks
+        .iter()
+        .fold(0u64, |s, a| s ^ a.load(Ordering::Relaxed));
     std::hint::black_box(check);
     (words * 8, gbs)
 }

@@ -255,7 +255,13 @@ pub fn membw_lines(bw: &Bandwidth, bytes_per_token: f64, tps: Option<f64>) {
 
 /// One result as llama-bench's JSON object (same field names and order for the fields that
 /// apply to a CPU engine), then trit's extras.
-fn record(info: &RunInfo, m: &Measured, commit: &str, number: u64, cpu: &str) -> Map<String, Value> {
+fn record(
+    info: &RunInfo,
+    m: &Measured,
+    commit: &str,
+    number: u64,
+    cpu: &str,
+) -> Map<String, Value> {
     let ts = m.samples_ts();
     let ns: Vec<f64> = m.samples_ns.iter().map(|&v| v as f64).collect();
     let v = json!({
@@ -296,7 +302,8 @@ fn record(info: &RunInfo, m: &Measured, commit: &str, number: u64, cpu: &str) ->
     if let Some(bw) = &info.membw {
         map.insert("membw_best_gbs".into(), json!(bw.best_gbs()));
         map.insert("membw_median_gbs".into(), json!(bw.median_gbs()));
-        let (c, f) = ceiling(info, m).map_or((Value::Null, Value::Null), |(c, f)| (json!(c), json!(f)));
+        let (c, f) =
+            ceiling(info, m).map_or((Value::Null, Value::Null), |(c, f)| (json!(c), json!(f)));
         map.insert("decode_ceiling_ts".into(), c);
         map.insert("ceiling_fraction".into(), f);
     }
@@ -321,7 +328,10 @@ pub fn json(info: &RunInfo, results: &[Measured], lines: bool) {
         }
     } else {
         let arr = Value::Array(recs.into_iter().map(Value::Object).collect());
-        println!("{}", serde_json::to_string_pretty(&arr).expect("JSON of plain values"));
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&arr).expect("JSON of plain values")
+        );
     }
 }
 
@@ -333,7 +343,13 @@ pub fn csv(info: &RunInfo, results: &[Measured]) {
         .keys()
         .filter(|k| !k.starts_with("samples_"))
         .collect();
-    println!("{}", keys.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(","));
+    println!(
+        "{}",
+        keys.iter()
+            .map(|k| k.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
     for r in &recs {
         let cells: Vec<String> = keys
             .iter()
@@ -404,10 +420,18 @@ mod tests {
 
     #[test]
     fn markdown_cells_align_like_llama_bench() {
-        let cells: Vec<String> = ["qwen3 1.7B PQ2_0", "436.00 MiB", "1.72 B", "CPU", "2", "pp512", "1.00 ± 0.10"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let cells: Vec<String> = [
+            "qwen3 1.7B PQ2_0",
+            "436.00 MiB",
+            "1.72 B",
+            "CPU",
+            "2",
+            "pp512",
+            "1.00 ± 0.10",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         assert_eq!(
             md_line(&cells),
             "| qwen3 1.7B PQ2_0               | 436.00 MiB |     1.72 B | CPU        |       2 |           pp512 |          1.00 ± 0.10 |"
