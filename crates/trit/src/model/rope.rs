@@ -35,20 +35,36 @@ impl Rope {
         }
     }
 
-    /// Rotates one head vector in place at position `pos`.
-    pub fn apply(&self, x: &mut [f32], pos: usize) {
-        let half = self.inv_freq.len();
+    /// cos and sin of every rotation angle at `pos` (computed once per token, shared by all
+    /// heads and layers), with YaRN's attention factor folded in.
+    pub fn angles(&self, pos: usize) -> (Vec<f32>, Vec<f32>) {
+        self.inv_freq
+            .iter()
+            .map(|&f| {
+                let (s, c) = (pos as f64 * f).sin_cos();
+                (c as f32 * self.mscale, s as f32 * self.mscale)
+            })
+            .unzip()
+    }
+
+    /// Rotates one head vector in place with the angles of its position.
+    pub fn apply_angles(&self, x: &mut [f32], cos: &[f32], sin: &[f32]) {
+        let half = cos.len();
         for i in 0..half {
-            let angle = pos as f64 * self.inv_freq[i];
-            let (sin, cos) = (angle.sin() as f32, angle.cos() as f32);
             let (a, b) = match self.style {
                 RopeStyle::Neox => (i, i + half),
                 RopeStyle::Adjacent => (2 * i, 2 * i + 1),
             };
             let (x0, x1) = (x[a], x[b]);
-            x[a] = (x0 * cos - x1 * sin) * self.mscale;
-            x[b] = (x0 * sin + x1 * cos) * self.mscale;
+            x[a] = x0 * cos[i] - x1 * sin[i];
+            x[b] = x0 * sin[i] + x1 * cos[i];
         }
+    }
+
+    /// Rotates one head vector in place at position `pos`.
+    pub fn apply(&self, x: &mut [f32], pos: usize) {
+        let (cos, sin) = self.angles(pos);
+        self.apply_angles(x, &cos, &sin);
     }
 }
 

@@ -156,6 +156,8 @@ impl Transformer {
                 .dequantize_row(tok as usize, &mut x[t * d..(t + 1) * d]);
         }
         let pos0 = cache.len();
+        let angles: Vec<(Vec<f32>, Vec<f32>)> =
+            (0..n).map(|t| self.rope.angles(pos0 + t)).collect();
         let (hd, nq, nkv) = (
             c.head_dim,
             c.n_heads * c.head_dim,
@@ -173,19 +175,18 @@ impl Transformer {
             b.q.forward(pool, &h, n, &mut q);
             b.k.forward(pool, &h, n, &mut k);
             b.v.forward(pool, &h, n, &mut v);
-            for t in 0..n {
-                let pos = pos0 + t;
+            for (t, (cos, sin)) in angles.iter().enumerate() {
                 for head in q[t * nq..(t + 1) * nq].chunks_exact_mut(hd) {
                     if let Some(w) = &b.q_norm {
                         norm_in_place(head, w, c.norm_eps);
                     }
-                    self.rope.apply(head, pos);
+                    self.rope.apply_angles(head, cos, sin);
                 }
                 for head in k[t * nkv..(t + 1) * nkv].chunks_exact_mut(hd) {
                     if let Some(w) = &b.k_norm {
                         norm_in_place(head, w, c.norm_eps);
                     }
-                    self.rope.apply(head, pos);
+                    self.rope.apply_angles(head, cos, sin);
                 }
             }
             cache.append(li, &k, &v);
@@ -224,6 +225,9 @@ fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 }
 
 fn norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
-    let tmp = x.to_vec();
-    ops::rms_norm(&tmp, w, eps, x);
+    let mean_sq = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let inv = 1.0 / (mean_sq + eps).sqrt();
+    for (v, g) in x.iter_mut().zip(w) {
+        *v *= inv * g;
+    }
 }
