@@ -222,6 +222,33 @@ impl GgufFile {
     }
 }
 
+impl GgufFile {
+    /// Tells the OS the tensor's pages are no longer needed (after the engine copied them into
+    /// its own layout), so the mapped file does not double the resident memory. The mapping
+    /// stays valid: a later read faults the pages back in from the file.
+    pub fn release_tensor(&self, info: &TensorInfo) {
+        if let Storage::Mapped(m) = &self.storage {
+            let start = self.data_start + info.offset as usize;
+            release_pages(m, start, info.size);
+        }
+    }
+}
+
+#[allow(unsafe_code)]
+fn release_pages(map: &memmap2::Mmap, start: usize, len: usize) {
+    let page = 4096;
+    let first = start.div_ceil(page) * page;
+    let end = (start + len) / page * page;
+    if end > first {
+        // SAFETY: a private read-only file mapping; MADV_DONTNEED only drops clean pages, which
+        // are re-read from the unchanged file if touched again, so no memory the program can
+        // observe changes. Failure is harmless (the pages just stay resident).
+        let _ = unsafe {
+            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, end - first)
+        };
+    }
+}
+
 /// Maps a file read-only (the one place the loaders map files; see its safety note).
 #[allow(unsafe_code)]
 pub(crate) fn map_read_only(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {

@@ -68,6 +68,12 @@ impl WeightSource for GgufSource {
     fn describe(&self) -> String {
         self.description.clone()
     }
+
+    fn release(&self, name: &str) {
+        if let Some(info) = self.file.tensor(name) {
+            self.file.release_tensor(info);
+        }
+    }
 }
 
 /// Refuses rotated (Bonsai 2) files: running them without the Hadamard transform gives

@@ -173,6 +173,9 @@ pub trait WeightSource: Send + Sync {
     fn tensor_names(&self) -> Vec<String>;
     /// One line for `trit info`: container, encodings, anything converted at load.
     fn describe(&self) -> String;
+    /// The engine has copied this tensor into its own layout; a mapped source may give its
+    /// pages back to the OS (keeps peak memory near one copy of the weights).
+    fn release(&self, _name: &str) {}
 }
 
 impl dyn WeightSource + '_ {

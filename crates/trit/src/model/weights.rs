@@ -27,7 +27,9 @@ fn check_shape(view: &TensorView<'_>, expected: &[usize]) -> Result<()> {
 pub fn linear(src: &dyn WeightSource, name: &str, rows: usize, cols: usize) -> Result<Linear> {
     let view = require(src, name)?;
     check_shape(&view, &[rows, cols])?;
-    to_linear(&view)
+    let linear = to_linear(&view)?;
+    src.release(name);
+    Ok(linear)
 }
 
 pub fn to_linear(view: &TensorView<'_>) -> Result<Linear> {
