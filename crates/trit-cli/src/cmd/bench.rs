@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 use std::time::Instant;
-use trit::format::{ModelFiles, TensorData};
+use trit::format::ModelFiles;
 use trit::model::{KvCache, Logits, Model};
 
 #[derive(Args, Debug)]
@@ -342,23 +342,7 @@ fn count_weights(files: &ModelFiles) -> Result<(usize, usize, String)> {
         let Some(view) = files.weights.tensor(&name)? else {
             continue;
         };
-        let (ty, b) = match &view.data {
-            TensorData::F32(x) => ("F32".to_string(), x.len()),
-            TensorData::F16(x) => ("F16".to_string(), x.len()),
-            TensorData::BF16(x) => ("BF16".to_string(), x.len()),
-            TensorData::Ggml { ty, bytes } => (ty.name().to_string(), bytes.len()),
-            TensorData::Mlx {
-                codes,
-                scales,
-                biases,
-                bits,
-                group_size,
-                ..
-            } => (
-                format!("MLX {bits}-bit g{group_size}"),
-                codes.len() + scales.len() + biases.len(),
-            ),
-        };
+        let (ty, b) = (view.data.kind_name(), view.data.stored_bytes());
         params += view.shape.iter().product::<usize>();
         bytes += b;
         match by_type.iter_mut().find(|(t, _)| *t == ty) {

@@ -4,7 +4,6 @@ use super::{resolve_model, ModelArgs};
 use anyhow::Result;
 use clap::Args;
 use std::collections::BTreeMap;
-use trit::format::TensorData;
 
 #[derive(Args, Debug)]
 pub struct InfoArgs {
@@ -55,23 +54,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
             continue;
         };
         let n: usize = view.shape.iter().product();
-        let (ty, b) = match &view.data {
-            TensorData::F32(x) => ("F32".to_string(), x.len()),
-            TensorData::F16(x) => ("F16".to_string(), x.len()),
-            TensorData::BF16(x) => ("BF16".to_string(), x.len()),
-            TensorData::Ggml { ty, bytes } => (ty.name().to_string(), bytes.len()),
-            TensorData::Mlx {
-                codes,
-                scales,
-                biases,
-                bits,
-                group_size,
-                ..
-            } => (
-                format!("MLX {bits}-bit g{group_size}"),
-                codes.len() + scales.len() + biases.len(),
-            ),
-        };
+        let (ty, b) = (view.data.kind_name(), view.data.stored_bytes());
         let e = by_type.entry(ty).or_default();
         e.0 += 1;
         e.1 += n;

@@ -122,6 +122,20 @@ pub enum TensorData<'a> {
 }
 
 impl TensorData<'_> {
+    /// Bytes the tensor occupies in its file (codes, scales and biases together for MLX).
+    pub fn stored_bytes(&self) -> usize {
+        match self {
+            TensorData::F32(b) | TensorData::F16(b) | TensorData::BF16(b) => b.len(),
+            TensorData::Ggml { bytes, .. } => bytes.len(),
+            TensorData::Mlx {
+                codes,
+                scales,
+                biases,
+                ..
+            } => codes.len() + scales.len() + biases.len(),
+        }
+    }
+
     /// Short name for messages and `trit info`.
     pub fn kind_name(&self) -> String {
         match self {
