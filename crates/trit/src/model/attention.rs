@@ -37,26 +37,26 @@ pub fn attend(
         .collect();
     pool.run(&|tid, nt| {
         let mut local = Vec::new();
-        let mut scores = Vec::with_capacity(total);
-        let mut acc = vec![0f32; hd];
+        let mut scores = vec![0f32; total];
         let (start, end) = (pairs * tid / nt, pairs * (tid + 1) / nt);
         for p in start..end {
             let (t, h) = (p / nh, p % nh);
-            let kvh = h / group;
             let qh = &q[(t * nh + h) * hd..(t * nh + h + 1) * hd];
+            let mut acc = vec![0f32; hd];
+            let offset = (h / group) * hd;
             let visible = pos0 + t + 1;
-            scores.clear();
-            for j in 0..visible {
-                let kj = &keys[j * row + kvh * hd..j * row + (kvh + 1) * hd];
-                scores.push(ops::dot(qh, kj) * scale);
-            }
-            ops::softmax_inplace(&mut scores);
-            acc.iter_mut().for_each(|a| *a = 0.0);
-            for (j, &pj) in scores.iter().enumerate() {
-                let vj = &values[j * row + kvh * hd..j * row + (kvh + 1) * hd];
-                ops::axpy(pj, vj, &mut acc);
-            }
-            local.push((p, acc.clone()));
+            ops::attend_head(
+                qh,
+                keys,
+                values,
+                row,
+                offset,
+                visible,
+                scale,
+                &mut scores,
+                &mut acc,
+            );
+            local.push((p, acc));
         }
         *results[tid].lock().unwrap() = local;
     });
