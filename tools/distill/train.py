@@ -8,6 +8,13 @@ Modes (all time-boxed by wall clock, so each device call ends with a finished, e
   resume  load <work>/ckpt.pt and the samples, train phase 2 (warm restart at a lower peak LR),
           evaluate, export
 
+One run may outlive the device call that starts it (device_call2.sh launches it detached and later
+calls only wait for it): --snapshot-epochs lists the moments, each a little before a call ends, at
+which it writes the packed model to <work>/snap<i>/ (for that call to return) and the resume
+checkpoint (for device_wait.sh's fallback if the process dies). <out>/EXPORTED and <out>/DONE mark
+the final export and the end of the evaluation; <work>/train.pid lets the waiting calls see
+whether the process is still alive.
+
 The student keeps float32 latent ("master") weights. Each optimizer step it ternarizes them
 (model.ternarize: per row and group of 64) into bf16 leaf tensors that the forward pass uses; the
 gradient that reaches those leaves is copied to the masters unchanged (the straight-through
@@ -47,7 +54,9 @@ def parse():
     ap.add_argument("--time-limit", type=float, default=540, help="seconds for the whole script")
     ap.add_argument("--deadline-epoch", type=float, default=0,
                     help="absolute end time (unix seconds); overrides --time-limit")
-    ap.add_argument("--no-ckpt", action="store_true", help="skip the resume checkpoint")
+    ap.add_argument("--no-ckpt", action="store_true", help="skip the final resume checkpoint")
+    ap.add_argument("--snapshot-epochs", default="",
+                    help="comma-separated unix times: export + checkpoint to <work>/snap<i>/")
     ap.add_argument("--reserve", type=float, default=45, help="seconds kept for save/eval/export")
     ap.add_argument("--sample-seconds", type=float, default=75)
     ap.add_argument("--sample-batch", type=int, default=2048)
@@ -209,7 +218,7 @@ class Batcher:
         return torch.cat(parts)
 
 
-def train(args, tw_bf16, master, opt, samples, dev, deadline, phase):
+def train(args, tw_bf16, master, opt, samples, dev, deadline, phase, snapshot=None):
     block_fn, loss_fn, tern = M.block, make_loss(args.ce), M.ternarize
     use_compile = not args.no_compile
     if use_compile:
@@ -259,6 +268,8 @@ def train(args, tw_bf16, master, opt, samples, dev, deadline, phase):
         requantize()
     t_train0 = None
     step, tokens, hist = 0, 0, []
+    snap_times = sorted(float(x) for x in args.snapshot_epochs.split(",") if x)
+    snap_times = [t for t in snap_times if t < deadline]
     last_log = time.time()
     while True:
         now = time.time()
@@ -309,6 +320,9 @@ def train(args, tw_bf16, master, opt, samples, dev, deadline, phase):
             hist.append({"step": step, "ppl_pp_512_bf16": ppl, "t": round(time.time() - T0, 1)})
             log(f"{phase} monitor", step=step, ppl_pp_512_bf16=f"{ppl:.3f}")
             last_ppl = time.time()
+        if snapshot is not None and snap_times and time.time() >= snap_times[0]:
+            snap_times.pop(0)
+            snapshot(step, tokens, hist)
     train_secs = time.time() - (t_train0 or time.time())
     return {"steps": step, "tokens": tokens, "train_seconds": round(train_secs, 1),
             "tok_per_s": round(tokens / max(train_secs, 1e-6)), "history": hist,
@@ -366,6 +380,11 @@ def main():
     dev = args.device
     os.makedirs(args.work, exist_ok=True)
     os.makedirs(args.out, exist_ok=True)
+    for marker in ("EXPORTED", "DONE"):
+        if os.path.exists(os.path.join(args.out, marker)):
+            os.remove(os.path.join(args.out, marker))
+    with open(os.path.join(args.work, "train.pid"), "w") as f:
+        f.write(str(os.getpid()))
     # Exact float32 for the teacher check and the evaluation (training itself runs in bf16).
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -404,6 +423,8 @@ def main():
         metrics["samples"] = {"rows": len(samples), "tokens": int(samples.numel()),
                               "kinds": {k: kinds.count(k) for k in set(kinds)}}
         log("samples", rows=len(samples), tokens=samples.numel())
+        if dev != "cpu":
+            torch.cuda.empty_cache()  # the KV caches of sampling: hand back before training
         # A few sampled rows, decoded, for the record.
         metrics["sample_text"] = [tok.decode(samples[i * args.sample_batch, :160].tolist(),
                                              skip_special_tokens=False)
@@ -417,13 +438,35 @@ def main():
         opt.load_state_dict(ck["opt"])
         del ck
 
+    prev_tokens = metrics.get("previous", {}).get("tokens_total", 0)
+    n_snap = [0]
+
+    def snapshot(step, tokens, hist):
+        """Checkpoint (for a resume on this machine) and packed model (for the calling device
+        command to return) in the middle of training; DONE is written last."""
+        t = time.time()
+        d = os.path.join(args.work, f"snap{n_snap[0]}")
+        n_snap[0] += 1
+        os.makedirs(d, exist_ok=True)
+        torch.save({"master": {n: p.detach() for n, p in master.items()},
+                    "opt": opt.state_dict(),
+                    "info": {"tokens_total": prev_tokens + tokens, "phase": phase}}, ckpt_path)
+        n = export(packed_student(master, args.threshold), d)
+        with open(os.path.join(d, "metrics-snap.json"), "w") as f:
+            json.dump({"step": step, "tokens": tokens, "tokens_total": prev_tokens + tokens,
+                       "history": hist, "log": LOG, **{k: v for k, v in metrics.items()
+                                                       if k != "log"}}, f, indent=1)
+        open(os.path.join(d, "DONE"), "w").close()
+        log("snapshot", dir=d, files=n, step=step, tokens=tokens,
+            secs=f"{time.time() - t:.1f}")
+
     if dev != "cpu":
         torch.cuda.reset_peak_memory_stats()
-    info = train(args, tw, master, opt, samples, dev, deadline_all - args.reserve, phase)
+    info = train(args, tw, master, opt, samples, dev, deadline_all - args.reserve, phase,
+                 snapshot=snapshot)
     metrics["train"] = info
     log("training done", steps=info["steps"], tokens=info["tokens"],
         secs=info["train_seconds"], tok_s=info["tok_per_s"])
-    prev_tokens = metrics.get("previous", {}).get("tokens_total", 0)
     info["tokens_total"] = prev_tokens + info["tokens"]
     if not args.no_ckpt:
         torch.save({"master": {n: p.detach() for n, p in master.items()},
@@ -437,6 +480,7 @@ def main():
     metrics["export_files"] = export(packed, args.out)
     with open(os.path.join(args.out, f"metrics-{args.mode}.json"), "w") as f:
         json.dump(metrics, f, indent=1)
+    open(os.path.join(args.out, "EXPORTED"), "w").close()
     log("exported", files=metrics["export_files"])
     metrics["eval"] = evaluate(args, teacher, packed, dev, tok)
     log("eval", **{k: (f"{v:.4f}" if isinstance(v, float) else v)
@@ -456,6 +500,7 @@ def main():
     metrics["total_seconds"] = round(time.time() - T0, 1)
     with open(os.path.join(args.out, f"metrics-{args.mode}.json"), "w") as f:
         json.dump(metrics, f, indent=1)
+    open(os.path.join(args.out, "DONE"), "w").close()
     log("done")
 
 

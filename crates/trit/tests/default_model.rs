@@ -15,8 +15,9 @@ use trit::tokenizer::Tokenizer;
 
 static LEVEL: Mutex<()> = Mutex::new(());
 
-/// Measured 34.50 (exact kernels) when the model was made; a regression of a few percent fails.
-const PPL_THRESHOLD: f64 = 36.0;
+/// Measured 19.86 (exact kernels; 19.88 in llama.cpp) when the model was made: a regression of
+/// about 5 % fails.
+const PPL_THRESHOLD: f64 = 20.8;
 
 fn default_gguf() -> Option<PathBuf> {
     let dir = common::repo_root().join("models/default");
