@@ -1,0 +1,101 @@
+//! Scheduling through HTTP: a client that disconnects mid-stream cancels its sequence (its slot
+//! serves the next request), a full queue answers 503 with Retry-After, and a multi-turn chat
+//! re-sent as full history only evaluates the new turn.
+
+mod common;
+
+use common::{metric, post, read_chunk, read_head, send, Options, API_KEY};
+use serde_json::json;
+
+#[test]
+fn disconnect_cancels_and_full_queue_is_503() {
+    // One slot, no queue beyond it; room for a stream far longer than the test takes.
+    let server = common::start(Options {
+        parallel: 1,
+        max_queue: 0,
+        n_ctx: 2048,
+        ..Options::default()
+    });
+    let addr = server.addr;
+    let long = json!({"prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0,
+                      "stream": true});
+    let mut first = send(
+        addr,
+        "POST",
+        "/v1/completions",
+        long.to_string().as_bytes(),
+        Some(API_KEY),
+    );
+    let (status, _) = read_head(&mut first);
+    assert_eq!(status, 200);
+    let chunk = read_chunk(&mut first).unwrap();
+    assert!(chunk.starts_with(b"data: {"));
+
+    // A second request waits for the slot ...
+    let waiting = std::thread::spawn(move || {
+        post(
+            addr,
+            "/v1/completions",
+            &json!({"prompt": "Hello", "max_tokens": 3, "temperature": 0}),
+        )
+    });
+    assert!(common::wait_until(
+        || metric(addr, "requests_deferred") == 1.0
+    ));
+    // ... and a third finds the queue full.
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "Hi", "max_tokens": 3}),
+    );
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.json()["error"]["type"], "unavailable_error");
+    assert_eq!(r.header("retry-after"), Some("1"));
+
+    // The first client goes away: its sequence stops and the waiting request gets the slot.
+    drop(first);
+    let done = waiting.join().unwrap();
+    assert_eq!(done.status, 200, "{}", done.text());
+    assert_eq!(done.json()["usage"]["completion_tokens"], 3);
+    assert!(common::wait_until(
+        || metric(addr, "requests_processing") == 0.0
+    ));
+    let predicted = metric(addr, "tokens_predicted_total");
+    assert!(
+        predicted < 2000.0,
+        "the cancelled stream ran on: {predicted} tokens"
+    );
+}
+
+#[test]
+fn second_turn_with_full_history_evaluates_only_the_new_tokens() {
+    let server = common::start(Options {
+        parallel: 2,
+        ..Options::default()
+    });
+    let mut messages = vec![json!({"role": "user", "content": "Tell me about Paris."})];
+    let turn = |messages: &Vec<serde_json::Value>| {
+        let r = post(
+            server.addr,
+            "/v1/chat/completions",
+            &json!({"messages": messages, "max_tokens": 12, "temperature": 0}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    let first = turn(&messages);
+    let reply = first["choices"][0]["message"]["content"].as_str().unwrap();
+    let p1 = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    messages.push(json!({"role": "assistant", "content": reply}));
+    messages.push(json!({"role": "user", "content": "And Rome?"}));
+    let second = turn(&messages);
+    let p2 = second["usage"]["prompt_tokens"].as_u64().unwrap();
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    let evaluated = second["timings"]["prompt_n"].as_u64().unwrap();
+    assert!(cached >= p1, "cached {cached} < first prompt {p1}");
+    assert_eq!(evaluated, p2 - cached);
+    assert!(evaluated < 20, "evaluated {evaluated} of {p2}");
+}
