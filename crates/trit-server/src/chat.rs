@@ -159,7 +159,12 @@ fn normalize_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
             m.insert("role".into(), json!("system"));
         }
         match m.get("content") {
-            None | Some(Value::Null) | Some(Value::String(_)) => {}
+            // An assistant turn with only tool calls has no content; templates that concatenate
+            // strings need one, and the ones that check the type treat "" as absent.
+            None | Some(Value::Null) => {
+                m.insert("content".into(), json!(""));
+            }
+            Some(Value::String(_)) => {}
             Some(Value::Array(parts)) => {
                 let mut text = String::new();
                 for p in parts {
@@ -438,6 +443,10 @@ mod tests {
             {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]})])
         .unwrap();
         assert_eq!(ok[0], json!({"role": "system", "content": "ab"}));
+        let call = normalize_messages(&[json!({"role": "assistant", "content": null,
+            "tool_calls": [{"id": "c", "type": "function"}]})])
+        .unwrap();
+        assert_eq!(call[0]["content"], "");
         assert!(normalize_messages(&[]).is_err());
         assert!(normalize_messages(&[json!({"role": "robot", "content": "x"})]).is_err());
         assert!(normalize_messages(&[json!({"role": "user", "content": 5})]).is_err());

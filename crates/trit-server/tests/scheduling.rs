@@ -99,3 +99,75 @@ fn second_turn_with_full_history_evaluates_only_the_new_tokens() {
     assert_eq!(evaluated, p2 - cached);
     assert!(evaluated < 20, "evaluated {evaluated} of {p2}");
 }
+
+/// A bounded load test on loopback: concurrent clients mixing non-streaming, streaming and
+/// abandoned streams. No 5xx, every reply well formed, and at the end nothing is running.
+#[test]
+fn mixed_concurrent_load_leaves_nothing_behind() {
+    const CLIENTS: usize = 6;
+    const REQUESTS: usize = 8;
+    let server = common::start(Options {
+        parallel: 4,
+        max_queue: 64,
+        ..Options::default()
+    });
+    let addr = server.addr;
+    let workers: Vec<_> = (0..CLIENTS)
+        .map(|c| {
+            std::thread::spawn(move || {
+                for r in 0..REQUESTS {
+                    let prompt = format!("Client {c} asks question {r}:");
+                    match (c + r) % 3 {
+                        0 => {
+                            let reply = post(
+                                addr,
+                                "/v1/completions",
+                                &json!({"prompt": prompt, "max_tokens": 4, "seed": r}),
+                            );
+                            assert_eq!(reply.status, 200, "{}", reply.text());
+                            assert!(
+                                reply.json()["usage"]["completion_tokens"].as_u64().unwrap() <= 4
+                            );
+                        }
+                        1 => {
+                            let body = json!({"messages": [{"role": "user", "content": prompt}],
+                                              "max_tokens": 4, "stream": true});
+                            let reply = post(addr, "/v1/chat/completions", &body);
+                            assert_eq!(reply.status, 200, "{}", reply.text());
+                            let events = reply.events();
+                            assert_eq!(events.last().unwrap(), "[DONE]");
+                        }
+                        _ => {
+                            // Read the first chunk of a long stream, then hang up.
+                            let body = json!({"prompt": prompt, "max_tokens": 200, "stream": true});
+                            let mut conn = send(
+                                addr,
+                                "POST",
+                                "/v1/completions",
+                                body.to_string().as_bytes(),
+                                Some(API_KEY),
+                            );
+                            let (status, _) = read_head(&mut conn);
+                            assert_eq!(status, 200);
+                            assert!(read_chunk(&mut conn).is_some());
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    assert!(common::wait_until(|| metric(addr, "requests_processing")
+        == 0.0
+        && metric(addr, "requests_deferred") == 0.0));
+    assert_eq!(metric(addr, "requests_total"), (CLIENTS * REQUESTS) as f64);
+    assert_eq!(metric(addr, "requests_failed_total"), 0.0);
+    // Abandoned streams were cancelled rather than run to 200 tokens each.
+    let abandoned = (0..CLIENTS)
+        .flat_map(|c| (0..REQUESTS).map(move |r| (c + r) % 3))
+        .filter(|&kind| kind == 2)
+        .count() as f64;
+    assert!(metric(addr, "tokens_predicted_total") < abandoned * 200.0);
+}
