@@ -41,8 +41,6 @@ impl AppState {
         model: Arc<Model>,
         tokenizer: Tokenizer,
         template: Option<ChatTemplate>,
-        parallel: usize,
-        max_queue: usize,
     ) -> Arc<Self> {
         let tokenizer = Arc::new(tokenizer);
         let scheduler = Scheduler::start(
@@ -50,8 +48,9 @@ impl AppState {
             tokenizer.clone(),
             SchedulerConfig {
                 n_ctx: config.n_ctx,
-                parallel,
-                max_queue,
+                parallel: config.parallel,
+                max_queue: config.max_queue,
+                prefix_cache_bytes: config.prefix_cache_bytes,
             },
         );
         Arc::new(AppState {

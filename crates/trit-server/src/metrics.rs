@@ -135,6 +135,24 @@ impl Metrics {
             "Bytes held by the KV caches.",
             s.kv_bytes as f64,
         );
+        metric(
+            "prompt_tokens_cached_total",
+            "counter",
+            "Prompt tokens served from kept keys/values instead of evaluated.",
+            s.prompt_tokens_cached_total as f64,
+        );
+        metric(
+            "prefix_cache_entries",
+            "gauge",
+            "Sequences kept in the prefix store beyond the slots.",
+            s.prefix_cache_entries as f64,
+        );
+        metric(
+            "prefix_cache_bytes",
+            "gauge",
+            "Bytes held by the prefix store.",
+            s.prefix_cache_bytes as f64,
+        );
 
         let name = "trit:time_to_first_token_seconds";
         let _ = writeln!(

@@ -28,6 +28,12 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Largest accepted request body, bytes.
     pub body_limit: usize,
+    /// Sequences decoded together at most (scheduler slots).
+    pub parallel: usize,
+    /// Requests allowed to wait for a slot beyond those; more get 503.
+    pub max_queue: usize,
+    /// Memory for keys/values of earlier requests kept beyond the slots.
+    pub prefix_cache_bytes: usize,
 }
 
 pub struct AppState {

@@ -143,6 +143,7 @@ fn scheduler(
             n_ctx: depth + steps + 8,
             parallel: streams,
             max_queue: 0,
+            prefix_cache_bytes: 0,
         },
     );
     let (tx, rx) = mpsc::channel::<(usize, Instant, bool)>();

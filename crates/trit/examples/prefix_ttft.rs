@@ -93,6 +93,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             n_ctx: h + turn + 8,
             parallel: 2,
             max_queue: 0,
+            prefix_cache_bytes: 0,
         };
         let history = random_tokens(h as u64, h, vocab);
         let mut follow_up = history.clone();

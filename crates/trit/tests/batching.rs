@@ -158,6 +158,7 @@ fn scheduler_decodes_together_like_alone_and_reuses_prefixes() {
             n_ctx: 256,
             parallel: 2,
             max_queue: 4,
+            prefix_cache_bytes: 0,
         },
     );
     let (r1, r2) = (
@@ -205,4 +206,65 @@ fn scheduler_decodes_together_like_alone_and_reuses_prefixes() {
     }
     assert!(freed, "the cancelled sequence still runs");
     assert!(sched.stats().tokens_predicted_total < 10 + 10 + 3 + 200);
+}
+
+fn scheduler_with_store(model: &Arc<Model>, tok: &Arc<Tokenizer>, bytes: usize) -> Scheduler {
+    Scheduler::start(
+        model.clone(),
+        tok.clone(),
+        SchedulerConfig {
+            n_ctx: 256,
+            parallel: 1,
+            max_queue: 4,
+            prefix_cache_bytes: bytes,
+        },
+    )
+}
+
+#[test]
+fn prefix_store_keeps_conversations_beyond_the_slots_under_a_budget() {
+    let (model, tok) = default_model();
+    let text = |s: &str| tok.encode(&s.repeat(4), false).unwrap();
+    let a = text("The old lighthouse keeper climbed the stairs every night. ");
+    let b = text("Prices of wheat rose sharply after the dry summer of that year. ");
+    let c = text("Software engineers often argue about tabs and spaces in code. ");
+    assert!(a.len() >= 40 && b.len() >= 40 && c.len() >= 40);
+    let follow = |p: &[u32]| {
+        let mut f = p.to_vec();
+        f.extend(tok.encode(" And then?", false).unwrap());
+        f
+    };
+
+    // One slot: B takes the slot from A, yet A's follow-up reuses A's keys/values.
+    let sched = scheduler_with_store(&model, &tok, 64 << 20);
+    collect(&submit(&sched, &a, greedy(4)));
+    collect(&submit(&sched, &b, greedy(4)));
+    let entry_bytes = sched.stats().prefix_cache_bytes;
+    assert_eq!(sched.stats().prefix_cache_entries, 1);
+    let (tokens, text_out, s) = collect(&submit(&sched, &follow(&a), greedy(6)));
+    assert_eq!(s.cached_tokens, a.len());
+    // Same reply as a cold evaluation of the whole prompt.
+    let mut session = Session::new(model.clone(), 256);
+    let cold = generate(&mut session, &tok, &follow(&a), &greedy(6), &mut |_| true).unwrap();
+    assert_eq!((tokens, text_out), (cold.tokens, cold.text));
+
+    // Room for one entry: the least recently used one goes.
+    let sched = scheduler_with_store(&model, &tok, entry_bytes * 3 / 2);
+    for p in [&a, &b, &c] {
+        collect(&submit(&sched, p, greedy(4)));
+    }
+    assert_eq!(sched.stats().prefix_cache_entries, 1);
+    assert!(sched.stats().prefix_cache_bytes <= entry_bytes * 3 / 2);
+    let (_, _, s) = collect(&submit(&sched, &follow(&b), greedy(2)));
+    assert_eq!(s.cached_tokens, b.len(), "B was kept");
+    let (_, _, s) = collect(&submit(&sched, &follow(&a), greedy(2)));
+    assert_eq!(s.cached_tokens, 0, "A was evicted");
+
+    // No budget: only what the slot holds.
+    let sched = scheduler_with_store(&model, &tok, 0);
+    collect(&submit(&sched, &a, greedy(4)));
+    collect(&submit(&sched, &b, greedy(4)));
+    let (_, _, s) = collect(&submit(&sched, &follow(&a), greedy(2)));
+    assert_eq!(s.cached_tokens, 0);
+    assert_eq!(sched.stats().prefix_cache_entries, 0);
 }

@@ -32,6 +32,10 @@ pub struct ServeArgs {
     /// Largest request body in MiB.
     #[arg(long, default_value_t = 16)]
     pub body_limit_mib: usize,
+    /// Memory (MiB) for keys/values of earlier requests kept beyond the --parallel slots, so
+    /// returning conversations skip re-reading their history (0: only what the slots hold).
+    #[arg(long, default_value_t = 512)]
+    pub prefix_cache_mib: usize,
 }
 
 pub fn run(mut a: ServeArgs) -> Result<()> {
@@ -59,14 +63,15 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
             .filter(|_| loaded.files.config.add_bos),
         api_key: a.api_key.clone(),
         body_limit: a.body_limit_mib.max(1) << 20,
+        parallel: a.parallel,
+        max_queue: a.max_queue,
+        prefix_cache_bytes: a.prefix_cache_mib << 20,
     };
     let state = AppState::new(
         config,
         loaded.model.clone(),
         loaded.tokenizer,
         loaded.template,
-        a.parallel,
-        a.max_queue,
     );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -49,6 +49,7 @@ pub struct Options {
     pub parallel: usize,
     pub max_queue: usize,
     pub body_limit: usize,
+    pub prefix_cache_bytes: usize,
 }
 
 impl Default for Options {
@@ -58,6 +59,7 @@ impl Default for Options {
             parallel: 4,
             max_queue: 16,
             body_limit: 64 << 10,
+            prefix_cache_bytes: 64 << 20,
         }
     }
 }
@@ -84,15 +86,11 @@ pub fn start(opts: Options) -> TestServer {
         bos: None,
         api_key: Some(API_KEY.into()),
         body_limit: opts.body_limit,
+        parallel: opts.parallel,
+        max_queue: opts.max_queue,
+        prefix_cache_bytes: opts.prefix_cache_bytes,
     };
-    let state = AppState::new(
-        config,
-        model,
-        tokenizer,
-        template,
-        opts.parallel,
-        opts.max_queue,
-    );
+    let state = AppState::new(config, model, tokenizer, template);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let thread = std::thread::spawn(move || {

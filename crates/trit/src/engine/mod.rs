@@ -4,6 +4,7 @@
 
 pub mod generate;
 pub mod perplexity;
+pub mod prefix_store;
 pub mod scheduler;
 pub mod sequence;
 pub mod session;

@@ -7,9 +7,11 @@
 //!
 //! A slot keeps its cache after its sequence ends, and a new request takes the free slot whose
 //! cached tokens share the longest prefix with its prompt, so a multi-turn chat re-sent as full
-//! history only computes the new turn.
+//! history only computes the new turn. What a slot held is saved to a budgeted
+//! [`PrefixStore`] before the slot is reused, so more conversations than slots stay warm.
 
 use super::generate::{FinishReason, GenerateOptions};
+use super::prefix_store::{common_prefix, PrefixStore};
 use super::sequence::{Decoding, TokenLogprob};
 use crate::model::{BatchSeq, KvCache, Logits, Model};
 use crate::tokenizer::Tokenizer;
@@ -24,6 +26,10 @@ use std::time::Instant;
 /// pace while a long prompt is being read.
 const PREFILL_BUDGET: usize = 512;
 
+/// A slot's cached positions are saved to the prefix store before being overwritten only when
+/// at least this many would be lost.
+const SAVE_WHEN_LOSING: usize = 32;
+
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
     /// Context size of every slot, in tokens.
@@ -32,6 +38,8 @@ pub struct SchedulerConfig {
     pub parallel: usize,
     /// Requests allowed to wait for a slot; more are refused.
     pub max_queue: usize,
+    /// Memory for keys/values of earlier requests kept beyond the slots (0: slots only).
+    pub prefix_cache_bytes: usize,
 }
 
 /// One generation request. Validation (context size, parameter ranges) is the caller's job;
@@ -84,6 +92,11 @@ pub struct SchedulerStats {
     pub kv_tokens: usize,
     pub kv_capacity: usize,
     pub kv_bytes: usize,
+    /// Prompt tokens served from kept keys/values instead of being evaluated.
+    pub prompt_tokens_cached_total: u64,
+    /// Sequences kept in the prefix store, and their bytes.
+    pub prefix_cache_entries: usize,
+    pub prefix_cache_bytes: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +131,7 @@ impl Scheduler {
             })
             .collect();
         let worker = Worker {
+            store: PrefixStore::new(config.prefix_cache_bytes),
             model,
             tokenizer,
             rx,
@@ -191,6 +205,7 @@ struct Worker {
     /// Received but not yet in a slot.
     queue: VecDeque<SeqRequest>,
     slots: Vec<Slot>,
+    store: PrefixStore,
     /// Submitted and not yet admitted (shared with `submit`).
     waiting: Arc<AtomicUsize>,
     stats: Arc<Mutex<SchedulerStats>>,
@@ -253,11 +268,9 @@ impl Worker {
                     continue;
                 }
             };
+            let common = self.reuse_prefix(slot, &req.prompt);
+            self.publish(|st| st.prompt_tokens_cached_total += common as u64);
             let s = &mut self.slots[slot];
-            // The last prompt token is always evaluated: its logits give the first token.
-            let common = common_prefix(&s.tokens, &req.prompt).min(n - 1);
-            s.cache.truncate(common);
-            s.tokens.truncate(common);
             s.seq = Some(Running {
                 req,
                 decoding,
@@ -268,6 +281,39 @@ impl Worker {
                 prompt_secs: 0.0,
             });
         }
+    }
+
+    /// Brings `slot`'s cache to the longest prefix of `prompt` that is known: what the slot
+    /// holds, or a longer one from the prefix store. What the slot held beyond that goes to
+    /// the store. Returns the number of positions kept.
+    fn reuse_prefix(&mut self, slot: usize, prompt: &[u32]) -> usize {
+        let s = &mut self.slots[slot];
+        let in_slot = common_prefix(&s.tokens, prompt);
+        // A follow-up turn drops only the last few cached tokens (the template re-renders the
+        // end of the reply); saving is for a slot that another conversation is taking over.
+        let lost = if s.tokens.len() - in_slot >= SAVE_WHEN_LOSING {
+            self.store.snapshot(&self.model, &s.tokens, &s.cache)
+        } else {
+            None
+        };
+        // The last prompt token is always evaluated: its logits give the first token.
+        let last = prompt.len() - 1;
+        let mut common = in_slot.min(last);
+        match self.store.best(prompt) {
+            Some((entry, stored)) if stored.min(last) > common => {
+                s.tokens = self.store.restore(entry, stored.min(last), &mut s.cache);
+                common = s.tokens.len();
+            }
+            _ => {
+                s.cache.truncate(common);
+                s.tokens.truncate(common);
+            }
+        }
+        // Kept only now, so that it cannot evict the entry just restored.
+        if let Some(snapshot) = lost {
+            self.store.insert(snapshot);
+        }
+        common
     }
 
     fn best_free_slot(&self, prompt: &[u32]) -> Option<usize> {
@@ -395,6 +441,8 @@ impl Worker {
             st.requests_processing = self.slots.iter().filter(|s| s.seq.is_some()).count();
             st.kv_tokens = self.slots.iter().map(|s| s.cache.len()).sum();
             st.kv_bytes = self.slots.iter().map(|s| s.cache.bytes()).sum();
+            st.prefix_cache_entries = self.store.len();
+            st.prefix_cache_bytes = self.store.bytes();
         }
     }
 }
@@ -409,8 +457,4 @@ fn finish_sequence(mut r: Running, finish: FinishReason) {
         gen_secs: (r.started.elapsed().as_secs_f64() - r.prompt_secs).max(0.0),
     };
     (r.req.sink)(SeqEvent::Done(summary));
-}
-
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
