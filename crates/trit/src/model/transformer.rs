@@ -2,7 +2,7 @@
 //! `h = x + Attn(RMSNorm(x))`, `x' = h + MLP(RMSNorm(h))`, final RMSNorm, LM head.
 //! Architecture files (`llama.rs`, `qwen3.rs`) only decide which optional pieces exist.
 
-use super::attention::attend;
+use super::attention::{attend_batch, AttendSeq};
 use super::kv_cache::KvCache;
 use super::rope::Rope;
 use super::weights::{linear, vector};
@@ -212,18 +212,19 @@ impl Transformer {
                 let (r0, r1) = (starts[si], starts[si + 1]);
                 s.cache
                     .append(li, &k[r0 * nkv..r1 * nkv], &v[r0 * nkv..r1 * nkv]);
-                let pos0 = s.cache.len();
-                attend(
-                    pool,
-                    c,
-                    &q[r0 * nq..r1 * nq],
-                    s.cache,
-                    li,
-                    pos0,
-                    r1 - r0,
-                    &mut att[r0 * nq..r1 * nq],
-                );
             }
+            // Every sequence against its own cache, in one dispatch over the pool.
+            let parts: Vec<AttendSeq<'_>> = seqs
+                .iter()
+                .enumerate()
+                .map(|(si, s)| AttendSeq {
+                    q: &q[starts[si] * nq..starts[si + 1] * nq],
+                    cache: s.cache,
+                    pos0: s.cache.len(),
+                    n: s.tokens.len(),
+                })
+                .collect();
+            attend_batch(pool, c, li, &parts, &mut att);
             b.o.forward(pool, &att, n, &mut h);
             ops::add_inplace(&mut x, &h);
 
