@@ -237,3 +237,40 @@ fn tools_are_accepted_and_the_reply_is_well_formed() {
     let msg = &r["choices"][0]["message"];
     assert!(msg["content"].is_string() || msg["tool_calls"].is_array());
 }
+
+#[test]
+fn generation_stops_at_the_end_of_the_context_with_length() {
+    // The test server's context is 256 tokens; without max_tokens the reply may fill it.
+    let ids: Vec<u32> = (0..250).map(|i| 2000 + i).collect();
+    let r = post(
+        server().addr,
+        "/v1/completions",
+        &json!({"prompt": ids, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let generated = v["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!(
+        generated <= 6,
+        "{generated} tokens after 250 in a 256 context"
+    );
+    if generated == 6 {
+        assert_eq!(v["choices"][0]["finish_reason"], "length");
+    }
+    // A max_tokens beyond the room left: the context end stops it (the last sampled token
+    // is returned without being stored, so 256 - 250 + 1).
+    let r = post(
+        server().addr,
+        "/v1/completions",
+        &json!({"prompt": ids, "temperature": 0, "max_tokens": 100}),
+    );
+    let v = r.json();
+    let generated = v["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!(
+        generated <= 7,
+        "{generated} tokens after 250 in a 256 context"
+    );
+    if generated == 7 {
+        assert_eq!(v["choices"][0]["finish_reason"], "length");
+    }
+}
