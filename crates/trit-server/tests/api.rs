@@ -274,3 +274,52 @@ fn generation_stops_at_the_end_of_the_context_with_length() {
         assert_eq!(v["choices"][0]["finish_reason"], "length");
     }
 }
+
+/// A Qwen3 chat template (a random tiny Qwen3 model with the Qwen3 tokenizer from the asset
+/// cache): the `enable_thinking` switch reaches the template, which then pre-fills an empty
+/// `<think></think>` block.
+#[test]
+fn enable_thinking_false_reaches_the_qwen3_template() {
+    use trit::format::testgen::{generate, OutFormat, Preset, TokenizerAssets};
+    let cache = std::env::var_os("TRIT_CACHE").map_or_else(
+        || std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache"),
+        std::path::PathBuf::from,
+    );
+    let qwen3 = cache.join("qwen3");
+    if !qwen3.join("tokenizer.json").exists() {
+        eprintln!(
+            "SKIPPED: {} is absent (run tools/fetch_assets.sh)",
+            qwen3.display()
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let format = OutFormat::parse("q2_0").unwrap();
+    let preset = Preset::by_name("tiny").unwrap();
+    generate(
+        &preset,
+        0,
+        dir.path(),
+        &[format],
+        &TokenizerAssets::Dir(qwen3),
+    )
+    .unwrap();
+    let server = common::start(Options {
+        model: Some(dir.path().join(format.file_name())),
+        parallel: 1,
+        ..Options::default()
+    });
+    let prompt_tokens = |thinking: bool| {
+        let r = post(
+            server.addr,
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
+                    "chat_template_kwargs": {"enable_thinking": thinking}}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["usage"]["prompt_tokens"].as_u64().unwrap()
+    };
+    // "<think>\n\n</think>\n\n" adds a few tokens to the prompt.
+    let (on, off) = (prompt_tokens(true), prompt_tokens(false));
+    assert!(off > on && off - on <= 6, "thinking on {on}, off {off}");
+}

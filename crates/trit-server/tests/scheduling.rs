@@ -171,3 +171,26 @@ fn mixed_concurrent_load_leaves_nothing_behind() {
         .count() as f64;
     assert!(metric(addr, "tokens_predicted_total") < abandoned * 200.0);
 }
+
+#[test]
+fn graceful_shutdown_lets_a_stream_in_flight_finish() {
+    let mut server = common::start(Options::default());
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0,
+                      "stream": true});
+    let mut conn = send(
+        server.addr,
+        "POST",
+        "/v1/completions",
+        body.to_string().as_bytes(),
+        Some(API_KEY),
+    );
+    assert_eq!(read_head(&mut conn).0, 200);
+    let mut text = String::from_utf8(read_chunk(&mut conn).unwrap()).unwrap();
+    server.begin_shutdown();
+    while let Some(chunk) = read_chunk(&mut conn) {
+        text.push_str(&String::from_utf8(chunk).unwrap());
+    }
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert!(text.contains("\"finish_reason\":\"length\""));
+    server.join();
+}

@@ -24,6 +24,23 @@ pub struct TestServer {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+impl TestServer {
+    /// Asks for a graceful shutdown (stop accepting, let replies in flight finish).
+    pub fn begin_shutdown(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+
+    /// Waits until the server has stopped.
+    pub fn join(mut self) {
+        self.begin_shutdown();
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
 impl Drop for TestServer {
     fn drop(&mut self) {
         if let Some(tx) = self.shutdown.take() {
@@ -50,6 +67,8 @@ pub struct Options {
     pub max_queue: usize,
     pub body_limit: usize,
     pub prefix_cache_bytes: usize,
+    /// Another model than the default one.
+    pub model: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -60,13 +79,15 @@ impl Default for Options {
             max_queue: 16,
             body_limit: 64 << 10,
             prefix_cache_bytes: 64 << 20,
+            model: None,
         }
     }
 }
 
 /// Starts a server (model loaded with one thread: the test machine has few cores).
 pub fn start(opts: Options) -> TestServer {
-    let files = trit::format::open(&default_model_path()).unwrap();
+    let path = opts.model.clone().unwrap_or_else(default_model_path);
+    let files = trit::format::open(&path).unwrap();
     let tokenizer = Tokenizer::from_source(&files.tokenizer).unwrap();
     let template = files.chat_template.as_deref().map(|src| {
         ChatTemplate::new(
@@ -76,7 +97,7 @@ pub fn start(opts: Options) -> TestServer {
         )
         .unwrap()
     });
-    let eos = vec![tokenizer.token_id("<|im_end|>").unwrap()];
+    let eos: Vec<u32> = tokenizer.token_id("<|im_end|>").into_iter().collect();
     let model = Arc::new(Model::load(&files, 1).unwrap());
     let config = ServerConfig {
         model_id: "default".into(),
