@@ -1,5 +1,7 @@
-//! Tool calls in the Qwen3/Hermes dialect: the model writes
-//! `<tool_call>\n{"name": "...", "arguments": {...}}\n</tool_call>` blocks after any text.
+//! Tool calls as the model writes them after any text, in either dialect:
+//! Qwen3 (Hermes) JSON, `<tool_call>\n{"name": "...", "arguments": {...}}\n</tool_call>`, or
+//! Qwen3.5 XML, `<tool_call>\n<function=NAME>\n<parameter=ARG>\nVALUE\n</parameter>\n
+//! </function>\n</tool_call>` (values that parse as JSON are JSON, others strings).
 //! They become OpenAI `tool_calls` (`arguments` as a JSON string). A block that does not parse
 //! stays in the content, so nothing the model wrote is lost.
 
@@ -63,7 +65,11 @@ pub fn parse_tool_calls(text: &str) -> (String, Vec<ToolCall>) {
 }
 
 fn parse_one(body: &str) -> Option<ToolCall> {
-    let v: Value = serde_json::from_str(body.trim()).ok()?;
+    let body = body.trim();
+    if body.starts_with("<function=") {
+        return parse_xml(body);
+    }
+    let v: Value = serde_json::from_str(body).ok()?;
     let name = v.get("name")?.as_str()?.to_string();
     let arguments = match v.get("arguments").or_else(|| v.get("parameters")) {
         None => "{}".to_string(),
@@ -71,6 +77,33 @@ fn parse_one(body: &str) -> Option<ToolCall> {
         Some(other) => other.to_string(),
     };
     Some(ToolCall { name, arguments })
+}
+
+/// The Qwen3.5 XML dialect: `<function=NAME>` then `<parameter=ARG>VALUE</parameter>`s.
+fn parse_xml(body: &str) -> Option<ToolCall> {
+    let rest = body.strip_prefix("<function=")?;
+    let (name, mut rest) = rest.split_once('>')?;
+    rest = rest.trim_start().strip_suffix("</function>")?;
+    let mut args = serde_json::Map::new();
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            break;
+        }
+        let after = rest.strip_prefix("<parameter=")?;
+        let (arg, after) = after.split_once('>')?;
+        let (raw, after) = after.split_once("</parameter>")?;
+        // The template writes the value between newlines.
+        let raw = raw.strip_prefix('\n').unwrap_or(raw);
+        let raw = raw.strip_suffix('\n').unwrap_or(raw);
+        let value = serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.into()));
+        args.insert(arg.trim().to_string(), value);
+        rest = after;
+    }
+    Some(ToolCall {
+        name: name.trim().to_string(),
+        arguments: Value::Object(args).to_string(),
+    })
 }
 
 /// Streaming: passes text through until a tool call starts, then keeps the rest for
@@ -125,6 +158,24 @@ mod tests {
         let args: Value = serde_json::from_str(&calls[0].arguments).unwrap();
         assert_eq!(args, json!({"city": "Paris"}));
         assert_eq!(calls[1].arguments, "{}");
+    }
+
+    #[test]
+    fn parses_qwen3_5_xml_tool_calls() {
+        let text = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis, France\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+        let (content, calls) = parse_tool_calls(text);
+        assert_eq!(content, "");
+        assert_eq!(calls[0].name, "get_weather");
+        let args: Value = serde_json::from_str(&calls[0].arguments).unwrap();
+        assert_eq!(args, json!({"city": "Paris, France", "days": 3}));
+        let (_, calls) = parse_tool_calls("<tool_call><function=now></function></tool_call>");
+        assert_eq!(
+            (calls[0].name.as_str(), calls[0].arguments.as_str()),
+            ("now", "{}")
+        );
+        // Unterminated parameter: kept as text.
+        let broken = "<tool_call>\n<function=f>\n<parameter=x>\n1\n</function>\n</tool_call>";
+        assert_eq!(parse_tool_calls(broken).1, vec![]);
     }
 
     #[test]
