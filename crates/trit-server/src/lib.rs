@@ -41,7 +41,7 @@ impl AppState {
         model: Arc<Model>,
         tokenizer: Tokenizer,
         template: Option<ChatTemplate>,
-    ) -> Arc<Self> {
+    ) -> std::io::Result<Arc<Self>> {
         let tokenizer = Arc::new(tokenizer);
         let scheduler = Scheduler::start(
             model,
@@ -52,15 +52,15 @@ impl AppState {
                 max_queue: config.max_queue,
                 prefix_cache_bytes: config.prefix_cache_bytes,
             },
-        );
-        Arc::new(AppState {
+        )?;
+        Ok(Arc::new(AppState {
             config,
             tokenizer,
             template,
             scheduler,
             metrics: Default::default(),
             started: stream::unix_now(),
-        })
+        }))
     }
 }
 

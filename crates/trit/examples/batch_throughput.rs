@@ -145,7 +145,8 @@ fn scheduler(
             max_queue: 0,
             prefix_cache_bytes: 0,
         },
-    );
+    )
+    .expect("starting the scheduler");
     let (tx, rx) = mpsc::channel::<(usize, Instant, bool)>();
     for i in 0..streams {
         let tx = tx.clone();

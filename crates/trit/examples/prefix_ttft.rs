@@ -99,10 +99,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut follow_up = history.clone();
         follow_up.extend(random_tokens(7, turn, vocab));
 
-        let cold = Scheduler::start(model.clone(), tok.clone(), config.clone());
+        let cold = Scheduler::start(model.clone(), tok.clone(), config.clone())?;
         let (t_cold, _) = ttft(&cold, &follow_up);
         drop(cold);
-        let warm = Scheduler::start(model.clone(), tok.clone(), config);
+        let warm = Scheduler::start(model.clone(), tok.clone(), config)?;
         ttft(&warm, &history);
         let (t_warm, reused) = ttft(&warm, &follow_up);
         println!(

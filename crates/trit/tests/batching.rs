@@ -160,7 +160,8 @@ fn scheduler_decodes_together_like_alone_and_reuses_prefixes() {
             max_queue: 4,
             prefix_cache_bytes: 0,
         },
-    );
+    )
+    .unwrap();
     let (r1, r2) = (
         submit(&sched, &p1, greedy(10)),
         submit(&sched, &p2, greedy(10)),
@@ -219,6 +220,7 @@ fn scheduler_with_store(model: &Arc<Model>, tok: &Arc<Tokenizer>, bytes: usize) 
             prefix_cache_bytes: bytes,
         },
     )
+    .unwrap()
 }
 
 #[test]

@@ -72,7 +72,8 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         loaded.model.clone(),
         loaded.tokenizer,
         loaded.template,
-    );
+    )
+    .context("starting the scheduler")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -111,7 +111,7 @@ pub fn start(opts: Options) -> TestServer {
         max_queue: opts.max_queue,
         prefix_cache_bytes: opts.prefix_cache_bytes,
     };
-    let state = AppState::new(config, model, tokenizer, template);
+    let state = AppState::new(config, model, tokenizer, template).unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let thread = std::thread::spawn(move || {

@@ -115,7 +115,12 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    pub fn start(model: Arc<Model>, tokenizer: Arc<Tokenizer>, config: SchedulerConfig) -> Self {
+    /// Spawns the scheduler thread (the only failure: the OS refuses a thread).
+    pub fn start(
+        model: Arc<Model>,
+        tokenizer: Arc<Tokenizer>,
+        config: SchedulerConfig,
+    ) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel();
         let waiting = Arc::new(AtomicUsize::new(0));
         let stats = Arc::new(Mutex::new(SchedulerStats {
@@ -144,14 +149,13 @@ impl Scheduler {
         };
         std::thread::Builder::new()
             .name("trit-scheduler".into())
-            .spawn(move || worker.run())
-            .expect("spawning the scheduler thread");
-        Scheduler {
+            .spawn(move || worker.run())?;
+        Ok(Scheduler {
             tx,
             waiting,
             stats,
             config,
-        }
+        })
     }
 
     pub fn config(&self) -> &SchedulerConfig {
