@@ -148,13 +148,16 @@ fn completions_text_and_token_ids_stream_and_logprobs() {
     );
 
     // The same prompt as token ids gives the same text.
-    let ids = json!([19842, 2462, 253, 655]);
+    let files = trit::format::open(&common::default_model_path()).unwrap();
+    let tok = trit::tokenizer::Tokenizer::from_source(&files.tokenizer).unwrap();
+    let ids = tok.encode("Once upon a time", false).unwrap();
     let r = post(
         addr,
         "/v1/completions",
         &json!({"prompt": ids, "max_tokens": 8, "temperature": 0}),
     );
     assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["choices"][0]["text"], text);
     let from_text_ids = post(
         addr,
         "/v1/completions",
