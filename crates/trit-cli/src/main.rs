@@ -27,6 +27,8 @@ enum Command {
     Perplexity(cmd::perplexity::PerplexityArgs),
     /// Throughput benchmark (llama-bench's pp/tg tests and table; --format mlx for mlx_lm's).
     Bench(cmd::bench::BenchArgs),
+    /// OpenAI-compatible HTTP server with continuous batching and prefix reuse.
+    Serve(cmd::serve::ServeArgs),
 }
 
 fn main() {
@@ -37,6 +39,7 @@ fn main() {
         Command::Info(a) => cmd::info::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

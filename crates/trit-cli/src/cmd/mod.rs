@@ -5,6 +5,7 @@ pub mod chat;
 pub mod info;
 pub mod perplexity;
 pub mod run;
+pub mod serve;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -65,6 +66,23 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
+    /// The model's recommended sampling (no command-line overrides).
+    pub fn model_defaults(loaded: &Loaded) -> SamplingParams {
+        let none = SamplingArgs {
+            max_tokens: 0,
+            temp: None,
+            top_k: None,
+            top_p: None,
+            min_p: None,
+            repeat_penalty: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: 0,
+            stop: Vec::new(),
+        };
+        none.params(loaded)
+    }
+
     pub fn params(&self, loaded: &Loaded) -> SamplingParams {
         let d = &loaded.files.generation;
         SamplingParams {

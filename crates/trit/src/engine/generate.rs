@@ -1,9 +1,10 @@
 //! The generation loop: prefill (with prefix reuse), then sample → stream → step until an
 //! EOS token, a stop string, `max_tokens`, or the end of the context.
 
+use super::sequence::Decoding;
 use super::session::Session;
-use crate::sample::{Sampler, SamplingParams};
-use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::sample::SamplingParams;
+use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use std::time::Instant;
 
@@ -80,14 +81,13 @@ pub fn generate(
     on_text: &mut dyn FnMut(&str) -> bool,
 ) -> Result<Generation> {
     check_context(prompt.len(), opts.max_tokens, session.n_ctx())?;
-    let mut sampler = Sampler::new(opts.sampling.clone())?;
+    let mut decoding = Decoding::new(prompt, opts)?;
     let t0 = Instant::now();
     let mut logits = session.prefill(prompt)?;
     let prompt_evaluated = session.last_evaluated();
     let prompt_secs = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
 
-    let mut history = prompt.to_vec();
     let mut out = Generation {
         text: String::new(),
         tokens: Vec::new(),
@@ -97,40 +97,29 @@ pub fn generate(
         prompt_secs,
         gen_secs: 0.0,
     };
-    let mut decoder = StreamDecoder::new();
-    let mut stops = StopMatcher::new(&opts.stop);
-    while out.tokens.len() < opts.max_tokens {
-        let tok = sampler.sample(&mut logits, &history);
-        if opts.eos.contains(&tok) {
-            out.finish = FinishReason::Stop;
-            break;
-        }
-        out.tokens.push(tok);
-        history.push(tok);
-        if let Some(piece) = decoder.push(tokenizer, tok) {
-            let (ready, hit) = stops.push(&piece);
-            out.text.push_str(&ready);
-            let go_on = ready.is_empty() || on_text(&ready);
-            if hit {
-                out.finish = FinishReason::Stop;
-                break;
-            }
-            if !go_on {
-                out.finish = FinishReason::Cancelled;
-                break;
+    loop {
+        let mut step = decoding.step(
+            &mut logits,
+            tokenizer,
+            session.tokens().len(),
+            session.n_ctx(),
+        );
+        out.tokens.extend(step.token);
+        if !step.text.is_empty() {
+            out.text.push_str(&step.text);
+            if !on_text(&step.text) && step.finish.is_none() {
+                step = decoding.cancel(tokenizer);
+                out.text.push_str(&step.text);
+                on_text(&step.text);
             }
         }
-        if out.tokens.len() >= opts.max_tokens || session.tokens().len() + 1 > session.n_ctx() {
+        if let Some(finish) = step.finish {
+            out.finish = finish;
             break;
         }
-        logits = session.step(tok)?;
-    }
-    if !stops.hit {
-        // Text held back as a possible stop-string prefix, or bytes of an unfinished character.
-        let tail = format!("{}{}", stops.take_held(), decoder.flush(tokenizer));
-        if !tail.is_empty() {
-            out.text.push_str(&tail);
-            on_text(&tail);
+        match step.token {
+            Some(tok) => logits = session.step(tok)?,
+            None => break,
         }
     }
     out.gen_secs = t1.elapsed().as_secs_f64();
@@ -138,23 +127,21 @@ pub fn generate(
 }
 
 /// Holds back streamed text that could be the start of a stop string.
-struct StopMatcher {
+pub(crate) struct StopMatcher {
     stops: Vec<String>,
     held: String,
-    hit: bool,
 }
 
 impl StopMatcher {
-    fn new(stops: &[String]) -> Self {
+    pub(crate) fn new(stops: &[String]) -> Self {
         StopMatcher {
             stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
             held: String::new(),
-            hit: false,
         }
     }
 
     /// Returns (text safe to emit, whether a stop string was found).
-    fn push(&mut self, piece: &str) -> (String, bool) {
+    pub(crate) fn push(&mut self, piece: &str) -> (String, bool) {
         self.held.push_str(piece);
         if let Some(at) = self
             .stops
@@ -164,7 +151,6 @@ impl StopMatcher {
         {
             let ready = self.held[..at].to_string();
             self.held.clear();
-            self.hit = true;
             return (ready, true);
         }
         // Keep the longest suffix that is a prefix of some stop string.
@@ -184,7 +170,7 @@ impl StopMatcher {
         (ready, false)
     }
 
-    fn take_held(&mut self) -> String {
+    pub(crate) fn take_held(&mut self) -> String {
         std::mem::take(&mut self.held)
     }
 }

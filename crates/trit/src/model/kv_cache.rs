@@ -35,6 +35,10 @@ impl KvCache {
         self.len == 0
     }
 
+    pub fn n_layers(&self) -> usize {
+        self.n_layers
+    }
+
     pub fn capacity(&self) -> usize {
         self.capacity
     }

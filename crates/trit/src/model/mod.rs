@@ -9,7 +9,7 @@ pub mod transformer;
 pub mod weights;
 
 pub use kv_cache::KvCache;
-pub use transformer::{Logits, Transformer};
+pub use transformer::{BatchSeq, Logits, Transformer};
 
 use crate::format::config::{Arch, ModelConfig};
 use crate::format::ModelFiles;
@@ -50,6 +50,12 @@ impl Model {
 
     pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, which: Logits) -> Result<Vec<f32>> {
         self.net.forward(&self.pool, tokens, cache, which)
+    }
+
+    /// Several sequences in one pass (weights read once for all); see
+    /// [`Transformer::forward_batch`].
+    pub fn forward_batch(&self, seqs: &mut [BatchSeq<'_>]) -> Result<Vec<Vec<f32>>> {
+        self.net.forward_batch(&self.pool, seqs)
     }
 
     pub fn weight_bytes(&self) -> usize {

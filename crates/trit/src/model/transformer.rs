@@ -2,7 +2,7 @@
 //! `h = x + Attn(RMSNorm(x))`, `x' = h + MLP(RMSNorm(h))`, final RMSNorm, LM head.
 //! Architecture files (`llama.rs`, `qwen3.rs`) only decide which optional pieces exist.
 
-use super::attention::attend;
+use super::attention::{attend_batch, AttendSeq};
 use super::kv_cache::KvCache;
 use super::rope::Rope;
 use super::weights::{linear, vector};
@@ -125,6 +125,7 @@ impl Transformer {
 
     /// Runs `tokens` at positions `cache.len()..`, appends their keys/values to the cache and
     /// returns logits (`vocab` floats for `Logits::Last`, `tokens.len() × vocab` for `All`).
+    /// The one-sequence case of [`Transformer::forward_batch`].
     pub fn forward(
         &self,
         pool: &ThreadPool,
@@ -132,32 +133,50 @@ impl Transformer {
         cache: &mut KvCache,
         which: Logits,
     ) -> Result<Vec<f32>> {
+        let mut seqs = [BatchSeq {
+            tokens,
+            cache,
+            logits: which,
+        }];
+        let mut out = self.forward_batch(pool, &mut seqs)?;
+        Ok(out.pop().unwrap_or_default())
+    }
+
+    /// Runs several sequences in one pass, each after what its own cache holds. The rows of
+    /// every sequence are stacked so each weight matrix is read once per call for all of them
+    /// (continuous batching); only attention runs per sequence, against its own cache.
+    /// Returns each sequence's logits, in order. Nothing is computed if any input is invalid.
+    pub fn forward_batch(
+        &self,
+        pool: &ThreadPool,
+        seqs: &mut [BatchSeq<'_>],
+    ) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
-        let n = tokens.len();
+        for s in seqs.iter() {
+            self.check(s)?;
+        }
+        // Row range of each sequence in the stacked activations.
+        let mut starts = Vec::with_capacity(seqs.len() + 1);
+        starts.push(0);
+        for s in seqs.iter() {
+            starts.push(starts.last().unwrap() + s.tokens.len());
+        }
+        let n = *starts.last().unwrap();
         if n == 0 {
             return Err(Error::InvalidArgument("no tokens to evaluate".into()));
         }
-        if cache.len() + n > cache.capacity() {
-            return Err(Error::ContextOverflow {
-                n_prompt: cache.len() + n,
-                n_ctx: cache.capacity(),
-            });
-        }
         let d = c.hidden;
         let mut x = vec![0f32; n * d];
-        for (t, &tok) in tokens.iter().enumerate() {
-            if tok as usize >= c.vocab {
-                return Err(Error::InvalidArgument(format!(
-                    "token id {tok} is outside the vocabulary ({} rows)",
-                    c.vocab
-                )));
+        let mut angles = Vec::with_capacity(n);
+        for (si, s) in seqs.iter().enumerate() {
+            let pos0 = s.cache.len();
+            for (t, &tok) in s.tokens.iter().enumerate() {
+                let row = starts[si] + t;
+                self.embed
+                    .dequantize_row(tok as usize, &mut x[row * d..(row + 1) * d]);
+                angles.push(self.rope.angles(pos0 + t));
             }
-            self.embed
-                .dequantize_row(tok as usize, &mut x[t * d..(t + 1) * d]);
         }
-        let pos0 = cache.len();
-        let angles: Vec<(Vec<f32>, Vec<f32>)> =
-            (0..n).map(|t| self.rope.angles(pos0 + t)).collect();
         let (hd, nq, nkv) = (
             c.head_dim,
             c.n_heads * c.head_dim,
@@ -189,8 +208,23 @@ impl Transformer {
                     self.rope.apply_angles(head, cos, sin);
                 }
             }
-            cache.append(li, &k, &v);
-            attend(pool, c, &q, cache, li, pos0, n, &mut att);
+            for (si, s) in seqs.iter_mut().enumerate() {
+                let (r0, r1) = (starts[si], starts[si + 1]);
+                s.cache
+                    .append(li, &k[r0 * nkv..r1 * nkv], &v[r0 * nkv..r1 * nkv]);
+            }
+            // Every sequence against its own cache, in one dispatch over the pool.
+            let parts: Vec<AttendSeq<'_>> = seqs
+                .iter()
+                .enumerate()
+                .map(|(si, s)| AttendSeq {
+                    q: &q[starts[si] * nq..starts[si + 1] * nq],
+                    cache: s.cache,
+                    pos0: s.cache.len(),
+                    n: s.tokens.len(),
+                })
+                .collect();
+            attend_batch(pool, c, li, &parts, &mut att);
             b.o.forward(pool, &att, n, &mut h);
             ops::add_inplace(&mut x, &h);
 
@@ -201,20 +235,69 @@ impl Transformer {
             b.down.forward(pool, &g, n, &mut h);
             ops::add_inplace(&mut x, &h);
         }
-        cache.advance(n);
+        for s in seqs.iter_mut() {
+            s.cache.advance(s.tokens.len());
+        }
 
-        let rows = match which {
-            Logits::Last => &x[(n - 1) * d..],
-            Logits::All => &x[..],
-        };
-        let m = rows.len() / d;
+        // The rows that need logits, all sequences together through one head matmul.
+        let mut wanted = Vec::new();
+        for (si, s) in seqs.iter().enumerate() {
+            match s.logits {
+                Logits::Last => wanted.push(starts[si + 1] - 1..starts[si + 1]),
+                Logits::All => wanted.push(starts[si]..starts[si + 1]),
+            }
+        }
+        let m: usize = wanted.iter().map(|r| r.len()).sum();
         let mut normed = vec![0f32; m * d];
-        norm_rows(rows, &self.final_norm, c.norm_eps, &mut normed);
+        let mut at = 0;
+        for r in &wanted {
+            norm_rows(
+                &x[r.start * d..r.end * d],
+                &self.final_norm,
+                c.norm_eps,
+                &mut normed[at * d..(at + r.len()) * d],
+            );
+            at += r.len();
+        }
         let head = self.head.as_ref().unwrap_or(&self.embed);
         let mut logits = vec![0f32; m * c.vocab];
         head.forward(pool, &normed, m, &mut logits);
-        Ok(logits)
+        let mut out = Vec::with_capacity(seqs.len());
+        let mut at = 0;
+        for r in &wanted {
+            out.push(logits[at * c.vocab..(at + r.len()) * c.vocab].to_vec());
+            at += r.len();
+        }
+        Ok(out)
     }
+
+    /// Refuses a sequence that cannot run: no tokens, no room in its cache, unknown ids.
+    fn check(&self, s: &BatchSeq<'_>) -> Result<()> {
+        let n = s.tokens.len();
+        if n == 0 {
+            return Err(Error::InvalidArgument("no tokens to evaluate".into()));
+        }
+        if s.cache.len() + n > s.cache.capacity() {
+            return Err(Error::ContextOverflow {
+                n_prompt: s.cache.len() + n,
+                n_ctx: s.cache.capacity(),
+            });
+        }
+        if let Some(&tok) = s.tokens.iter().find(|&&t| t as usize >= self.config.vocab) {
+            return Err(Error::InvalidArgument(format!(
+                "token id {tok} is outside the vocabulary ({} rows)",
+                self.config.vocab
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// One sequence's share of a batched forward: `tokens` run after what `cache` holds.
+pub struct BatchSeq<'a> {
+    pub tokens: &'a [u32],
+    pub cache: &'a mut KvCache,
+    pub logits: Logits,
 }
 
 fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {

@@ -1,0 +1,100 @@
+//! `trit serve [MODEL]`: the OpenAI-compatible server (crate `trit-server`).
+
+use super::{eos_ids, load, ModelArgs, SamplingArgs};
+use anyhow::{Context, Result};
+use clap::Args;
+use std::path::PathBuf;
+use trit_server::{AppState, ServerConfig};
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Model path (positional form of --model).
+    pub path: Option<PathBuf>,
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on; only this machine can connect unless you change it.
+    #[arg(long, default_value = "127.0.0.1", env = "TRIT_ARG_HOST")]
+    pub host: String,
+    #[arg(long, default_value_t = 8080, env = "TRIT_ARG_PORT")]
+    pub port: u16,
+    /// Sequences decoded together at most (continuous batching); each has its own KV cache.
+    #[arg(long, alias = "np", default_value_t = 4, env = "TRIT_ARG_N_PARALLEL")]
+    pub parallel: usize,
+    /// Requests allowed to wait for a free sequence slot; beyond that, 503 + Retry-After.
+    #[arg(long, default_value_t = 64)]
+    pub max_queue: usize,
+    /// Require `Authorization: Bearer KEY` on every endpoint but /health.
+    #[arg(long, env = "TRIT_API_KEY")]
+    pub api_key: Option<String>,
+    /// Model name reported by /v1/models (default: the file or folder name).
+    #[arg(long)]
+    pub alias: Option<String>,
+    /// Largest request body in MiB.
+    #[arg(long, default_value_t = 16)]
+    pub body_limit_mib: usize,
+    /// Memory (MiB) for keys/values of earlier requests kept beyond the --parallel slots, so
+    /// returning conversations skip re-reading their history (0: only what the slots hold).
+    #[arg(long, default_value_t = 512)]
+    pub prefix_cache_mib: usize,
+}
+
+pub fn run(mut a: ServeArgs) -> Result<()> {
+    if a.path.is_some() {
+        a.model.model = a.path.take();
+    }
+    anyhow::ensure!(a.parallel >= 1, "--parallel must be at least 1");
+    let loaded = load(&a.model)?;
+    let model_id = a.alias.clone().unwrap_or_else(|| {
+        let p = &loaded.files.path;
+        p.file_stem()
+            .or(p.file_name())
+            .map_or("model".into(), |s| s.to_string_lossy().into_owned())
+    });
+    let defaults = SamplingArgs::model_defaults(&loaded);
+    let config = ServerConfig {
+        model_id: model_id.clone(),
+        n_ctx: loaded.n_ctx,
+        defaults,
+        eos: eos_ids(&loaded),
+        bos: loaded
+            .files
+            .config
+            .bos
+            .filter(|_| loaded.files.config.add_bos),
+        api_key: a.api_key.clone(),
+        body_limit: a.body_limit_mib.max(1) << 20,
+        parallel: a.parallel,
+        max_queue: a.max_queue,
+        prefix_cache_bytes: a.prefix_cache_mib << 20,
+    };
+    let state = AppState::new(
+        config,
+        loaded.model.clone(),
+        loaded.tokenizer,
+        loaded.template,
+    )
+    .context("starting the scheduler")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let addr = format!("{}:{}", a.host, a.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        eprintln!(
+            "trit serve: {model_id} on http://{} (ctx {} per sequence, {} in parallel)",
+            listener.local_addr()?,
+            loaded.n_ctx,
+            a.parallel
+        );
+        let shutdown = async {
+            let _ = tokio::signal::ctrl_c().await;
+            eprintln!("trit serve: shutting down after the replies in flight");
+        };
+        trit_server::serve(listener, state, shutdown).await?;
+        Ok(())
+    })
+}

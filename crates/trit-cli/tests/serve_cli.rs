@@ -1,0 +1,74 @@
+//! `trit serve` as a child process: it binds loopback on the port asked for (0 = any free one,
+//! reported on stderr), answers requests, and a port that is taken is a clear error.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn request(addr: &str, head: &str, body: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "{head} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+#[test]
+fn serves_on_loopback_and_reports_its_address() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_trit"))
+        .args(["serve", "--port", "0", "-t", "1", "--ctx", "128"])
+        .env_remove("TRIT_MODEL")
+        .env_remove("TRIT_API_KEY")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let server = Server(child);
+    let mut line = String::new();
+    BufReader::new(stderr).read_line(&mut line).unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+
+    let health = request(&addr, "GET /health", "");
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    let reply = request(
+        &addr,
+        "POST /v1/completions",
+        r#"{"prompt": "Hello", "max_tokens": 3}"#,
+    );
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.contains(r#""completion_tokens":3"#), "{reply}");
+
+    // The same port again cannot be bound: a clear error, not a panic.
+    let port = addr.rsplit(':').next().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_trit"))
+        .args(["serve", "--port", port, "-t", "1", "--ctx", "128"])
+        .env_remove("TRIT_MODEL")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot listen on"), "{err}");
+    drop(server);
+}

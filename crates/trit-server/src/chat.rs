@@ -1,0 +1,457 @@
+//! `POST /v1/chat/completions`: messages → the model's chat template → tokens → the
+//! scheduler; the reply is split into `reasoning_content` (Qwen3 `<think>`), `content` and,
+//! when tools were offered, `tool_calls`.
+
+use crate::error::ApiError;
+use crate::request::{decode, Common};
+use crate::state::{token_bytes, token_text, AppState};
+use crate::stream::{collect, new_id, sse_response, timings, unix_now, usage, ChunkFormatter};
+use crate::tools::{parse_tool_calls, ToolCall, ToolCallStream};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+use trit::chat::{split_reasoning, ReasoningStream, ReplyPart};
+use trit::engine::{SeqSummary, TokenLogprob};
+use trit::tokenizer::Tokenizer;
+
+#[derive(Deserialize, Debug)]
+struct ChatFields {
+    messages: Vec<Value>,
+    tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
+    chat_template_kwargs: Option<Map<String, Value>>,
+    #[serde(default)]
+    logprobs: bool,
+    top_logprobs: Option<i64>,
+}
+
+pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
+    let common: Common = decode(body)?;
+    let fields: ChatFields = decode(body)?;
+    let messages = normalize_messages(&fields.messages)?;
+    let tools = match (&fields.tools, &fields.tool_choice) {
+        (None, _) => None,
+        (Some(_), Some(Value::String(c))) if c == "none" => None,
+        (Some(t), None) => Some(t),
+        (Some(t), Some(Value::String(c))) if c == "auto" => Some(t),
+        (Some(_), Some(other)) => {
+            return Err(ApiError::invalid(format!(
+                "tool_choice {other} is not supported: only \"auto\" and \"none\" (the model \
+                 decides; calls cannot be forced without constrained decoding)"
+            )))
+        }
+    };
+    let top_logprobs = logprobs_request(fields.logprobs, fields.top_logprobs)?;
+    let Some(template) = &state.template else {
+        return Err(ApiError::invalid(
+            "this model has no chat template; use /v1/completions with a raw prompt",
+        ));
+    };
+    let kwargs = fields.chat_template_kwargs.unwrap_or_default();
+    let tools_json = tools.map(|t| Value::Array(t.clone()));
+    let text = template
+        .render(&messages, true, tools_json.as_ref(), &kwargs)
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    let starts_in_reasoning = text.trim_end().ends_with("<think>");
+    let prompt = state
+        .tokenizer
+        .encode(&text, false)
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    let job = common.job(&state, prompt, top_logprobs)?;
+    let started = state.start(&job).await?;
+    let ctx = ReplyContext {
+        model_id: state.config.model_id.clone(),
+        tokenizer: state.tokenizer.clone(),
+        id: new_id("chatcmpl-"),
+        created: unix_now(),
+        tools: tools.is_some(),
+        logprobs: top_logprobs.is_some(),
+    };
+    if job.stream {
+        let chunks = ChatChunks {
+            reasoning: ReasoningStream::new(starts_in_reasoning),
+            tool_stream: ctx.tools.then(ToolCallStream::default),
+            include_usage: job.include_usage,
+            pending_logprobs: Vec::new(),
+            ctx,
+        };
+        return Ok(sse_response(started, chunks));
+    }
+    let c = collect(started).await?;
+    let split = split_reasoning(&c.text, starts_in_reasoning);
+    let (content, calls) = if ctx.tools {
+        parse_tool_calls(&split.content)
+    } else {
+        (split.content, Vec::new())
+    };
+    let mut message = json!({"role": "assistant", "content": content});
+    if content.is_empty() && !calls.is_empty() {
+        message["content"] = Value::Null;
+    }
+    if let Some(r) = split.reasoning {
+        message["reasoning_content"] = json!(r);
+    }
+    if !calls.is_empty() {
+        message["tool_calls"] = json!(calls
+            .iter()
+            .map(|c| c.to_json(&new_id("call_"), None))
+            .collect::<Vec<_>>());
+    }
+    let logprobs = match ctx.logprobs {
+        true => ctx.logprobs_json(&c.logprobs),
+        false => Value::Null,
+    };
+    Ok(axum::Json(json!({
+        "id": ctx.id,
+        "object": "chat.completion",
+        "created": ctx.created,
+        "model": state.config.model_id,
+        "choices": [{
+            "index": 0,
+            "message": message,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason(&c.summary, &calls),
+        }],
+        "usage": usage(&c.summary),
+        "timings": timings(&c.summary),
+    }))
+    .into_response())
+}
+
+/// `logprobs: true` (+ optional `top_logprobs` 0..=20) → how many alternatives to report.
+fn logprobs_request(logprobs: bool, top: Option<i64>) -> Result<Option<usize>, ApiError> {
+    match (logprobs, top) {
+        (false, None) => Ok(None),
+        (false, Some(_)) => Err(ApiError::invalid(
+            "top_logprobs requires logprobs to be true",
+        )),
+        (true, None) => Ok(Some(0)),
+        (true, Some(k)) if (0..=20).contains(&k) => Ok(Some(k as usize)),
+        (true, Some(k)) => Err(ApiError::invalid(format!(
+            "top_logprobs must be between 0 and 20, got {k}"
+        ))),
+    }
+}
+
+/// Checks message shapes and flattens content parts into text (templates expect strings).
+fn normalize_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages must not be empty"));
+    }
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let Some(obj) = m.as_object() else {
+            return Err(ApiError::invalid(format!(
+                "messages[{i}] must be an object"
+            )));
+        };
+        match obj.get("role").and_then(Value::as_str) {
+            Some("system" | "developer" | "user" | "assistant" | "tool") => {}
+            _ => {
+                return Err(ApiError::invalid(format!(
+                    "messages[{i}].role must be one of system, developer, user, assistant, tool"
+                )))
+            }
+        }
+        let mut m = obj.clone();
+        if m.get("role").and_then(Value::as_str) == Some("developer") {
+            m.insert("role".into(), json!("system"));
+        }
+        match m.get("content") {
+            // An assistant turn with only tool calls has no content; templates that concatenate
+            // strings need one, and the ones that check the type treat "" as absent.
+            None | Some(Value::Null) => {
+                m.insert("content".into(), json!(""));
+            }
+            Some(Value::String(_)) => {}
+            Some(Value::Array(parts)) => {
+                let mut text = String::new();
+                for p in parts {
+                    match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                        (Some("text"), Some(Value::String(t))) => text.push_str(t),
+                        _ => {
+                            return Err(ApiError::invalid(format!(
+                                "messages[{i}].content: only text parts are supported"
+                            )))
+                        }
+                    }
+                }
+                m.insert("content".into(), json!(text));
+            }
+            Some(_) => {
+                return Err(ApiError::invalid(format!(
+                    "messages[{i}].content must be a string or a list of text parts"
+                )))
+            }
+        }
+        out.push(Value::Object(m));
+    }
+    Ok(out)
+}
+
+fn finish_reason(s: &SeqSummary, calls: &[ToolCall]) -> &'static str {
+    if calls.is_empty() {
+        s.finish.as_str()
+    } else {
+        "tool_calls"
+    }
+}
+
+struct ReplyContext {
+    model_id: String,
+    tokenizer: Arc<Tokenizer>,
+    id: String,
+    created: u64,
+    tools: bool,
+    logprobs: bool,
+}
+
+impl ReplyContext {
+    fn logprobs_json(&self, lps: &[TokenLogprob]) -> Value {
+        let entry = |id: u32, lp: f32| {
+            json!({
+                "token": token_text(&self.tokenizer, id),
+                "logprob": lp,
+                "bytes": token_bytes(&self.tokenizer, id),
+            })
+        };
+        let content: Vec<Value> = lps
+            .iter()
+            .map(|l| {
+                let mut e = entry(l.token, l.logprob);
+                e["top_logprobs"] = l.top.iter().map(|&(t, lp)| entry(t, lp)).collect();
+                e
+            })
+            .collect();
+        json!({ "content": content })
+    }
+
+    fn chunk(&self, delta: Value, logprobs: Value, finish: Option<&str>) -> Value {
+        json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model_id,
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+        })
+    }
+}
+
+/// Streaming: role delta, then reasoning/content deltas, tool calls at the end, finish chunk.
+struct ChatChunks {
+    ctx: ReplyContext,
+    reasoning: ReasoningStream,
+    tool_stream: Option<ToolCallStream>,
+    include_usage: bool,
+    /// Log-probabilities of tokens whose text has not been sent yet.
+    pending_logprobs: Vec<TokenLogprob>,
+}
+
+impl ChatChunks {
+    fn parts(&mut self, parts: Vec<(ReplyPart, String)>) -> Vec<Value> {
+        let mut out = Vec::new();
+        for (part, text) in parts {
+            let delta = match part {
+                ReplyPart::Reasoning => json!({"reasoning_content": text}),
+                ReplyPart::Content => {
+                    let ready = match &mut self.tool_stream {
+                        Some(t) => t.push(&text),
+                        None => text,
+                    };
+                    if ready.is_empty() {
+                        continue;
+                    }
+                    json!({"content": ready})
+                }
+            };
+            let lp = if self.ctx.logprobs {
+                self.ctx
+                    .logprobs_json(&std::mem::take(&mut self.pending_logprobs))
+            } else {
+                Value::Null
+            };
+            out.push(self.ctx.chunk(delta, lp, None));
+        }
+        out
+    }
+}
+
+impl ChunkFormatter for ChatChunks {
+    fn start(&mut self) -> Vec<Value> {
+        vec![self.ctx.chunk(
+            json!({"role": "assistant", "content": ""}),
+            Value::Null,
+            None,
+        )]
+    }
+
+    fn piece(&mut self, text: &str, logprob: Option<&TokenLogprob>) -> Vec<Value> {
+        self.pending_logprobs.extend(logprob.cloned());
+        let parts = self.reasoning.push(text);
+        self.parts(parts)
+    }
+
+    fn done(&mut self, summary: &SeqSummary) -> Vec<Value> {
+        let tail = self.reasoning.finish();
+        let mut out = self.parts(tail.into_iter().collect());
+        let mut calls = Vec::new();
+        if let Some(t) = &mut self.tool_stream {
+            let (rest, found) = t.finish();
+            calls = found;
+            if !rest.is_empty() {
+                out.push(self.ctx.chunk(json!({"content": rest}), Value::Null, None));
+            }
+        }
+        if !calls.is_empty() {
+            let deltas: Vec<Value> = calls
+                .iter()
+                .enumerate()
+                .map(|(i, c)| c.to_json(&new_id("call_"), Some(i)))
+                .collect();
+            out.push(
+                self.ctx
+                    .chunk(json!({"tool_calls": deltas}), Value::Null, None),
+            );
+        }
+        out.push(
+            self.ctx
+                .chunk(json!({}), Value::Null, Some(finish_reason(summary, &calls))),
+        );
+        if self.include_usage {
+            out.push(json!({
+                "id": self.ctx.id,
+                "object": "chat.completion.chunk",
+                "created": self.ctx.created,
+                "model": self.ctx.model_id,
+                "choices": [],
+                "usage": usage(summary),
+            }));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trit::engine::FinishReason;
+
+    fn default_tokenizer() -> Arc<Tokenizer> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/default");
+        let path = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|x| x == "gguf"))
+            .unwrap();
+        let files = trit::format::open(&path).unwrap();
+        Arc::new(Tokenizer::from_source(&files.tokenizer).unwrap())
+    }
+
+    fn chunks(tools: bool, include_usage: bool) -> ChatChunks {
+        ChatChunks {
+            ctx: ReplyContext {
+                model_id: "m".into(),
+                tokenizer: default_tokenizer(),
+                id: "chatcmpl-1".into(),
+                created: 1,
+                tools,
+                logprobs: false,
+            },
+            reasoning: ReasoningStream::new(false),
+            tool_stream: tools.then(ToolCallStream::default),
+            include_usage,
+            pending_logprobs: Vec::new(),
+        }
+    }
+
+    fn summary() -> SeqSummary {
+        SeqSummary {
+            finish: FinishReason::Stop,
+            prompt_tokens: 5,
+            cached_tokens: 2,
+            completion_tokens: 9,
+            prompt_secs: 0.0,
+            gen_secs: 0.0,
+        }
+    }
+
+    #[test]
+    fn stream_separates_reasoning_content_and_tool_calls() {
+        let mut c = chunks(true, true);
+        let mut events = c.start();
+        for piece in [
+            "<think>\nLet me",
+            " look.</th",
+            "ink>\n\nChecking",
+            " now.\n<tool_",
+            "call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+        ] {
+            events.extend(c.piece(piece, None));
+        }
+        events.extend(c.done(&summary()));
+        let delta = |e: &Value| e["choices"][0]["delta"].clone();
+        assert_eq!(
+            delta(&events[0]),
+            json!({"role": "assistant", "content": ""})
+        );
+        let field = |name: &str| -> String {
+            events
+                .iter()
+                .filter_map(|e| delta(e).get(name)?.as_str().map(str::to_string))
+                .collect()
+        };
+        assert_eq!(field("reasoning_content"), "Let me look.");
+        assert_eq!(field("content"), "Checking now.\n");
+        let calls = events
+            .iter()
+            .find_map(|e| delta(e).get("tool_calls").cloned())
+            .unwrap();
+        assert_eq!(calls[0]["index"], 0);
+        assert_eq!(calls[0]["function"]["name"], "weather");
+        assert_eq!(calls[0]["function"]["arguments"], r#"{"city":"Paris"}"#);
+        assert!(calls[0]["id"].as_str().unwrap().starts_with("call_"));
+        let n = events.len();
+        assert_eq!(events[n - 2]["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(events[n - 2]["choices"][0]["delta"], json!({}));
+        assert_eq!(events[n - 1]["choices"], json!([]));
+        assert_eq!(events[n - 1]["usage"]["total_tokens"], 14);
+        assert_eq!(
+            events[n - 1]["usage"]["prompt_tokens_details"]["cached_tokens"],
+            2
+        );
+    }
+
+    #[test]
+    fn without_tools_tags_stay_text_and_finish_is_the_engines() {
+        let mut c = chunks(false, false);
+        let mut events = c.piece("a <tool_call>{}</tool_call>", None);
+        events.extend(c.done(&summary()));
+        assert_eq!(
+            events[0]["choices"][0]["delta"]["content"],
+            "a <tool_call>{}</tool_call>"
+        );
+        assert_eq!(
+            events.last().unwrap()["choices"][0]["finish_reason"],
+            "stop"
+        );
+    }
+
+    #[test]
+    fn messages_are_checked_and_text_parts_flattened() {
+        let ok = normalize_messages(&[json!({"role": "developer", "content": [
+            {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]})])
+        .unwrap();
+        assert_eq!(ok[0], json!({"role": "system", "content": "ab"}));
+        let call = normalize_messages(&[json!({"role": "assistant", "content": null,
+            "tool_calls": [{"id": "c", "type": "function"}]})])
+        .unwrap();
+        assert_eq!(call[0]["content"], "");
+        assert!(normalize_messages(&[]).is_err());
+        assert!(normalize_messages(&[json!({"role": "robot", "content": "x"})]).is_err());
+        assert!(normalize_messages(&[json!({"role": "user", "content": 5})]).is_err());
+        assert!(normalize_messages(&[json!({"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "x"}}]})])
+        .is_err());
+    }
+}

@@ -1,0 +1,173 @@
+//! `POST /v1/completions`: a raw prompt (text or token ids), no chat template.
+
+use crate::error::ApiError;
+use crate::request::{decode, Common};
+use crate::state::{token_text, AppState};
+use crate::stream::{collect, new_id, sse_response, timings, unix_now, usage, ChunkFormatter};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+use trit::engine::{SeqSummary, TokenLogprob};
+
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+    Texts(Vec<String>),
+}
+
+#[derive(Deserialize, Debug)]
+struct CompletionFields {
+    prompt: Prompt,
+    /// Legacy: the number of alternatives to report (0..=5).
+    logprobs: Option<i64>,
+    #[serde(default)]
+    echo: bool,
+    suffix: Option<String>,
+}
+
+pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
+    let common: Common = decode(body)?;
+    let fields: CompletionFields = decode(body)?;
+    if fields.echo {
+        return Err(ApiError::invalid("echo is not supported"));
+    }
+    if fields.suffix.is_some() {
+        return Err(ApiError::invalid("suffix is not supported"));
+    }
+    let top_logprobs = match fields.logprobs {
+        None => None,
+        Some(k) if (0..=5).contains(&k) => Some(k as usize),
+        Some(k) => {
+            return Err(ApiError::invalid(format!(
+                "logprobs must be between 0 and 5, got {k}"
+            )))
+        }
+    };
+    let text = match fields.prompt {
+        Prompt::Text(t) => Some(t),
+        Prompt::Texts(mut v) if v.len() == 1 => v.pop(),
+        Prompt::Texts(_) => {
+            return Err(ApiError::invalid(
+                "prompt: only one prompt per request is supported",
+            ))
+        }
+        Prompt::Ids(ids) => {
+            let vocab = state.tokenizer.vocab_size();
+            if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+                return Err(ApiError::invalid(format!(
+                    "prompt: token id {bad} is outside the vocabulary ({vocab} tokens)"
+                )));
+            }
+            return respond(state, common, ids, top_logprobs).await;
+        }
+    };
+    let mut ids: Vec<u32> = state.config.bos.into_iter().collect();
+    ids.extend(
+        state
+            .tokenizer
+            .encode(&text.unwrap_or_default(), false)
+            .map_err(|e| ApiError::invalid(e.to_string()))?,
+    );
+    respond(state, common, ids, top_logprobs).await
+}
+
+async fn respond(
+    state: Arc<AppState>,
+    common: Common,
+    prompt: Vec<u32>,
+    top_logprobs: Option<usize>,
+) -> Result<Response, ApiError> {
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("prompt must not be empty"));
+    }
+    let job = common.job(&state, prompt, top_logprobs)?;
+    let started = state.start(&job).await?;
+    let chunks = Chunks {
+        state: state.clone(),
+        id: new_id("cmpl-"),
+        created: unix_now(),
+        logprobs: top_logprobs.is_some(),
+        include_usage: job.include_usage,
+    };
+    if job.stream {
+        return Ok(sse_response(started, chunks));
+    }
+    let c = collect(started).await?;
+    let lp = chunks.logprobs_json(&c.logprobs);
+    let mut reply = chunks.chunk(&c.text, lp, Some(c.summary.finish.as_str()));
+    reply["usage"] = usage(&c.summary);
+    reply["timings"] = timings(&c.summary);
+    Ok(axum::Json(reply).into_response())
+}
+
+struct Chunks {
+    state: Arc<AppState>,
+    id: String,
+    created: u64,
+    logprobs: bool,
+    include_usage: bool,
+}
+
+impl Chunks {
+    fn chunk(&self, text: &str, logprobs: Value, finish: Option<&str>) -> Value {
+        json!({
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.state.config.model_id,
+            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
+        })
+    }
+
+    /// The legacy completions shape: parallel lists per token.
+    fn logprobs_json(&self, lps: &[TokenLogprob]) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        let mut offset = 0;
+        let (mut tokens, mut values, mut tops, mut offsets) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for l in lps {
+            let t = token_text(&self.state.tokenizer, l.token);
+            offsets.push(offset);
+            offset += t.len();
+            tokens.push(t);
+            values.push(l.logprob);
+            let top: Map<String, Value> = l
+                .top
+                .iter()
+                .map(|&(id, lp)| (token_text(&self.state.tokenizer, id), json!(lp)))
+                .collect();
+            tops.push(Value::Object(top));
+        }
+        json!({"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets})
+    }
+}
+
+impl ChunkFormatter for Chunks {
+    fn start(&mut self) -> Vec<Value> {
+        Vec::new()
+    }
+
+    fn piece(&mut self, text: &str, logprob: Option<&TokenLogprob>) -> Vec<Value> {
+        if text.is_empty() && logprob.is_none() {
+            return Vec::new();
+        }
+        let lp = self.logprobs_json(logprob.map(std::slice::from_ref).unwrap_or(&[]));
+        vec![self.chunk(text, lp, None)]
+    }
+
+    fn done(&mut self, summary: &SeqSummary) -> Vec<Value> {
+        let mut out = vec![self.chunk("", Value::Null, Some(summary.finish.as_str()))];
+        if self.include_usage {
+            let mut u = self.chunk("", Value::Null, None);
+            u["choices"] = json!([]);
+            u["usage"] = usage(summary);
+            out.push(u);
+        }
+        out
+    }
+}

@@ -1,0 +1,182 @@
+//! `trit serve`: an OpenAI-compatible HTTP server (conventions.md §1–2).
+//!
+//! Handlers validate and translate requests (`request`, `chat`, `completions`), hand a job to
+//! the engine's continuous-batching [`Scheduler`](trit::engine::Scheduler) through
+//! [`AppState::start`], and turn its events into a JSON reply or SSE chunks (`stream`).
+//! Every failure a client can cause is a 4xx in llama.cpp's error envelope (`error`).
+
+pub mod chat;
+pub mod completions;
+pub mod error;
+pub mod metrics;
+pub mod request;
+pub mod state;
+pub mod stream;
+pub mod tools;
+
+pub use error::ApiError;
+pub use state::{AppState, ServerConfig};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde_json::json;
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use trit::chat::ChatTemplate;
+use trit::engine::{Scheduler, SchedulerConfig};
+use trit::model::Model;
+use trit::tokenizer::Tokenizer;
+
+impl AppState {
+    /// Starts the scheduler thread for `model` and bundles what the handlers need.
+    pub fn new(
+        config: ServerConfig,
+        model: Arc<Model>,
+        tokenizer: Tokenizer,
+        template: Option<ChatTemplate>,
+    ) -> std::io::Result<Arc<Self>> {
+        let tokenizer = Arc::new(tokenizer);
+        let scheduler = Scheduler::start(
+            model,
+            tokenizer.clone(),
+            SchedulerConfig {
+                n_ctx: config.n_ctx,
+                parallel: config.parallel,
+                max_queue: config.max_queue,
+                prefix_cache_bytes: config.prefix_cache_bytes,
+            },
+        )?;
+        Ok(Arc::new(AppState {
+            config,
+            tokenizer,
+            template,
+            scheduler,
+            metrics: Default::default(),
+            started: stream::unix_now(),
+        }))
+    }
+}
+
+/// The routes, with the API key check and the body size limit.
+pub fn router(state: Arc<AppState>) -> Router {
+    let limit = state.config.body_limit;
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), require_key))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state)
+}
+
+/// Serves on `listener` until `shutdown` resolves, then lets in-flight replies finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn require_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &state.config.api_key {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if req.uri().path() != "/health" && given != Some(key.as_str()) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+type Body = Result<Bytes, BytesRejection>;
+
+async fn chat_completions(State(state): State<Arc<AppState>>, body: Body) -> Response {
+    let bytes = match read_body(&state, body) {
+        Ok(b) => b,
+        Err(e) => return counted(&state, Err(e)),
+    };
+    let result = chat::handle(state.clone(), &bytes).await;
+    counted(&state, result)
+}
+
+async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Response {
+    let bytes = match read_body(&state, body) {
+        Ok(b) => b,
+        Err(e) => return counted(&state, Err(e)),
+    };
+    let result = completions::handle(state.clone(), &bytes).await;
+    counted(&state, result)
+}
+
+fn read_body(state: &AppState, body: Body) -> Result<Bytes, ApiError> {
+    body.map_err(|e| match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(state.config.body_limit),
+        _ => ApiError::invalid(format!("could not read the request body: {e}")),
+    })
+}
+
+fn counted(state: &AppState, result: Result<Response, ApiError>) -> Response {
+    state.metrics.requests_total.fetch_add(1, Ordering::Relaxed);
+    match result {
+        Ok(r) => r,
+        Err(e) => {
+            state
+                .metrics
+                .requests_failed_total
+                .fetch_add(1, Ordering::Relaxed);
+            e.into_response()
+        }
+    }
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Response {
+    axum::Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.config.model_id,
+            "object": "model",
+            "created": state.started,
+            "owned_by": "trit",
+            "meta": {"n_ctx": state.config.n_ctx},
+        }],
+    }))
+    .into_response()
+}
+
+/// The model is loaded before the server listens, so a reachable server is ready.
+async fn health() -> Response {
+    axum::Json(json!({"status": "ok"})).into_response()
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let text = state.metrics.render(&state.scheduler.stats());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+async fn not_found(req: Request) -> Response {
+    ApiError::not_found(format!(
+        "no route for {} {}",
+        req.method(),
+        req.uri().path()
+    ))
+    .into_response()
+}

@@ -1,0 +1,217 @@
+//! Request bodies: decoding (with errors that name the offending field) and validation of the
+//! fields both endpoints share, turning them into generation options for the scheduler.
+//! Everything a client can get wrong ends here as a 4xx [`ApiError`], before any compute.
+
+use crate::error::ApiError;
+use crate::state::AppState;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
+use trit::engine::GenerateOptions;
+use trit::sample::{Penalties, SamplingParams};
+
+/// Decodes a JSON body into `T`; a broken body or a wrong type is a 400 naming the field.
+pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    if std::str::from_utf8(body).is_err() {
+        return Err(ApiError::invalid("request body is not valid UTF-8"));
+    }
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("request body is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::invalid("request body must be a JSON object"));
+    }
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        ApiError::invalid(format!("field '{path}': {}", e.inner()))
+    })
+}
+
+/// A string or a list of strings (`stop`).
+#[derive(Deserialize, Debug, Clone)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize, Debug, Default, Clone)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Fields common to `/v1/chat/completions` and `/v1/completions`.
+#[derive(Deserialize, Debug, Default)]
+pub struct Common {
+    pub model: Option<String>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    #[serde(alias = "repeat_penalty")]
+    pub repetition_penalty: Option<f32>,
+    pub seed: Option<i64>,
+    pub stop: Option<OneOrMany>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub n: Option<i64>,
+    pub response_format: Option<Value>,
+}
+
+/// What the scheduler needs, validated.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub options: GenerateOptions,
+    pub top_logprobs: Option<usize>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+impl Common {
+    /// Checks the model name and the parameters, and builds the job for `prompt`.
+    pub fn job(
+        &self,
+        state: &AppState,
+        prompt: Vec<u32>,
+        top_logprobs: Option<usize>,
+    ) -> Result<Job, ApiError> {
+        if let Some(m) = &self.model {
+            if !state.accepts_model(m) {
+                return Err(ApiError::not_found(format!(
+                    "The model `{m}` does not exist (this server serves `{}`)",
+                    state.config.model_id
+                )));
+            }
+        }
+        if let Some(n) = self.n {
+            if n != 1 {
+                return Err(ApiError::invalid(format!(
+                    "n = {n} is not supported: only one choice per request (n = 1)"
+                )));
+            }
+        }
+        check_response_format(self.response_format.as_ref())?;
+        let n_ctx = state.config.n_ctx;
+        if prompt.len() >= n_ctx {
+            return Err(ApiError::exceeds_context(prompt.len(), n_ctx));
+        }
+        let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
+            // Unset: generate until the end of the sequence or of the context.
+            None => n_ctx - prompt.len(),
+            Some(m) if m < 1 => {
+                return Err(ApiError::invalid(format!(
+                    "max_tokens must be at least 1, got {m}"
+                )))
+            }
+            Some(m) if m as u64 > n_ctx as u64 => {
+                return Err(ApiError::invalid(format!(
+                    "max_tokens ({m}) is larger than the context size ({n_ctx} tokens)"
+                )))
+            }
+            Some(m) => m as usize,
+        };
+        let sampling = self.sampling(&state.config.defaults)?;
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(OneOrMany::One(s)) => vec![s.clone()],
+            Some(OneOrMany::Many(v)) => v.clone(),
+        };
+        Ok(Job {
+            prompt,
+            options: GenerateOptions {
+                max_tokens,
+                sampling,
+                stop,
+                eos: state.config.eos.clone(),
+            },
+            top_logprobs,
+            stream: self.stream,
+            include_usage: self
+                .stream_options
+                .as_ref()
+                .is_some_and(|o| o.include_usage),
+        })
+    }
+
+    fn sampling(&self, d: &SamplingParams) -> Result<SamplingParams, ApiError> {
+        if let Some(t) = self.temperature {
+            if !(0.0..=2.0).contains(&t) {
+                return Err(ApiError::invalid(format!(
+                    "temperature must be between 0 and 2, got {t}"
+                )));
+            }
+        }
+        for (name, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if let Some(v) = v {
+                if !(-2.0..=2.0).contains(&v) {
+                    return Err(ApiError::invalid(format!(
+                        "{name} must be between -2 and 2, got {v}"
+                    )));
+                }
+            }
+        }
+        let top_k = match self.top_k {
+            Some(k) if k < 0 => {
+                return Err(ApiError::invalid(format!("top_k must be ≥ 0, got {k}")))
+            }
+            Some(k) => k as usize,
+            None => d.top_k,
+        };
+        let p = SamplingParams {
+            temperature: self.temperature.unwrap_or(d.temperature),
+            top_k,
+            top_p: self.top_p.unwrap_or(d.top_p),
+            min_p: self.min_p.unwrap_or(d.min_p),
+            penalties: Penalties {
+                repetition: self.repetition_penalty.unwrap_or(d.penalties.repetition),
+                presence: self.presence_penalty.unwrap_or(d.penalties.presence),
+                frequency: self.frequency_penalty.unwrap_or(d.penalties.frequency),
+                last_n: d.penalties.last_n,
+            },
+            seed: match self.seed {
+                Some(s) => s as u64,
+                None => fresh_seed(),
+            },
+        };
+        p.validate()
+            .map_err(|e| ApiError::invalid(e.to_string().replace("invalid argument: ", "")))?;
+        Ok(p)
+    }
+}
+
+/// `response_format` is honoured or refused, never ignored: only plain text is produced
+/// (there is no constrained decoding yet).
+fn check_response_format(f: Option<&Value>) -> Result<(), ApiError> {
+    let Some(f) = f else { return Ok(()) };
+    match f.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(()),
+        Some(t @ ("json_object" | "json_schema")) => Err(ApiError::invalid(format!(
+            "response_format type '{t}' is not supported: this server has no constrained \
+             decoding, so it cannot guarantee JSON output"
+        ))),
+        _ => Err(ApiError::invalid(
+            "response_format must be an object with type 'text', 'json_object' or 'json_schema'",
+        )),
+    }
+}
+
+/// A seed for requests that give none, so unseeded requests differ from each other.
+fn fresh_seed() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos
+        ^ COUNTER
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}

@@ -1,0 +1,107 @@
+//! What every handler shares: the configuration, the tokenizer and chat template, the
+//! scheduler that owns the model, and the server-side metrics. `start` is the narrow boundary
+//! to the engine: a validated job in, a stream of sequence events out.
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::request::Job;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use trit::chat::ChatTemplate;
+use trit::engine::{Scheduler, SeqEvent, SeqRequest, SubmitError};
+use trit::sample::SamplingParams;
+use trit::tokenizer::Tokenizer;
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// The name `/v1/models` lists and requests may give as `model`.
+    pub model_id: String,
+    pub n_ctx: usize,
+    /// Sampling values used when a request leaves a field unset (the model's defaults).
+    pub defaults: SamplingParams,
+    /// Tokens that end a sequence.
+    pub eos: Vec<u32>,
+    /// Prepended to raw `/v1/completions` prompts when the model wants a BOS token.
+    pub bos: Option<u32>,
+    /// Required as `Authorization: Bearer <key>` on every endpoint but `/health`.
+    pub api_key: Option<String>,
+    /// Largest accepted request body, bytes.
+    pub body_limit: usize,
+    /// Sequences decoded together at most (scheduler slots).
+    pub parallel: usize,
+    /// Requests allowed to wait for a slot beyond those; more get 503.
+    pub max_queue: usize,
+    /// Memory for keys/values of earlier requests kept beyond the slots.
+    pub prefix_cache_bytes: usize,
+}
+
+pub struct AppState {
+    pub config: ServerConfig,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: Option<ChatTemplate>,
+    pub scheduler: Scheduler,
+    pub metrics: Metrics,
+    /// Unix seconds at start (`created` of the model object).
+    pub started: u64,
+}
+
+/// A submitted job whose first event has arrived (so an error before the first token can
+/// still be an ordinary HTTP error response).
+pub struct Started {
+    pub first: SeqEvent,
+    pub events: UnboundedReceiver<SeqEvent>,
+    pub submitted: Instant,
+}
+
+impl AppState {
+    /// Model names a request may use: the served id, or its file name with the extension.
+    pub fn accepts_model(&self, name: &str) -> bool {
+        let id = &self.config.model_id;
+        name == id || name.strip_suffix(".gguf") == Some(id)
+    }
+
+    /// Submits `job` and waits for its first event (error or first token).
+    pub async fn start(&self, job: &Job) -> Result<Started, ApiError> {
+        let (tx, mut events) = unbounded_channel();
+        let submitted = Instant::now();
+        self.scheduler
+            .submit(SeqRequest {
+                prompt: job.prompt.clone(),
+                options: job.options.clone(),
+                top_logprobs: job.top_logprobs,
+                sink: Box::new(move |e| tx.send(e).is_ok()),
+            })
+            .map_err(|e| match e {
+                SubmitError::QueueFull => ApiError::busy(),
+                SubmitError::Stopped => ApiError::internal("the scheduler has stopped"),
+            })?;
+        let first = events
+            .recv()
+            .await
+            .ok_or_else(|| ApiError::internal("the scheduler dropped the request"))?;
+        if let SeqEvent::Error(e) = &first {
+            return Err(ApiError::from_engine(e));
+        }
+        self.metrics.observe_ttft(submitted.elapsed().as_secs_f64());
+        Ok(Started {
+            first,
+            events,
+            submitted,
+        })
+    }
+}
+
+/// Text of one token for logprobs (special tokens included, as OpenAI shows them).
+pub fn token_text(tokenizer: &Tokenizer, id: u32) -> String {
+    match tokenizer.token_bytes(id) {
+        Some(b) => String::from_utf8_lossy(&b).into_owned(),
+        None => tokenizer.decode(&[id], false).unwrap_or_default(),
+    }
+}
+
+pub fn token_bytes(tokenizer: &Tokenizer, id: u32) -> Vec<u8> {
+    tokenizer
+        .token_bytes(id)
+        .unwrap_or_else(|| token_text(tokenizer, id).into_bytes())
+}

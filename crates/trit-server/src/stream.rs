@@ -1,0 +1,196 @@
+//! Turning a started sequence into an HTTP reply: collected whole (non-streaming) or as
+//! Server-Sent Events, each `data: <json>` plus a blank line, ending with `data: [DONE]`.
+//! The SSE body owns the event receiver: when the client goes away the body is dropped, the
+//! receiver with it, and the scheduler cancels the sequence at its next token.
+
+use crate::error::ApiError;
+use crate::state::Started;
+use axum::body::Body;
+use axum::http::{header, HeaderValue};
+use axum::response::Response;
+use futures_util::stream;
+use serde_json::{json, Value};
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use trit::engine::{SeqEvent, SeqSummary, TokenLogprob};
+
+/// A whole reply.
+pub struct Collected {
+    pub text: String,
+    pub logprobs: Vec<TokenLogprob>,
+    pub summary: SeqSummary,
+}
+
+/// Waits for the end of the sequence.
+pub async fn collect(started: Started) -> Result<Collected, ApiError> {
+    let Started {
+        first, mut events, ..
+    } = started;
+    let mut out = Collected {
+        text: String::new(),
+        logprobs: Vec::new(),
+        summary: SeqSummary {
+            finish: trit::engine::FinishReason::Stop,
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            completion_tokens: 0,
+            prompt_secs: 0.0,
+            gen_secs: 0.0,
+        },
+    };
+    let mut next = Some(first);
+    while let Some(event) = next {
+        match event {
+            SeqEvent::Piece { text, logprob, .. } => {
+                out.text.push_str(&text);
+                out.logprobs.extend(logprob);
+            }
+            SeqEvent::Done(s) => {
+                out.summary = s;
+                return Ok(out);
+            }
+            SeqEvent::Error(e) => return Err(ApiError::from_engine(&e)),
+        }
+        next = events.recv().await;
+    }
+    Err(ApiError::internal("the sequence ended without a result"))
+}
+
+/// Formats sequence events as the JSON payloads of SSE events.
+pub trait ChunkFormatter: Send + 'static {
+    /// Payloads sent before the first token (the role delta of chat).
+    fn start(&mut self) -> Vec<Value>;
+    fn piece(&mut self, text: &str, logprob: Option<&TokenLogprob>) -> Vec<Value>;
+    /// The final chunks (finish reason, then usage if asked for).
+    fn done(&mut self, summary: &SeqSummary) -> Vec<Value>;
+}
+
+struct SseState<F> {
+    formatter: F,
+    started: Option<Started>,
+    events: Option<tokio::sync::mpsc::UnboundedReceiver<SeqEvent>>,
+    pending: VecDeque<String>,
+    finished: bool,
+}
+
+fn frame(v: &Value) -> String {
+    format!("data: {v}\n\n")
+}
+
+impl<F: ChunkFormatter> SseState<F> {
+    fn handle(&mut self, event: SeqEvent) {
+        match event {
+            SeqEvent::Piece { text, logprob, .. } => {
+                for v in self.formatter.piece(&text, logprob.as_ref()) {
+                    self.pending.push_back(frame(&v));
+                }
+            }
+            SeqEvent::Done(s) => {
+                for v in self.formatter.done(&s) {
+                    self.pending.push_back(frame(&v));
+                }
+                self.pending.push_back("data: [DONE]\n\n".into());
+                self.finished = true;
+            }
+            SeqEvent::Error(e) => {
+                self.pending
+                    .push_back(frame(&ApiError::from_engine(&e).body()));
+                self.finished = true;
+            }
+        }
+    }
+}
+
+/// The SSE response for a started sequence.
+pub fn sse_response<F: ChunkFormatter>(started: Started, formatter: F) -> Response {
+    let state = SseState {
+        formatter,
+        started: Some(started),
+        events: None,
+        pending: VecDeque::new(),
+        finished: false,
+    };
+    let body = stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some(f) = st.pending.pop_front() {
+                return Some((Ok::<_, Infallible>(f), st));
+            }
+            if st.finished {
+                return None;
+            }
+            if let Some(s) = st.started.take() {
+                for v in st.formatter.start() {
+                    st.pending.push_back(frame(&v));
+                }
+                st.events = Some(s.events);
+                st.handle(s.first);
+                continue;
+            }
+            let next = match st.events.as_mut() {
+                Some(rx) => rx.recv().await,
+                None => None,
+            };
+            match next {
+                Some(e) => st.handle(e),
+                None => {
+                    let err = ApiError::internal("the sequence ended without a result");
+                    st.pending.push_back(frame(&err.body()));
+                    st.finished = true;
+                }
+            }
+        }
+    });
+    let mut resp = Response::new(Body::from_stream(body));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    resp
+}
+
+/// OpenAI's `usage`, with the prompt tokens served from the prefix cache.
+pub fn usage(s: &SeqSummary) -> Value {
+    json!({
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.completion_tokens,
+        "total_tokens": s.prompt_tokens + s.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
+    })
+}
+
+/// llama.cpp's `timings`.
+pub fn timings(s: &SeqSummary) -> Value {
+    let prompt_n = s.prompt_tokens - s.cached_tokens;
+    let per_sec = |n: usize, secs: f64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
+    json!({
+        "cache_n": s.cached_tokens,
+        "prompt_n": prompt_n,
+        "prompt_ms": s.prompt_secs * 1e3,
+        "prompt_per_second": per_sec(prompt_n, s.prompt_secs),
+        "predicted_n": s.completion_tokens,
+        "predicted_ms": s.gen_secs * 1e3,
+        "predicted_per_second": per_sec(s.completion_tokens, s.gen_secs),
+    })
+}
+
+/// Unique-enough ids: `prefix` + time + a process-wide counter.
+pub fn new_id(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    format!(
+        "{prefix}{:x}{:04x}",
+        nanos,
+        COUNTER.fetch_add(1, Ordering::Relaxed) & 0xffff
+    )
+}
+
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,328 @@
+//! The OpenAI-compatible endpoints end to end, on the default model over loopback:
+//! response shapes as OpenAI clients parse them, streaming framing, and that what the server
+//! returns is the engine's real output (streamed = non-streamed, stops cut, prefixes reused).
+
+mod common;
+
+use common::{get, metric, post, Options, TestServer};
+use serde_json::{json, Value};
+use std::sync::OnceLock;
+
+fn server() -> &'static TestServer {
+    static SERVER: OnceLock<TestServer> = OnceLock::new();
+    SERVER.get_or_init(|| common::start(Options::default()))
+}
+
+fn chat(body: Value) -> Value {
+    let r = post(server().addr, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+#[test]
+fn models_health_and_metrics() {
+    let addr = server().addr;
+    let m = get(addr, "/v1/models").json();
+    assert_eq!(m["object"], "list");
+    assert_eq!(m["data"][0]["id"], "default");
+    assert_eq!(m["data"][0]["object"], "model");
+    assert!(m["data"][0]["created"].as_u64().unwrap() > 1_600_000_000);
+    assert_eq!(m["data"][0]["owned_by"], "trit");
+    let h = common::request_raw(addr, "GET", "/health", b"", None);
+    assert_eq!((h.status, h.json()), (200, json!({"status": "ok"})));
+    let r = get(addr, "/metrics");
+    assert_eq!(r.status, 200);
+    assert!(r.header("content-type").unwrap().starts_with("text/plain"));
+    let text = r.text();
+    for name in [
+        "prompt_tokens_total",
+        "tokens_predicted_total",
+        "predicted_tokens_seconds",
+        "requests_processing",
+        "requests_deferred",
+        "kv_cache_usage_ratio",
+        "n_decode_total",
+    ] {
+        assert!(
+            text.contains(&format!("# TYPE trit:{name} ")),
+            "{name} missing"
+        );
+    }
+    assert!(text.contains("trit:time_to_first_token_seconds_bucket{le=\"+Inf\"}"));
+}
+
+#[test]
+fn chat_streamed_equals_non_streamed_and_reuses_the_prefix() {
+    let messages = json!([{"role": "user", "content": "What is the capital of France?"}]);
+    let body = |stream: bool| {
+        json!({"model": "default", "messages": messages, "max_tokens": 10, "temperature": 0,
+               "stream": stream, "stream_options": {"include_usage": true}})
+    };
+    let whole = chat(body(false));
+    assert_eq!(whole["object"], "chat.completion");
+    assert!(whole["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(whole["model"], "default");
+    let choice = &whole["choices"][0];
+    assert_eq!(choice["index"], 0);
+    assert_eq!(choice["message"]["role"], "assistant");
+    assert_eq!(choice["finish_reason"], "length");
+    let content = choice["message"]["content"].as_str().unwrap().to_string();
+    assert!(!content.is_empty());
+    let usage = &whole["usage"];
+    assert_eq!(usage["completion_tokens"], 10);
+    let prompt_tokens = usage["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(usage["total_tokens"].as_u64().unwrap(), prompt_tokens + 10);
+
+    let r = post(server().addr, "/v1/chat/completions", &body(true));
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    let events = r.events();
+    let n = events.len();
+    assert_eq!(events[n - 1], "[DONE]");
+    assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
+    let mut streamed = String::new();
+    for e in &events[..n - 1] {
+        assert_eq!(e["object"], "chat.completion.chunk");
+        assert_eq!(e["id"], events[0]["id"]);
+        if let Some(t) = e["choices"][0]["delta"]["content"].as_str() {
+            streamed.push_str(t);
+        }
+    }
+    assert_eq!(streamed, content);
+    assert_eq!(events[n - 3]["choices"][0]["finish_reason"], "length");
+    assert_eq!(events[n - 3]["choices"][0]["delta"], json!({}));
+    // include_usage: a last chunk without choices. The prompt came (at least partly: other
+    // tests share the server's slots) from the prefix cache this time.
+    assert_eq!(events[n - 2]["choices"], json!([]));
+    assert_eq!(events[n - 2]["usage"]["completion_tokens"], 10);
+    assert_eq!(events[n - 2]["usage"]["prompt_tokens"], prompt_tokens);
+    let cached = events[n - 2]["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached > 0 && cached < prompt_tokens);
+}
+
+#[test]
+fn completions_text_and_token_ids_stream_and_logprobs() {
+    let addr = server().addr;
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0,
+                      "logprobs": 2});
+    let r = post(addr, "/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let whole = r.json();
+    assert_eq!(whole["object"], "text_completion");
+    assert!(whole["id"].as_str().unwrap().starts_with("cmpl-"));
+    let text = whole["choices"][0]["text"].as_str().unwrap().to_string();
+    let lp = &whole["choices"][0]["logprobs"];
+    let tokens: Vec<&str> = lp["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(tokens.len(), 8);
+    assert_eq!(tokens.concat(), text);
+    for (i, top) in lp["top_logprobs"].as_array().unwrap().iter().enumerate() {
+        // Greedy: the chosen token is the most likely one.
+        let top = top.as_object().unwrap();
+        assert_eq!(top.len(), 2);
+        let best = top
+            .values()
+            .map(|v| v.as_f64().unwrap())
+            .fold(f64::MIN, f64::max);
+        let chosen = lp["token_logprobs"][i].as_f64().unwrap();
+        assert!((best - chosen).abs() < 1e-6 && chosen <= 0.0);
+    }
+
+    let mut streamed = String::new();
+    let mut stream = body.clone();
+    stream["stream"] = json!(true);
+    let events = post(addr, "/v1/completions", &stream).events();
+    for e in &events[..events.len() - 1] {
+        streamed.push_str(e["choices"][0]["text"].as_str().unwrap());
+    }
+    assert_eq!(streamed, text);
+    assert_eq!(
+        events[events.len() - 2]["choices"][0]["finish_reason"],
+        "length"
+    );
+
+    // The same prompt as token ids gives the same text.
+    let files = trit::format::open(&common::default_model_path()).unwrap();
+    let tok = trit::tokenizer::Tokenizer::from_source(&files.tokenizer).unwrap();
+    let ids = tok.encode("Once upon a time", false).unwrap();
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": ids, "max_tokens": 8, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["choices"][0]["text"], text);
+    let from_text_ids = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": ["Once upon a time"], "max_tokens": 8, "temperature": 0}),
+    )
+    .json();
+    assert_eq!(from_text_ids["choices"][0]["text"], text);
+    assert_eq!(from_text_ids["usage"]["prompt_tokens"], 4);
+}
+
+#[test]
+fn stop_strings_cut_the_reply() {
+    let base = json!({"prompt": "The capital of France is", "max_tokens": 12, "temperature": 0});
+    let text = post(server().addr, "/v1/completions", &base).json()["choices"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Stop at the third word of the greedy reply.
+    let words: Vec<&str> = text.split_inclusive(' ').collect();
+    assert!(words.len() > 3, "{text:?}");
+    let prefix: String = words[..2].concat();
+    let stop = words[2].trim_end().to_string();
+    let mut body = base.clone();
+    body["stop"] = json!([stop, "never-appears"]);
+    let cut = post(server().addr, "/v1/completions", &body).json();
+    assert_eq!(cut["choices"][0]["text"], prefix.as_str());
+    assert_eq!(cut["choices"][0]["finish_reason"], "stop");
+}
+
+#[test]
+fn chat_logprobs_seed_and_sampling_fields() {
+    let body = json!({
+        "messages": [{"role": "system", "content": "Be brief."},
+                     {"role": "user", "content": [{"type": "text", "text": "Name a color."}]}],
+        "max_completion_tokens": 6, "temperature": 1.0, "top_p": 0.9, "top_k": 40,
+        "min_p": 0.05, "presence_penalty": 0.5, "frequency_penalty": 0.5,
+        "repeat_penalty": 1.1, "seed": 7, "logprobs": true, "top_logprobs": 3,
+        "chat_template_kwargs": {"enable_thinking": false}
+    });
+    let a = chat(body.clone());
+    let b = chat(body);
+    assert_eq!(a["choices"][0]["message"], b["choices"][0]["message"]);
+    let content = a["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(
+        content.len() as u64,
+        a["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    for entry in content {
+        let top = entry["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        let lps: Vec<f64> = top.iter().map(|t| t["logprob"].as_f64().unwrap()).collect();
+        assert!(lps.windows(2).all(|w| w[0] >= w[1]), "{lps:?}");
+        assert!(entry["logprob"].as_f64().unwrap() <= 0.0);
+        let bytes: Vec<u8> = entry["bytes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap() as u8)
+            .collect();
+        assert_eq!(
+            String::from_utf8_lossy(&bytes),
+            entry["token"].as_str().unwrap()
+        );
+    }
+    assert!(metric(server().addr, "tokens_predicted_total") >= 12.0);
+}
+
+#[test]
+fn tools_are_accepted_and_the_reply_is_well_formed() {
+    let body = json!({
+        "messages": [{"role": "user", "content": "What's the weather in Paris?"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather",
+            "description": "Weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+        "tool_choice": "auto", "max_tokens": 6, "temperature": 0
+    });
+    let r = chat(body);
+    let finish = r["choices"][0]["finish_reason"].as_str().unwrap();
+    assert!(["stop", "length", "tool_calls"].contains(&finish));
+    let msg = &r["choices"][0]["message"];
+    assert!(msg["content"].is_string() || msg["tool_calls"].is_array());
+}
+
+#[test]
+fn generation_stops_at_the_end_of_the_context_with_length() {
+    // The test server's context is 256 tokens; without max_tokens the reply may fill it.
+    let ids: Vec<u32> = (0..250).map(|i| 2000 + i).collect();
+    let r = post(
+        server().addr,
+        "/v1/completions",
+        &json!({"prompt": ids, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let generated = v["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!(
+        generated <= 6,
+        "{generated} tokens after 250 in a 256 context"
+    );
+    if generated == 6 {
+        assert_eq!(v["choices"][0]["finish_reason"], "length");
+    }
+    // A max_tokens beyond the room left: the context end stops it (the last sampled token
+    // is returned without being stored, so 256 - 250 + 1).
+    let r = post(
+        server().addr,
+        "/v1/completions",
+        &json!({"prompt": ids, "temperature": 0, "max_tokens": 100}),
+    );
+    let v = r.json();
+    let generated = v["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!(
+        generated <= 7,
+        "{generated} tokens after 250 in a 256 context"
+    );
+    if generated == 7 {
+        assert_eq!(v["choices"][0]["finish_reason"], "length");
+    }
+}
+
+/// A Qwen3 chat template (a random tiny Qwen3 model with the Qwen3 tokenizer from the asset
+/// cache): the `enable_thinking` switch reaches the template, which then pre-fills an empty
+/// `<think></think>` block.
+#[test]
+fn enable_thinking_false_reaches_the_qwen3_template() {
+    use trit::format::testgen::{generate, OutFormat, Preset, TokenizerAssets};
+    let cache = std::env::var_os("TRIT_CACHE").map_or_else(
+        || std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache"),
+        std::path::PathBuf::from,
+    );
+    let qwen3 = cache.join("qwen3");
+    if !qwen3.join("tokenizer.json").exists() {
+        eprintln!(
+            "SKIPPED: {} is absent (run tools/fetch_assets.sh)",
+            qwen3.display()
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let format = OutFormat::parse("q2_0").unwrap();
+    let preset = Preset::by_name("tiny").unwrap();
+    generate(
+        &preset,
+        0,
+        dir.path(),
+        &[format],
+        &TokenizerAssets::Dir(qwen3),
+    )
+    .unwrap();
+    let server = common::start(Options {
+        model: Some(dir.path().join(format.file_name())),
+        parallel: 1,
+        ..Options::default()
+    });
+    let prompt_tokens = |thinking: bool| {
+        let r = post(
+            server.addr,
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
+                    "chat_template_kwargs": {"enable_thinking": thinking}}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["usage"]["prompt_tokens"].as_u64().unwrap()
+    };
+    // "<think>\n\n</think>\n\n" adds a few tokens to the prompt.
+    let (on, off) = (prompt_tokens(true), prompt_tokens(false));
+    assert!(off > on && off - on <= 6, "thinking on {on}, off {off}");
+}

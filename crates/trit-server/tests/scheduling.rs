@@ -1,0 +1,221 @@
+//! Scheduling through HTTP: a client that disconnects mid-stream cancels its sequence (its slot
+//! serves the next request), a full queue answers 503 with Retry-After, and a multi-turn chat
+//! re-sent as full history only evaluates the new turn.
+
+mod common;
+
+use common::{metric, post, read_chunk, read_head, send, Options, API_KEY};
+use serde_json::json;
+
+#[test]
+fn disconnect_cancels_and_full_queue_is_503() {
+    // One slot, no queue beyond it; room for a stream far longer than the test takes.
+    let server = common::start(Options {
+        parallel: 1,
+        max_queue: 0,
+        n_ctx: 2048,
+        ..Options::default()
+    });
+    let addr = server.addr;
+    let long = json!({"prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0,
+                      "stream": true});
+    let mut first = send(
+        addr,
+        "POST",
+        "/v1/completions",
+        long.to_string().as_bytes(),
+        Some(API_KEY),
+    );
+    let (status, _) = read_head(&mut first);
+    assert_eq!(status, 200);
+    let chunk = read_chunk(&mut first).unwrap();
+    assert!(chunk.starts_with(b"data: {"));
+
+    // A second request waits for the slot ...
+    let waiting = std::thread::spawn(move || {
+        post(
+            addr,
+            "/v1/completions",
+            &json!({"prompt": "Hello", "max_tokens": 3, "temperature": 0}),
+        )
+    });
+    assert!(common::wait_until(
+        || metric(addr, "requests_deferred") == 1.0
+    ));
+    // ... and a third finds the queue full.
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "Hi", "max_tokens": 3}),
+    );
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.json()["error"]["type"], "unavailable_error");
+    assert_eq!(r.header("retry-after"), Some("1"));
+
+    // The first client goes away: its sequence stops and the waiting request gets the slot.
+    drop(first);
+    let done = waiting.join().unwrap();
+    assert_eq!(done.status, 200, "{}", done.text());
+    assert_eq!(done.json()["usage"]["completion_tokens"], 3);
+    assert!(common::wait_until(
+        || metric(addr, "requests_processing") == 0.0
+    ));
+    let predicted = metric(addr, "tokens_predicted_total");
+    assert!(
+        predicted < 2000.0,
+        "the cancelled stream ran on: {predicted} tokens"
+    );
+}
+
+#[test]
+fn second_turn_with_full_history_evaluates_only_the_new_tokens() {
+    let server = common::start(Options {
+        parallel: 2,
+        ..Options::default()
+    });
+    let mut messages = vec![json!({"role": "user", "content": "Tell me about Paris."})];
+    let turn = |messages: &Vec<serde_json::Value>| {
+        let r = post(
+            server.addr,
+            "/v1/chat/completions",
+            &json!({"messages": messages, "max_tokens": 12, "temperature": 0}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    let first = turn(&messages);
+    let reply = first["choices"][0]["message"]["content"].as_str().unwrap();
+    let p1 = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    messages.push(json!({"role": "assistant", "content": reply}));
+    messages.push(json!({"role": "user", "content": "And Rome?"}));
+    let second = turn(&messages);
+    let p2 = second["usage"]["prompt_tokens"].as_u64().unwrap();
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    let evaluated = second["timings"]["prompt_n"].as_u64().unwrap();
+    assert!(cached >= p1, "cached {cached} < first prompt {p1}");
+    assert_eq!(evaluated, p2 - cached);
+    assert!(evaluated < 20, "evaluated {evaluated} of {p2}");
+}
+
+/// The size of the load test: `TRIT_LOAD_CLIENTS` × `TRIT_LOAD_REQUESTS` (small by default
+/// to keep CI fast; the 16 × 200 is a run with those set).
+fn load_size() -> (usize, usize) {
+    let var = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    (var("TRIT_LOAD_CLIENTS", 6), var("TRIT_LOAD_REQUESTS", 8))
+}
+
+fn rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// A bounded load test on loopback: concurrent clients mixing non-streaming, streaming and
+/// abandoned streams. No 5xx, every reply well formed, and at the end nothing is running.
+#[test]
+fn mixed_concurrent_load_leaves_nothing_behind() {
+    let (clients, requests) = load_size();
+    let server = common::start(Options {
+        parallel: 4,
+        max_queue: 64,
+        ..Options::default()
+    });
+    let addr = server.addr;
+    let rss_before = rss_kib();
+    let workers: Vec<_> = (0..clients)
+        .map(|c| {
+            std::thread::spawn(move || {
+                for r in 0..requests {
+                    let prompt = format!("Client {c} asks question {r}:");
+                    match (c + r) % 3 {
+                        0 => {
+                            let reply = post(
+                                addr,
+                                "/v1/completions",
+                                &json!({"prompt": prompt, "max_tokens": 4, "seed": r}),
+                            );
+                            assert_eq!(reply.status, 200, "{}", reply.text());
+                            assert!(
+                                reply.json()["usage"]["completion_tokens"].as_u64().unwrap() <= 4
+                            );
+                        }
+                        1 => {
+                            let body = json!({"messages": [{"role": "user", "content": prompt}],
+                                              "max_tokens": 4, "stream": true});
+                            let reply = post(addr, "/v1/chat/completions", &body);
+                            assert_eq!(reply.status, 200, "{}", reply.text());
+                            let events = reply.events();
+                            assert_eq!(events.last().unwrap(), "[DONE]");
+                        }
+                        _ => {
+                            // Read the first chunk of a long stream, then hang up.
+                            let body = json!({"prompt": prompt, "max_tokens": 200, "stream": true});
+                            let mut conn = send(
+                                addr,
+                                "POST",
+                                "/v1/completions",
+                                body.to_string().as_bytes(),
+                                Some(API_KEY),
+                            );
+                            let (status, _) = read_head(&mut conn);
+                            assert_eq!(status, 200);
+                            assert!(read_chunk(&mut conn).is_some());
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    assert!(common::wait_until(|| metric(addr, "requests_processing")
+        == 0.0
+        && metric(addr, "requests_deferred") == 0.0));
+    assert_eq!(metric(addr, "requests_total"), (clients * requests) as f64);
+    assert_eq!(metric(addr, "requests_failed_total"), 0.0);
+    // Abandoned streams were cancelled rather than run to 200 tokens each.
+    let abandoned = (0..clients)
+        .flat_map(|c| (0..requests).map(move |r| (c + r) % 3))
+        .filter(|&kind| kind == 2)
+        .count() as f64;
+    assert!(metric(addr, "tokens_predicted_total") < abandoned * 200.0);
+    // Reported, not asserted (the allocator decides when memory goes back).
+    eprintln!(
+        "load {clients}x{requests}: RSS {:?} KiB before, {:?} KiB after; KV {} positions",
+        rss_before,
+        rss_kib(),
+        metric(addr, "kv_cache_tokens")
+    );
+}
+
+#[test]
+fn graceful_shutdown_lets_a_stream_in_flight_finish() {
+    let mut server = common::start(Options::default());
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 40, "temperature": 0,
+                      "stream": true});
+    let mut conn = send(
+        server.addr,
+        "POST",
+        "/v1/completions",
+        body.to_string().as_bytes(),
+        Some(API_KEY),
+    );
+    assert_eq!(read_head(&mut conn).0, 200);
+    let mut text = String::from_utf8(read_chunk(&mut conn).unwrap()).unwrap();
+    server.begin_shutdown();
+    while let Some(chunk) = read_chunk(&mut conn) {
+        text.push_str(&String::from_utf8(chunk).unwrap());
+    }
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert!(text.contains("\"finish_reason\":\"length\""));
+    server.join();
+}

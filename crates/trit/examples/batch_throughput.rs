@@ -1,0 +1,238 @@
+//! Aggregate decode throughput of N sequences decoding together (continuous batching) vs one,
+//! measured two ways: raw batched forward steps (`Model::forward_batch`, one token per
+//! sequence per step, like llama-batched-bench's S_TG), and end to end through the
+//! `Scheduler` that `trit serve` uses (sampling, stop checks and events included).
+//!
+//! cargo run --release -p trit --example batch_throughput -- MODEL [-t THREADS] [--streams 1,8]
+//!     [-n STEPS] [-d DEPTH] [-r REPS]
+//!
+//! Token ids are random (seeded); each sequence first holds DEPTH tokens (untimed). The stream
+//! counts are measured in turn, REPS rounds, so background load hits all of them alike; the
+//! table shows the median and the best round (a shared machine only ever slows a run down).
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Instant;
+use trit::engine::{GenerateOptions, Scheduler, SchedulerConfig, SeqEvent, SeqRequest};
+use trit::model::{BatchSeq, Logits, Model};
+use trit::sample::SamplingParams;
+use trit::tokenizer::Tokenizer;
+
+struct Args {
+    model: String,
+    threads: usize,
+    streams: Vec<usize>,
+    steps: usize,
+    depth: usize,
+    reps: usize,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut it = std::env::args().skip(1);
+    let mut a = Args {
+        model: String::new(),
+        threads: trit::threadpool::default_threads(),
+        streams: vec![1, 8],
+        steps: 32,
+        depth: 64,
+        reps: 3,
+    };
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().ok_or(format!("{arg} needs a value"));
+        match arg.as_str() {
+            "-t" => a.threads = value()?.parse().map_err(|e| format!("-t: {e}"))?,
+            "-n" => a.steps = value()?.parse().map_err(|e| format!("-n: {e}"))?,
+            "-d" => a.depth = value()?.parse().map_err(|e| format!("-d: {e}"))?,
+            "-r" => a.reps = value()?.parse().map_err(|e| format!("-r: {e}"))?,
+            "--streams" => {
+                a.streams = value()?
+                    .split(',')
+                    .map(|s| s.parse().map_err(|e| format!("--streams: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
+            _ if a.model.is_empty() => a.model = arg,
+            other => return Err(format!("unexpected argument {other}")),
+        }
+    }
+    if a.model.is_empty() || a.streams.contains(&0) || a.depth == 0 || a.reps == 0 {
+        return Err("usage: batch_throughput MODEL [-t N] [--streams 1,8] [-n STEPS] [-d DEPTH>0] [-r REPS]".into());
+    }
+    Ok(a)
+}
+
+fn random_tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 33) % vocab as u64) as u32
+        })
+        .collect()
+}
+
+/// Tokens/s of all sequences together over `steps` batched single-token steps.
+fn raw_forward(model: &Model, streams: usize, steps: usize, depth: usize) -> f64 {
+    let vocab = model.config().vocab;
+    let mut caches: Vec<_> = (0..streams)
+        .map(|_| model.new_cache(depth + steps + 1))
+        .collect();
+    for (i, c) in caches.iter_mut().enumerate() {
+        model
+            .forward(&random_tokens(i as u64, depth, vocab), c, Logits::Last)
+            .unwrap();
+    }
+    let feeds: Vec<Vec<u32>> = (0..streams)
+        .map(|i| random_tokens(100 + i as u64, steps + 1, vocab))
+        .collect();
+    let mut step = |s: usize| {
+        let mut batch: Vec<BatchSeq<'_>> = caches
+            .iter_mut()
+            .zip(&feeds)
+            .map(|(cache, f)| BatchSeq {
+                tokens: &f[s..s + 1],
+                cache,
+                logits: Logits::Last,
+            })
+            .collect();
+        model.forward_batch(&mut batch).unwrap();
+    };
+    step(0); // warm-up
+    let t0 = Instant::now();
+    for s in 1..=steps {
+        step(s);
+    }
+    (streams * steps) as f64 / t0.elapsed().as_secs_f64()
+}
+
+/// The ceiling for comparison: tokens/s of forward calls that give ONE sequence `rows` new
+/// tokens each (a prefill chunk: same matmul shapes as `rows` batched sequences, one head row).
+fn one_sequence_rows(model: &Model, rows: usize, steps: usize, depth: usize) -> f64 {
+    let vocab = model.config().vocab;
+    let mut cache = model.new_cache(depth + (steps + 1) * rows);
+    model
+        .forward(&random_tokens(1, depth, vocab), &mut cache, Logits::Last)
+        .unwrap();
+    let feed = random_tokens(2, (steps + 1) * rows, vocab);
+    let mut chunks = feed.chunks(rows);
+    model
+        .forward(chunks.next().unwrap(), &mut cache, Logits::Last)
+        .unwrap();
+    let t0 = Instant::now();
+    for c in chunks {
+        model.forward(c, &mut cache, Logits::Last).unwrap();
+    }
+    (steps * rows) as f64 / t0.elapsed().as_secs_f64()
+}
+
+/// Tokens/s through the scheduler: `streams` requests submitted at once, timed from the
+/// first generated token of the last one to start until all are done.
+fn scheduler(
+    model: Arc<Model>,
+    tok: Arc<Tokenizer>,
+    streams: usize,
+    steps: usize,
+    depth: usize,
+) -> f64 {
+    let vocab = model.config().vocab;
+    let sched = Scheduler::start(
+        model,
+        tok,
+        SchedulerConfig {
+            n_ctx: depth + steps + 8,
+            parallel: streams,
+            max_queue: 0,
+            prefix_cache_bytes: 0,
+        },
+    )
+    .expect("starting the scheduler");
+    let (tx, rx) = mpsc::channel::<(usize, Instant, bool)>();
+    for i in 0..streams {
+        let tx = tx.clone();
+        sched
+            .submit(SeqRequest {
+                prompt: random_tokens(i as u64, depth, vocab),
+                options: GenerateOptions {
+                    max_tokens: steps,
+                    sampling: SamplingParams::greedy(),
+                    stop: vec![],
+                    eos: vec![],
+                },
+                top_logprobs: None,
+                sink: Box::new(move |e| {
+                    let done = matches!(e, SeqEvent::Done(_));
+                    tx.send((i, Instant::now(), done)).is_ok()
+                }),
+            })
+            .unwrap();
+    }
+    drop(tx);
+    // Only the steady state counts: from when every stream has its first token (the prompts
+    // are read) to the end, the tokens produced in between.
+    let events: Vec<(usize, Instant, bool)> = rx.iter().collect();
+    let mut first = vec![None; streams];
+    for &(i, at, done) in &events {
+        if !done && first[i].is_none() {
+            first[i] = Some(at);
+        }
+    }
+    let start = first
+        .iter()
+        .flatten()
+        .max()
+        .copied()
+        .unwrap_or_else(Instant::now);
+    let end = events.iter().map(|e| e.1).max().unwrap_or(start);
+    let tokens = events
+        .iter()
+        .filter(|&&(_, at, done)| !done && at > start)
+        .count();
+    tokens as f64 / (end - start).as_secs_f64().max(1e-9)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let a = parse()?;
+    let files = trit::format::open(std::path::Path::new(&a.model))?;
+    let tok = Arc::new(Tokenizer::from_source(&files.tokenizer)?);
+    let model = Arc::new(Model::load(&files, a.threads)?);
+    println!(
+        "model {}, {} threads, depth {}, {} steps, {} rounds",
+        a.model, a.threads, a.depth, a.steps, a.reps
+    );
+    // samples[i] = (raw, scheduler) tokens/s of each round for streams[i].
+    let mut samples = vec![Vec::new(); a.streams.len()];
+    for _ in 0..a.reps {
+        for (i, &n) in a.streams.iter().enumerate() {
+            let raw = raw_forward(&model, n, a.steps, a.depth);
+            let sch = scheduler(model.clone(), tok.clone(), n, a.steps, a.depth);
+            let rows = one_sequence_rows(&model, n, a.steps, a.depth);
+            samples[i].push((raw, sch, rows));
+        }
+    }
+    let stat = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[v.len() - 1])
+    };
+    println!("| streams | forward_batch t/s median (best) | × vs first | scheduler t/s median (best) | × vs first | one sequence, same rows per call t/s |");
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
+    let mut base = None;
+    for (n, s) in a.streams.iter().zip(&samples) {
+        let raw = stat(&s.iter().map(|x| x.0).collect::<Vec<_>>());
+        let sch = stat(&s.iter().map(|x| x.1).collect::<Vec<_>>());
+        let rows = stat(&s.iter().map(|x| x.2).collect::<Vec<_>>());
+        let (b_raw, b_sch) = *base.get_or_insert((raw.0, sch.0));
+        println!(
+            "| {n} | {:.2} ({:.2}) | {:.2} | {:.2} ({:.2}) | {:.2} | {:.2} |",
+            raw.0,
+            raw.1,
+            raw.0 / b_raw,
+            sch.0,
+            sch.1,
+            sch.0 / b_sch,
+            rows.0
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,180 @@
+//! The decoding state of one sequence, step by step: logits in → sampled token, text that
+//! became final (complete characters, never part of a stop string), and whether it is done.
+//! Both the single-sequence [`generate`](super::generate) loop and the batching
+//! [`Scheduler`](super::Scheduler) drive it, so stop conditions and streaming text behave the
+//! same in `trit run` and `trit serve`.
+
+use super::generate::{FinishReason, GenerateOptions, StopMatcher};
+use crate::sample::Sampler;
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::Result;
+
+/// Log-probability of a sampled token under the model (before penalties and temperature, as
+/// OpenAI reports them) and the most likely alternatives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    /// `(token, logprob)`, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// What one step produced.
+#[derive(Clone, Debug, Default)]
+pub struct Step {
+    /// The sampled token, `None` when it was an end-of-sequence token (not part of the output).
+    pub token: Option<u32>,
+    /// Text that became final with this step (may be empty; at the end, includes held text).
+    pub text: String,
+    pub logprob: Option<TokenLogprob>,
+    /// Set when the sequence has finished; then the token must not be fed back.
+    pub finish: Option<FinishReason>,
+}
+
+pub struct Decoding {
+    sampler: Sampler,
+    history: Vec<u32>,
+    decoder: StreamDecoder,
+    stops: StopMatcher,
+    eos: Vec<u32>,
+    max_tokens: usize,
+    top_logprobs: Option<usize>,
+    generated: usize,
+    finish: Option<FinishReason>,
+}
+
+impl Decoding {
+    pub fn new(prompt: &[u32], opts: &GenerateOptions) -> Result<Self> {
+        Ok(Decoding {
+            sampler: Sampler::new(opts.sampling.clone())?,
+            history: prompt.to_vec(),
+            decoder: StreamDecoder::new(),
+            stops: StopMatcher::new(&opts.stop),
+            eos: opts.eos.clone(),
+            max_tokens: opts.max_tokens,
+            top_logprobs: None,
+            generated: 0,
+            finish: None,
+        })
+    }
+
+    /// Also report log-probabilities: of the sampled token and of the `top` most likely ones.
+    pub fn with_logprobs(mut self, top: usize) -> Self {
+        self.top_logprobs = Some(top);
+        self
+    }
+
+    /// Tokens generated so far (end-of-sequence tokens excluded).
+    pub fn generated(&self) -> usize {
+        self.generated
+    }
+
+    pub fn finish_reason(&self) -> Option<FinishReason> {
+        self.finish
+    }
+
+    /// Samples from `logits` (the model's output after the last fed token; modified in place).
+    /// `cached` is how many positions the sequence's cache holds and `n_ctx` its capacity: a
+    /// token that could not be fed back ends the sequence with `Length`.
+    pub fn step(
+        &mut self,
+        logits: &mut [f32],
+        tokenizer: &Tokenizer,
+        cached: usize,
+        n_ctx: usize,
+    ) -> Step {
+        let mut step = Step::default();
+        if self.finish.is_some() {
+            step.finish = self.finish;
+            return step;
+        }
+        if self.max_tokens == 0 {
+            return self.end(step, FinishReason::Length, tokenizer);
+        }
+        let logprob_source = self.top_logprobs.map(|_| logits.to_vec());
+        let tok = self.sampler.sample(logits, &self.history);
+        if let (Some(top), Some(raw)) = (self.top_logprobs, logprob_source) {
+            step.logprob = Some(token_logprob(&raw, tok, top));
+        }
+        if self.eos.contains(&tok) {
+            return self.end(step, FinishReason::Stop, tokenizer);
+        }
+        step.token = Some(tok);
+        self.generated += 1;
+        self.history.push(tok);
+        if let Some(piece) = self.decoder.push(tokenizer, tok) {
+            let (ready, hit) = self.stops.push(&piece);
+            step.text = ready;
+            if hit {
+                // The stop string and anything held back are dropped.
+                self.finish = Some(FinishReason::Stop);
+                step.finish = self.finish;
+                return step;
+            }
+        }
+        if self.generated >= self.max_tokens || cached + 1 > n_ctx {
+            return self.end(step, FinishReason::Length, tokenizer);
+        }
+        step
+    }
+
+    /// Ends the sequence from outside (client gone); returns the text still held back.
+    pub fn cancel(&mut self, tokenizer: &Tokenizer) -> Step {
+        self.end(Step::default(), FinishReason::Cancelled, tokenizer)
+    }
+
+    fn end(&mut self, mut step: Step, reason: FinishReason, tokenizer: &Tokenizer) -> Step {
+        // Text held back as a possible stop-string prefix, or bytes of an unfinished character.
+        step.text.push_str(&self.stops.take_held());
+        step.text.push_str(&self.decoder.flush(tokenizer));
+        self.finish = Some(reason);
+        step.finish = Some(reason);
+        step
+    }
+}
+
+/// Log-softmax of `logits` at `token`, plus the `top` largest entries.
+pub fn token_logprob(logits: &[f32], token: u32, top: usize) -> TokenLogprob {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
+    let log_z = max
+        + logits
+            .iter()
+            .map(|&x| (x as f64 - max).exp())
+            .sum::<f64>()
+            .ln();
+    let lp = |i: usize| (logits[i] as f64 - log_z) as f32;
+    let mut best: Vec<u32> = Vec::new();
+    if top > 0 {
+        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+        let k = top.min(idx.len());
+        idx.select_nth_unstable_by(k - 1, |&a, &b| {
+            logits[b as usize].total_cmp(&logits[a as usize])
+        });
+        idx.truncate(k);
+        idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        best = idx;
+    }
+    TokenLogprob {
+        token,
+        logprob: lp(token as usize),
+        top: best.into_iter().map(|t| (t, lp(t as usize))).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logprobs_are_log_softmax_and_top_is_sorted() {
+        let logits = [0.0f32, (3f32).ln(), -50.0];
+        let l = token_logprob(&logits, 0, 2);
+        // p = 0.25 / 0.75 / ~0
+        assert!((l.logprob - 0.25f32.ln()).abs() < 1e-5, "{l:?}");
+        assert_eq!(l.top.len(), 2);
+        assert_eq!(l.top[0].0, 1);
+        assert!((l.top[0].1 - 0.75f32.ln()).abs() < 1e-5);
+        assert_eq!(l.top[1].0, 0);
+        assert!(token_logprob(&logits, 2, 0).top.is_empty());
+    }
+}

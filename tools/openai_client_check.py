@@ -1,0 +1,98 @@
+"""Drives a running `trit serve` with the official `openai` Python client and checks what a
+client sees: chat (plain, streamed with usage), completions, models, a tool-call round trip,
+and the error cases as the client raises them. Prints OK and exits 0 when everything holds.
+
+    python tools/openai_client_check.py BASE_URL API_KEY
+"""
+
+import re
+import sys
+
+import openai
+
+base_url, api_key = sys.argv[1], sys.argv[2]
+client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
+
+
+def check(cond, what):
+    if not cond:
+        raise SystemExit(f"FAILED: {what}")
+
+
+models = client.models.list()
+model = models.data[0].id
+check(models.data[0].object == "model", "model object")
+
+messages = [{"role": "user", "content": "What is the capital of France?"}]
+chat = client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0)
+reply = chat.choices[0].message
+check(chat.object == "chat.completion", "chat object")
+check(reply.role == "assistant" and reply.content, "assistant content")
+check(chat.choices[0].finish_reason in ("stop", "length"), "finish reason")
+check(chat.usage.total_tokens == chat.usage.prompt_tokens + chat.usage.completion_tokens, "usage")
+
+stream = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=8, temperature=0, stream=True,
+    stream_options={"include_usage": True},
+)
+chunks = list(stream)
+check(chunks[0].choices[0].delta.role == "assistant", "role delta first")
+text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+check(text == reply.content, f"streamed {text!r} != {reply.content!r}")
+finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+check(finishes == [chat.choices[0].finish_reason], "one finish reason")
+check(chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == chat.usage.completion_tokens,
+      "usage chunk")
+
+completion = client.completions.create(model=model, prompt="Once upon a time", max_tokens=6,
+                                       temperature=0, logprobs=2)
+check(completion.object == "text_completion", "completion object")
+check("".join(completion.choices[0].logprobs.tokens) == completion.choices[0].text, "logprob tokens")
+
+# Tool-call round trip: tools offered, then the call and its result sent back as history.
+tools = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+first = client.chat.completions.create(model=model, messages=[
+    {"role": "user", "content": "Weather in Paris?"}], tools=tools, max_tokens=8, temperature=0)
+check(first.choices[0].finish_reason in ("stop", "length", "tool_calls"), "tool finish reason")
+history = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [{
+        "id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21}'},
+]
+second = client.chat.completions.create(model=model, messages=history, tools=tools, max_tokens=8,
+                                        temperature=0)
+check(second.choices[0].message.content is not None or second.choices[0].message.tool_calls,
+      "reply after the tool result")
+
+# Errors, as the client raises them.
+try:
+    client.chat.completions.create(model=model, messages=[
+        {"role": "user", "content": "word " * 5000}], max_tokens=4)
+    check(False, "context overflow must fail")
+except openai.BadRequestError as e:
+    check(e.status_code == 400, "overflow status")
+    check(e.body["type"] == "exceed_context_size_error", f"overflow type {e.body}")
+    check(re.search(r"request \((\d+) tokens\)", e.body["message"]), "llama.cpp wording")
+    check(e.body["n_ctx"] > 0 and e.body["n_prompt_tokens"] > e.body["n_ctx"], "counts")
+try:
+    client.chat.completions.create(model="no-such-model", messages=messages, max_tokens=4)
+    check(False, "unknown model must fail")
+except openai.NotFoundError as e:
+    check(e.status_code == 404, "unknown model status")
+try:
+    client.chat.completions.create(model=model, messages=messages, max_tokens=4, response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}})
+    check(False, "json_schema must be refused")
+except openai.BadRequestError as e:
+    check("response_format" in e.body["message"], "names response_format")
+try:
+    openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0).models.list()
+    check(False, "a wrong key must fail")
+except openai.AuthenticationError as e:
+    check(e.status_code == 401, "auth status")
+
+print("OK")
