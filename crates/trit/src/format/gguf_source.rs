@@ -142,5 +142,6 @@ pub(super) fn open_gguf(path: &Path, _options: OpenOptions) -> Result<ModelFiles
         generation,
         path: path.to_path_buf(),
         format_name: "GGUF".into(),
+        rotation: None,
     })
 }

@@ -239,12 +239,29 @@ pub(super) fn build(
         let Some((module, canonical)) = module_of(&tensor)? else {
             continue;
         };
-        if skip_lm_head && module == "lm_head" {
+        if skip_lm_head && canonical == "output" {
             continue;
         }
         let (_, suffix) = split_tensor_name(&tensor);
         let quantized = files.contains(&format!("{module}.scales"));
         match suffix {
+            "A_log" | "dt_bias" => {
+                let (info, _) = files.get(&tensor).expect("listed");
+                if !info.dtype.is_float() {
+                    return Err(Error::Format(format!(
+                        "'{tensor}' should be a float vector, found {} {:?}",
+                        info.dtype.name(),
+                        info.shape
+                    )));
+                }
+                entries.insert(
+                    canonical,
+                    Entry::Plain {
+                        hf: tensor.clone(),
+                        dtype: info.dtype,
+                    },
+                );
+            }
             "weight" if quantized => {}
             "scales" => packed.push(packed_module(&files, q, &module, canonical)?),
             "biases" if quantized => {}
@@ -272,7 +289,7 @@ pub(super) fn build(
             }
             _ => {
                 return Err(Error::Unsupported(format!(
-                    "tensor '{tensor}': llama/qwen3 modules have no '{suffix}'"
+                    "tensor '{tensor}': llama/qwen3/qwen3_5 modules have no '{suffix}'"
                 )))
             }
         }

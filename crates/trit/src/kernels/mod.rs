@@ -54,6 +54,7 @@ mod act;
 mod avx2;
 mod avx512;
 mod dense;
+pub mod hadamard;
 pub mod ops;
 pub(crate) mod pool;
 mod portable;
