@@ -27,14 +27,20 @@ use trit::model::Model;
 
 static LEVEL: Mutex<()> = Mutex::new(());
 const PRESET: &str = "tiny-qwen35";
+/// The Bonsai 2 layout: the same architecture as a `prism_hadamard_qwen35` pack.
+const PRESETS: [&str; 2] = [PRESET, "tiny-prism"];
 
-fn fixture() -> Value {
-    let path = common::repo_root().join(format!("tests/fixtures/qwen35/{PRESET}.json"));
+fn fixture_of(preset: &str) -> Value {
+    let path = common::repo_root().join(format!("tests/fixtures/qwen35/{preset}.json"));
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
-fn logits_fixture(prompt: &str) -> Vec<f32> {
-    let path = common::repo_root().join(format!("tests/fixtures/qwen35/{PRESET}.{prompt}.f32"));
+fn fixture() -> Value {
+    fixture_of(PRESET)
+}
+
+fn logits_fixture(preset: &str, prompt: &str) -> Vec<f32> {
+    let path = common::repo_root().join(format!("tests/fixtures/qwen35/{preset}.{prompt}.f32"));
     std::fs::read(path)
         .unwrap()
         .chunks_exact(4)
@@ -50,12 +56,16 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
-fn make_model() -> (tempfile::TempDir, PathBuf) {
+fn make_model_of(preset: &str) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
-    let p = HybridPreset::by_name(PRESET).unwrap();
+    let p = HybridPreset::by_name(preset).unwrap();
     generate(&p, 0, dir.path(), &TokenizerAssets::Placeholder).unwrap();
     let path = dir.path().join("mlx");
     (dir, path)
+}
+
+fn make_model() -> (tempfile::TempDir, PathBuf) {
+    make_model_of(PRESET)
 }
 
 fn load(path: &std::path::Path) -> Arc<Model> {
@@ -79,39 +89,41 @@ fn greedy(s: &mut Session, prompt: &[u32], steps: usize) -> (Vec<f32>, Vec<u32>)
 fn exact_path_matches_mlx_lm() {
     let _g = LEVEL.lock().unwrap_or_else(|e| e.into_inner());
     set_level(KernelLevel::Reference).unwrap();
-    let fx = fixture();
-    let (_tmp, dir) = make_model();
-    let model = load(&dir);
-    for name in ["short", "long"] {
-        let r = &fx["prompts"][name];
-        let prompt = ids(&r["ids"]);
-        let mut s = Session::new(model.clone(), 512);
-        let (logits, out) = greedy(&mut s, &prompt, 32);
-        let want = logits_fixture(name);
-        let d = common::max_abs_diff(&logits, &want);
-        let cos = common::cosine(&logits, &want);
-        eprintln!(
-            "{name} ({} tokens): max |Δ| {d:.2e}, cosine {cos:.9}",
-            prompt.len()
-        );
-        assert!(d < 1e-3, "{name}: max |Δ| {d}");
-        assert!(cos > 0.999_999, "{name}: cosine {cos}");
-        let gaps: Vec<f64> = r["gap_top1_top2"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|g| g.as_f64().unwrap())
-            .collect();
-        let comparable = gaps.iter().take_while(|&&g| g > 2e-3).count();
-        assert!(
-            comparable >= 8,
-            "{name}: only {comparable} comparable steps"
-        );
-        assert_eq!(
-            out[..comparable],
-            ids(&r["greedy32"])[..comparable],
-            "{name}: greedy ids differ within the first {comparable} steps"
-        );
+    for preset in PRESETS {
+        let fx = fixture_of(preset);
+        let (_tmp, dir) = make_model_of(preset);
+        let model = load(&dir);
+        for name in ["short", "long"] {
+            let r = &fx["prompts"][name];
+            let prompt = ids(&r["ids"]);
+            let mut s = Session::new(model.clone(), 512);
+            let (logits, out) = greedy(&mut s, &prompt, 32);
+            let want = logits_fixture(preset, name);
+            let d = common::max_abs_diff(&logits, &want);
+            let cos = common::cosine(&logits, &want);
+            eprintln!(
+                "{preset} {name} ({} tokens): max |Δ| {d:.2e}, cosine {cos:.9}",
+                prompt.len()
+            );
+            assert!(d < 1e-3, "{preset} {name}: max |Δ| {d}");
+            assert!(cos > 0.999_999, "{preset} {name}: cosine {cos}");
+            let gaps: Vec<f64> = r["gap_top1_top2"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|g| g.as_f64().unwrap())
+                .collect();
+            let comparable = gaps.iter().take_while(|&&g| g > 2e-3).count();
+            assert!(
+                comparable >= 8,
+                "{preset} {name}: {comparable} comparable steps"
+            );
+            assert_eq!(
+                out[..comparable],
+                ids(&r["greedy32"])[..comparable],
+                "{preset} {name}: greedy ids differ within the first {comparable} steps"
+            );
+        }
     }
 }
 
@@ -120,19 +132,22 @@ fn fast_kernels_stay_close_to_mlx_lm() {
     let _g = LEVEL.lock().unwrap_or_else(|e| e.into_inner());
     let level = best_level();
     set_level(level).unwrap();
-    let fx = fixture();
-    let (_tmp, dir) = make_model();
-    let model = load(&dir);
-    for name in ["short", "long"] {
-        let prompt = ids(&fx["prompts"][name]["ids"]);
-        let mut s = Session::new(model.clone(), 512);
-        let logits = s.prefill(&prompt).unwrap();
-        let want = logits_fixture(name);
-        let cos = common::cosine(&logits, &want);
-        let d = common::max_abs_diff(&logits, &want);
-        let rms = (want.iter().map(|x| x * x).sum::<f32>() / want.len() as f32).sqrt();
-        eprintln!("{name}: {level:?} kernels max |Δ| {d:.3}, cosine {cos:.6}, logit rms {rms:.3}");
-        assert!(cos > 0.99, "{name}: cosine {cos}");
+    for preset in PRESETS {
+        let fx = fixture_of(preset);
+        let (_tmp, dir) = make_model_of(preset);
+        let model = load(&dir);
+        for name in ["short", "long"] {
+            let prompt = ids(&fx["prompts"][name]["ids"]);
+            let mut s = Session::new(model.clone(), 512);
+            let logits = s.prefill(&prompt).unwrap();
+            let want = logits_fixture(preset, name);
+            let cos = common::cosine(&logits, &want);
+            let d = common::max_abs_diff(&logits, &want);
+            eprintln!("{preset} {name}: {level:?} kernels max |Δ| {d:.3}, cosine {cos:.6}");
+            // Looser than the dense models' 0.999: int8 activation error passes through the
+            // recurrent state of 6 linear layers; a wrong graph gives cosines near 0.
+            assert!(cos > 0.99, "{preset} {name}: cosine {cos}");
+        }
     }
     set_level(KernelLevel::Reference).unwrap();
 }

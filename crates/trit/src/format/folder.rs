@@ -4,8 +4,8 @@
 
 use super::safetensors::SafetensorsSet;
 use super::{
-    mlx, unpacked, Dtype, GenerationDefaults, ModelConfig, ModelFiles, OpenOptions, TensorData,
-    TensorView, TokenizerSource, WeightSource,
+    mlx, prism_mlx, unpacked, Dtype, GenerationDefaults, ModelConfig, ModelFiles, OpenOptions,
+    TensorData, TensorView, TokenizerSource, WeightSource,
 };
 use crate::quant::GgmlType;
 use crate::{Error, Result};
@@ -261,11 +261,28 @@ pub(super) fn open_folder(dir: &Path, options: OpenOptions) -> Result<ModelFiles
         .get("quantization")
         .or_else(|| config_json.get("quantization_config"))
         .filter(|q| !q.is_null());
+    let model_type = config_json.get("model_type").and_then(Value::as_str);
+    let rotation = if model_type == Some(prism_mlx::MODEL_TYPE) {
+        Some(prism_mlx::read(&config_json, &files)?)
+    } else {
+        None
+    };
     let (source, format_name) = match quantization {
         Some(q) => {
             let q = mlx::QuantConfig::parse(q)?;
-            let s = mlx::build(files, &q, skip_lm_head, options)?;
-            (s, format!("MLX {}-bit", q.bits))
+            let s = mlx::build(files, &q, skip_lm_head, rotation.is_some(), options)?;
+            let name = match &rotation {
+                Some(r) => format!("MLX {}-bit Bonsai 2 pack ({})", q.bits, r.describe()),
+                None => format!("MLX {}-bit", q.bits),
+            };
+            (s, name)
+        }
+        None if rotation.is_some() => {
+            return Err(Error::Format(format!(
+                "{}: a {} pack without a quantization block",
+                dir.display(),
+                prism_mlx::MODEL_TYPE
+            )))
         }
         None => {
             let (s, dtype) = unpacked::build(files, skip_lm_head)?;
@@ -297,7 +314,7 @@ pub(super) fn open_folder(dir: &Path, options: OpenOptions) -> Result<ModelFiles
         generation,
         path: dir.to_path_buf(),
         format_name,
-        rotation: None,
+        rotation,
     })
 }
 

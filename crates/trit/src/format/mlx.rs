@@ -231,11 +231,16 @@ pub(super) fn build(
     files: SafetensorsSet,
     q: &QuantConfig,
     skip_lm_head: bool,
+    rotated_pack: bool,
     options: OpenOptions,
 ) -> Result<FolderSource> {
     let mut entries = BTreeMap::new();
     let mut packed = Vec::new();
     for tensor in files.names() {
+        // A rotated pack's sign vectors were read (and checked) with its manifest.
+        if rotated_pack && tensor.ends_with(".signs") {
+            continue;
+        }
         let Some((module, canonical)) = module_of(&tensor)? else {
             continue;
         };

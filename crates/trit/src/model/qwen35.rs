@@ -151,6 +151,10 @@ impl Qwen35 {
         } else {
             Some(lin("output.weight", cfg.vocab, d)?)
         };
+        rot.check_embedding(d)?;
+        // A rotation declared for a weight the graph never rotates (or never reads) means the
+        // file and this reader disagree about the model: refuse rather than guess.
+        rot.check_all_used(&|name| is_rotatable(&hy, cfg.tied_embeddings, name))?;
         let rope = Rope::new(hy.rotary_dim, cfg.rope_theta, RopeStyle::Neox, None);
         Ok(Qwen35 {
             config: cfg.clone(),
@@ -415,6 +419,31 @@ impl Qwen35 {
         }
         Projector::new(pool, &o, n).run(&m.out, out);
     }
+}
+
+/// Whether `name` is a projection this graph loads through `Rotations::linear`.
+fn is_rotatable(hy: &HybridConfig, tied: bool, name: &str) -> bool {
+    if name == "output.weight" {
+        return !tied;
+    }
+    let Some(rest) = name.strip_prefix("blk.") else {
+        return false;
+    };
+    let Some((layer, tensor)) = rest.split_once('.') else {
+        return false;
+    };
+    let Some(&linear) = layer.parse::<usize>().ok().and_then(|i| hy.linear.get(i)) else {
+        return false;
+    };
+    let mixer: &[&str] = if linear {
+        &["attn_qkv", "attn_gate", "ssm_out"]
+    } else {
+        &["attn_q", "attn_k", "attn_v", "attn_output"]
+    };
+    mixer
+        .iter()
+        .chain(&["ffn_gate", "ffn_up", "ffn_down"])
+        .any(|t| tensor == format!("{t}.weight"))
 }
 
 fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {

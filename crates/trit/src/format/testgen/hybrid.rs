@@ -40,9 +40,11 @@ pub struct HybridPreset {
     pub partial_rotary_factor: f32,
     pub norm_eps: f32,
     pub max_pos: usize,
+    /// Written as a Bonsai 2 `prism_hadamard_qwen35` pack (stored weights in the rotated basis).
+    pub rotated: bool,
 }
 
-pub const HYBRID_PRESET_NAMES: &[&str] = &["tiny-qwen35", "27b-qwen35"];
+pub const HYBRID_PRESET_NAMES: &[&str] = &["tiny-qwen35", "tiny-prism", "27b-qwen35"];
 
 impl HybridPreset {
     pub fn by_name(name: &str) -> Result<HybridPreset> {
@@ -68,9 +70,22 @@ impl HybridPreset {
             partial_rotary_factor: 0.25,
             norm_eps: 1e-6,
             max_pos: 262_144,
+            rotated: false,
         };
         Ok(match name {
             "tiny-qwen35" => tiny,
+            // Rotation blocks start at 512 (formats.md §3.6), so every width is a multiple of
+            // 512; tied head as in Bonsai 2 GGUF v2; attn_output left unrotated (block 0).
+            "tiny-prism" => HybridPreset {
+                name: "tiny-prism",
+                hidden: 512,
+                n_layers: 4,
+                ffn: 1024,
+                tied: true,
+                v_dim: 128,
+                rotated: true,
+                ..tiny
+            },
             // models.md §3.1.
             "27b-qwen35" => HybridPreset {
                 name: "27b-qwen35",
@@ -212,18 +227,67 @@ impl HybridPreset {
         })
     }
 
-    /// The folder's `config.json`, as mlx-lm writes a converted Qwen3.5 checkpoint.
+    /// The folder's `config.json`, as mlx-lm writes a converted Qwen3.5 checkpoint (plus the
+    /// schema keys and module manifest of a rotated pack).
     pub fn config_json(&self) -> Value {
         let q = json!({"group_size": MLX_GROUP, "bits": 2, "mode": "affine"});
-        json!({
+        let mut c = json!({
             "architectures": ["Qwen3_5ForConditionalGeneration"],
             "model_type": "qwen3_5",
             "tie_word_embeddings": self.tied,
             "text_config": self.text_config(),
             "quantization": q,
             "quantization_config": q,
-        })
+        });
+        if self.rotated {
+            let modules: Vec<Value> = self
+                .tensors()
+                .iter()
+                .filter(|t| matches!(t.kind, Kind::Ternary { .. }))
+                .map(|t| {
+                    let hf = hf_tensor_name(&folder_canonical(&t.name));
+                    let path = hf
+                        .strip_prefix("language_model.")
+                        .and_then(|m| m.strip_suffix(".weight"))
+                        .expect("generated name");
+                    json!({"path": path, "embedding": t.name == "token_embd.weight",
+                           "dtype": "float16", "block": block_for(&t.name, t.shape[1])})
+                })
+                .collect();
+            c["model_type"] = json!("prism_hadamard_qwen35");
+            c["schema_version"] = json!(1);
+            c["tensor_namespace"] = json!("mlx-lm-text");
+            c["gdn_activation_layout"] = json!("grouped");
+            c["modules"] = json!(modules);
+        }
+        c
     }
+}
+
+/// Hadamard block of a generated rotated weight: the largest allowed block dividing its input
+/// width, except `attn_output`, left unrotated so the pack mixes both kinds.
+pub fn block_for(name: &str, width: usize) -> usize {
+    if name.ends_with("attn_output.weight") {
+        return 0;
+    }
+    [2048, 1024, 512]
+        .into_iter()
+        .find(|b| width.is_multiple_of(*b))
+        .unwrap_or(0)
+}
+
+/// The ±1 sign vector of a rotated input of `width` (one per width, as in GGUF files, so
+/// projections sharing an input share the rotation).
+pub fn gen_signs(seed: u64, width: usize) -> Vec<f32> {
+    let plan = Plan {
+        name: format!("hadamard.signs.{width}"),
+        shape: vec![width],
+        kind: Kind::Param { lo: -1.0, hi: 1.0 },
+    };
+    gen_uniform(seed, &plan)
+        .iter()
+        .map(|&v| if v < 0.0 { -1.0 } else { 1.0 })
+        .collect()
 }
 
 /// `blk.3.ssm_a_log` → `language_model.model.layers.3.linear_attn.A_log` (tensor names).
@@ -281,6 +345,14 @@ pub fn write_mlx_folder(
                     });
                     owners.push((i, part));
                 }
+                if p.rotated && block_for(&plan.name, cols) != 0 {
+                    specs.push(TensorSpec {
+                        name: format!("{module}.signs"),
+                        dtype: Dtype::F32,
+                        shape: vec![cols],
+                    });
+                    owners.push((i, Part::Plain));
+                }
             }
             kind => {
                 let mut shape = plan.shape.clone();
@@ -308,7 +380,14 @@ pub fn write_mlx_folder(
         &specs,
         &owners,
         seed,
-        |plan, _| plain_bytes(seed, plan),
+        |plan, ternary| match ternary {
+            // The only plain part of a packed tensor is its sign vector.
+            Some(t) => gen_signs(seed, t.cols)
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+            None => plain_bytes(seed, plan),
+        },
     )?;
     let pretty = |v: &Value| serde_json::to_vec_pretty(v).expect("json");
     write_file(&dir.join("config.json"), &pretty(&p.config_json()))?;
