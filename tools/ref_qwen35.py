@@ -42,7 +42,7 @@ def prompts(vocab):
 
 def generate(preset, seed, out):
     cmd = ["cargo", "run", "--release", "-p", "trit", "--example", "gen_model", "--",
-           "--preset", preset, "--seed", str(seed), "--out", out]
+           "--preset", preset, "--seed", str(seed), "--out", out, "--formats", "mlx"]
     subprocess.run(cmd, check=True, cwd=REPO)
 
 
@@ -93,7 +93,7 @@ def main():
         report = {
             "preset": args.preset, "seed": args.seed,
             "generator": f"cargo run --release -p trit --example gen_model -- --preset "
-                         f"{args.preset} --seed {args.seed} --out DIR (DIR/mlx)",
+                         f"{args.preset} --seed {args.seed} --formats mlx --out DIR (DIR/mlx)",
             "reference": "mlx-lm qwen3_5 (load_model, set_dtype float32, CPU)",
             "versions": {p: importlib.metadata.version(p) for p in ("mlx", "mlx-lm", "numpy")},
             "python": platform.python_version(),

@@ -4,14 +4,23 @@
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+use trit::format::gguf::{GgufFile, Value as GgufValue};
+use trit::format::gguf_write::GgufWriter;
 use trit::format::testgen::hybrid::{generate, HybridPreset};
-use trit::format::testgen::TokenizerAssets;
+use trit::format::testgen::{OutFormat, TokenizerAssets};
 use trit::model::Model;
 
 fn pack() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let p = HybridPreset::by_name("tiny-prism").unwrap();
-    generate(&p, 0, dir.path(), &TokenizerAssets::Placeholder).unwrap();
+    generate(
+        &p,
+        0,
+        dir.path(),
+        &[OutFormat::Mlx],
+        &TokenizerAssets::Placeholder,
+    )
+    .unwrap();
     let path = dir.path().join("mlx");
     (dir, path)
 }
@@ -149,4 +158,137 @@ fn rotation_of_a_weight_the_graph_does_not_rotate_is_refused() {
     });
     let e = load_err(&dir);
     assert!(e.contains("in_proj_a"), "{e}");
+}
+
+/// Copies a GGUF file with metadata edited (`edit` returns the new value, or None to drop).
+fn rewrite_gguf(src: &Path, dst: &Path, edit: impl Fn(&str, &GgufValue) -> Option<GgufValue>) {
+    let f = GgufFile::open(src).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in f.metadata() {
+        if let Some(v) = edit(k, v) {
+            w.add(k.clone(), v).unwrap();
+        }
+    }
+    for t in f.tensors() {
+        w.add_tensor(t.name.clone(), &t.shape, t.ty, f.tensor_data(t).to_vec())
+            .unwrap();
+    }
+    w.write_file(dst).unwrap();
+}
+
+#[test]
+fn broken_rotation_metadata_in_gguf_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = HybridPreset::by_name("tiny-prism").unwrap();
+    let q2 = OutFormat::parse("q2_0").unwrap();
+    generate(&p, 0, dir.path(), &[q2], &TokenizerAssets::Placeholder).unwrap();
+    let src = dir.path().join(q2.file_name());
+    Model::load(&trit::format::open(&src).unwrap(), 1).unwrap();
+    let dst = dir.path().join("broken.gguf");
+    type Edit = fn(&str, &GgufValue) -> Option<GgufValue>;
+    let key = |k: &str| format!("prism.hadamard.{k}");
+    let cases: [(Edit, String); 7] = [
+        (
+            |k, v| (k != "prism.hadamard.block_size").then(|| v.clone()),
+            key("block_size"),
+        ),
+        (
+            |k, v| {
+                Some(if k == "prism.hadamard.block_size" {
+                    384u32.into()
+                } else {
+                    v.clone()
+                })
+            },
+            key("block_size"),
+        ),
+        (
+            |k, v| {
+                Some(if k == "prism.hadamard.transform" {
+                    "dct".into()
+                } else {
+                    v.clone()
+                })
+            },
+            key("transform"),
+        ),
+        (
+            |k, v| {
+                Some(match (k, v.as_i32_array()) {
+                    ("prism.hadamard.sign_values", Some(a)) => a[1..].to_vec().into(),
+                    _ => v.clone(),
+                })
+            },
+            key("sign_values"),
+        ),
+        (
+            |k, v| {
+                Some(match (k, v.as_i32_array()) {
+                    ("prism.hadamard.sign_values", Some(a)) => {
+                        let mut a = a.to_vec();
+                        a[7] = 0;
+                        a.into()
+                    }
+                    _ => v.clone(),
+                })
+            },
+            key("sign_values"),
+        ),
+        (
+            |k, v| {
+                Some(match (k, v.as_str_array()) {
+                    ("prism.hadamard.weight_names", Some(a)) => {
+                        let mut a = a.to_vec();
+                        a.push("blk.0.ssm_alpha.weight".into());
+                        a.into()
+                    }
+                    _ => v.clone(),
+                })
+            },
+            key("weight_names"),
+        ),
+        (
+            |k, v| (k != "prism.hadamard.sign_widths").then(|| v.clone()),
+            key("sign_widths"),
+        ),
+    ];
+    for (edit, want) in cases {
+        rewrite_gguf(&src, &dst, edit);
+        let e = load_err(&dst);
+        assert!(e.contains(&want), "expected '{want}' in: {e}");
+    }
+}
+
+#[test]
+fn rotated_q2_0_file_without_its_rotation_is_not_silently_fine() {
+    // Stock llama.cpp reads a Bonsai 2 Q2_0 file by skipping prism.hadamard.*; trit applies
+    // the keys. Without them the same tensors give different logits: the rotation matters
+    // and is not being ignored.
+    let dir = tempfile::tempdir().unwrap();
+    let p = HybridPreset::by_name("tiny-prism").unwrap();
+    let q2 = OutFormat::parse("q2_0").unwrap();
+    generate(&p, 0, dir.path(), &[q2], &TokenizerAssets::Placeholder).unwrap();
+    let src = dir.path().join(q2.file_name());
+    let dst = dir.path().join("stripped.gguf");
+    rewrite_gguf(&src, &dst, |k, v| {
+        (!k.starts_with("prism.hadamard.")).then(|| v.clone())
+    });
+    let run = |path: &Path| {
+        let files = trit::format::open(path).unwrap();
+        let model = std::sync::Arc::new(Model::load(&files, 1).unwrap());
+        trit::engine::Session::new(model, 64)
+            .prefill(&[5, 17, 300, 2])
+            .unwrap()
+    };
+    let (with, without) = (run(&src), run(&dst));
+    let d = with
+        .iter()
+        .zip(&without)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(d > 0.5, "rotation made no difference ({d})");
+    assert!(trit::format::open(&src)
+        .unwrap()
+        .format_name
+        .contains("Hadamard-rotated"));
 }

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use trit::engine::Session;
 use trit::format::testgen::hybrid::{generate, HybridPreset};
-use trit::format::testgen::TokenizerAssets;
+use trit::format::testgen::{OutFormat, TokenizerAssets};
 use trit::kernels::{best_level, set_level, KernelLevel};
 use trit::model::Model;
 
@@ -59,7 +59,14 @@ fn ids(v: &Value) -> Vec<u32> {
 fn make_model_of(preset: &str) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let p = HybridPreset::by_name(preset).unwrap();
-    generate(&p, 0, dir.path(), &TokenizerAssets::Placeholder).unwrap();
+    generate(
+        &p,
+        0,
+        dir.path(),
+        &[OutFormat::Mlx],
+        &TokenizerAssets::Placeholder,
+    )
+    .unwrap();
     let path = dir.path().join("mlx");
     (dir, path)
 }
@@ -150,6 +157,60 @@ fn fast_kernels_stay_close_to_mlx_lm() {
         }
     }
     set_level(KernelLevel::Reference).unwrap();
+}
+
+/// The same weights as GGUF files (llama.cpp's qwen35 layout: tiled value heads, `ssm_a`,
+/// BF16 alpha/beta; Bonsai 2 `prism.hadamard.*` metadata for the rotated preset) give
+/// mlx-lm's logits. tiny-qwen35's 64-wide value heads only fit 64-column scale groups (Q2_0).
+#[test]
+fn gguf_files_match_mlx_lm() {
+    let _g = LEVEL.lock().unwrap_or_else(|e| e.into_inner());
+    set_level(KernelLevel::Reference).unwrap();
+    let cases: [(&str, &[&str]); 2] = [
+        (PRESET, &["q2_0"]),
+        ("tiny-prism", &["pq2_0", "ptq1_0", "q2_0"]),
+    ];
+    for (preset, types) in cases {
+        let fx = fixture_of(preset);
+        let dir = tempfile::tempdir().unwrap();
+        let formats: Vec<OutFormat> = types.iter().map(|t| OutFormat::parse(t).unwrap()).collect();
+        let p = HybridPreset::by_name(preset).unwrap();
+        generate(&p, 0, dir.path(), &formats, &TokenizerAssets::Placeholder).unwrap();
+        for f in formats {
+            // mlx-lm's pack rounds the un-rotated embedding row to f16; the GGUF path keeps
+            // it in f32 (as llama.cpp's get_rows does). Mirror the pack to compare tightly;
+            // the unmirrored logits differ only by that rounding (checked loosely below).
+            let path = dir.path().join(f.file_name());
+            let mut files = trit::format::open(&path).unwrap();
+            let plain_model = Arc::new(Model::load(&files, 2).unwrap());
+            if let Some(r) = files.rotation.as_mut() {
+                r.embedding_f16 = true;
+            }
+            let model = Arc::new(Model::load(&files, 2).unwrap());
+            for name in ["short", "long"] {
+                let prompt = ids(&fx["prompts"][name]["ids"]);
+                let mut s = Session::new(model.clone(), 512);
+                let (logits, out) = greedy(&mut s, &prompt, 8);
+                let want = logits_fixture(preset, name);
+                let d = common::max_abs_diff(&logits, &want);
+                eprintln!(
+                    "{preset} {} {name}: max |Δ| vs mlx-lm {d:.2e}",
+                    f.file_name()
+                );
+                assert!(d < 1e-3, "{preset} {} {name}: max |Δ| {d}", f.file_name());
+                assert_eq!(out[..4], ids(&fx["prompts"][name]["greedy32"])[..4]);
+                let plain = Session::new(plain_model.clone(), 512)
+                    .prefill(&prompt)
+                    .unwrap();
+                let d = common::max_abs_diff(&plain, &want);
+                assert!(
+                    d < 0.05,
+                    "{preset} {} {name}: f32 embedding {d}",
+                    f.file_name()
+                );
+            }
+        }
+    }
 }
 
 #[test]

@@ -326,13 +326,35 @@ impl ModelConfig {
                 )));
             }
         }
-        if arch == Arch::Qwen35 {
-            return Err(Error::Unsupported(
-                "GGUF qwen35 files are not readable yet; use the MLX folder".into(),
-            ));
-        }
-        let hybrid = None;
-        if let Some(r) = m.opt_usize(&k("rope.dimension_count"))? {
+        let hybrid = if arch == Arch::Qwen35 {
+            let n_layers = m.usize(&k("block_count"))?;
+            let v_heads = m.usize(&k("ssm.time_step_rank"))?;
+            let inner = m.usize(&k("ssm.inner_size"))?;
+            if v_heads == 0 || !inner.is_multiple_of(v_heads) {
+                return Err(Error::Config(format!(
+                    "{} = {inner} is not a multiple of {} = {v_heads}",
+                    k("ssm.inner_size"),
+                    k("ssm.time_step_rank")
+                )));
+            }
+            let interval = m.opt_usize(&k("full_attention_interval"))?.unwrap_or(4);
+            let h = HybridConfig {
+                linear: HybridConfig::schedule_from_interval(n_layers, interval)?,
+                k_heads: m.usize(&k("ssm.group_count"))?,
+                v_heads,
+                k_dim: m.usize(&k("ssm.state_size"))?,
+                v_dim: inner / v_heads,
+                conv_kernel: m.usize(&k("ssm.conv_kernel"))?,
+                rotary_dim: m.usize(&k("rope.dimension_count"))?,
+                // llama.cpp's converter reorders value heads for ggml's broadcast.
+                v_tiled: true,
+            };
+            h.validate(head_dim)?;
+            Some(h)
+        } else {
+            None
+        };
+        if let (None, Some(r)) = (&hybrid, m.opt_usize(&k("rope.dimension_count"))?) {
             if r != head_dim {
                 return Err(Error::Unsupported(format!(
                     "partial RoPE: {} = {r} but head_dim is {head_dim}",

@@ -21,6 +21,9 @@ pub struct HybridConfig {
     pub conv_kernel: usize,
     /// Leading dimensions of each full-attention head that RoPE rotates.
     pub rotary_dim: usize,
+    /// Value heads stored in llama.cpp's "tiled" order (head `h` reads key head `h mod Hk`)
+    /// instead of the Hugging Face / MLX "grouped" order (`h div (Hv/Hk)`); GGUF files.
+    pub v_tiled: bool,
 }
 
 impl HybridConfig {
@@ -39,6 +42,15 @@ impl HybridConfig {
 
     pub fn n_linear(&self) -> usize {
         self.linear.iter().filter(|&&l| l).count()
+    }
+
+    /// The key head value head `h` attends with.
+    pub fn key_head_of(&self, h: usize) -> usize {
+        if self.v_tiled {
+            h % self.k_heads
+        } else {
+            h / (self.v_heads / self.k_heads)
+        }
     }
 
     pub fn n_full(&self) -> usize {
@@ -133,6 +145,7 @@ impl HybridConfig {
             conv_kernel: get("linear_conv_kernel_dim")?,
             // mlx-lm: int(head_dim * partial_rotary_factor).
             rotary_dim: (head_dim as f64 * factor) as usize,
+            v_tiled: false,
         };
         h.validate(head_dim)?;
         Ok(h)

@@ -11,6 +11,7 @@ pub mod gguf;
 pub mod gguf_source;
 pub mod gguf_write;
 pub mod mlx;
+mod prism_gguf;
 mod prism_mlx;
 pub mod rotation;
 pub mod safetensors;

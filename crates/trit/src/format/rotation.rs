@@ -21,6 +21,9 @@ pub struct RotationSpec {
     pub embedding: Option<Arc<InputRotation>>,
     /// Round the un-rotated embedding row to f16, as mlx-lm's pack does.
     pub embedding_f16: bool,
+    /// GGUF `prism.hadamard.gdn_v_grouped`: `ssm_out` columns stay in grouped order in a file
+    /// whose other linear-attention tensors are tiled.
+    pub ssm_out_grouped: bool,
 }
 
 impl RotationSpec {

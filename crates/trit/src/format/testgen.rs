@@ -9,6 +9,7 @@
 //! are exact in every format. Norm weights are f16 `1 + 0.1 · N(0, 1)`.
 
 pub mod hybrid;
+mod hybrid_gguf;
 mod tokenizer_meta;
 mod writers;
 

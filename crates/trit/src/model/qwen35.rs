@@ -364,13 +364,11 @@ impl Qwen35 {
                 gd::l2_normalize(head, 1.0);
             }
         }
-        // Per value head h, key head h / (Hv/Hk) ("grouped" order, as in the MLX files).
-        let group = hv / hk;
         let heads: Vec<Mutex<&mut [f32]>> = state.ssm.chunks_mut(dv * dk).map(Mutex::new).collect();
         let outs: Vec<Mutex<Vec<f32>>> = (0..hv).map(|_| Mutex::new(Vec::new())).collect();
         pool.run(&|tid, nt| {
             for head in (hv * tid / nt)..(hv * (tid + 1) / nt) {
-                let kh = head / group;
+                let kh = hy.key_head_of(head);
                 let gather = |off: usize, width: usize| -> Vec<f32> {
                     qkv.chunks_exact(cd)
                         .flat_map(|r| r[off..off + width].iter().copied())
@@ -409,11 +407,19 @@ impl Qwen35 {
                 *outs[head].lock().unwrap() = o;
             }
         });
+        // A rotated GGUF keeps ssm_out's columns in grouped order while the heads above ran
+        // in the file's tiled order (formats.md §8.4): place each head where ssm_out expects it.
+        let regroup = hy.v_tiled && self.rot.ssm_out_grouped();
         let mut o = vec![0f32; n * vw];
         for (head, part) in outs.into_iter().enumerate() {
             let part = part.into_inner().unwrap();
+            let at = if regroup {
+                (head % hk) * (hv / hk) + head / hk
+            } else {
+                head
+            };
             for t in 0..n {
-                o[t * vw + head * dv..t * vw + (head + 1) * dv]
+                o[t * vw + at * dv..t * vw + (at + 1) * dv]
                     .copy_from_slice(&part[t * dv..(t + 1) * dv]);
             }
         }

@@ -95,6 +95,11 @@ impl Rotations {
         }
     }
 
+    /// Whether ssm_out's rotated columns are in grouped value-head order (GGUF `gdn_v_grouped`).
+    pub fn ssm_out_grouped(&self) -> bool {
+        self.spec.ssm_out_grouped
+    }
+
     /// A tied head multiplies the embedding matrix, which is stored rotated too.
     pub fn rotate_for_tied_head(&self, x: &mut [f32]) {
         if let Some(r) = &self.spec.embedding {

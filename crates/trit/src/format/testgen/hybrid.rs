@@ -10,7 +10,7 @@
 
 use super::tokenizer_meta::LoadedTokenizer;
 use super::writers::{f16_bytes, io, write_file, write_safetensors, Part, MLX_GROUP};
-use super::{gen_norm, gen_uniform, Kind, Plan, TokenizerAssets};
+use super::{gen_norm, gen_uniform, Kind, OutFormat, Plan, TokenizerAssets};
 use crate::format::safetensors::TensorSpec;
 use crate::format::{canonical_to_hf, Dtype};
 use crate::{Error, Result};
@@ -264,16 +264,13 @@ impl HybridPreset {
     }
 }
 
-/// Hadamard block of a generated rotated weight: the largest allowed block dividing its input
-/// width, except `attn_output`, left unrotated so the pack mixes both kinds.
+/// Hadamard block of a generated rotated weight: 512 (one block for the whole model, as a
+/// GGUF file requires), except `attn_output`, left unrotated so the pack mixes both kinds.
 pub fn block_for(name: &str, width: usize) -> usize {
-    if name.ends_with("attn_output.weight") {
+    if name.ends_with("attn_output.weight") || !width.is_multiple_of(512) {
         return 0;
     }
-    [2048, 1024, 512]
-        .into_iter()
-        .find(|b| width.is_multiple_of(*b))
-        .unwrap_or(0)
+    512
 }
 
 /// The ±1 sign vector of a rotated input of `width` (one per width, as in GGUF files, so
@@ -417,16 +414,30 @@ fn plain_bytes(seed: u64, plan: &Plan) -> Vec<u8> {
     }
 }
 
-/// Writes the requested hybrid formats into `out` (`out/mlx/` for now).
+/// Writes the requested formats into `out`: `out/mlx/` and `out/model-<type>.gguf` (ternary
+/// GGUF types only).
 pub fn generate(
     p: &HybridPreset,
     seed: u64,
     out: &Path,
+    formats: &[OutFormat],
     tokenizer: &TokenizerAssets,
 ) -> Result<()> {
     std::fs::create_dir_all(out).map_err(io(out))?;
     let tok = tokenizer.load(p.vocab)?;
-    write_mlx_folder(p, seed, &out.join("mlx"), &tok)
+    for &f in formats {
+        let path = out.join(f.file_name());
+        match f {
+            OutFormat::Mlx => write_mlx_folder(p, seed, &path, &tok)?,
+            OutFormat::Gguf(ty) => super::hybrid_gguf::write_gguf(p, seed, &path, ty, &tok)?,
+            OutFormat::F16 => {
+                return Err(Error::InvalidArgument(
+                    "hybrid presets are written as MLX folders and GGUF files only".into(),
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
