@@ -433,6 +433,18 @@ impl ModelConfig {
         })
     }
 
+    /// Layers that keep keys and values (every layer, or a hybrid's full-attention layers).
+    pub fn kv_layers(&self) -> usize {
+        self.hybrid.as_ref().map_or(self.n_layers, |h| h.n_full())
+    }
+
+    /// Fixed per-sequence bytes besides the KV cache (a hybrid's recurrent state, f32).
+    pub fn state_bytes(&self) -> usize {
+        self.hybrid.as_ref().map_or(0, |h| {
+            h.n_linear() * ((h.conv_kernel - 1) * h.conv_dim() + h.v_heads * h.v_dim * h.k_dim) * 4
+        })
+    }
+
     /// Width of the concatenated query heads.
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim

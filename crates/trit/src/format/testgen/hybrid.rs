@@ -44,7 +44,8 @@ pub struct HybridPreset {
     pub rotated: bool,
 }
 
-pub const HYBRID_PRESET_NAMES: &[&str] = &["tiny-qwen35", "tiny-prism", "27b-qwen35"];
+pub const HYBRID_PRESET_NAMES: &[&str] =
+    &["tiny-qwen35", "tiny-prism", "27b-qwen35", "27b-qwen35-4l"];
 
 impl HybridPreset {
     pub fn by_name(name: &str) -> Result<HybridPreset> {
@@ -101,6 +102,13 @@ impl HybridPreset {
                 k_dim: 128,
                 v_dim: 128,
                 ..tiny
+            },
+            // The 27B's widths and vocabulary with 4 of its 64 layers (3 linear + 1 full):
+            // a per-layer speed probe that fits in memory where the 7 GB model does not.
+            "27b-qwen35-4l" => HybridPreset {
+                name: "27b-qwen35-4l",
+                n_layers: 4,
+                ..Self::by_name("27b-qwen35")?
             },
             other => {
                 return Err(Error::InvalidArgument(format!(
