@@ -292,3 +292,50 @@ fn rotated_q2_0_file_without_its_rotation_is_not_silently_fine() {
         .format_name
         .contains("Hadamard-rotated"));
 }
+
+#[test]
+fn a_vision_tower_is_skipped_with_a_note() {
+    use trit::format::safetensors::{write, SafetensorsFile, TensorSpec};
+    use trit::format::Dtype;
+    let (_t, dir) = pack();
+    let path = dir.join("model.safetensors");
+    let src = SafetensorsFile::open(&path).unwrap();
+    let mut specs: Vec<TensorSpec> = src
+        .header()
+        .tensors
+        .iter()
+        .map(|(name, info)| TensorSpec {
+            name: name.clone(),
+            dtype: info.dtype,
+            shape: info.shape.clone(),
+        })
+        .collect();
+    for name in [
+        "vision_tower.blocks.0.attn.qkv.weight",
+        "model.visual.merger.mlp.0.bias",
+    ] {
+        specs.push(TensorSpec {
+            name: name.into(),
+            dtype: Dtype::F16,
+            shape: vec![4, 8],
+        });
+    }
+    let copy = dir.join("with-vision.safetensors");
+    write(&copy, src.metadata(), &specs, |i, out| {
+        let bytes = match src.get(&specs[i].name) {
+            Some((_, b)) => b.to_vec(),
+            None => vec![0u8; specs[i].n_bytes()],
+        };
+        out.write_all(&bytes).map_err(|e| trit::Error::io(&copy, e))
+    })
+    .unwrap();
+    drop(src);
+    std::fs::rename(&copy, &path).unwrap();
+    let files = trit::format::open(&dir).unwrap();
+    let note = files.weights.describe();
+    assert!(
+        note.contains("2 vision-tower tensors skipped") && note.contains("images"),
+        "{note}"
+    );
+    Model::load(&files, 1).unwrap();
+}

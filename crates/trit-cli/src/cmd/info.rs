@@ -26,6 +26,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
     let files = trit::format::open(&path)?;
     let c = &files.config;
     println!("file:          {} ({})", path.display(), files.format_name);
+    println!("weights:       {}", files.weights.describe());
     println!("name:          {}", c.name);
     println!("architecture:  {:?}", c.arch);
     println!(

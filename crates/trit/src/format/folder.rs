@@ -56,14 +56,16 @@ pub(super) fn strip_language_model(name: &str) -> &str {
     name.strip_prefix("language_model.").unwrap_or(name)
 }
 
+/// Vision-tower tensors of a vision-language checkpoint (mlx-lm drops them too).
+pub(super) fn is_vision(name: &str) -> bool {
+    let n = strip_language_model(name);
+    n.starts_with("vision_tower.") || n.starts_with("model.visual.") || n.starts_with("visual.")
+}
+
 /// Tensors a text-only engine skips: the vision tower and multi-token-prediction heads.
 pub(super) fn is_skipped_extra(name: &str) -> bool {
     let n = strip_language_model(name);
-    n.starts_with("vision_tower.")
-        || n.starts_with("model.visual.")
-        || n.starts_with("visual.")
-        || n.starts_with("mtp.")
-        || n.starts_with("model.mtp.")
+    is_vision(name) || n.starts_with("mtp.") || n.starts_with("model.mtp.")
 }
 
 /// `model.layers.3.linear_attn.A_log` → `blk.3.ssm_a_log`.

@@ -7,7 +7,7 @@
 //! affine model, still exposed as `TensorData::Mlx` for a dequantizing path, or refused when
 //! `OpenOptions::require_ternary` is set.
 
-use super::folder::{module_of, split_tensor_name, Entry, FolderSource};
+use super::folder::{is_vision, module_of, split_tensor_name, Entry, FolderSource};
 use super::safetensors::SafetensorsSet;
 use super::{Dtype, OpenOptions};
 use crate::quant::{HalfKind, MlxTernary};
@@ -236,9 +236,14 @@ pub(super) fn build(
 ) -> Result<FolderSource> {
     let mut entries = BTreeMap::new();
     let mut packed = Vec::new();
+    let mut vision = 0;
     for tensor in files.names() {
         // A rotated pack's sign vectors were read (and checked) with its manifest.
         if rotated_pack && tensor.ends_with(".signs") {
+            continue;
+        }
+        if is_vision(&tensor) {
+            vision += 1;
             continue;
         }
         let Some((module, canonical)) = module_of(&tensor)? else {
@@ -319,8 +324,13 @@ pub(super) fn build(
     for p in packed {
         entries.insert(format!("{}.weight", p.canonical), p.entry);
     }
+    let vision_note = if vision > 0 {
+        format!("; {vision} vision-tower tensors skipped (images are not supported yet, text only)")
+    } else {
+        String::new()
+    };
     let description = format!(
-        "MLX affine {}-bit g{} folder, {} safetensors file(s), {n_packed} packed tensors: {ternary_note}",
+        "MLX affine {}-bit g{} folder, {} safetensors file(s), {n_packed} packed tensors: {ternary_note}{vision_note}",
         q.bits,
         q.group_size,
         files.files().len()
