@@ -7,7 +7,9 @@ preset and seed, so the Rust test regenerates the same files):
 then run through mlx-lm 0.32.2's own `qwen3_5` model (CPU, parameters cast to f32; lossless for
 ternary weights with f16 scales). For each prompt (a short one and one of 300 tokens, longer than
 mlx-lm's and trit's prefill chunks) we record the last-position logits (<name>.<prompt>.f32) and a
-32-step greedy continuation with mlx-lm's top-1/top-2 gap at every step.
+32-step greedy continuation with mlx-lm's top-1/top-2 gap at every step. For the unrotated preset,
+llama.cpp (llama-cpp-python 0.3.36) also reads the Q2_0 GGUF export of the same weights
+(<name>.<prompt>.llama_cpp_q2_0.f32): an independent check of trit's qwen35 GGUF layout.
 
 Checks on the reference itself: cached decode equals a full forward over prompt + generated ids,
 and the logits are finite and not flat.
@@ -40,9 +42,9 @@ def prompts(vocab):
     return {"short": short, "long": long_}
 
 
-def generate(preset, seed, out):
+def generate(preset, seed, out, formats):
     cmd = ["cargo", "run", "--release", "-p", "trit", "--example", "gen_model", "--",
-           "--preset", preset, "--seed", str(seed), "--out", out, "--formats", "mlx"]
+           "--preset", preset, "--seed", str(seed), "--out", out, "--formats", formats]
     subprocess.run(cmd, check=True, cwd=REPO)
 
 
@@ -77,6 +79,20 @@ def reference(folder, ids):
     return first, out, gaps, drift
 
 
+def llama_cpp_reference(gguf, ids):
+    """llama.cpp (llama-cpp-python) last-position logits: an independent reader of the GGUF
+    layout (tiled value heads, ssm_a, conv shape, tensor names). Stock llama.cpp knows no
+    prism.hadamard.* keys, so only unrotated files are compared."""
+    from ref_smollm2 import load_llama
+
+    llm = load_llama(gguf, 512)
+    llm.reset()
+    llm.eval(ids)
+    logits = np.array(llm.scores[len(ids) - 1], dtype=np.float32)
+    check_logits("llama.cpp", logits)
+    return logits
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="tiny-qwen35")
@@ -85,7 +101,8 @@ def main():
     fixtures = os.path.join(REPO, "tests", "fixtures", "qwen35")
     os.makedirs(fixtures, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        generate(args.preset, args.seed, tmp)
+        rotated = args.preset == "tiny-prism"
+        generate(args.preset, args.seed, tmp, "mlx" if rotated else "mlx,q2_0")
         folder = os.path.join(tmp, "mlx")
         import json
         with open(os.path.join(folder, "config.json")) as f:
@@ -95,7 +112,8 @@ def main():
             "generator": f"cargo run --release -p trit --example gen_model -- --preset "
                          f"{args.preset} --seed {args.seed} --formats mlx --out DIR (DIR/mlx)",
             "reference": "mlx-lm qwen3_5 (load_model, set_dtype float32, CPU)",
-            "versions": {p: importlib.metadata.version(p) for p in ("mlx", "mlx-lm", "numpy")},
+            "versions": {p: importlib.metadata.version(p)
+                         for p in ("mlx", "mlx-lm", "numpy", "llama_cpp_python")},
             "python": platform.python_version(),
             "prompts": {},
         }
@@ -106,6 +124,13 @@ def main():
                 "ids": ids, "greedy32": greedy, "gap_top1_top2": [round(g, 6) for g in gaps],
                 "decode_vs_full_forward_max_abs": drift,
             }
+            if not rotated:
+                ll = llama_cpp_reference(os.path.join(tmp, "model-q2_0.gguf"), ids)
+                ll.astype("<f4").tofile(
+                    os.path.join(fixtures, f"{args.preset}.{name}.llama_cpp_q2_0.f32"))
+                corr = float(np.corrcoef(ll, logits)[0, 1])
+                report["prompts"][name]["llama_cpp_q2_0_corr_with_mlx"] = corr
+                print(f"{name}: llama.cpp Q2_0 vs mlx-lm correlation {corr:.5f}")
             print(f"{name}: {len(ids)} tokens, greedy {greedy[:8]}…, min gap {min(gaps):.4f}")
     dump_json(report, os.path.join(fixtures, f"{args.preset}.json"))
 

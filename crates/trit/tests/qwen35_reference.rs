@@ -213,6 +213,55 @@ fn gguf_files_match_mlx_lm() {
     }
 }
 
+/// llama.cpp (an independent qwen35 reader) on the Q2_0 export of tiny-qwen35: trit's
+/// reading of the same file agrees with llama.cpp's about as well as llama.cpp agrees with
+/// mlx-lm (both quantize activations to 8 bits). A wrong value-head order, `ssm_a` sign or
+/// conv layout in the GGUF would leave no correlation at all.
+#[test]
+fn gguf_agrees_with_llama_cpp() {
+    let _g = LEVEL.lock().unwrap_or_else(|e| e.into_inner());
+    let fx = fixture();
+    let dir = tempfile::tempdir().unwrap();
+    let q2 = OutFormat::parse("q2_0").unwrap();
+    let p = HybridPreset::by_name(PRESET).unwrap();
+    generate(&p, 0, dir.path(), &[q2], &TokenizerAssets::Placeholder).unwrap();
+    let model = load(&dir.path().join(q2.file_name()));
+    for level in [KernelLevel::Reference, best_level()] {
+        set_level(level).unwrap();
+        for name in ["short", "long"] {
+            let prompt = ids(&fx["prompts"][name]["ids"]);
+            let logits = Session::new(model.clone(), 512).prefill(&prompt).unwrap();
+            let llama = logits_fixture(PRESET, &format!("{name}.llama_cpp_q2_0"));
+            let corr = pearson(&logits, &llama);
+            let theirs = fx["prompts"][name]["llama_cpp_q2_0_corr_with_mlx"]
+                .as_f64()
+                .unwrap();
+            eprintln!(
+                "{name} {level:?}: vs llama.cpp corr {corr:.5} (llama.cpp vs mlx-lm {theirs:.5})"
+            );
+            assert!(
+                corr > 0.98 && corr > theirs - 0.01,
+                "{name} {level:?}: {corr}"
+            );
+        }
+    }
+    set_level(KernelLevel::Reference).unwrap();
+}
+
+fn pearson(a: &[f32], b: &[f32]) -> f64 {
+    let n = a.len() as f64;
+    let ma = a.iter().map(|&x| x as f64).sum::<f64>() / n;
+    let mb = b.iter().map(|&x| x as f64).sum::<f64>() / n;
+    let (mut cov, mut va, mut vb) = (0f64, 0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        let (dx, dy) = (x as f64 - ma, y as f64 - mb);
+        cov += dx * dy;
+        va += dx * dx;
+        vb += dy * dy;
+    }
+    cov / (va * vb).sqrt()
+}
+
 #[test]
 fn multi_turn_reuses_the_recurrent_state() {
     let _g = LEVEL.lock().unwrap_or_else(|e| e.into_inner());

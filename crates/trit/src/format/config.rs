@@ -338,8 +338,23 @@ impl ModelConfig {
                 )));
             }
             let interval = m.opt_usize(&k("full_attention_interval"))?.unwrap_or(4);
+            // Newer converters also write the schedule itself (from HF `layer_types`).
+            let linear = match m.get(&k("attention.recurrent_layers")) {
+                None => HybridConfig::schedule_from_interval(n_layers, interval)?,
+                Some(v) => match v.as_array() {
+                    Some(super::gguf::Array::Bool(list)) if list.len() == n_layers => list.clone(),
+                    _ => {
+                        return Err(Error::Config(format!(
+                            "{}: metadata '{}' should be {n_layers} bools, found {}",
+                            file.source(),
+                            k("attention.recurrent_layers"),
+                            v.type_name()
+                        )))
+                    }
+                },
+            };
             let h = HybridConfig {
-                linear: HybridConfig::schedule_from_interval(n_layers, interval)?,
+                linear,
                 k_heads: m.usize(&k("ssm.group_count"))?,
                 v_heads,
                 k_dim: m.usize(&k("ssm.state_size"))?,

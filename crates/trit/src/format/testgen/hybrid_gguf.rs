@@ -56,6 +56,12 @@ fn metadata(w: &mut GgufWriter, p: &HybridPreset, tok: &LoadedTokenizer) -> Resu
         k("full_attention_interval"),
         p.full_attention_interval as u32,
     )?;
+    if p.rotated {
+        // Newer converters also write the schedule (from HF `layer_types`); one preset with
+        // and one without covers both ways of reading it.
+        let linear: Vec<bool> = (0..p.n_layers).map(|i| p.is_linear(i)).collect();
+        w.add(k("attention.recurrent_layers"), linear)?;
+    }
     w.add(k("ssm.conv_kernel"), p.conv_kernel as u32)?;
     w.add(k("ssm.state_size"), p.k_dim as u32)?;
     w.add(k("ssm.group_count"), p.k_heads as u32)?;
