@@ -79,6 +79,13 @@ impl HybridConfig {
                     ))
                 })
         };
+        if c.get("num_experts").and_then(Value::as_u64).unwrap_or(0) > 0 {
+            return Err(Error::Unsupported(
+                "Qwen3.5 mixture-of-experts checkpoints (num_experts > 0); trit runs the dense \
+                 qwen3_5 hybrid"
+                    .into(),
+            ));
+        }
         let interval = match c.get("full_attention_interval") {
             None | Some(Value::Null) => None,
             Some(_) => Some(get("full_attention_interval")?),
@@ -291,5 +298,9 @@ mod tests {
         let mut c = base();
         c["rope_parameters"]["type"] = json!("yarn");
         assert!(HybridConfig::from_hf_json(&c, 4, 256).is_err());
+        let mut c = base();
+        c["num_experts"] = json!(256);
+        let e = HybridConfig::from_hf_json(&c, 4, 256).unwrap_err();
+        assert!(e.to_string().contains("mixture-of-experts"), "{e}");
     }
 }

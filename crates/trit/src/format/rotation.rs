@@ -66,3 +66,27 @@ impl RotationSpec {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identical_rotations_are_shared() {
+        let mut spec = RotationSpec::default();
+        let rot = |block, s: f32| InputRotation {
+            block,
+            signs: vec![s; 1024],
+        };
+        let q = spec.insert("blk.0.attn_q.weight".into(), rot(512, 1.0));
+        let k = spec.insert("blk.0.attn_k.weight".into(), rot(512, 1.0));
+        let other_block = spec.insert("blk.0.attn_v.weight".into(), rot(1024, 1.0));
+        let other_signs = spec.insert("blk.0.ffn_up.weight".into(), rot(512, -1.0));
+        assert!(Arc::ptr_eq(&q, &k));
+        assert!(!Arc::ptr_eq(&q, &other_block) && !Arc::ptr_eq(&q, &other_signs));
+        assert_eq!(
+            spec.describe(),
+            "Hadamard-rotated: 4 weights, block [512, 1024]"
+        );
+    }
+}
