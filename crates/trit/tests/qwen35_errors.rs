@@ -339,3 +339,42 @@ fn a_vision_tower_is_skipped_with_a_note() {
     );
     Model::load(&files, 1).unwrap();
 }
+
+#[test]
+fn rotation_on_a_dense_model_is_refused_not_ignored() {
+    use trit::format::testgen::{generate as generate_dense, Preset};
+    let dir = tempfile::tempdir().unwrap();
+    let q2 = OutFormat::parse("q2_0").unwrap();
+    let p = Preset::by_name("tiny").unwrap();
+    generate_dense(&p, 0, dir.path(), &[q2], &TokenizerAssets::Placeholder).unwrap();
+    let src = dir.path().join(q2.file_name());
+    let dst = dir.path().join("rotated-qwen3.gguf");
+    // Well-formed rotation metadata (the fork defines it for qwen3 too), which the dense
+    // decoder does not apply: loading must fail rather than run the unrotated graph.
+    let f = GgufFile::open(&src).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in f.metadata() {
+        w.add(k.clone(), v.clone()).unwrap();
+    }
+    let k = |s: &str| format!("prism.hadamard.{s}");
+    w.add(k("version"), 1u32).unwrap();
+    w.add(k("block_size"), 256u32).unwrap();
+    w.add(k("transform"), "normalized-sylvester-walsh-hadamard")
+        .unwrap();
+    w.add(k("axis"), "input-last-dimension").unwrap();
+    w.add(k("sign_mode"), "identity").unwrap();
+    w.add(k("weight_names"), vec!["blk.0.attn_q.weight".to_string()])
+        .unwrap();
+    w.add(
+        k("inverse_weight_names"),
+        vec!["token_embd.weight".to_string()],
+    )
+    .unwrap();
+    for t in f.tensors() {
+        w.add_tensor(t.name.clone(), &t.shape, t.ty, f.tensor_data(t).to_vec())
+            .unwrap();
+    }
+    w.write_file(&dst).unwrap();
+    let e = load_err(&dst);
+    assert!(e.contains("Hadamard-rotated qwen3"), "{e}");
+}
