@@ -53,6 +53,7 @@
 mod act;
 mod avx2;
 mod avx512;
+pub mod delta_rule;
 mod dense;
 pub mod hadamard;
 pub mod ops;

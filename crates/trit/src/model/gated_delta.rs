@@ -11,12 +11,10 @@
 //! system `δ_t = β_t (v_t − e^{L_t} S₀k_t − Σ_{i<t} e^{L_t−L_i} (k_i·k_t) δ_i)`, outputs are
 //! `o_t = e^{L_t} S₀q_t + Σ_{i≤t} e^{L_t−L_i} (k_i·q_t) δ_i` and the state moves once per chunk.
 //! S₀ is read once and written once per chunk instead of four passes per token, and every
-//! exponent is ≤ 0 (no overflow however long the chunk).
+//! exponent is ≤ 0 (no overflow however long the chunk). Both recurrences live in
+//! `kernels/delta_rule.rs` (compiled per SIMD level); this file keeps the elementwise parts.
 
 use crate::kernels::ops::dot;
-
-/// Tokens per chunk of the chunked recurrence.
-pub const CHUNK: usize = 64;
 
 /// `ln(1 + e^x)` without overflow (mlx's `softplus`).
 pub fn softplus(x: f32) -> f32 {
@@ -75,142 +73,7 @@ pub fn gated_rms_norm(o: &mut [f32], z: &[f32], w: &[f32], eps: f32) {
     }
 }
 
-/// One value head's inputs for `T` tokens, each contiguous: `q`, `k` are `T × Dk` (already
-/// normalized and scaled), `v` is `T × Dv`, `log_g` and `beta` have `T` entries.
-pub struct HeadInputs<'a> {
-    pub q: &'a [f32],
-    pub k: &'a [f32],
-    pub v: &'a [f32],
-    pub log_g: &'a [f32],
-    pub beta: &'a [f32],
-}
-
-/// Token-by-token recurrence (decode, and the reference for the chunked form).
-/// `state` is `Dv × Dk`; writes `T × Dv` outputs.
-pub fn recur_steps(state: &mut [f32], x: &HeadInputs<'_>, out: &mut [f32]) {
-    let dk = x.q.len() / x.beta.len();
-    let dv = state.len() / dk;
-    for t in 0..x.beta.len() {
-        let (q, k) = (&x.q[t * dk..(t + 1) * dk], &x.k[t * dk..(t + 1) * dk]);
-        let (g, beta) = (x.log_g[t].exp(), x.beta[t]);
-        for i in 0..dv {
-            let row = &mut state[i * dk..(i + 1) * dk];
-            for s in row.iter_mut() {
-                *s *= g;
-            }
-            let delta = beta * (x.v[t * dv + i] - dot(row, k));
-            for (s, &kj) in row.iter_mut().zip(k) {
-                *s += delta * kj;
-            }
-            out[t * dv + i] = dot(row, q);
-        }
-    }
-}
-
-/// The chunked recurrence over `T` tokens (any `T`; chunks of `CHUNK`). Same contract as
-/// `recur_steps`.
-pub fn recur_chunked(state: &mut [f32], x: &HeadInputs<'_>, out: &mut [f32]) {
-    let n_tok = x.beta.len();
-    let dk = x.q.len() / n_tok.max(1);
-    let dv = state.len() / dk.max(1);
-    let mut t0 = 0;
-    while t0 < n_tok {
-        let n = CHUNK.min(n_tok - t0);
-        let part = HeadInputs {
-            q: &x.q[t0 * dk..(t0 + n) * dk],
-            k: &x.k[t0 * dk..(t0 + n) * dk],
-            v: &x.v[t0 * dv..(t0 + n) * dv],
-            log_g: &x.log_g[t0..t0 + n],
-            beta: &x.beta[t0..t0 + n],
-        };
-        chunk(state, &part, &mut out[t0 * dv..(t0 + n) * dv], dk, dv);
-        t0 += n;
-    }
-}
-
-fn chunk(state: &mut [f32], x: &HeadInputs<'_>, out: &mut [f32], dk: usize, dv: usize) {
-    let n = x.beta.len();
-    // Cumulative log-decay, accumulated in f64 so long chunks do not drift.
-    let mut cum = vec![0f32; n];
-    let mut acc = 0f64;
-    for (c, &lg) in cum.iter_mut().zip(x.log_g) {
-        acc += lg as f64;
-        *c = acc as f32;
-    }
-    let key = |t: usize| &x.k[t * dk..(t + 1) * dk];
-    let query = |t: usize| &x.q[t * dk..(t + 1) * dk];
-    // Decayed Gram matrices (lower triangle): kk[t][i] = e^{L_t−L_i} k_i·k_t (i < t),
-    // qk[t][i] = e^{L_t−L_i} k_i·q_t (i ≤ t).
-    let mut kk = vec![0f32; n * n];
-    let mut qk = vec![0f32; n * n];
-    for t in 0..n {
-        for i in 0..=t {
-            let decay = (cum[t] - cum[i]).exp();
-            if i < t {
-                kk[t * n + i] = decay * dot(key(i), key(t));
-            }
-            qk[t * n + i] = decay * dot(key(i), query(t));
-        }
-    }
-    // S₀k_t and S₀q_t for every token, one pass over the state rows.
-    let mut sk = vec![0f32; n * dv];
-    let mut sq = vec![0f32; n * dv];
-    for r in 0..dv {
-        let row = &state[r * dk..(r + 1) * dk];
-        for t in 0..n {
-            sk[t * dv + r] = dot(row, key(t));
-            sq[t * dv + r] = dot(row, query(t));
-        }
-    }
-    // δ by forward substitution (rows of `delta` are tokens).
-    let mut delta = vec![0f32; n * dv];
-    for t in 0..n {
-        let (done, rest) = delta.split_at_mut(t * dv);
-        let d = &mut rest[..dv];
-        let g = cum[t].exp();
-        for r in 0..dv {
-            d[r] = x.v[t * dv + r] - g * sk[t * dv + r];
-        }
-        for i in 0..t {
-            let c = kk[t * n + i];
-            for (dr, &di) in d.iter_mut().zip(&done[i * dv..(i + 1) * dv]) {
-                *dr -= c * di;
-            }
-        }
-        for dr in d.iter_mut() {
-            *dr *= x.beta[t];
-        }
-    }
-    for t in 0..n {
-        let o = &mut out[t * dv..(t + 1) * dv];
-        let g = cum[t].exp();
-        for r in 0..dv {
-            o[r] = g * sq[t * dv + r];
-        }
-        for i in 0..=t {
-            let c = qk[t * n + i];
-            for (or, &di) in o.iter_mut().zip(&delta[i * dv..(i + 1) * dv]) {
-                *or += c * di;
-            }
-        }
-    }
-    // S ← e^{L_last} S₀ + Σ_i e^{L_last−L_i} δ_i k_iᵀ.
-    let last = cum[n - 1];
-    let weights: Vec<f32> = cum.iter().map(|&c| (last - c).exp()).collect();
-    let g_all = last.exp();
-    for r in 0..dv {
-        let row = &mut state[r * dk..(r + 1) * dk];
-        for s in row.iter_mut() {
-            *s *= g_all;
-        }
-        for i in 0..n {
-            let c = weights[i] * delta[i * dv + r];
-            for (s, &kj) in row.iter_mut().zip(key(i)) {
-                *s += c * kj;
-            }
-        }
-    }
-}
+pub use crate::kernels::delta_rule::{recur_chunked, recur_steps, HeadInputs, CHUNK};
 
 #[cfg(test)]
 mod tests {
