@@ -327,45 +327,12 @@ impl ModelConfig {
             }
         }
         let hybrid = if arch == Arch::Qwen35 {
-            let n_layers = m.usize(&k("block_count"))?;
-            let v_heads = m.usize(&k("ssm.time_step_rank"))?;
-            let inner = m.usize(&k("ssm.inner_size"))?;
-            if v_heads == 0 || !inner.is_multiple_of(v_heads) {
-                return Err(Error::Config(format!(
-                    "{} = {inner} is not a multiple of {} = {v_heads}",
-                    k("ssm.inner_size"),
-                    k("ssm.time_step_rank")
-                )));
-            }
-            let interval = m.opt_usize(&k("full_attention_interval"))?.unwrap_or(4);
-            // Newer converters also write the schedule itself (from HF `layer_types`).
-            let linear = match m.get(&k("attention.recurrent_layers")) {
-                None => HybridConfig::schedule_from_interval(n_layers, interval)?,
-                Some(v) => match v.as_array() {
-                    Some(super::gguf::Array::Bool(list)) if list.len() == n_layers => list.clone(),
-                    _ => {
-                        return Err(Error::Config(format!(
-                            "{}: metadata '{}' should be {n_layers} bools, found {}",
-                            file.source(),
-                            k("attention.recurrent_layers"),
-                            v.type_name()
-                        )))
-                    }
-                },
-            };
-            let h = HybridConfig {
-                linear,
-                k_heads: m.usize(&k("ssm.group_count"))?,
-                v_heads,
-                k_dim: m.usize(&k("ssm.state_size"))?,
-                v_dim: inner / v_heads,
-                conv_kernel: m.usize(&k("ssm.conv_kernel"))?,
-                rotary_dim: m.usize(&k("rope.dimension_count"))?,
-                // llama.cpp's converter reorders value heads for ggml's broadcast.
-                v_tiled: true,
-            };
-            h.validate(head_dim)?;
-            Some(h)
+            let usize_key = |key: &str| m.usize(&k(key));
+            let recurrent = m.get(&k("attention.recurrent_layers"));
+            let interval = m.opt_usize(&k("full_attention_interval"))?;
+            Some(HybridConfig::from_gguf(
+                &usize_key, recurrent, interval, head_dim, &arch_name,
+            )?)
         } else {
             None
         };

@@ -4,6 +4,7 @@
 //! `config.json` (text config nested under `text_config` or flat) or from GGUF `qwen35.*`
 //! metadata, then checked against the tensors.
 
+use super::gguf::{Array, Value as GgufValue};
 use super::WeightSource;
 use crate::{Error, Result};
 use serde_json::Value;
@@ -153,6 +154,54 @@ impl HybridConfig {
             // mlx-lm: int(head_dim * partial_rotary_factor).
             rotary_dim: (head_dim as f64 * factor) as usize,
             v_tiled: false,
+        };
+        h.validate(head_dim)?;
+        Ok(h)
+    }
+
+    /// Reads GGUF `{arch}.*` metadata as llama.cpp's qwen35 converter writes it: `usize_key`
+    /// reads a required integer key (relative to `{arch}.`), `recurrent` is the optional
+    /// `attention.recurrent_layers` array, `interval` the optional `full_attention_interval`.
+    pub fn from_gguf(
+        usize_key: &dyn Fn(&str) -> Result<usize>,
+        recurrent: Option<&GgufValue>,
+        interval: Option<usize>,
+        head_dim: usize,
+        arch: &str,
+    ) -> Result<HybridConfig> {
+        let n_layers = usize_key("block_count")?;
+        let v_heads = usize_key("ssm.time_step_rank")?;
+        let inner = usize_key("ssm.inner_size")?;
+        if v_heads == 0 || !inner.is_multiple_of(v_heads) {
+            return Err(Error::Config(format!(
+                "{arch}.ssm.inner_size = {inner} is not a multiple of \
+                 {arch}.ssm.time_step_rank = {v_heads}"
+            )));
+        }
+        // Newer converters also write the schedule itself (from HF `layer_types`).
+        let linear = match recurrent {
+            None => Self::schedule_from_interval(n_layers, interval.unwrap_or(4))?,
+            Some(v) => match v.as_array() {
+                Some(Array::Bool(list)) if list.len() == n_layers => list.clone(),
+                _ => {
+                    return Err(Error::Config(format!(
+                        "metadata '{arch}.attention.recurrent_layers' should be {n_layers} \
+                         bools, found {}",
+                        v.type_name()
+                    )))
+                }
+            },
+        };
+        let h = HybridConfig {
+            linear,
+            k_heads: usize_key("ssm.group_count")?,
+            v_heads,
+            k_dim: usize_key("ssm.state_size")?,
+            v_dim: inner / v_heads,
+            conv_kernel: usize_key("ssm.conv_kernel")?,
+            rotary_dim: usize_key("rope.dimension_count")?,
+            // llama.cpp's converter reorders value heads for ggml's broadcast.
+            v_tiled: true,
         };
         h.validate(head_dim)?;
         Ok(h)
