@@ -8,10 +8,11 @@
 
 use std::path::PathBuf;
 use std::time::Instant;
+use trit::format::testgen::hybrid::{self, HybridPreset, HYBRID_PRESET_NAMES};
 use trit::format::testgen::{generate, OutFormat, Preset, TokenizerAssets, PRESET_NAMES};
 
 const USAGE: &str = "usage: gen_model --preset NAME --out DIR [--seed N] [--tokenizer DIR] \
-                     [--formats mlx,q2_0,pq2_0,ptq1_0,tq2_0,tq1_0,f16]";
+                     [--formats mlx,q2_0,pq2_0,ptq1_0,tq2_0,tq1_0,f16] (hybrid presets: mlx and ternary GGUF types)";
 
 fn run() -> Result<(), String> {
     let mut preset = None;
@@ -29,13 +30,17 @@ fn run() -> Result<(), String> {
             "--tokenizer" => tokenizer = TokenizerAssets::Dir(PathBuf::from(value()?)),
             "--formats" => formats = value()?,
             "-h" | "--help" => {
-                println!("{USAGE}\npresets: {}", PRESET_NAMES.join(", "));
+                println!(
+                    "{USAGE}\npresets: {}, {}",
+                    PRESET_NAMES.join(", "),
+                    HYBRID_PRESET_NAMES.join(", ")
+                );
                 return Ok(());
             }
             other => return Err(format!("unknown argument '{other}'\n{USAGE}")),
         }
     }
-    let preset = Preset::by_name(&preset.ok_or(USAGE)?).map_err(|e| e.to_string())?;
+    let name = preset.ok_or(USAGE)?;
     let out = out.ok_or(USAGE)?;
     let formats = formats
         .split(',')
@@ -43,6 +48,19 @@ fn run() -> Result<(), String> {
         .map(OutFormat::parse)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
+    if HYBRID_PRESET_NAMES.contains(&name.as_str()) {
+        // Hybrid presets write their own set of files (see testgen::hybrid).
+        let p = HybridPreset::by_name(&name).map_err(|e| e.to_string())?;
+        let start = Instant::now();
+        hybrid::generate(&p, seed, &out, &formats, &tokenizer).map_err(|e| e.to_string())?;
+        eprintln!(
+            "wrote hybrid preset {name} seed {seed} to {} in {:.2} s",
+            out.display(),
+            start.elapsed().as_secs_f64()
+        );
+        return Ok(());
+    }
+    let preset = Preset::by_name(&name).map_err(|e| e.to_string())?;
     let start = Instant::now();
     generate(&preset, seed, &out, &formats, &tokenizer).map_err(|e| e.to_string())?;
     eprintln!(

@@ -407,7 +407,7 @@ fn load(path: &std::path::Path, threads: usize, a: &BenchArgs) -> Result<LoadedB
     let (params, size, ty) = count_weights(&files)?;
     let c = model.config();
     let model_type = format!("{} {} {ty}", c.arch.name(), size_label(params));
-    let kv = KvCache::bytes_for(c.n_layers, c.n_kv_heads * c.head_dim, 1);
+    let kv = KvCache::bytes_for(c.kv_layers(), c.n_kv_heads * c.head_dim, 1);
     let (vocab, max_ctx) = (c.vocab, c.max_ctx);
     Ok(LoadedBench {
         bench: Bench {

@@ -26,6 +26,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
     let files = trit::format::open(&path)?;
     let c = &files.config;
     println!("file:          {} ({})", path.display(), files.format_name);
+    println!("weights:       {}", files.weights.describe());
     println!("name:          {}", c.name);
     println!("architecture:  {:?}", c.arch);
     println!(
@@ -46,6 +47,21 @@ pub fn run(a: InfoArgs) -> Result<()> {
         "context:       {} tokens; tied embeddings: {}",
         c.max_ctx, c.tied_embeddings
     );
+    if let Some(h) = &c.hybrid {
+        println!(
+            "hybrid:        {} Gated DeltaNet layers ({} key / {} value heads × {}/{}, conv {}) \
+             + {} gated full-attention layers (RoPE on {} of {} dims)",
+            h.n_linear(),
+            h.k_heads,
+            h.v_heads,
+            h.k_dim,
+            h.v_dim,
+            h.conv_kernel,
+            h.n_full(),
+            h.rotary_dim,
+            c.head_dim
+        );
+    }
 
     let mut by_type: BTreeMap<String, (usize, usize, usize)> = BTreeMap::new();
     let (mut params, mut bytes) = (0usize, 0usize);
@@ -78,12 +94,18 @@ pub fn run(a: InfoArgs) -> Result<()> {
         );
     }
     let ctx = a.model.ctx.unwrap_or(c.max_ctx.min(4096));
-    let kv = trit::model::KvCache::bytes_for(c.n_layers, c.n_kv_heads * c.head_dim, ctx);
+    let kv = trit::model::KvCache::bytes_for(c.kv_layers(), c.n_kv_heads * c.head_dim, ctx);
+    let state = c.state_bytes();
+    let state_note = if state > 0 {
+        format!(" + recurrent state {} (+ one snapshot)", gib(state))
+    } else {
+        String::new()
+    };
     println!(
-        "memory:        weights {} + KV cache {} at {ctx} tokens (f32) = {}",
+        "memory:        weights {} + KV cache {} at {ctx} tokens (f32){state_note} = {}",
         gib(bytes),
         gib(kv),
-        gib(bytes + kv)
+        gib(bytes + kv + 2 * state)
     );
     let g = &files.generation;
     println!(

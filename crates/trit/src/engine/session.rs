@@ -69,12 +69,26 @@ impl Session {
             .count();
         // The last prompt token must be evaluated to get its logits.
         common = common.min(prompt.len() - 1);
+        // A hybrid model's recurrent state may only roll back to its snapshot (or to the
+        // start): the cache says how much it kept.
         self.cache.truncate(common);
-        self.tokens.truncate(common);
+        let kept = self.cache.len();
+        self.tokens.truncate(kept);
         self.last_evaluated = 0;
         let mut logits = Vec::new();
-        for chunk in prompt[common..].chunks(PREFILL_CHUNK) {
+        // Recurrent caches snapshot before the prompt's last token: the next request usually
+        // extends this prompt (chat) or repeats it (regenerate), and either resumes there.
+        let body = if self.cache.has_recurrent() {
+            prompt.len() - 1
+        } else {
+            prompt.len()
+        };
+        for chunk in prompt[kept..body.max(kept)].chunks(PREFILL_CHUNK) {
             logits = self.eval(chunk, Logits::Last)?;
+        }
+        if body < prompt.len() {
+            self.cache.checkpoint();
+            logits = self.eval(&prompt[body..], Logits::Last)?;
         }
         Ok(logits)
     }

@@ -3,6 +3,7 @@
 //! then checked against the tensors so that a config contradicting the weights is refused at
 //! load instead of producing wrong logits.
 
+pub use super::config_hybrid::{post_norm_name, HybridConfig};
 use super::gguf::{GgufFile, Value as GgufValue};
 use super::WeightSource;
 use crate::{Error, Result};
@@ -13,15 +14,24 @@ use serde_json::Value;
 pub enum Arch {
     Llama,
     Qwen3,
+    /// Qwen3.5 hybrid: Gated DeltaNet + gated full attention (`ModelConfig::hybrid`).
+    Qwen35,
 }
 
 impl Arch {
-    pub const SUPPORTED: &'static str = "llama, qwen3";
+    pub const SUPPORTED: &'static str = "llama, qwen3, qwen3_5 (GGUF qwen35)";
 
     pub fn from_name(name: &str) -> Result<Arch> {
         match name {
             "llama" => Ok(Arch::Llama),
             "qwen3" => Ok(Arch::Qwen3),
+            "qwen3_5" | "qwen3_5_text" | "qwen35" => Ok(Arch::Qwen35),
+            "qwen3_next" => Err(Error::Unsupported(
+                "architecture 'qwen3_next': its checkpoints fuse q/k/v/z and b/a into \
+                 interleaved projections and use mixture-of-experts MLPs; trit runs the \
+                 dense qwen3_5 hybrid layout"
+                    .into(),
+            )),
             other => Err(Error::Unsupported(format!(
                 "architecture '{other}' (supported: {})",
                 Self::SUPPORTED
@@ -33,6 +43,7 @@ impl Arch {
         match self {
             Arch::Llama => "llama",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen35 => "qwen35",
         }
     }
 }
@@ -85,6 +96,8 @@ pub struct ModelConfig {
     pub eos: Vec<u32>,
     pub add_bos: bool,
     pub name: String,
+    /// Layer schedule and linear-attention shapes; `Some` exactly for `Arch::Qwen35`.
+    pub hybrid: Option<HybridConfig>,
 }
 
 /// YaRN magnitude correction, mlx-lm's `yarn_get_mscale`.
@@ -182,15 +195,28 @@ impl ModelConfig {
         default_tied: bool,
         fallback_name: &str,
     ) -> Result<ModelConfig> {
-        let j = Json {
+        let top = Json {
             file: "config.json",
             v: config,
         };
         let model_type = config
             .get("model_type")
             .and_then(Value::as_str)
-            .ok_or_else(|| j.missing("model_type"))?;
-        let arch = Arch::from_name(model_type)?;
+            .ok_or_else(|| top.missing("model_type"))?;
+        let arch = match model_type {
+            // The rotated Bonsai 2 pack is a qwen3_5 text model plus a rotation manifest,
+            // which the folder loader reads (formats.md §3.6).
+            "prism_hadamard_qwen35" => Arch::Qwen35,
+            other => Arch::from_name(other)?,
+        };
+        // Vision-language configs nest the language model under `text_config`; its keys win
+        // over the top level's (mlx-lm reads the text config alone).
+        let merged = merge_text_config(config);
+        let config = &merged;
+        let j = Json {
+            file: "config.json",
+            v: config,
+        };
         let hidden = j.usize("hidden_size")?;
         let n_heads = j.usize("num_attention_heads")?;
         if n_heads == 0 {
@@ -258,11 +284,19 @@ impl ModelConfig {
             norm_eps: j.f32("rms_norm_eps")?,
             max_ctx,
             tied_embeddings: j.opt_bool("tie_word_embeddings")?.unwrap_or(default_tied),
-            qk_norm: arch == Arch::Qwen3,
+            qk_norm: arch != Arch::Llama,
             bos,
             eos,
             add_bos,
             name,
+            hybrid: match arch {
+                Arch::Qwen35 => Some(HybridConfig::from_hf_json(
+                    config,
+                    j.usize("num_hidden_layers")?,
+                    head_dim,
+                )?),
+                _ => None,
+            },
         })
     }
 
@@ -292,7 +326,17 @@ impl ModelConfig {
                 )));
             }
         }
-        if let Some(r) = m.opt_usize(&k("rope.dimension_count"))? {
+        let hybrid = if arch == Arch::Qwen35 {
+            let usize_key = |key: &str| m.usize(&k(key));
+            let recurrent = m.get(&k("attention.recurrent_layers"));
+            let interval = m.opt_usize(&k("full_attention_interval"))?;
+            Some(HybridConfig::from_gguf(
+                &usize_key, recurrent, interval, head_dim, &arch_name,
+            )?)
+        } else {
+            None
+        };
+        if let (None, Some(r)) = (&hybrid, m.opt_usize(&k("rope.dimension_count"))?) {
             if r != head_dim {
                 return Err(Error::Unsupported(format!(
                     "partial RoPE: {} = {r} but head_dim is {head_dim}",
@@ -356,17 +400,30 @@ impl ModelConfig {
             rope_theta: m.opt_f32(&k("rope.freq_base"))?.unwrap_or(10_000.0),
             rope_style: match arch {
                 Arch::Llama => RopeStyle::Adjacent,
-                Arch::Qwen3 => RopeStyle::Neox,
+                Arch::Qwen3 | Arch::Qwen35 => RopeStyle::Neox,
             },
             rope_scaling,
             norm_eps: m.f32(&k("attention.layer_norm_rms_epsilon"))?,
             max_ctx: m.usize(&k("context_length"))?,
             tied_embeddings: file.tensor("output.weight").is_none(),
-            qk_norm: arch == Arch::Qwen3,
+            qk_norm: arch != Arch::Llama,
             bos: id("tokenizer.ggml.bos_token_id")?,
             eos,
             add_bos,
             name,
+            hybrid,
+        })
+    }
+
+    /// Layers that keep keys and values (every layer, or a hybrid's full-attention layers).
+    pub fn kv_layers(&self) -> usize {
+        self.hybrid.as_ref().map_or(self.n_layers, |h| h.n_full())
+    }
+
+    /// Fixed per-sequence bytes besides the KV cache (a hybrid's recurrent state, f32).
+    pub fn state_bytes(&self) -> usize {
+        self.hybrid.as_ref().map_or(0, |h| {
+            h.n_linear() * ((h.conv_kernel - 1) * h.conv_dim() + h.v_heads * h.v_dim * h.k_dim) * 4
         })
     }
 
@@ -407,7 +464,16 @@ impl ModelConfig {
             self.ffn,
             self.head_dim,
         );
-        for i in 0..self.n_layers {
+        if let Some(hy) = &self.hybrid {
+            hy.check_tensors(w, h, f, self.n_heads, self.n_kv_heads, hd)?;
+        }
+        // The hybrid's layers were checked above; the dense layout applies to the others.
+        let dense_layers = if self.hybrid.is_some() {
+            0
+        } else {
+            self.n_layers
+        };
+        for i in 0..dense_layers {
             let check = |suffix: &str, want: &[usize]| -> Result<()> {
                 let name = format!("blk.{i}.{suffix}.weight");
                 expect(&shape_of(w, &name)?, want, &name)
@@ -426,7 +492,8 @@ impl ModelConfig {
                 check("attn_k_norm", &[hd])?;
             }
         }
-        let extra = format!("blk.{}.attn_q.weight", self.n_layers);
+        // Every layer of either kind has an input norm.
+        let extra = format!("blk.{}.attn_norm.weight", self.n_layers);
         if w.tensor(&extra)?.is_some() {
             return Err(Error::Config(format!(
                 "config says {} layers but the weights contain '{extra}'",
@@ -520,6 +587,24 @@ fn expect(found: &[usize], want: &[usize], name: &str) -> Result<()> {
             found: found.to_vec(),
             expected: want.to_vec(),
         })
+    }
+}
+
+/// The top-level keys of a config overlaid with its `text_config` (when there is one).
+fn merge_text_config(config: &Value) -> Value {
+    match (config, config.get("text_config")) {
+        (Value::Object(top), Some(Value::Object(text))) => {
+            let mut m = top.clone();
+            m.remove("text_config");
+            m.remove("vision_config");
+            for (k, v) in text {
+                if k != "model_type" {
+                    m.insert(k.clone(), v.clone());
+                }
+            }
+            Value::Object(m)
+        }
+        _ => config.clone(),
     }
 }
 

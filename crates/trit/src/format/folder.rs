@@ -4,8 +4,8 @@
 
 use super::safetensors::SafetensorsSet;
 use super::{
-    mlx, unpacked, Dtype, GenerationDefaults, ModelConfig, ModelFiles, OpenOptions, TensorData,
-    TensorView, TokenizerSource, WeightSource,
+    mlx, prism_mlx, unpacked, Dtype, GenerationDefaults, ModelConfig, ModelFiles, OpenOptions,
+    TensorData, TensorView, TokenizerSource, WeightSource,
 };
 use crate::quant::GgmlType;
 use crate::{Error, Result};
@@ -26,7 +26,56 @@ const LAYER_MODULES: &[(&str, &str)] = &[
     ("mlp.down_proj", "ffn_down"),
     ("input_layernorm", "attn_norm"),
     ("post_attention_layernorm", "ffn_norm"),
+    // Qwen3.5 Gated DeltaNet layers, under llama.cpp's qwen35 names.
+    ("linear_attn.in_proj_qkv", "attn_qkv"),
+    ("linear_attn.in_proj_z", "attn_gate"),
+    ("linear_attn.in_proj_a", "ssm_alpha"),
+    ("linear_attn.in_proj_b", "ssm_beta"),
+    ("linear_attn.conv1d", "ssm_conv1d"),
+    ("linear_attn.norm", "ssm_norm"),
+    ("linear_attn.out_proj", "ssm_out"),
 ];
+
+/// Bare parameters (no module of their own) of Gated DeltaNet layers → canonical tensor name
+/// suffix. `A_log` keeps its own name: GGUF stores `ssm_a = -exp(A_log)` instead.
+const LAYER_PARAMS: &[(&str, &str)] = &[
+    ("linear_attn.A_log", "ssm_a_log"),
+    ("linear_attn.dt_bias", "ssm_dt.bias"),
+];
+
+/// Vision-language packs keep the language model under a prefix; mlx-lm normalizes
+/// `model.language_model.` and `language_model.model.` to its text model's `model.`.
+pub(super) fn strip_language_model(name: &str) -> &str {
+    for prefix in ["model.language_model.", "language_model.model."] {
+        if let Some(rest) = name.strip_prefix(prefix) {
+            // Both spellings address `model.<rest>` of the text model.
+            let start = name.len() - rest.len() - "model.".len();
+            return &name[start..];
+        }
+    }
+    name.strip_prefix("language_model.").unwrap_or(name)
+}
+
+/// Vision-tower tensors of a vision-language checkpoint (mlx-lm drops them too).
+pub(super) fn is_vision(name: &str) -> bool {
+    let n = strip_language_model(name);
+    n.starts_with("vision_tower.") || n.starts_with("model.visual.") || n.starts_with("visual.")
+}
+
+/// Tensors a text-only engine skips: the vision tower and multi-token-prediction heads.
+pub(super) fn is_skipped_extra(name: &str) -> bool {
+    let n = strip_language_model(name);
+    is_vision(name) || n.starts_with("mtp.") || n.starts_with("model.mtp.")
+}
+
+/// `model.layers.3.linear_attn.A_log` → `blk.3.ssm_a_log`.
+fn param_to_canonical(tensor: &str) -> Option<String> {
+    let rest = strip_language_model(tensor).strip_prefix("model.layers.")?;
+    let (layer, sub) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let &(_, c) = LAYER_PARAMS.iter().find(|(h, _)| *h == sub)?;
+    Some(format!("blk.{layer}.{c}"))
+}
 
 const GLOBAL_MODULES: &[(&str, &str)] = &[
     ("model.embed_tokens", "token_embd"),
@@ -36,6 +85,7 @@ const GLOBAL_MODULES: &[(&str, &str)] = &[
 
 /// `model.layers.3.self_attn.q_proj` → `blk.3.attn_q`; `None` for modules trit does not know.
 pub fn hf_to_canonical(module: &str) -> Option<String> {
+    let module = strip_language_model(module);
     if let Some(&(_, c)) = GLOBAL_MODULES.iter().find(|(h, _)| *h == module) {
         return Some(c.to_string());
     }
@@ -151,8 +201,11 @@ pub(super) fn split_tensor_name(name: &str) -> (&str, &str) {
 /// `Ok(None)` for tensors that carry nothing a model needs (`rotary_emb.inv_freq`).
 pub(super) fn module_of(tensor: &str) -> Result<Option<(String, String)>> {
     let (module, suffix) = split_tensor_name(tensor);
-    if module.ends_with("rotary_emb") && suffix == "inv_freq" {
+    if module.ends_with("rotary_emb") && suffix == "inv_freq" || is_skipped_extra(tensor) {
         return Ok(None);
+    }
+    if let Some(c) = param_to_canonical(tensor) {
+        return Ok(Some((tensor.to_string(), c)));
     }
     if suffix == "signs" {
         return Err(Error::Unsupported(format!(
@@ -164,7 +217,7 @@ pub(super) fn module_of(tensor: &str) -> Result<Option<(String, String)>> {
     match hf_to_canonical(module) {
         Some(c) => Ok(Some((module.to_string(), c))),
         None => Err(Error::Unsupported(format!(
-            "tensor '{tensor}' is not part of a llama/qwen3 dense model"
+            "tensor '{tensor}' is not part of a llama/qwen3/qwen3_5 model"
         ))),
     }
 }
@@ -191,7 +244,8 @@ pub(super) fn open_folder(dir: &Path, options: OpenOptions) -> Result<ModelFiles
     let tokenizer_config_path = dir.join("tokenizer_config.json");
     let tokenizer_config = read_json(&tokenizer_config_path)?;
     let files = SafetensorsSet::open_dir(dir)?;
-    let has_lm_head = files.contains("lm_head.weight");
+    let has_lm_head =
+        files.contains("lm_head.weight") || files.contains("language_model.lm_head.weight");
     let fallback_name = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -209,11 +263,28 @@ pub(super) fn open_folder(dir: &Path, options: OpenOptions) -> Result<ModelFiles
         .get("quantization")
         .or_else(|| config_json.get("quantization_config"))
         .filter(|q| !q.is_null());
+    let model_type = config_json.get("model_type").and_then(Value::as_str);
+    let rotation = if model_type == Some(prism_mlx::MODEL_TYPE) {
+        Some(prism_mlx::read(&config_json, &files)?)
+    } else {
+        None
+    };
     let (source, format_name) = match quantization {
         Some(q) => {
             let q = mlx::QuantConfig::parse(q)?;
-            let s = mlx::build(files, &q, skip_lm_head, options)?;
-            (s, format!("MLX {}-bit", q.bits))
+            let s = mlx::build(files, &q, skip_lm_head, rotation.is_some(), options)?;
+            let name = match &rotation {
+                Some(r) => format!("MLX {}-bit Bonsai 2 pack ({})", q.bits, r.describe()),
+                None => format!("MLX {}-bit", q.bits),
+            };
+            (s, name)
+        }
+        None if rotation.is_some() => {
+            return Err(Error::Format(format!(
+                "{}: a {} pack without a quantization block",
+                dir.display(),
+                prism_mlx::MODEL_TYPE
+            )))
         }
         None => {
             let (s, dtype) = unpacked::build(files, skip_lm_head)?;
@@ -245,6 +316,7 @@ pub(super) fn open_folder(dir: &Path, options: OpenOptions) -> Result<ModelFiles
         generation,
         path: dir.to_path_buf(),
         format_name,
+        rotation,
     })
 }
 
@@ -331,7 +403,30 @@ mod tests {
         assert!(module_of("model.layers.0.self_attn.rotary_emb.inv_freq")
             .unwrap()
             .is_none());
-        assert!(module_of("vision_tower.blocks.0.weight").is_err());
+        assert!(module_of("vision_tower.blocks.0.weight").unwrap().is_none());
+        assert!(module_of("model.visual.blocks.0.attn.qkv.weight")
+            .unwrap()
+            .is_none());
+        assert!(module_of("model.layers.0.mlp.experts.weight").is_err());
+        let hybrid = [
+            (
+                "language_model.model.layers.0.linear_attn.in_proj_qkv",
+                "blk.0.attn_qkv",
+            ),
+            (
+                "model.language_model.layers.2.linear_attn.out_proj",
+                "blk.2.ssm_out",
+            ),
+            ("model.layers.1.linear_attn.in_proj_a", "blk.1.ssm_alpha"),
+            ("language_model.lm_head", "output"),
+        ];
+        for (hf, c) in hybrid {
+            assert_eq!(hf_to_canonical(hf).as_deref(), Some(c), "{hf}");
+        }
+        let (_, c) = module_of("language_model.model.layers.4.linear_attn.A_log")
+            .unwrap()
+            .unwrap();
+        assert_eq!(c, "blk.4.ssm_a_log");
         assert!(module_of("model.layers.0.mlp.up_proj.signs")
             .unwrap_err()
             .to_string()

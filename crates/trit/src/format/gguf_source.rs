@@ -78,21 +78,6 @@ impl WeightSource for GgufSource {
 
 /// Refuses rotated (Bonsai 2) files: running them without the Hadamard transform gives
 /// fluent-looking garbage, so a half-understood file must not load (formats.md §8.3).
-fn refuse_rotation(file: &GgufFile) -> Result<()> {
-    match file
-        .metadata()
-        .iter()
-        .find(|(k, _)| k.starts_with("prism.hadamard."))
-    {
-        Some((key, _)) => Err(Error::Unsupported(format!(
-            "{}: metadata '{key}' declares a Hadamard-rotated model (Bonsai 2); this build \
-             does not apply the rotation and refuses to run the model without it",
-            file.source()
-        ))),
-        None => Ok(()),
-    }
-}
-
 fn generation_defaults(file: &GgufFile) -> GenerationDefaults {
     let f = |k: &str| file.get_f32(&format!("general.sampling.{k}"));
     let d = GenerationDefaults {
@@ -122,7 +107,7 @@ fn generation_defaults(file: &GgufFile) -> GenerationDefaults {
 /// Opens a GGUF model file.
 pub(super) fn open_gguf(path: &Path, _options: OpenOptions) -> Result<ModelFiles> {
     let file = Arc::new(GgufFile::open(path)?);
-    refuse_rotation(&file)?;
+    let rotation = super::prism_gguf::read(&file)?;
     let mut config = ModelConfig::from_gguf(&file)?;
     let source = GgufSource::new(file.clone());
     config.check_tensors(&source)?;
@@ -141,6 +126,10 @@ pub(super) fn open_gguf(path: &Path, _options: OpenOptions) -> Result<ModelFiles
         chat_template,
         generation,
         path: path.to_path_buf(),
-        format_name: "GGUF".into(),
+        format_name: match &rotation {
+            Some(r) => format!("GGUF Bonsai 2 ({})", r.describe()),
+            None => "GGUF".into(),
+        },
+        rotation,
     })
 }

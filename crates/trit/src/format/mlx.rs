@@ -7,7 +7,7 @@
 //! affine model, still exposed as `TensorData::Mlx` for a dequantizing path, or refused when
 //! `OpenOptions::require_ternary` is set.
 
-use super::folder::{module_of, split_tensor_name, Entry, FolderSource};
+use super::folder::{is_vision, module_of, split_tensor_name, Entry, FolderSource};
 use super::safetensors::SafetensorsSet;
 use super::{Dtype, OpenOptions};
 use crate::quant::{HalfKind, MlxTernary};
@@ -231,20 +231,47 @@ pub(super) fn build(
     files: SafetensorsSet,
     q: &QuantConfig,
     skip_lm_head: bool,
+    rotated_pack: bool,
     options: OpenOptions,
 ) -> Result<FolderSource> {
     let mut entries = BTreeMap::new();
     let mut packed = Vec::new();
+    let mut vision = 0;
     for tensor in files.names() {
+        // A rotated pack's sign vectors were read (and checked) with its manifest.
+        if rotated_pack && tensor.ends_with(".signs") {
+            continue;
+        }
+        if is_vision(&tensor) {
+            vision += 1;
+            continue;
+        }
         let Some((module, canonical)) = module_of(&tensor)? else {
             continue;
         };
-        if skip_lm_head && module == "lm_head" {
+        if skip_lm_head && canonical == "output" {
             continue;
         }
         let (_, suffix) = split_tensor_name(&tensor);
         let quantized = files.contains(&format!("{module}.scales"));
         match suffix {
+            "A_log" | "dt_bias" => {
+                let (info, _) = files.get(&tensor).expect("listed");
+                if !info.dtype.is_float() {
+                    return Err(Error::Format(format!(
+                        "'{tensor}' should be a float vector, found {} {:?}",
+                        info.dtype.name(),
+                        info.shape
+                    )));
+                }
+                entries.insert(
+                    canonical,
+                    Entry::Plain {
+                        hf: tensor.clone(),
+                        dtype: info.dtype,
+                    },
+                );
+            }
             "weight" if quantized => {}
             "scales" => packed.push(packed_module(&files, q, &module, canonical)?),
             "biases" if quantized => {}
@@ -272,7 +299,7 @@ pub(super) fn build(
             }
             _ => {
                 return Err(Error::Unsupported(format!(
-                    "tensor '{tensor}': llama/qwen3 modules have no '{suffix}'"
+                    "tensor '{tensor}': llama/qwen3/qwen3_5 modules have no '{suffix}'"
                 )))
             }
         }
@@ -297,8 +324,13 @@ pub(super) fn build(
     for p in packed {
         entries.insert(format!("{}.weight", p.canonical), p.entry);
     }
+    let vision_note = if vision > 0 {
+        format!("; {vision} vision-tower tensors skipped (images are not supported yet, text only)")
+    } else {
+        String::new()
+    };
     let description = format!(
-        "MLX affine {}-bit g{} folder, {} safetensors file(s), {n_packed} packed tensors: {ternary_note}",
+        "MLX affine {}-bit g{} folder, {} safetensors file(s), {n_packed} packed tensors: {ternary_note}{vision_note}",
         q.bits,
         q.group_size,
         files.files().len()

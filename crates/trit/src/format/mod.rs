@@ -5,11 +5,15 @@
 //! outermost first (`[out, in]`), so the model code never sees a file layout.
 
 pub mod config;
+mod config_hybrid;
 mod folder;
 pub mod gguf;
 pub mod gguf_source;
 pub mod gguf_write;
 pub mod mlx;
+mod prism_gguf;
+mod prism_mlx;
+pub mod rotation;
 pub mod safetensors;
 pub mod testgen;
 mod unpacked;
@@ -234,6 +238,8 @@ pub struct ModelFiles {
     pub path: PathBuf,
     /// `"GGUF"`, `"MLX 2-bit"`, `"unpacked F16"`, …
     pub format_name: String,
+    /// Bonsai 2's Walsh–Hadamard rotated basis, when the file declares one.
+    pub rotation: Option<rotation::RotationSpec>,
 }
 
 /// Load-time policy.

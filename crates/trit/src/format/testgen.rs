@@ -8,6 +8,8 @@
 //! 0.1 for the embedding), and each 256-scale serves all of its 64/128-groups so the same values
 //! are exact in every format. Norm weights are f16 `1 + 0.1 · N(0, 1)`.
 
+pub mod hybrid;
+mod hybrid_gguf;
 mod tokenizer_meta;
 mod writers;
 
@@ -179,8 +181,21 @@ pub struct Plan {
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Kind {
-    Ternary { base: f32 },
+    Ternary {
+        base: f32,
+    },
     Norm,
+    /// Uniform on `[lo, hi)`, rounded to bf16 so the value is exact in f16, bf16 and f32
+    /// (small unquantized matrices such as the hybrid's `ssm_alpha`/`ssm_beta`).
+    Small {
+        lo: f32,
+        hi: f32,
+    },
+    /// Uniform on `[lo, hi)` in f32 (per-head parameters kept in full precision).
+    Param {
+        lo: f32,
+        hi: f32,
+    },
 }
 
 /// A generated ternary matrix: codes `t + 1` (one byte each, row-major) and one f16 scale per
@@ -318,6 +333,27 @@ pub fn gen_norm(seed: u64, plan: &Plan) -> Vec<f16> {
             let u2 = rng.unit();
             let n = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
             f16::from_f64(1.0 + 0.1 * n)
+        })
+        .collect()
+}
+
+/// Generates a `Small` or `Param` tensor (row-major, `plan.shape` elements).
+pub fn gen_uniform(seed: u64, plan: &Plan) -> Vec<f32> {
+    let (lo, hi, round) = match plan.kind {
+        Kind::Small { lo, hi } => (lo, hi, true),
+        Kind::Param { lo, hi } => (lo, hi, false),
+        _ => panic!("gen_uniform on {}", plan.name),
+    };
+    let mut rng = SplitMix::for_row(seed, &plan.name, 0);
+    let n: usize = plan.shape.iter().product();
+    (0..n)
+        .map(|_| {
+            let v = lo + (hi - lo) * rng.unit() as f32;
+            if round {
+                half::bf16::from_f32(v).to_f32()
+            } else {
+                v
+            }
         })
         .collect()
 }

@@ -181,7 +181,7 @@ pub(super) fn build(files: SafetensorsSet, skip_lm_head: bool) -> Result<(Folder
         let Some((module, canonical)) = module_of(&tensor)? else {
             continue;
         };
-        if skip_lm_head && module == "lm_head" {
+        if skip_lm_head && canonical == "output" {
             continue;
         }
         let (_, suffix) = split_tensor_name(&tensor);

@@ -53,7 +53,9 @@
 mod act;
 mod avx2;
 mod avx512;
+pub mod delta_rule;
 mod dense;
+pub mod hadamard;
 pub mod ops;
 pub(crate) mod pool;
 mod portable;

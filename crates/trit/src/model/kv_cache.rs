@@ -3,6 +3,13 @@
 //! Stored per layer as contiguous `[position][kv_head · head_dim]` f32 rows that grow as
 //! tokens arrive, so a truncate (prefix reuse between chat turns) is just a length change.
 //! The type hides its layout behind `keys`/`values` so it can later become paged or f16.
+//!
+//! Hybrid models (Qwen3.5) also carry the recurrent state of their linear-attention layers
+//! here. That state cannot be truncated, so the cache keeps one snapshot (`checkpoint`);
+//! `truncate(n)` to a point before the end rolls back to the snapshot when it lies at or
+//! before `n`, else to the empty state, and the caller re-evaluates from `len()`.
+
+use super::recurrent::RecurrentState;
 
 pub struct KvCache {
     n_layers: usize,
@@ -11,6 +18,9 @@ pub struct KvCache {
     len: usize,
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
+    recurrent: Option<RecurrentState>,
+    /// Position and recurrent state of the last `checkpoint`.
+    snapshot: Option<(usize, RecurrentState)>,
 }
 
 impl KvCache {
@@ -23,6 +33,31 @@ impl KvCache {
             len: 0,
             k: vec![Vec::new(); n_layers],
             v: vec![Vec::new(); n_layers],
+            recurrent: None,
+            snapshot: None,
+        }
+    }
+
+    /// Adds the recurrent state of a hybrid model's linear layers (zero at position 0).
+    pub fn with_recurrent(mut self, state: RecurrentState) -> Self {
+        self.recurrent = Some(state);
+        self
+    }
+
+    pub fn recurrent_mut(&mut self) -> Option<&mut RecurrentState> {
+        self.recurrent.as_mut()
+    }
+
+    /// Whether `truncate` may keep fewer positions than asked (a recurrent state is present).
+    pub fn has_recurrent(&self) -> bool {
+        self.recurrent.is_some()
+    }
+
+    /// Remembers the recurrent state at the current position, so that a later `truncate` to
+    /// this position or beyond resumes here instead of from the start. No-op without one.
+    pub fn checkpoint(&mut self) {
+        if let Some(r) = &self.recurrent {
+            self.snapshot = Some((self.len, r.clone()));
         }
     }
 
@@ -45,7 +80,24 @@ impl KvCache {
 
     /// Forget everything from position `n` on.
     /// Also drops rows appended for positions that were never `advance`d (a failed forward).
+    /// With a recurrent state, cutting before the end keeps fewer positions (the snapshot's,
+    /// or none): check `len()` afterwards.
     pub fn truncate(&mut self, n: usize) {
+        if n < self.len {
+            if let Some(r) = &mut self.recurrent {
+                match &self.snapshot {
+                    Some((pos, saved)) if *pos <= n => {
+                        r.clone_from(saved);
+                        self.len = *pos;
+                    }
+                    _ => {
+                        r.reset();
+                        self.snapshot = None;
+                        self.len = 0;
+                    }
+                }
+            }
+        }
         self.len = self.len.min(n);
         for l in 0..self.n_layers {
             self.k[l].truncate(self.len * self.row);
@@ -81,11 +133,13 @@ impl KvCache {
 
     /// Bytes held now.
     pub fn bytes(&self) -> usize {
-        self.k
+        let kv: usize = self
+            .k
             .iter()
             .chain(self.v.iter())
             .map(|x| x.len() * 4)
-            .sum()
+            .sum();
+        kv + self.recurrent.as_ref().map_or(0, |r| r.bytes())
     }
 
     /// Bytes a full cache of `tokens` positions needs (for `trit info`).
@@ -116,5 +170,29 @@ mod tests {
         c.advance(1);
         assert_eq!(&c.keys(0, 2)[4..], &[3.0; 4]);
         assert_eq!(c.bytes(), 2 * 2 * 8 * 4);
+    }
+
+    #[test]
+    fn recurrent_state_rolls_back_to_its_snapshot() {
+        let mut c = KvCache::new(1, 2, 16).with_recurrent(RecurrentState::new(1, 3, 4));
+        let fill = |c: &mut KvCache, n: usize, v: f32| {
+            c.append(0, &vec![v; 2 * n], &vec![v; 2 * n]);
+            c.recurrent_mut().unwrap().layers[0].ssm.fill(v);
+            c.advance(n);
+        };
+        fill(&mut c, 3, 1.0);
+        c.checkpoint();
+        fill(&mut c, 4, 2.0);
+        // Cutting inside the part after the snapshot resumes at the snapshot.
+        c.truncate(5);
+        assert_eq!(c.len(), 3);
+        assert_eq!(c.recurrent_mut().unwrap().layers[0].ssm, vec![1.0; 4]);
+        assert_eq!(c.keys(0, 3), &[1.0; 6]);
+        // Cutting at the end keeps everything; cutting before the snapshot starts over.
+        c.truncate(3);
+        assert_eq!(c.len(), 3);
+        c.truncate(2);
+        assert_eq!(c.len(), 0);
+        assert_eq!(c.recurrent_mut().unwrap().layers[0].ssm, vec![0.0; 4]);
     }
 }

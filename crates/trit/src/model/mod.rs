@@ -1,10 +1,14 @@
 //! Models: config + named weights → a forward pass that fills the KV cache and returns logits.
 
 pub mod attention;
+pub mod gated_delta;
 pub mod kv_cache;
 pub mod llama;
 pub mod qwen3;
+pub mod qwen35;
+pub mod recurrent;
 pub mod rope;
+pub mod rotation;
 pub mod transformer;
 pub mod weights;
 
@@ -16,9 +20,17 @@ use crate::format::ModelFiles;
 use crate::threadpool::ThreadPool;
 use crate::Result;
 
+/// The network of one architecture family.
+enum Net {
+    /// llama / qwen3 dense decoders.
+    Dense(Box<Transformer>),
+    /// Qwen3.5 hybrid (Gated DeltaNet + gated full attention).
+    Hybrid(Box<qwen35::Qwen35>),
+}
+
 /// A loaded model plus the worker pool its kernels run on.
 pub struct Model {
-    net: Transformer,
+    net: Net,
     pool: ThreadPool,
 }
 
@@ -26,9 +38,19 @@ impl Model {
     pub fn load(files: &ModelFiles, threads: usize) -> Result<Self> {
         let cfg = &files.config;
         let src = files.weights.as_ref();
+        if files.rotation.is_some() && cfg.arch != Arch::Qwen35 {
+            return Err(crate::Error::Unsupported(format!(
+                "a Hadamard-rotated {} model; trit applies the rotation to qwen35 models only",
+                cfg.arch.name()
+            )));
+        }
         let net = match cfg.arch {
-            Arch::Llama => llama::load(cfg, src)?,
-            Arch::Qwen3 => qwen3::load(cfg, src)?,
+            Arch::Llama => Net::Dense(Box::new(llama::load(cfg, src)?)),
+            Arch::Qwen3 => Net::Dense(Box::new(qwen3::load(cfg, src)?)),
+            Arch::Qwen35 => {
+                let rot = rotation::Rotations::new(files.rotation.clone());
+                Net::Hybrid(Box::new(qwen35::Qwen35::load(cfg, src, rot)?))
+            }
         };
         Ok(Model {
             net,
@@ -37,19 +59,29 @@ impl Model {
     }
 
     pub fn config(&self) -> &ModelConfig {
-        &self.net.config
+        match &self.net {
+            Net::Dense(n) => &n.config,
+            Net::Hybrid(n) => &n.config,
+        }
     }
 
     pub fn threads(&self) -> usize {
         self.pool.n_threads()
     }
 
+    /// A cache for `n_ctx` positions; for hybrid models it also holds the recurrent state.
     pub fn new_cache(&self, n_ctx: usize) -> KvCache {
-        self.net.new_cache(n_ctx)
+        match &self.net {
+            Net::Dense(n) => n.new_cache(n_ctx),
+            Net::Hybrid(n) => n.new_cache(n_ctx),
+        }
     }
 
     pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, which: Logits) -> Result<Vec<f32>> {
-        self.net.forward(&self.pool, tokens, cache, which)
+        match &self.net {
+            Net::Dense(n) => n.forward(&self.pool, tokens, cache, which),
+            Net::Hybrid(n) => n.forward(&self.pool, tokens, cache, which),
+        }
     }
 
     /// Several sequences in one pass (weights read once for all); see
@@ -59,10 +91,16 @@ impl Model {
     }
 
     pub fn weight_bytes(&self) -> usize {
-        self.net.weight_bytes()
+        match &self.net {
+            Net::Dense(n) => n.weight_bytes(),
+            Net::Hybrid(n) => n.weight_bytes(),
+        }
     }
 
     pub fn bytes_per_token(&self) -> usize {
-        self.net.bytes_per_token()
+        match &self.net {
+            Net::Dense(n) => n.bytes_per_token(),
+            Net::Hybrid(n) => n.bytes_per_token(),
+        }
     }
 }

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// MLX group size written by the generator.
-const MLX_GROUP: usize = 128;
+pub(super) const MLX_GROUP: usize = 128;
 
 fn hf_name(canonical: &str) -> String {
     let module = canonical.strip_suffix(".weight").unwrap_or(canonical);
@@ -26,11 +26,11 @@ fn hf_name(canonical: &str) -> String {
     )
 }
 
-fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+pub(super) fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
     move |e| Error::io(path, e)
 }
 
-fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(super) fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
     std::fs::write(path, bytes).map_err(io(path))
 }
 
@@ -38,6 +38,7 @@ fn config_json(p: &Preset, quantized: bool) -> Value {
     let (model_type, class) = match p.arch {
         Arch::Qwen3 => ("qwen3", "Qwen3ForCausalLM"),
         Arch::Llama => ("llama", "LlamaForCausalLM"),
+        Arch::Qwen35 => unreachable!("hybrid models are written by testgen::hybrid"),
     };
     let mut c = json!({
         "architectures": [class],
@@ -100,7 +101,7 @@ fn write_folder_files(
 }
 
 /// Packs codes LSB-first, four per byte (= u32 words of 16 codes, little-endian).
-fn pack_codes(t: &Ternary) -> Vec<u8> {
+pub(super) fn pack_codes(t: &Ternary) -> Vec<u8> {
     let mut out = vec![0u8; t.codes.len() / 4];
     out.par_chunks_mut(1 << 16)
         .zip(t.codes.par_chunks(1 << 18))
@@ -113,7 +114,7 @@ fn pack_codes(t: &Ternary) -> Vec<u8> {
 }
 
 /// One f16 per 128-group (`negate` gives the biases `-s`), as little-endian bytes.
-fn group_scales(t: &Ternary, negate: bool) -> Vec<u8> {
+pub(super) fn group_scales(t: &Ternary, negate: bool) -> Vec<u8> {
     let per = SCALE_GROUP / MLX_GROUP;
     let flip = if negate { 0x8000 } else { 0 };
     t.scales
@@ -123,12 +124,12 @@ fn group_scales(t: &Ternary, negate: bool) -> Vec<u8> {
         .collect()
 }
 
-fn f16_bytes(v: &[half::f16]) -> Vec<u8> {
+pub(super) fn f16_bytes(v: &[half::f16]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 #[derive(Clone, Copy)]
-enum Part {
+pub(super) enum Part {
     Codes,
     Scales,
     Biases,
@@ -136,7 +137,7 @@ enum Part {
 }
 
 /// Streams the tensors of `plans` into one safetensors file, generating each plan once.
-fn write_safetensors(
+pub(super) fn write_safetensors(
     path: &Path,
     metadata: BTreeMap<String, String>,
     plans: &[Plan],
@@ -156,7 +157,7 @@ fn write_safetensors(
                 }
                 cache.as_ref().map(|(_, t)| t)
             }
-            Kind::Norm => None,
+            _ => None,
         };
         let bytes = match (part, ternary) {
             (Part::Codes, Some(t)) => pack_codes(t),
@@ -194,7 +195,7 @@ pub fn write_mlx_folder(p: &Preset, seed: u64, dir: &Path, tok: &LoadedTokenizer
                     owners.push((i, part));
                 }
             }
-            Kind::Norm => {
+            _ => {
                 specs.push(TensorSpec {
                     name: hf,
                     dtype: Dtype::F16,
@@ -339,7 +340,7 @@ pub fn write_gguf(
     add_metadata(&mut w, p, tok)?;
     for plan in p.tensors() {
         let (ty_out, bytes) = match plan.kind {
-            Kind::Norm => {
+            Kind::Norm | Kind::Small { .. } | Kind::Param { .. } => {
                 let v: Vec<u8> = gen_norm(seed, &plan)
                     .iter()
                     .flat_map(|x| x.to_f32().to_le_bytes())

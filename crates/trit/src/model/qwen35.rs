@@ -1,0 +1,460 @@
+//! Qwen3.5 hybrid decoder (Bonsai 27B, Bonsai 2; models.md §3): per layer
+//! `h = x + Mixer(RMSNorm(x))`, `x' = h + MLP(RMSNorm(h))`, where the mixer is a Gated
+//! DeltaNet linear attention (`gated_delta.rs`) on most layers and a gated full attention with
+//! partial RoPE on every `full_attention_interval`-th. Norm weights are the effective ones
+//! (the converters add HF's `1 +`), the gated norm is plain.
+//!
+//! Full-attention layers keep keys/values in the `KvCache` (indexed by their rank among the
+//! full layers); linear layers keep their conv and delta-rule state in the cache's
+//! `RecurrentState`, updated in place.
+
+use super::attention::attend;
+use super::gated_delta::{self as gd, HeadInputs};
+use super::kv_cache::KvCache;
+use super::recurrent::RecurrentState;
+use super::rope::Rope;
+use super::rotation::{Projector, RotatedLinear, Rotations};
+use super::transformer::Logits;
+use super::weights::{require, to_f32, vector};
+use crate::format::config::{HybridConfig, ModelConfig, RopeStyle};
+use crate::format::WeightSource;
+use crate::kernels::{ops, Linear};
+use crate::threadpool::ThreadPool;
+use crate::{Error, Result};
+use std::sync::Mutex;
+
+struct DeltaNet {
+    qkv: RotatedLinear,
+    z: RotatedLinear,
+    /// Per-head decay and update-gate inputs: never rotated, read the unrotated input.
+    a: Linear,
+    b: Linear,
+    /// `conv_dim × kernel`.
+    conv: Vec<f32>,
+    dt_bias: Vec<f32>,
+    /// `−exp(A_log)` (GGUF's `ssm_a`), so `ln g = a_neg · softplus(a + dt_bias)`.
+    a_neg: Vec<f32>,
+    norm: Vec<f32>,
+    out: RotatedLinear,
+    /// Index into `RecurrentState::layers`.
+    slot: usize,
+}
+
+struct FullAttention {
+    /// Rows: per head `head_dim` query values then `head_dim` gate values.
+    q: RotatedLinear,
+    k: RotatedLinear,
+    v: RotatedLinear,
+    o: RotatedLinear,
+    q_norm: Vec<f32>,
+    k_norm: Vec<f32>,
+    /// Index into the KV cache's layers.
+    slot: usize,
+}
+
+enum Mixer {
+    Linear(DeltaNet),
+    Full(FullAttention),
+}
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    mixer: Mixer,
+    post_norm: Vec<f32>,
+    gate: RotatedLinear,
+    up: RotatedLinear,
+    down: RotatedLinear,
+}
+
+pub struct Qwen35 {
+    pub config: ModelConfig,
+    hy: HybridConfig,
+    rot: Rotations,
+    embed: Linear,
+    layers: Vec<Layer>,
+    final_norm: Vec<f32>,
+    /// `None` when the head is tied to the embedding.
+    head: Option<RotatedLinear>,
+    rope: Rope,
+}
+
+impl Qwen35 {
+    pub fn load(cfg: &ModelConfig, src: &dyn WeightSource, rot: Rotations) -> Result<Self> {
+        let hy = cfg
+            .hybrid
+            .clone()
+            .ok_or_else(|| Error::Config("qwen35 model without its hybrid config".into()))?;
+        let (d, hd) = (cfg.hidden, cfg.head_dim);
+        let embed = super::weights::linear(src, "token_embd.weight", cfg.vocab, d)?;
+        let lin = |name: &str, rows: usize, cols: usize| rot.linear(src, name, rows, cols);
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        let (mut n_lin, mut n_full) = (0, 0);
+        for (i, &is_linear) in hy.linear.iter().enumerate() {
+            let w = |t: &str| format!("blk.{i}.{t}.weight");
+            let mixer = if is_linear {
+                let (cd, vw, hv) = (hy.conv_dim(), hy.value_width(), hy.v_heads);
+                let a_neg = match src.tensor(&format!("blk.{i}.ssm_a"))? {
+                    Some(v) => to_f32(&v)?,
+                    None => vector(src, &format!("blk.{i}.ssm_a_log"), hv)?
+                        .iter()
+                        .map(|&x| -x.exp())
+                        .collect(),
+                };
+                let conv_view = require(src, &w("ssm_conv1d"))?;
+                let conv = to_f32(&conv_view)?;
+                if conv.len() != cd * hy.conv_kernel {
+                    return Err(Error::ShapeMismatch {
+                        tensor: w("ssm_conv1d"),
+                        found: conv_view.shape.clone(),
+                        expected: vec![cd, hy.conv_kernel],
+                    });
+                }
+                n_lin += 1;
+                Mixer::Linear(DeltaNet {
+                    qkv: lin(&w("attn_qkv"), cd, d)?,
+                    z: lin(&w("attn_gate"), vw, d)?,
+                    a: super::weights::linear(src, &w("ssm_alpha"), hv, d)?,
+                    b: super::weights::linear(src, &w("ssm_beta"), hv, d)?,
+                    conv,
+                    dt_bias: vector(src, &format!("blk.{i}.ssm_dt.bias"), hv)?,
+                    a_neg,
+                    norm: vector(src, &w("ssm_norm"), hy.v_dim)?,
+                    out: lin(&w("ssm_out"), d, vw)?,
+                    slot: n_lin - 1,
+                })
+            } else {
+                let (nq, nkv) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
+                n_full += 1;
+                Mixer::Full(FullAttention {
+                    q: lin(&w("attn_q"), 2 * nq, d)?,
+                    k: lin(&w("attn_k"), nkv, d)?,
+                    v: lin(&w("attn_v"), nkv, d)?,
+                    o: lin(&w("attn_output"), d, nq)?,
+                    q_norm: vector(src, &w("attn_q_norm"), hd)?,
+                    k_norm: vector(src, &w("attn_k_norm"), hd)?,
+                    slot: n_full - 1,
+                })
+            };
+            let post = crate::format::config::post_norm_name(src, i)?;
+            layers.push(Layer {
+                attn_norm: vector(src, &w("attn_norm"), d)?,
+                mixer,
+                post_norm: vector(src, &format!("blk.{i}.{post}"), d)?,
+                gate: lin(&w("ffn_gate"), cfg.ffn, d)?,
+                up: lin(&w("ffn_up"), cfg.ffn, d)?,
+                down: lin(&w("ffn_down"), d, cfg.ffn)?,
+            });
+        }
+        let final_norm = vector(src, "output_norm.weight", d)?;
+        let head = if cfg.tied_embeddings {
+            None
+        } else {
+            Some(lin("output.weight", cfg.vocab, d)?)
+        };
+        rot.check_embedding(d)?;
+        // A rotation declared for a weight the graph never rotates (or never reads) means the
+        // file and this reader disagree about the model: refuse rather than guess.
+        rot.check_all_used(&|name| is_rotatable(&hy, cfg.tied_embeddings, name))?;
+        let rope = Rope::new(hy.rotary_dim, cfg.rope_theta, RopeStyle::Neox, None);
+        Ok(Qwen35 {
+            config: cfg.clone(),
+            hy,
+            rot,
+            embed,
+            layers,
+            final_norm,
+            head,
+            rope,
+        })
+    }
+
+    fn matrices(&self) -> Vec<&Linear> {
+        let mut v = Vec::new();
+        for l in &self.layers {
+            match &l.mixer {
+                Mixer::Linear(m) => {
+                    v.extend([&m.qkv.lin, &m.z.lin, &m.a, &m.b, &m.out.lin]);
+                }
+                Mixer::Full(m) => v.extend([&m.q.lin, &m.k.lin, &m.v.lin, &m.o.lin]),
+            }
+            v.extend([&l.gate.lin, &l.up.lin, &l.down.lin]);
+        }
+        v
+    }
+
+    pub fn weight_bytes(&self) -> usize {
+        let blocks: usize = self.matrices().iter().map(|l| l.bytes()).sum();
+        blocks + self.embed.bytes() + self.head.as_ref().map_or(0, |h| h.lin.bytes())
+    }
+
+    /// Bytes streamed per decoded token: every matrix and the head once, one embedding row.
+    pub fn bytes_per_token(&self) -> usize {
+        let blocks: usize = self.matrices().iter().map(|l| l.bytes()).sum();
+        let head = self.head.as_ref().map_or(&self.embed, |h| &h.lin).bytes();
+        blocks + head + self.embed.bytes() / self.config.vocab.max(1)
+    }
+
+    pub fn new_cache(&self, n_ctx: usize) -> KvCache {
+        let (c, h) = (&self.config, &self.hy);
+        let state = RecurrentState::new(
+            h.n_linear(),
+            (h.conv_kernel - 1) * h.conv_dim(),
+            h.v_heads * h.v_dim * h.k_dim,
+        );
+        KvCache::new(h.n_full(), c.n_kv_heads * c.head_dim, n_ctx).with_recurrent(state)
+    }
+
+    /// Runs `tokens` at positions `cache.len()..`, updating the KV cache and the recurrent
+    /// state, and returns logits as `Transformer::forward` does.
+    pub fn forward(
+        &self,
+        pool: &ThreadPool,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        which: Logits,
+    ) -> Result<Vec<f32>> {
+        let c = &self.config;
+        let n = tokens.len();
+        if n == 0 {
+            return Err(Error::InvalidArgument("no tokens to evaluate".into()));
+        }
+        if cache.len() + n > cache.capacity() {
+            return Err(Error::ContextOverflow {
+                n_prompt: cache.len() + n,
+                n_ctx: cache.capacity(),
+            });
+        }
+        if !cache.has_recurrent() {
+            return Err(Error::InvalidArgument(
+                "a hybrid model needs a cache made by its own new_cache".into(),
+            ));
+        }
+        let d = c.hidden;
+        let mut x = vec![0f32; n * d];
+        for (t, &tok) in tokens.iter().enumerate() {
+            if tok as usize >= c.vocab {
+                return Err(Error::InvalidArgument(format!(
+                    "token id {tok} is outside the vocabulary ({} rows)",
+                    c.vocab
+                )));
+            }
+            let row = &mut x[t * d..(t + 1) * d];
+            self.embed.dequantize_row(tok as usize, row);
+            self.rot.unrotate_embedding(row);
+        }
+        let pos0 = cache.len();
+        let mut h = vec![0f32; n * d];
+        let mut mixed = vec![0f32; n * d];
+        let mut g = vec![0f32; n * c.ffn];
+        let mut u = vec![0f32; n * c.ffn];
+        for layer in &self.layers {
+            norm_rows(&x, &layer.attn_norm, c.norm_eps, &mut h);
+            match &layer.mixer {
+                Mixer::Linear(m) => self.delta_net(pool, m, &h, n, cache, &mut mixed),
+                Mixer::Full(m) => self.full_attention(pool, m, &h, n, pos0, cache, &mut mixed),
+            }
+            ops::add_inplace(&mut x, &mixed);
+            norm_rows(&x, &layer.post_norm, c.norm_eps, &mut h);
+            let mut p = Projector::new(pool, &h, n);
+            p.run(&layer.gate, &mut g);
+            p.run(&layer.up, &mut u);
+            ops::silu_mul(&mut g, &u);
+            Projector::new(pool, &g, n).run(&layer.down, &mut mixed);
+            ops::add_inplace(&mut x, &mixed);
+        }
+        cache.advance(n);
+
+        let rows = match which {
+            Logits::Last => &x[(n - 1) * d..],
+            Logits::All => &x[..],
+        };
+        let m = rows.len() / d;
+        let mut normed = vec![0f32; m * d];
+        norm_rows(rows, &self.final_norm, c.norm_eps, &mut normed);
+        let mut logits = vec![0f32; m * c.vocab];
+        match &self.head {
+            Some(head) => Projector::new(pool, &normed, m).run(head, &mut logits),
+            None => {
+                self.rot.rotate_for_tied_head(&mut normed);
+                self.embed.forward(pool, &normed, m, &mut logits)
+            }
+        }
+        Ok(logits)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn full_attention(
+        &self,
+        pool: &ThreadPool,
+        m: &FullAttention,
+        h: &[f32],
+        n: usize,
+        pos0: usize,
+        cache: &mut KvCache,
+        out: &mut [f32],
+    ) {
+        let c = &self.config;
+        let (hd, nh) = (c.head_dim, c.n_heads);
+        let (nq, nkv) = (nh * hd, c.n_kv_heads * hd);
+        let mut qg = vec![0f32; n * 2 * nq];
+        let mut k = vec![0f32; n * nkv];
+        let mut v = vec![0f32; n * nkv];
+        let mut p = Projector::new(pool, h, n);
+        p.run(&m.q, &mut qg);
+        p.run(&m.k, &mut k);
+        p.run(&m.v, &mut v);
+        let rot = self.hy.rotary_dim;
+        let mut q = vec![0f32; n * nq];
+        let mut gate = vec![0f32; n * nq];
+        for t in 0..n {
+            let (cos, sin) = self.rope.angles(pos0 + t);
+            for head in 0..nh {
+                let src = &qg[(t * nh + head) * 2 * hd..(t * nh + head + 1) * 2 * hd];
+                let qh = &mut q[(t * nh + head) * hd..(t * nh + head + 1) * hd];
+                ops::rms_norm(&src[..hd], &m.q_norm, c.norm_eps, qh);
+                self.rope.apply_angles(&mut qh[..rot], &cos, &sin);
+                gate[(t * nh + head) * hd..(t * nh + head + 1) * hd].copy_from_slice(&src[hd..]);
+            }
+            for kh in k[t * nkv..(t + 1) * nkv].chunks_exact_mut(hd) {
+                let raw = kh.to_vec();
+                ops::rms_norm(&raw, &m.k_norm, c.norm_eps, kh);
+                self.rope.apply_angles(&mut kh[..rot], &cos, &sin);
+            }
+        }
+        cache.append(m.slot, &k, &v);
+        let mut att = vec![0f32; n * nq];
+        attend(pool, c, &q, cache, m.slot, pos0, n, &mut att);
+        for (a, &g) in att.iter_mut().zip(&gate) {
+            *a *= gd::sigmoid(g);
+        }
+        Projector::new(pool, &att, n).run(&m.o, out);
+    }
+
+    fn delta_net(
+        &self,
+        pool: &ThreadPool,
+        m: &DeltaNet,
+        h: &[f32],
+        n: usize,
+        cache: &mut KvCache,
+        out: &mut [f32],
+    ) {
+        let hy = &self.hy;
+        let (cd, vw, hv, hk) = (hy.conv_dim(), hy.value_width(), hy.v_heads, hy.k_heads);
+        let (dk, dv) = (hy.k_dim, hy.v_dim);
+        let mut qkv = vec![0f32; n * cd];
+        let mut z = vec![0f32; n * vw];
+        let mut a = vec![0f32; n * hv];
+        let mut b = vec![0f32; n * hv];
+        let mut p = Projector::new(pool, h, n);
+        p.run(&m.qkv, &mut qkv);
+        p.run(&m.z, &mut z);
+        m.a.forward(pool, h, n, &mut a);
+        m.b.forward(pool, h, n, &mut b);
+        let state = &mut cache.recurrent_mut().expect("checked in forward").layers[m.slot];
+        gd::causal_conv_silu(&mut qkv, &mut state.conv, &m.conv, cd);
+        let kw = hy.key_width();
+        for row in qkv.chunks_exact_mut(cd) {
+            let (q, rest) = row.split_at_mut(kw);
+            let k = &mut rest[..kw];
+            for head in q.chunks_exact_mut(dk) {
+                gd::l2_normalize(head, 1.0 / (dk as f32).sqrt());
+            }
+            for head in k.chunks_exact_mut(dk) {
+                gd::l2_normalize(head, 1.0);
+            }
+        }
+        let heads: Vec<Mutex<&mut [f32]>> = state.ssm.chunks_mut(dv * dk).map(Mutex::new).collect();
+        let outs: Vec<Mutex<Vec<f32>>> = (0..hv).map(|_| Mutex::new(Vec::new())).collect();
+        pool.run(&|tid, nt| {
+            for head in (hv * tid / nt)..(hv * (tid + 1) / nt) {
+                let kh = hy.key_head_of(head);
+                let gather = |off: usize, width: usize| -> Vec<f32> {
+                    qkv.chunks_exact(cd)
+                        .flat_map(|r| r[off..off + width].iter().copied())
+                        .collect()
+                };
+                let q = gather(kh * dk, dk);
+                let k = gather(kw + kh * dk, dk);
+                let v = gather(2 * kw + head * dv, dv);
+                let log_g: Vec<f32> = (0..n)
+                    .map(|t| m.a_neg[head] * gd::softplus(a[t * hv + head] + m.dt_bias[head]))
+                    .collect();
+                let beta: Vec<f32> = (0..n).map(|t| gd::sigmoid(b[t * hv + head])).collect();
+                let x = HeadInputs {
+                    q: &q,
+                    k: &k,
+                    v: &v,
+                    log_g: &log_g,
+                    beta: &beta,
+                };
+                let mut o = vec![0f32; n * dv];
+                let mut s = heads[head].lock().unwrap();
+                if n == 1 {
+                    gd::recur_steps(&mut s, &x, &mut o);
+                } else {
+                    gd::recur_chunked(&mut s, &x, &mut o);
+                }
+                for t in 0..n {
+                    let zh = &z[t * vw + head * dv..t * vw + (head + 1) * dv];
+                    gd::gated_rms_norm(
+                        &mut o[t * dv..(t + 1) * dv],
+                        zh,
+                        &m.norm,
+                        self.config.norm_eps,
+                    );
+                }
+                *outs[head].lock().unwrap() = o;
+            }
+        });
+        // A rotated GGUF keeps ssm_out's columns in grouped order while the heads above ran
+        // in the file's tiled order (formats.md §8.4): place each head where ssm_out expects it.
+        let regroup = hy.v_tiled && self.rot.ssm_out_grouped();
+        let mut o = vec![0f32; n * vw];
+        for (head, part) in outs.into_iter().enumerate() {
+            let part = part.into_inner().unwrap();
+            let at = if regroup {
+                (head % hk) * (hv / hk) + head / hk
+            } else {
+                head
+            };
+            for t in 0..n {
+                o[t * vw + at * dv..t * vw + (at + 1) * dv]
+                    .copy_from_slice(&part[t * dv..(t + 1) * dv]);
+            }
+        }
+        Projector::new(pool, &o, n).run(&m.out, out);
+    }
+}
+
+/// Whether `name` is a projection this graph loads through `Rotations::linear`.
+fn is_rotatable(hy: &HybridConfig, tied: bool, name: &str) -> bool {
+    if name == "output.weight" {
+        return !tied;
+    }
+    let Some(rest) = name.strip_prefix("blk.") else {
+        return false;
+    };
+    let Some((layer, tensor)) = rest.split_once('.') else {
+        return false;
+    };
+    let Some(&linear) = layer.parse::<usize>().ok().and_then(|i| hy.linear.get(i)) else {
+        return false;
+    };
+    let mixer: &[&str] = if linear {
+        &["attn_qkv", "attn_gate", "ssm_out"]
+    } else {
+        &["attn_q", "attn_k", "attn_v", "attn_output"]
+    };
+    mixer
+        .iter()
+        .chain(&["ffn_gate", "ffn_up", "ffn_down"])
+        .any(|t| tensor == format!("{t}.weight"))
+}
+
+fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let d = w.len();
+    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        ops::rms_norm(xr, w, eps, or);
+    }
+}
