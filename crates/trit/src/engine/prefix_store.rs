@@ -58,6 +58,10 @@ impl PrefixStore {
     /// once the cache has been reused; `None` when not worth keeping (too short, larger than
     /// the budget, or already covered by a saved entry).
     pub fn snapshot(&self, model: &Model, tokens: &[u32], cache: &KvCache) -> Option<Snapshot> {
+        // Only attention KV is copied; a recurrent state (hybrid models) is not kept here.
+        if cache.has_recurrent() {
+            return None;
+        }
         let n = tokens.len().min(cache.len());
         let tokens = &tokens[..n];
         if n < MIN_TOKENS || self.entries.iter().any(|e| e.tokens.starts_with(tokens)) {

@@ -310,6 +310,8 @@ impl Worker {
             }
             _ => {
                 s.cache.truncate(common);
+                // A hybrid model's recurrent state may roll back further than asked.
+                common = s.cache.len();
                 s.tokens.truncate(common);
             }
         }

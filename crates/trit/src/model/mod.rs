@@ -85,9 +85,16 @@ impl Model {
     }
 
     /// Several sequences in one pass (weights read once for all); see
-    /// [`Transformer::forward_batch`].
+    /// [`Transformer::forward_batch`]. Hybrid models run the sequences one after another
+    /// (a batched Gated DeltaNet step is not written yet), with the same results.
     pub fn forward_batch(&self, seqs: &mut [BatchSeq<'_>]) -> Result<Vec<Vec<f32>>> {
-        self.net.forward_batch(&self.pool, seqs)
+        match &self.net {
+            Net::Dense(n) => n.forward_batch(&self.pool, seqs),
+            Net::Hybrid(n) => seqs
+                .iter_mut()
+                .map(|s| n.forward(&self.pool, s.tokens, s.cache, s.logits))
+                .collect(),
+        }
     }
 
     pub fn weight_bytes(&self) -> usize {
