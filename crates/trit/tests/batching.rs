@@ -270,3 +270,55 @@ fn prefix_store_keeps_conversations_beyond_the_slots_under_a_budget() {
     assert_eq!(s.cached_tokens, 0);
     assert_eq!(sched.stats().prefix_cache_entries, 0);
 }
+
+/// A hybrid (Qwen3.5) model through the scheduler: its sequences run one after another inside
+/// a step, and a follow-up whose prompt diverges inside the cached part must roll the
+/// recurrent state back (not reuse keys/values past the divergence) — so every reply must
+/// equal what a fresh single-sequence run produces.
+#[test]
+fn scheduler_runs_hybrid_models_like_alone() {
+    use trit::format::testgen::hybrid::{generate as gen_model, HybridPreset};
+    use trit::format::testgen::{OutFormat, TokenizerAssets};
+    let dir = tempfile::tempdir().unwrap();
+    let preset = HybridPreset::by_name("tiny-qwen35").unwrap();
+    gen_model(
+        &preset,
+        0,
+        dir.path(),
+        &[OutFormat::Mlx],
+        &TokenizerAssets::Placeholder,
+    )
+    .unwrap();
+    let files = trit::format::open(&dir.path().join("mlx")).unwrap();
+    let tok = Arc::new(Tokenizer::from_source(&files.tokenizer).unwrap());
+    let model = Arc::new(Model::load(&files, 2).unwrap());
+    let p1: Vec<u32> = (10..30).collect();
+    let p2: Vec<u32> = (40..52).collect();
+    // Shares p1's first 12 tokens, then diverges inside what the slot holds.
+    let p3: Vec<u32> = (10..22).chain(60..70).collect();
+    let alone = |p: &[u32]| {
+        let mut session = Session::new(model.clone(), 128);
+        generate(&mut session, &tok, p, &greedy(8), &mut |_| true)
+            .unwrap()
+            .tokens
+    };
+    let expected: Vec<Vec<u32>> = [&p1, &p2, &p3].iter().map(|p| alone(p)).collect();
+    let sched = Scheduler::start(
+        model.clone(),
+        tok.clone(),
+        SchedulerConfig {
+            n_ctx: 128,
+            parallel: 2,
+            max_queue: 4,
+            prefix_cache_bytes: 1 << 20,
+        },
+    )
+    .unwrap();
+    let (r1, r2) = (
+        submit(&sched, &p1, greedy(8)),
+        submit(&sched, &p2, greedy(8)),
+    );
+    assert_eq!(collect(&r1).0, expected[0]);
+    assert_eq!(collect(&r2).0, expected[1]);
+    assert_eq!(collect(&submit(&sched, &p3, greedy(8))).0, expected[2]);
+}
