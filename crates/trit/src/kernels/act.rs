@@ -22,39 +22,125 @@ pub struct ActQ8 {
 }
 
 impl ActQ8 {
+    /// No tokens; buffers grow on the first `quantize_*` call and are reused after it (a
+    /// prefill quantizes ~100 activation matrices of several MiB: fresh allocations would page
+    /// fault on every one).
+    pub fn new() -> Self {
+        ActQ8 {
+            n: 0,
+            cols: 0,
+            qs: Vec::new(),
+            d: Vec::new(),
+            sums: Vec::new(),
+            exact: Vec::new(),
+        }
+    }
+
     /// Quantizes `x[t·cols + k]` for `t < n`. `cols` must be a multiple of 64 (as every
     /// `TernaryMatrix` has) and `x` must hold `n·cols` values.
     pub fn quantize(x: &[f32], n: usize, cols: usize) -> Self {
-        assert!(
-            cols.is_multiple_of(ACT_BLOCK),
-            "ActQ8::quantize: cols = {cols} is not a multiple of {ACT_BLOCK}"
-        );
+        let mut a = ActQ8::new();
+        a.quantize_from(x, n, cols, true);
+        a
+    }
+
+    /// Re-fills `self` with `x` quantized (as `quantize`). `keep_exact` also keeps a copy of
+    /// `x` (needed only by dense matrices and the `Reference` level; see `Linear::needs_exact`).
+    pub fn quantize_from(&mut self, x: &[f32], n: usize, cols: usize, keep_exact: bool) {
         assert!(
             x.len() >= n * cols,
             "ActQ8::quantize: {} values for {n} × {cols}",
             x.len()
         );
+        self.resize(n, cols, keep_exact);
         let x = &x[..n * cols];
-        let blocks = n * cols / ACT_BLOCK;
-        let mut qs = vec![0i8; n * cols];
-        let mut d = vec![0f32; blocks];
-        let mut sums = vec![0i32; blocks];
         for (((xb, qb), db), sb) in x
             .chunks_exact(ACT_BLOCK)
-            .zip(qs.chunks_exact_mut(ACT_BLOCK))
-            .zip(d.iter_mut())
-            .zip(sums.iter_mut())
+            .zip(self.qs.chunks_exact_mut(ACT_BLOCK))
+            .zip(self.d.iter_mut())
+            .zip(self.sums.iter_mut())
         {
             (*db, *sb) = quantize_block(xb, qb);
         }
-        ActQ8 {
-            n,
-            cols,
-            qs,
-            d,
-            sums,
-            exact: x.to_vec(),
+        if keep_exact {
+            self.exact.copy_from_slice(x);
         }
+    }
+
+    /// Re-fills `self` with `rms_norm(x_t)·w` quantized, for each of the `n` rows `x_t` of
+    /// `x` (`cols = w.len()`): the normalized row is produced one block at a time and quantized
+    /// while it is in registers, instead of being written out and read back. With `keep_exact`
+    /// the normalized rows are kept too.
+    pub fn quantize_rms_norm(
+        &mut self,
+        x: &[f32],
+        w: &[f32],
+        eps: f32,
+        n: usize,
+        keep_exact: bool,
+    ) {
+        let cols = w.len();
+        assert!(
+            x.len() >= n * cols,
+            "ActQ8::quantize_rms_norm: {} values for {n} × {cols}",
+            x.len()
+        );
+        self.resize(n, cols, keep_exact);
+        if !cols.is_multiple_of(ACT_BLOCK) {
+            // Dense-only width: normalize into the exact rows, nothing to quantize.
+            for (xr, er) in x.chunks_exact(cols).zip(self.exact.chunks_exact_mut(cols)) {
+                super::ops::rms_norm(xr, w, eps, er);
+            }
+            return;
+        }
+        let bpr = cols / ACT_BLOCK;
+        let mut normed = [0f32; ACT_BLOCK];
+        for (t, xr) in x[..n * cols].chunks_exact(cols).enumerate() {
+            let inv = 1.0 / (super::ops::dot(xr, xr) / cols as f32 + eps).sqrt();
+            for (b, (xb, wb)) in xr
+                .chunks_exact(ACT_BLOCK)
+                .zip(w.chunks_exact(ACT_BLOCK))
+                .enumerate()
+            {
+                for ((o, &xi), &wi) in normed.iter_mut().zip(xb).zip(wb) {
+                    *o = xi * inv * wi;
+                }
+                let i = t * bpr + b;
+                let qb = &mut self.qs[i * ACT_BLOCK..][..ACT_BLOCK];
+                (self.d[i], self.sums[i]) = quantize_block(&normed, qb);
+                if keep_exact {
+                    self.exact[i * ACT_BLOCK..][..ACT_BLOCK].copy_from_slice(&normed);
+                }
+            }
+        }
+    }
+
+    /// Sizes the buffers for `n × cols`. A width that is not a multiple of 64 can only feed a
+    /// dense matrix: then only the exact rows are kept (and `keep_exact` must be set).
+    fn resize(&mut self, n: usize, cols: usize, keep_exact: bool) {
+        assert!(
+            cols.is_multiple_of(ACT_BLOCK) || keep_exact,
+            "ActQ8: cols = {cols} is not a multiple of {ACT_BLOCK}"
+        );
+        let blocks = if cols.is_multiple_of(ACT_BLOCK) {
+            n * cols / ACT_BLOCK
+        } else {
+            0
+        };
+        self.n = n;
+        self.cols = cols;
+        self.qs.resize(blocks * ACT_BLOCK, 0);
+        self.d.resize(blocks, 0.0);
+        self.sums.resize(blocks, 0);
+        self.exact.clear();
+        if keep_exact {
+            self.exact.resize(n * cols, 0.0);
+        }
+    }
+
+    /// The unquantized rows, if they were kept (`keep_exact`).
+    pub fn exact(&self) -> Option<&[f32]> {
+        (self.exact.len() == self.n * self.cols).then_some(&self.exact[..])
     }
 
     /// Number of tokens.
@@ -70,6 +156,12 @@ impl ActQ8 {
     #[cfg(test)]
     pub(crate) fn dequantized(&self, t: usize, k: usize) -> f32 {
         self.d[(t * self.cols + k) / ACT_BLOCK] * self.qs[t * self.cols + k] as f32
+    }
+}
+
+impl Default for ActQ8 {
+    fn default() -> Self {
+        ActQ8::new()
     }
 }
 
@@ -138,6 +230,31 @@ mod tests {
                 assert_eq!(a.sums[t * 3 + b], s);
             }
         }
+    }
+
+    #[test]
+    fn fused_rms_norm_quantization_equals_norm_then_quantize() {
+        let (n, cols) = (3, 320);
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * (1 + i % 7) as f32)
+            .collect();
+        let w: Vec<f32> = (0..cols).map(|i| 0.5 + (i % 11) as f32 * 0.1).collect();
+        let mut normed = vec![0f32; n * cols];
+        for (xr, or) in x.chunks_exact(cols).zip(normed.chunks_exact_mut(cols)) {
+            crate::kernels::ops::rms_norm(xr, &w, 1e-6, or);
+        }
+        let want = ActQ8::quantize(&normed, n, cols);
+        // Reused buffers: quantize something larger first, then the fused form.
+        let mut a = ActQ8::quantize(&vec![1.0; 4 * 384], 4, 384);
+        a.quantize_rms_norm(&x, &w, 1e-6, n, true);
+        assert_eq!((a.n, a.cols), (n, cols));
+        assert_eq!(a.exact(), Some(&normed[..]));
+        assert_eq!(a.qs, want.qs);
+        assert_eq!(a.d, want.d);
+        assert_eq!(a.sums, want.sums);
+        a.quantize_rms_norm(&x, &w, 1e-6, n, false);
+        assert_eq!(a.exact(), None);
+        assert_eq!(a.qs, want.qs);
     }
 
     #[test]

@@ -268,6 +268,29 @@ impl Linear {
         }
     }
 
+    /// `forward` on activations quantized once by the caller (one quantization shared by the
+    /// q/k/v or gate/up matrices). `xq` must hold the exact rows when `needs_exact()`.
+    pub fn forward_q8(&self, pool: &ThreadPool, xq: &ActQ8, y: &mut [f32]) {
+        match self {
+            Linear::Ternary(m) => m.matmul_q8(pool, xq, y),
+            Linear::Dense(m) => {
+                let x = xq
+                    .exact()
+                    .expect("a dense matrix needs activations quantized with keep_exact");
+                m.matmul(pool, x, xq.n(), y)
+            }
+        }
+    }
+
+    /// Whether `forward_q8` reads the unquantized activations (dense weights, or the exact
+    /// `Reference` level).
+    pub fn needs_exact(&self) -> bool {
+        match self {
+            Linear::Ternary(_) => level() == KernelLevel::Reference,
+            Linear::Dense(_) => true,
+        }
+    }
+
     /// Row `r` as f32 (`out.len() == cols`), e.g. for embedding lookups.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         match self {

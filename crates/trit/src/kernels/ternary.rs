@@ -245,7 +245,10 @@ impl TernaryMatrix {
         }
         let level = level.or_supported();
         if level == KernelLevel::Reference {
-            return super::scalar::ternary_matmul_f32(self, pool, &xq.exact, n, y);
+            let exact = xq.exact().expect(
+                "matmul_q8 at the reference level needs activations quantized with keep_exact",
+            );
+            return super::scalar::ternary_matmul_f32(self, pool, exact, n, y);
         }
         let out = OutPtr::new(y);
         let tile_bytes = self.blocks * (TILE_BLOCK_BYTES + TILE_ROWS * 2);

@@ -8,7 +8,8 @@ use super::rope::Rope;
 use super::weights::{linear, vector};
 use crate::format::config::ModelConfig;
 use crate::format::WeightSource;
-use crate::kernels::{ops, Linear};
+use crate::kernels::{ops, ActQ8, Linear};
+use crate::profile::{self, Op};
 use crate::threadpool::ThreadPool;
 use crate::{Error, Result};
 
@@ -144,6 +145,7 @@ impl Transformer {
             });
         }
         let d = c.hidden;
+        let embed_probe = profile::start(Op::Residual, 0);
         let mut x = vec![0f32; n * d];
         for (t, &tok) in tokens.iter().enumerate() {
             if tok as usize >= c.vocab {
@@ -155,9 +157,12 @@ impl Transformer {
             self.embed
                 .dequantize_row(tok as usize, &mut x[t * d..(t + 1) * d]);
         }
+        drop(embed_probe);
         let pos0 = cache.len();
+        let rope_probe = profile::start(Op::Rope, 0);
         let angles: Vec<(Vec<f32>, Vec<f32>)> =
             (0..n).map(|t| self.rope.angles(pos0 + t)).collect();
+        drop(rope_probe);
         let (hd, nq, nkv) = (
             c.head_dim,
             c.n_heads * c.head_dim,
@@ -170,36 +175,54 @@ impl Transformer {
         let mut att = vec![0f32; n * nq];
         let mut g = vec![0f32; n * c.ffn];
         let mut u = vec![0f32; n * c.ffn];
+        // One int8 quantization per matmul input, shared by q/k/v and by gate/up.
+        let mut xq = ActQ8::new();
+        let exact = |ls: &[&Linear]| ls.iter().any(|l| l.needs_exact());
         for (li, b) in self.blocks.iter().enumerate() {
-            norm_rows(&x, &b.attn_norm, c.norm_eps, &mut h);
-            b.q.forward(pool, &h, n, &mut q);
-            b.k.forward(pool, &h, n, &mut k);
-            b.v.forward(pool, &h, n, &mut v);
+            let probe = profile::start(Op::ActQuant, 0);
+            xq.quantize_rms_norm(&x, &b.attn_norm, c.norm_eps, n, exact(&[&b.q, &b.k, &b.v]));
+            drop(probe);
+            matmul(pool, Op::MatQ, &b.q, &xq, &mut q);
+            matmul(pool, Op::MatK, &b.k, &xq, &mut k);
+            matmul(pool, Op::MatV, &b.v, &xq, &mut v);
+            if b.q_norm.is_some() || b.k_norm.is_some() {
+                let _p = profile::start(Op::Norm, 0);
+                for (qk, w) in [(&mut q, &b.q_norm), (&mut k, &b.k_norm)] {
+                    if let Some(w) = w {
+                        qk.chunks_exact_mut(hd)
+                            .for_each(|head| norm_in_place(head, w, c.norm_eps));
+                    }
+                }
+            }
+            let probe = profile::start(Op::Rope, 0);
             for (t, (cos, sin)) in angles.iter().enumerate() {
                 for head in q[t * nq..(t + 1) * nq].chunks_exact_mut(hd) {
-                    if let Some(w) = &b.q_norm {
-                        norm_in_place(head, w, c.norm_eps);
-                    }
                     self.rope.apply_angles(head, cos, sin);
                 }
                 for head in k[t * nkv..(t + 1) * nkv].chunks_exact_mut(hd) {
-                    if let Some(w) = &b.k_norm {
-                        norm_in_place(head, w, c.norm_eps);
-                    }
                     self.rope.apply_angles(head, cos, sin);
                 }
             }
+            drop(probe);
+            let probe = profile::start(Op::Attention, 0);
             cache.append(li, &k, &v);
             attend(pool, c, &q, cache, li, pos0, n, &mut att);
-            b.o.forward(pool, &att, n, &mut h);
-            ops::add_inplace(&mut x, &h);
+            drop(probe);
+            quantize(&mut xq, &att, n, &b.o);
+            matmul(pool, Op::MatO, &b.o, &xq, &mut h);
+            residual(&mut x, &h);
 
-            norm_rows(&x, &b.ffn_norm, c.norm_eps, &mut h);
-            b.gate.forward(pool, &h, n, &mut g);
-            b.up.forward(pool, &h, n, &mut u);
+            let probe = profile::start(Op::ActQuant, 0);
+            xq.quantize_rms_norm(&x, &b.ffn_norm, c.norm_eps, n, exact(&[&b.gate, &b.up]));
+            drop(probe);
+            matmul(pool, Op::MatGate, &b.gate, &xq, &mut g);
+            matmul(pool, Op::MatUp, &b.up, &xq, &mut u);
+            let probe = profile::start(Op::SwiGlu, 0);
             ops::silu_mul(&mut g, &u);
-            b.down.forward(pool, &g, n, &mut h);
-            ops::add_inplace(&mut x, &h);
+            drop(probe);
+            quantize(&mut xq, &g, n, &b.down);
+            matmul(pool, Op::MatDown, &b.down, &xq, &mut h);
+            residual(&mut x, &h);
         }
         cache.advance(n);
 
@@ -208,20 +231,31 @@ impl Transformer {
             Logits::All => &x[..],
         };
         let m = rows.len() / d;
-        let mut normed = vec![0f32; m * d];
-        norm_rows(rows, &self.final_norm, c.norm_eps, &mut normed);
         let head = self.head.as_ref().unwrap_or(&self.embed);
+        let probe = profile::start(Op::ActQuant, 0);
+        xq.quantize_rms_norm(rows, &self.final_norm, c.norm_eps, m, head.needs_exact());
+        drop(probe);
         let mut logits = vec![0f32; m * c.vocab];
-        head.forward(pool, &normed, m, &mut logits);
+        matmul(pool, Op::MatHead, head, &xq, &mut logits);
         Ok(logits)
     }
 }
 
-fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let d = w.len();
-    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-        ops::rms_norm(xr, w, eps, or);
-    }
+/// `l` applied to the activations in `xq`, timed as `op` when profiling.
+fn matmul(pool: &ThreadPool, op: Op, l: &Linear, xq: &ActQ8, y: &mut [f32]) {
+    let _p = profile::start(op, (l.rows() * l.cols() * xq.n()) as u64);
+    l.forward_q8(pool, xq, y);
+}
+
+/// Quantizes `n` rows of `x` for `l`.
+fn quantize(xq: &mut ActQ8, x: &[f32], n: usize, l: &Linear) {
+    let _p = profile::start(Op::ActQuant, 0);
+    xq.quantize_from(x, n, l.cols(), l.needs_exact());
+}
+
+fn residual(x: &mut [f32], h: &[f32]) {
+    let _p = profile::start(Op::Residual, 0);
+    ops::add_inplace(x, h);
 }
 
 fn norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
