@@ -51,6 +51,7 @@
 //! dequantized weights and unquantized activations (ground truth for model tests).
 
 mod act;
+pub mod attn;
 mod avx2;
 mod avx512;
 mod dense;
