@@ -2,6 +2,8 @@
 //! (`d = max|x| / 127`, symmetric so `q ∈ [-127, 127]`) and the block sum `Σq` that turns the
 //! unsigned-code product into the signed one (`Σ t·q = Σ code·q − Σ q`).
 
+use crate::threadpool::ThreadPool;
+
 /// Columns per activation scale (equal to the weight scale group, so one float multiply per
 /// block applies both).
 pub(crate) const ACT_BLOCK: usize = 64;
@@ -47,32 +49,37 @@ impl ActQ8 {
     /// Re-fills `self` with `x` quantized (as `quantize`). `keep_exact` also keeps a copy of
     /// `x` (needed only by dense matrices and the `Reference` level; see `Linear::needs_exact`).
     pub fn quantize_from(&mut self, x: &[f32], n: usize, cols: usize, keep_exact: bool) {
+        self.quantize_from_on(None, x, n, cols, keep_exact)
+    }
+
+    /// `quantize_from`, rows split over `pool`'s threads when there are many.
+    pub fn quantize_from_on(
+        &mut self,
+        pool: Option<&ThreadPool>,
+        x: &[f32],
+        n: usize,
+        cols: usize,
+        keep_exact: bool,
+    ) {
         assert!(
             x.len() >= n * cols,
             "ActQ8::quantize: {} values for {n} × {cols}",
             x.len()
         );
         self.resize(n, cols, keep_exact);
-        let x = &x[..n * cols];
-        for (((xb, qb), db), sb) in x
-            .chunks_exact(ACT_BLOCK)
-            .zip(self.qs.chunks_exact_mut(ACT_BLOCK))
-            .zip(self.d.iter_mut())
-            .zip(self.sums.iter_mut())
-        {
-            (*db, *sb) = quantize_block(xb, qb);
-        }
-        if keep_exact {
-            self.exact.copy_from_slice(x);
-        }
+        self.fill_rows(pool, &x[..n * cols], &|xr, r| {
+            r.quantize_row(|b, out| out.copy_from_slice(&xr[b * ACT_BLOCK..][..ACT_BLOCK]))
+        });
     }
 
     /// Re-fills `self` with `rms_norm(x_t)·w` quantized, for each of the `n` rows `x_t` of
     /// `x` (`cols = w.len()`): the normalized row is produced one block at a time and quantized
     /// while it is in registers, instead of being written out and read back. With `keep_exact`
-    /// the normalized rows are kept too.
+    /// the normalized rows are kept too. Rows are split over `pool`'s threads when there are
+    /// many.
     pub fn quantize_rms_norm(
         &mut self,
+        pool: Option<&ThreadPool>,
         x: &[f32],
         w: &[f32],
         eps: f32,
@@ -86,32 +93,69 @@ impl ActQ8 {
             x.len()
         );
         self.resize(n, cols, keep_exact);
-        if !cols.is_multiple_of(ACT_BLOCK) {
-            // Dense-only width: normalize into the exact rows, nothing to quantize.
-            for (xr, er) in x.chunks_exact(cols).zip(self.exact.chunks_exact_mut(cols)) {
-                super::ops::rms_norm(xr, w, eps, er);
-            }
-            return;
-        }
-        let bpr = cols / ACT_BLOCK;
-        let mut normed = [0f32; ACT_BLOCK];
-        for (t, xr) in x[..n * cols].chunks_exact(cols).enumerate() {
+        self.fill_rows(pool, &x[..n * cols], &|xr, r| {
             let inv = 1.0 / (super::ops::dot(xr, xr) / cols as f32 + eps).sqrt();
-            for (b, (xb, wb)) in xr
-                .chunks_exact(ACT_BLOCK)
-                .zip(w.chunks_exact(ACT_BLOCK))
-                .enumerate()
-            {
-                for ((o, &xi), &wi) in normed.iter_mut().zip(xb).zip(wb) {
+            let norm = |b: usize, out: &mut [f32; ACT_BLOCK]| {
+                let (xb, wb) = (&xr[b * ACT_BLOCK..][..ACT_BLOCK], &w[b * ACT_BLOCK..]);
+                for ((o, &xi), &wi) in out.iter_mut().zip(xb).zip(wb) {
                     *o = xi * inv * wi;
                 }
-                let i = t * bpr + b;
-                let qb = &mut self.qs[i * ACT_BLOCK..][..ACT_BLOCK];
-                (self.d[i], self.sums[i]) = quantize_block(&normed, qb);
-                if keep_exact {
-                    self.exact[i * ACT_BLOCK..][..ACT_BLOCK].copy_from_slice(&normed);
-                }
+            };
+            if r.qs.is_empty() {
+                // Dense-only width (not a multiple of 64): just the normalized row.
+                let e = r.exact.expect("resize keeps exact rows for such widths");
+                super::ops::rms_norm(xr, w, eps, e);
+            } else {
+                r.quantize_row(norm);
             }
+        });
+    }
+
+    /// Runs `f` on every input row of `x` with the matching output rows, in chunks of
+    /// `PAR_ROWS` rows claimed by `pool`'s threads when there are several chunks.
+    fn fill_rows(
+        &mut self,
+        pool: Option<&ThreadPool>,
+        x: &[f32],
+        f: &(dyn Fn(&[f32], RowOut) + Sync),
+    ) {
+        let (n, cols) = (self.n, self.cols);
+        if n == 0 {
+            return;
+        }
+        let bpr = self.d.len() / n;
+        let qpr = self.qs.len() / n;
+        let epr = self.exact.len() / n;
+        let rows = super::PAR_ROWS;
+        let mut items: Vec<Chunk> = Vec::with_capacity(n.div_ceil(rows));
+        let mut exact_chunks = self.exact.chunks_mut((epr * rows).max(1));
+        for (((xc, qc), dc), sc) in x
+            .chunks(cols * rows)
+            .zip(chunks_or_empty(&mut self.qs, qpr * rows, n.div_ceil(rows)))
+            .zip(chunks_or_empty(&mut self.d, bpr * rows, n.div_ceil(rows)))
+            .zip(chunks_or_empty(
+                &mut self.sums,
+                bpr * rows,
+                n.div_ceil(rows),
+            ))
+        {
+            let ec = if epr > 0 { exact_chunks.next() } else { None };
+            items.push((xc, qc, dc, sc, ec));
+        }
+        let work = |(xc, qc, dc, sc, mut ec): Chunk| {
+            for t in 0..xc.len() / cols {
+                let r = RowOut {
+                    qs: qc.get_mut(t * qpr..(t + 1) * qpr).unwrap_or_default(),
+                    d: dc.get_mut(t * bpr..(t + 1) * bpr).unwrap_or_default(),
+                    sums: sc.get_mut(t * bpr..(t + 1) * bpr).unwrap_or_default(),
+                    exact: ec.as_mut().map(|e| &mut e[t * epr..(t + 1) * epr]),
+                };
+                f(&xc[t * cols..(t + 1) * cols], r);
+            }
+        };
+        match pool {
+            Some(p) if n >= 2 * rows => super::par_items(p, items, &work),
+            _ => items.into_iter().for_each(work),
         }
     }
 
@@ -165,6 +209,55 @@ impl Default for ActQ8 {
     }
 }
 
+/// Row chunk of the work of `fill_rows`: input rows, and the matching rows of `qs`, `d`,
+/// `sums` and (if kept) `exact`.
+type Chunk<'a> = (
+    &'a [f32],
+    &'a mut [i8],
+    &'a mut [f32],
+    &'a mut [i32],
+    Option<&'a mut [f32]>,
+);
+
+/// `count` chunks of `len` elements of `v`, or `count` empty slices when `v` is empty (widths
+/// that are not quantized).
+fn chunks_or_empty<T>(v: &mut [T], len: usize, count: usize) -> Vec<&mut [T]> {
+    if v.is_empty() {
+        (0..count).map(|_| <&mut [T]>::default()).collect()
+    } else {
+        v.chunks_mut(len).collect()
+    }
+}
+
+/// The outputs of one token row.
+struct RowOut<'a> {
+    qs: &'a mut [i8],
+    d: &'a mut [f32],
+    sums: &'a mut [i32],
+    exact: Option<&'a mut [f32]>,
+}
+
+impl RowOut<'_> {
+    /// Quantizes the row whose block `b` `block(b, out)` writes into `out`.
+    fn quantize_row(self, block: impl Fn(usize, &mut [f32; ACT_BLOCK])) {
+        let mut vals = [0f32; ACT_BLOCK];
+        let mut exact = self.exact;
+        for (b, ((qb, d), s)) in self
+            .qs
+            .chunks_exact_mut(ACT_BLOCK)
+            .zip(self.d.iter_mut())
+            .zip(self.sums.iter_mut())
+            .enumerate()
+        {
+            block(b, &mut vals);
+            (*d, *s) = quantize_block(&vals, qb);
+            if let Some(e) = exact.as_mut() {
+                e[b * ACT_BLOCK..][..ACT_BLOCK].copy_from_slice(&vals);
+            }
+        }
+    }
+}
+
 /// Quantizes one block; returns (scale, Σq).
 fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
     // Lane-wise maximum (vectorizes; `f32::max` folds would not, because of NaN semantics);
@@ -203,6 +296,7 @@ fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
 #[allow(clippy::needless_range_loop)] // index loops mirror the formulas being checked
 mod tests {
     use super::*;
+    use crate::threadpool::ThreadPool;
 
     #[test]
     fn quantization_error_is_within_half_a_step() {
@@ -234,7 +328,8 @@ mod tests {
 
     #[test]
     fn fused_rms_norm_quantization_equals_norm_then_quantize() {
-        let (n, cols) = (3, 320);
+        // 40 rows: more than one parallel chunk of PAR_ROWS rows.
+        let (n, cols) = (40, 320);
         let x: Vec<f32> = (0..n * cols)
             .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * (1 + i % 7) as f32)
             .collect();
@@ -246,15 +341,33 @@ mod tests {
         let want = ActQ8::quantize(&normed, n, cols);
         // Reused buffers: quantize something larger first, then the fused form.
         let mut a = ActQ8::quantize(&vec![1.0; 4 * 384], 4, 384);
-        a.quantize_rms_norm(&x, &w, 1e-6, n, true);
+        let pool = ThreadPool::new(2);
+        a.quantize_rms_norm(Some(&pool), &x, &w, 1e-6, n, true);
         assert_eq!((a.n, a.cols), (n, cols));
         assert_eq!(a.exact(), Some(&normed[..]));
         assert_eq!(a.qs, want.qs);
         assert_eq!(a.d, want.d);
         assert_eq!(a.sums, want.sums);
-        a.quantize_rms_norm(&x, &w, 1e-6, n, false);
+        a.quantize_rms_norm(None, &x, &w, 1e-6, n, false);
         assert_eq!(a.exact(), None);
         assert_eq!(a.qs, want.qs);
+        // A width that is not a multiple of 64 (dense matrices only): exact rows, no codes.
+        a.quantize_rms_norm(Some(&pool), &x[..40 * 72], &w[..72], 1e-6, 40, true);
+        assert!(a.qs.is_empty());
+        assert_eq!(
+            &a.exact().unwrap()[..72],
+            &normed_row(&x[..72], &w[..72])[..]
+        );
+        a.quantize_from_on(Some(&pool), &x, n, cols, true);
+        let plain = ActQ8::quantize(&x, n, cols);
+        assert_eq!((&a.qs, &a.d, &a.sums), (&plain.qs, &plain.d, &plain.sums));
+        assert_eq!(a.exact(), Some(&x[..]));
+    }
+
+    fn normed_row(x: &[f32], w: &[f32]) -> Vec<f32> {
+        let mut o = vec![0f32; x.len()];
+        crate::kernels::ops::rms_norm(x, w, 1e-6, &mut o);
+        o
     }
 
     #[test]

@@ -123,7 +123,7 @@ unsafe fn group<const T: usize, const F16: bool>(
             }
         }
         for h in 0..2 {
-            let ws = load_scales::<F16>(scales, b, h);
+            let ws = load_scales::<F16>(scales, b >> m.scale_shift(), h);
             for t in 0..T {
                 let i = (t0 + t) * blocks + b;
                 let dot = _mm256_madd_epi16(acc[t][h], ones);

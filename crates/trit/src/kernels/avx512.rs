@@ -53,14 +53,14 @@ pub(crate) unsafe fn ternary_tiles(
     }
 }
 
-/// The 16 weight scales of one block as f32.
+/// The 16 weight scales of scale group `g` as f32.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn load_scales<const F16: bool>(scales: *const u8, b: usize) -> __m512 {
+unsafe fn load_scales<const F16: bool>(scales: *const u8, g: usize) -> __m512 {
     if F16 {
-        _mm512_cvtph_ps(_mm256_loadu_si256(scales.add(b * 32).cast()))
+        _mm512_cvtph_ps(_mm256_loadu_si256(scales.add(g * 32).cast()))
     } else {
-        _mm512_loadu_ps(scales.add(b * 64).cast())
+        _mm512_loadu_ps(scales.add(g * 64).cast())
     }
 }
 
@@ -111,7 +111,7 @@ unsafe fn decode<const F16: bool>(
         let dot = _mm512_add_epi32(a0, mid);
         let dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(*xq.sums.get_unchecked(b)));
         let scale = _mm512_mul_ps(
-            load_scales::<F16>(scales, b),
+            load_scales::<F16>(scales, b >> m.scale_shift()),
             _mm512_set1_ps(*xq.d.get_unchecked(b)),
         );
         facc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, facc);
@@ -176,7 +176,7 @@ unsafe fn group<const T: usize, const F16: bool>(
                 }
             }
         }
-        let ws = load_scales::<F16>(scales, b);
+        let ws = load_scales::<F16>(scales, b >> m.scale_shift());
         for t in 0..T {
             let i = (t0 + t) * blocks + b;
             let dot = _mm512_sub_epi32(acc[t], _mm512_set1_epi32(*xq.sums.get_unchecked(i)));

@@ -31,6 +31,22 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// `silu_mul` on rows of `width` elements, split over `pool`'s threads for long prompts.
+pub fn silu_mul_on(
+    pool: &crate::threadpool::ThreadPool,
+    gate: &mut [f32],
+    up: &[f32],
+    width: usize,
+) {
+    assert_eq!(gate.len(), up.len(), "silu_mul: lengths");
+    let chunk = width.max(1) * super::PAR_ROWS;
+    if gate.len() < 2 * chunk {
+        return silu_mul(gate, up);
+    }
+    let items: Vec<_> = gate.chunks_mut(chunk).zip(up.chunks(chunk)).collect();
+    super::par_items(pool, items, &|(g, u)| silu_mul(g, u));
+}
+
 /// `e^x` within 2 ulp for `x` in [-87, 88], written without branches or calls so that loops
 /// over it vectorize (`f32::exp` is a libm call per element). Inputs below -87 give e^-87
 /// (~1.6e-38, where the callers only need "negligible"), above 88 give e^88; NaN stays NaN.
@@ -199,6 +215,14 @@ mod tests {
             assert!((s[i] as f64 - e[i] / z).abs() < 1e-6);
         }
         assert_eq!(s[3], 0.0);
+
+        let pool = crate::threadpool::ThreadPool::new(2);
+        let mut g: Vec<f32> = (0..50 * 24).map(|i| (i % 13) as f32 - 6.0).collect();
+        let u: Vec<f32> = (0..50 * 24).map(|i| (i % 7) as f32 * 0.5).collect();
+        let mut want = g.clone();
+        silu_mul(&mut want, &u);
+        silu_mul_on(&pool, &mut g, &u, 24);
+        assert_eq!(g, want);
 
         let mut y = vec![1.0f32, 2.0];
         axpy(0.5, &[2.0, -4.0], &mut y);

@@ -27,7 +27,8 @@ pub(crate) fn ternary_tiles(m: &TernaryMatrix, tiles: Range<usize>, xq: &ActQ8, 
                     &codes[b * TILE_BLOCK_BYTES..][..TILE_BLOCK_BYTES],
                     &mut unpacked,
                 );
-                let ws: [f32; TILE_ROWS] = std::array::from_fn(|j| scales.get(b * TILE_ROWS + j));
+                let ws: [f32; TILE_ROWS] =
+                    std::array::from_fn(|j| scales.get((b >> m.scale_shift()) * TILE_ROWS + j));
                 for (dt, acc_t) in acc.iter_mut().enumerate().take(nt) {
                     let t = t0 + dt;
                     let q: &[i8; BLOCK] = xq.qs[t * cols + b * BLOCK..][..BLOCK]

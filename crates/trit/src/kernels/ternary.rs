@@ -25,7 +25,8 @@ pub(crate) const PREFETCH_BYTES: usize = 8192;
 #[repr(C, align(64))]
 pub(crate) struct Line([u8; 64]);
 
-/// Per-block weight scales of all tiles (`tiles × blocks × 16`, tile-major then block).
+/// Weight scales of all tiles (`tiles × groups × 16`, tile-major then scale group; a group is
+/// `2^scale_shift` blocks of 64 columns).
 pub(crate) enum Scales {
     /// IEEE half bits; used when every scale converts exactly.
     F16(Vec<u16>),
@@ -55,6 +56,11 @@ pub struct TernaryMatrix {
     cols: usize,
     tiles: usize,
     blocks: usize,
+    /// Blocks per scale group = `1 << scale_shift` (0, 1 or 2: groups of 64, 128 or 256
+    /// columns). Files with 128- or 256-column scales (PQ2_0, TQ2_0, TQ1_0) keep one scale per
+    /// group instead of repeating it per block: 2.125 / 2.0625 instead of 2.25 bits per weight,
+    /// so the repacked model is no larger than a 2-bit file and decode reads fewer bytes.
+    scale_shift: u32,
     codes: Vec<Line>,
     pub(crate) scales: Scales,
 }
@@ -90,6 +96,8 @@ impl TernaryMatrix {
                     pack_tile(src, tile, row_codes, row_scales, tile_codes, tile_sc)
                 },
             )?;
+        let scale_shift = widest_scale_group(&scales, blocks);
+        let scales = compact_scales(scales, blocks, scale_shift);
         let all_f16 = scales
             .par_iter()
             .all(|&s| half::f16::from_f32(s).to_f32().to_bits() == s.to_bits());
@@ -108,9 +116,16 @@ impl TernaryMatrix {
             cols,
             tiles,
             blocks,
+            scale_shift,
             codes,
             scales,
         })
+    }
+
+    /// log2 of the blocks per scale group (see the field).
+    #[inline]
+    pub(crate) fn scale_shift(&self) -> u32 {
+        self.scale_shift
     }
 
     pub fn rows(&self) -> usize {
@@ -143,7 +158,7 @@ impl TernaryMatrix {
     }
 
     pub(crate) fn tile_scales(&self, t: usize) -> TileScales<'_> {
-        let len = self.blocks * TILE_ROWS;
+        let len = self.blocks.div_ceil(1 << self.scale_shift) * TILE_ROWS;
         match &self.scales {
             Scales::F16(s) => TileScales::F16(&s[t * len..(t + 1) * len]),
             Scales::F32(s) => TileScales::F32(&s[t * len..(t + 1) * len]),
@@ -186,7 +201,8 @@ impl TernaryMatrix {
                 }
             }
         }
-        self.tile_scales(tile).get(b * TILE_ROWS + j)
+        self.tile_scales(tile)
+            .get((b >> self.scale_shift) * TILE_ROWS + j)
     }
 
     /// `y[t·rows + r] = Σ_k W[r][k] · x[t·cols + k]` for `t < n`, at the global `level()`.
@@ -280,6 +296,42 @@ impl TernaryMatrix {
         let valid = (self.rows - r0).min(TILE_ROWS);
         out.write(t * self.rows + r0, &vals[..valid]);
     }
+}
+
+/// The largest `s` in 0..=2 such that, in every tile, each block's 16 scales equal those of
+/// the first block of its group of `2^s` blocks.
+fn widest_scale_group(scales: &[f32], blocks: usize) -> u32 {
+    let per_tile = blocks * TILE_ROWS;
+    for s in [2u32, 1] {
+        let same = scales.par_chunks(per_tile).all(|tile| {
+            (0..blocks).all(|b| {
+                let first = (b >> s) << s;
+                let (a, f) = (&tile[b * TILE_ROWS..], &tile[first * TILE_ROWS..]);
+                // Bit equality: -0.0 and 0.0 must stay distinct for exact dequantization.
+                (0..TILE_ROWS).all(|j| a[j].to_bits() == f[j].to_bits())
+            })
+        });
+        if same {
+            return s;
+        }
+    }
+    0
+}
+
+/// Keeps the scales of the first block of each group of `2^shift` blocks.
+fn compact_scales(scales: Vec<f32>, blocks: usize, shift: u32) -> Vec<f32> {
+    if shift == 0 {
+        return scales;
+    }
+    let step = 1 << shift;
+    scales
+        .chunks(blocks * TILE_ROWS)
+        .flat_map(|tile| {
+            tile.chunks(TILE_ROWS)
+                .step_by(step)
+                .flat_map(|g| g.iter().copied())
+        })
+        .collect()
 }
 
 /// Reads the 16 rows of `tile` from `src` and packs them (see the layout in `kernels/mod.rs`).

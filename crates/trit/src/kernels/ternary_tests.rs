@@ -63,6 +63,18 @@ impl RandomRows {
         }
     }
 
+    /// One scale per `blocks` consecutive 64-column blocks of a row (as PQ2_0's 128-column and
+    /// TQ2_0/TQ1_0's 256-column scales); the last group of a row may be shorter.
+    fn grouped(mut self, blocks: usize) -> Self {
+        let per_row = self.cols / 64;
+        for row in self.scales.chunks_mut(per_row) {
+            for b in 0..per_row {
+                row[b] = row[b / blocks * blocks];
+            }
+        }
+        self
+    }
+
     fn weight(&self, r: usize, k: usize) -> f32 {
         self.scales[r * self.cols / 64 + k / 64] * (self.codes[r * self.cols + k] as f32 - 1.0)
     }
@@ -112,6 +124,27 @@ fn repack_round_trips_codes_and_scales() {
         assert_eq!(m.bytes(), tiles * 16 * (cols / 4 + cols / 64 * scale_bytes));
         let mut row = vec![0f32; cols];
         for r in 0..rows {
+            m.dequantize_row(r, &mut row);
+            for k in 0..cols {
+                assert_eq!(row[k].to_bits(), src.weight(r, k).to_bits(), "r={r} k={k}");
+            }
+        }
+    }
+    // Scales shared by 2 or 4 blocks are stored once per group (the last group may be short).
+    for (cols, group, shift) in [
+        (576, 2, 1),
+        (576, 4, 2),
+        (192, 4, 2),
+        (2048, 4, 2),
+        (256, 2, 1),
+    ] {
+        let src = RandomRows::new(20, cols, 5, false).grouped(group);
+        let m = TernaryMatrix::from_rows(&src).unwrap();
+        assert_eq!(m.scale_shift(), shift, "{cols} columns, groups of {group}");
+        let groups = (cols / 64).div_ceil(group);
+        assert_eq!(m.bytes(), 2 * 16 * (cols / 4 + groups * 2));
+        let mut row = vec![0f32; cols];
+        for r in 0..20 {
             m.dequantize_row(r, &mut row);
             for k in 0..cols {
                 assert_eq!(row[k].to_bits(), src.weight(r, k).to_bits(), "r={r} k={k}");
@@ -184,7 +217,8 @@ fn integer_levels_match_the_int8_model_and_the_quantization_bound() {
         for cols in SHAPES_COLS {
             for n in SHAPES_N {
                 let seed = (rows * 1000 + cols * 10 + n) as u64;
-                let src = RandomRows::new(rows, cols, seed, seed.is_multiple_of(2));
+                let group = 1 << (seed % 3);
+                let src = RandomRows::new(rows, cols, seed, seed.is_multiple_of(2)).grouped(group);
                 assert!(src.codes.contains(&3));
                 let m = TernaryMatrix::from_rows(&src).unwrap();
                 let x = activations(n, cols, seed + 1);

@@ -180,7 +180,14 @@ impl Transformer {
         let exact = |ls: &[&Linear]| ls.iter().any(|l| l.needs_exact());
         for (li, b) in self.blocks.iter().enumerate() {
             let probe = profile::start(Op::ActQuant, 0);
-            xq.quantize_rms_norm(&x, &b.attn_norm, c.norm_eps, n, exact(&[&b.q, &b.k, &b.v]));
+            xq.quantize_rms_norm(
+                Some(pool),
+                &x,
+                &b.attn_norm,
+                c.norm_eps,
+                n,
+                exact(&[&b.q, &b.k, &b.v]),
+            );
             drop(probe);
             matmul(pool, Op::MatQ, &b.q, &xq, &mut q);
             matmul(pool, Op::MatK, &b.k, &xq, &mut k);
@@ -208,19 +215,26 @@ impl Transformer {
             cache.append(li, &k, &v);
             attend(pool, c, &q, cache, li, pos0, n, &mut att);
             drop(probe);
-            quantize(&mut xq, &att, n, &b.o);
+            quantize(pool, &mut xq, &att, n, &b.o);
             matmul(pool, Op::MatO, &b.o, &xq, &mut h);
             residual(&mut x, &h);
 
             let probe = profile::start(Op::ActQuant, 0);
-            xq.quantize_rms_norm(&x, &b.ffn_norm, c.norm_eps, n, exact(&[&b.gate, &b.up]));
+            xq.quantize_rms_norm(
+                Some(pool),
+                &x,
+                &b.ffn_norm,
+                c.norm_eps,
+                n,
+                exact(&[&b.gate, &b.up]),
+            );
             drop(probe);
             matmul(pool, Op::MatGate, &b.gate, &xq, &mut g);
             matmul(pool, Op::MatUp, &b.up, &xq, &mut u);
             let probe = profile::start(Op::SwiGlu, 0);
-            ops::silu_mul(&mut g, &u);
+            ops::silu_mul_on(pool, &mut g, &u, c.ffn);
             drop(probe);
-            quantize(&mut xq, &g, n, &b.down);
+            quantize(pool, &mut xq, &g, n, &b.down);
             matmul(pool, Op::MatDown, &b.down, &xq, &mut h);
             residual(&mut x, &h);
         }
@@ -233,7 +247,14 @@ impl Transformer {
         let m = rows.len() / d;
         let head = self.head.as_ref().unwrap_or(&self.embed);
         let probe = profile::start(Op::ActQuant, 0);
-        xq.quantize_rms_norm(rows, &self.final_norm, c.norm_eps, m, head.needs_exact());
+        xq.quantize_rms_norm(
+            Some(pool),
+            rows,
+            &self.final_norm,
+            c.norm_eps,
+            m,
+            head.needs_exact(),
+        );
         drop(probe);
         let mut logits = vec![0f32; m * c.vocab];
         matmul(pool, Op::MatHead, head, &xq, &mut logits);
@@ -248,9 +269,9 @@ fn matmul(pool: &ThreadPool, op: Op, l: &Linear, xq: &ActQ8, y: &mut [f32]) {
 }
 
 /// Quantizes `n` rows of `x` for `l`.
-fn quantize(xq: &mut ActQ8, x: &[f32], n: usize, l: &Linear) {
+fn quantize(pool: &ThreadPool, xq: &mut ActQ8, x: &[f32], n: usize, l: &Linear) {
     let _p = profile::start(Op::ActQuant, 0);
-    xq.quantize_from(x, n, l.cols(), l.needs_exact());
+    xq.quantize_from_on(Some(pool), x, n, l.cols(), l.needs_exact());
 }
 
 fn residual(x: &mut [f32], h: &[f32]) {
