@@ -343,7 +343,7 @@ impl Bench {
         }
         if let Some(p) = profiles {
             let total = samples_ns.iter().sum();
-            p.push(profile::end(t.name(), t.tokens(), reps, total));
+            p.push(profile::end(t.name(), t.tokens(), reps, total, t.n_threads));
         }
         Ok(Measured {
             test: t.clone(),

@@ -31,6 +31,7 @@ pub struct KvHead<'a> {
 #[derive(Default)]
 pub struct AttnScratch {
     qt: Vec<f32>,
+    values: Vec<f32>,
 }
 
 /// `attend_rows_at` at the global kernel level.
@@ -279,6 +280,20 @@ fn attend_group<const FMA: bool>(
             sum[r] = sum[r] * carry[r] + block_sum[r];
         }
         max = new_max;
+        // The block's values, copied contiguous: in the cache they sit one row (often 4 KiB) apart,
+        // so 64 of them map to the same few L1 sets and evict each other while 16 rows reread
+        // them; contiguous, the 64 × hd floats stay in L1.
+        scratch.values.clear();
+        for j in 0..kb {
+            let v = &kv.values[(j0 + j) * kv.stride + kv.offset..][..hd];
+            scratch.values.extend_from_slice(v);
+        }
+        let block_values = KvHead {
+            keys: &[],
+            values: &scratch.values,
+            stride: hd,
+            offset: 0,
+        };
         let mut p = [0f32; KEY_BLOCK];
         for r in 0..rows {
             if vis[r] <= j0 {
@@ -292,7 +307,7 @@ fn attend_group<const FMA: bool>(
             if carry[r] != 1.0 {
                 o.iter_mut().for_each(|v| *v *= carry[r]);
             }
-            add_weighted_values::<FMA>(o, &p[..nk], kv, j0);
+            add_weighted_values::<FMA>(o, &p[..nk], block_values, 0);
         }
     }
     for (o, &sm) in out.chunks_exact_mut(hd).zip(&sum) {

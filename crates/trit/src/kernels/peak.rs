@@ -56,6 +56,21 @@ pub fn measure() -> Vec<Peak> {
     out
 }
 
+/// The first (widest) form of `measure`, run on `threads` threads at once: the summed GMAC/s
+/// (whether two threads double the peak says whether they are two cores or SMT siblings).
+pub fn measure_threads(threads: usize) -> Option<(Peak, f64)> {
+    let single = measure().into_iter().next()?;
+    let total = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads.max(1)).map(|_| s.spawn(measure)).collect();
+        handles
+            .into_iter()
+            .filter_map(|h| h.join().ok()?.into_iter().next())
+            .map(|p| p.gmacs())
+            .sum::<f64>()
+    });
+    Some((single, total))
+}
+
 /// Best of three timings (the machine is shared; the minimum is the least disturbed).
 fn time(f: impl Fn() -> i32) -> f64 {
     (0..3)

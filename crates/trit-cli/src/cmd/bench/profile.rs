@@ -2,6 +2,7 @@
 //! repetitions of one test, printed as a table of where the time goes.
 
 use std::io::Write;
+use trit::kernels::peak::{self, Peak};
 use trit::profile::{self, OpTotals};
 
 /// Counters of one test's timed repetitions.
@@ -13,6 +14,9 @@ pub struct TestProfile {
     /// Wall time of all repetitions.
     pub total_ns: u64,
     pub ops: Vec<OpTotals>,
+    pub threads: usize,
+    /// This CPU's int8 dot-product peak: one thread, and the sum over `threads` at once.
+    pub peak: Option<(Peak, f64)>,
 }
 
 /// Starts counting for one test (clears what earlier tests left).
@@ -21,8 +25,8 @@ pub fn begin() {
     profile::set_enabled(true);
 }
 
-/// Stops counting and collects the totals.
-pub fn end(name: String, tokens: usize, reps: usize, total_ns: u64) -> TestProfile {
+/// Stops counting, collects the totals and measures the int8 peak on `threads` threads.
+pub fn end(name: String, tokens: usize, reps: usize, total_ns: u64, threads: usize) -> TestProfile {
     profile::set_enabled(false);
     TestProfile {
         name,
@@ -30,6 +34,8 @@ pub fn end(name: String, tokens: usize, reps: usize, total_ns: u64) -> TestProfi
         reps,
         total_ns,
         ops: profile::snapshot(),
+        threads,
+        peak: peak::measure_threads(threads),
     }
 }
 
@@ -116,6 +122,18 @@ pub fn print(out: &mut dyn Write, p: &TestProfile) -> std::io::Result<()> {
     ];
     for r in rows {
         line(out, r, total, per_tok)?;
+    }
+    if let Some((pk, all)) = &p.peak {
+        let reached = mm_work as f64 / mm_ns.max(1) as f64;
+        writeln!(
+            out,
+            "\nint8 dot-product peak ({}, register operands only): {:.0} GMAC/s per thread, \
+             {all:.0} GMAC/s on {} threads at once; the matmuls above reach {:.0} % of it",
+            pk.instruction,
+            pk.gmacs(),
+            p.threads,
+            100.0 * reached / all.max(1e-9)
+        )?;
     }
     Ok(())
 }
