@@ -402,7 +402,10 @@ mod tests {
             // Rounded to nearest: within half a step of x / d.
             for (k, &qk) in a.iter().enumerate() {
                 let exact = xb[k] as f64 / ra.0 as f64;
-                assert!((qk as f64 - exact).abs() <= 0.5 + 1e-4, "{k}: {qk} vs {exact}");
+                assert!(
+                    (qk as f64 - exact).abs() <= 0.5 + 1e-4,
+                    "{k}: {qk} vs {exact}"
+                );
             }
         }
     }

@@ -4,7 +4,9 @@
 #![cfg(target_arch = "x86_64")]
 
 use super::act::ActQ8;
-use super::ternary::{TernaryMatrix, TileScales, PREFETCH_BYTES, TILE_BLOCK_BYTES, TILE_ROWS};
+use super::ternary::{
+    token_blocks, TernaryMatrix, TileScales, PREFETCH_BYTES, TILE_BLOCK_BYTES, TILE_ROWS,
+};
 use super::OutPtr;
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -25,29 +27,35 @@ pub(crate) unsafe fn ternary_tiles(
     out: OutPtr,
 ) {
     let mut res = [[0f32; TILE_ROWS]; GROUP];
-    for tile in tiles {
-        let codes = m.tile_codes(tile).as_ptr();
-        let scales = m.tile_scales(tile);
-        if xq.n == 1 {
-            match scales {
-                TileScales::F16(s) => decode::<true>(m, codes, s.as_ptr().cast(), xq, &mut res[0]),
-                TileScales::F32(s) => decode::<false>(m, codes, s.as_ptr().cast(), xq, &mut res[0]),
-            }
-            m.store_tile(out, 0, tile, &res[0]);
-            continue;
-        }
-        for t0 in (0..xq.n).step_by(GROUP) {
-            let nt = (xq.n - t0).min(GROUP);
-            match scales {
-                TileScales::F16(s) => {
-                    group_dyn::<true>(nt, m, codes, s.as_ptr().cast(), xq, t0, &mut res)
+    for tokens in token_blocks(xq.n, m.cols(), GROUP) {
+        for tile in tiles.clone() {
+            let codes = m.tile_codes(tile).as_ptr();
+            let scales = m.tile_scales(tile);
+            if xq.n == 1 {
+                match scales {
+                    TileScales::F16(s) => {
+                        decode::<true>(m, codes, s.as_ptr().cast(), xq, &mut res[0])
+                    }
+                    TileScales::F32(s) => {
+                        decode::<false>(m, codes, s.as_ptr().cast(), xq, &mut res[0])
+                    }
                 }
-                TileScales::F32(s) => {
-                    group_dyn::<false>(nt, m, codes, s.as_ptr().cast(), xq, t0, &mut res)
-                }
+                m.store_tile(out, 0, tile, &res[0]);
+                continue;
             }
-            for (dt, r) in res.iter().enumerate().take(nt) {
-                m.store_tile(out, t0 + dt, tile, r);
+            for t0 in tokens.clone().step_by(GROUP) {
+                let nt = (tokens.end - t0).min(GROUP);
+                match scales {
+                    TileScales::F16(s) => {
+                        group_dyn::<true>(nt, m, codes, s.as_ptr().cast(), xq, t0, &mut res)
+                    }
+                    TileScales::F32(s) => {
+                        group_dyn::<false>(nt, m, codes, s.as_ptr().cast(), xq, t0, &mut res)
+                    }
+                }
+                for (dt, r) in res.iter().enumerate().take(nt) {
+                    m.store_tile(out, t0 + dt, tile, r);
+                }
             }
         }
     }

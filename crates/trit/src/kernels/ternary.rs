@@ -7,6 +7,7 @@ use crate::quant::TernaryRows;
 use crate::threadpool::ThreadPool;
 use crate::{Error, Result};
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// Rows per tile (one per dword lane of a 512-bit register).
 pub(crate) const TILE_ROWS: usize = 16;
@@ -19,6 +20,28 @@ pub(crate) const TILE_BLOCK_BYTES: usize = TILE_ROWS * BLOCK / 4;
 /// 2-core Zen 5 VM over a 113 MB ring of 1.7B-shaped matrices (decode): none 25 / 30 GB/s (1 / 2
 /// threads), 4 KiB 28 / 41, 8 KiB 29 / 41, 16 KiB 29 / 40 against a ~42 GB/s read bandwidth.
 pub(crate) const PREFETCH_BYTES: usize = 8192;
+
+/// Activation bytes per token block of a prefill matmul (see `token_blocks`). Measured as CPU
+/// time of 1-thread pp512 runs on the 1.7B shape (the machine was shared, so wall time was
+/// useless): all tokens per tile 12.04 / 12.08 s, 256 KiB blocks 11.62 / 11.55 s, 64 KiB 11.44 s
+/// (each run: load + 4 prefills).
+const TOKEN_BLOCK_BYTES: usize = 64 * 1024;
+
+/// Prefill loop order: the tokens are taken in blocks whose int8 activations (≤ 64 KiB) stay
+/// in L2 while every tile of the thread's chunk (≤ 256 KiB of weights, also in L2) is multiplied
+/// against them. Looping over all tokens per tile instead streams the whole activation matrix
+/// (3 MiB for 512 × 6144) from L3 once per 16-row tile. Blocks hold a multiple of `group`
+/// tokens.
+pub(crate) fn token_blocks(
+    n: usize,
+    cols: usize,
+    group: usize,
+) -> impl Iterator<Item = Range<usize>> {
+    let per_block = (TOKEN_BLOCK_BYTES / cols.max(1) / group).max(1) * group;
+    (0..n)
+        .step_by(per_block)
+        .map(move |t| t..(t + per_block).min(n))
+}
 
 /// One cache line; a `Vec<Line>` is a 64-byte aligned byte buffer (aligned vector loads).
 #[derive(Clone, Copy)]

@@ -306,3 +306,37 @@ fn linear_dispatches_to_both_kinds() {
         assert!((a - b).abs() <= 64.0 * 0.22 * 10.0 / 127.0, "{a} vs {b}");
     }
 }
+
+/// Prefills long and wide enough to take several token blocks (`ternary::token_blocks`: 8
+/// tokens per block at 6144 columns, and a last partial group) give the int8 model's results
+/// at every level.
+#[test]
+fn several_token_blocks_match_the_int8_model() {
+    let pool = ThreadPool::new(2);
+    let (rows, cols, n) = (20, 6144, 29);
+    let src = RandomRows::new(rows, cols, 11, false).grouped(2);
+    let m = TernaryMatrix::from_rows(&src).unwrap();
+    let x = activations(n, cols, 12);
+    let xq = ActQ8::quantize(&x, n, cols);
+    let model = ternary_matmul_int8_model(&m, &xq);
+    for l in KernelLevel::available() {
+        if l == KernelLevel::Reference {
+            continue;
+        }
+        let mut y = vec![f32::NAN; n * rows];
+        m.matmul_q8_at(l, &pool, &xq, &mut y);
+        for t in 0..n {
+            for r in 0..rows {
+                let mag: f64 = (0..cols)
+                    .map(|k| (src.weight(r, k) as f64 * xq.dequantized(t, k) as f64).abs())
+                    .sum();
+                let (got, want) = (y[t * rows + r] as f64, model[t * rows + r]);
+                let tol = (cols as f64 / 64.0 + 4.0) * 1.2e-7 * mag + 1e-30;
+                assert!(
+                    (got - want).abs() <= tol,
+                    "{l} t={t} r={r}: {got} vs {want}"
+                );
+            }
+        }
+    }
+}
