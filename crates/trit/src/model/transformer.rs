@@ -13,6 +13,11 @@ use crate::profile::{self, Op};
 use crate::threadpool::ThreadPool;
 use crate::{Error, Result};
 
+/// Tokens per MLP chunk of a prefill. Smaller chunks save scratch memory (2 × ffn floats per
+/// token) but each chunk reads the layer's MLP weights from memory again (9 MiB on the 1.7B
+/// shape: ~0.4 ms at 25 GB/s, against ~15 ms of int8 compute for 256 tokens).
+const MLP_TOKENS: usize = 256;
+
 /// Which positions need logits: generation wants the last, perplexity wants all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Logits {
@@ -173,8 +178,8 @@ impl Transformer {
         let mut k = vec![0f32; n * nkv];
         let mut v = vec![0f32; n * nkv];
         let mut att = vec![0f32; n * nq];
-        let mut g = vec![0f32; n * c.ffn];
-        let mut u = vec![0f32; n * c.ffn];
+        let mut g = vec![0f32; n.min(MLP_TOKENS) * c.ffn];
+        let mut u = vec![0f32; n.min(MLP_TOKENS) * c.ffn];
         // One int8 quantization per matmul input, shared by q/k/v and by gate/up.
         let mut xq = ActQ8::new();
         let exact = |ls: &[&Linear]| ls.iter().any(|l| l.needs_exact());
@@ -219,23 +224,30 @@ impl Transformer {
             matmul(pool, Op::MatO, &b.o, &xq, &mut h);
             residual(&mut x, &h);
 
-            let probe = profile::start(Op::ActQuant, 0);
-            xq.quantize_rms_norm(
-                Some(pool),
-                &x,
-                &b.ffn_norm,
-                c.norm_eps,
-                n,
-                exact(&[&b.gate, &b.up]),
-            );
-            drop(probe);
-            matmul(pool, Op::MatGate, &b.gate, &xq, &mut g);
-            matmul(pool, Op::MatUp, &b.up, &xq, &mut u);
-            let probe = profile::start(Op::SwiGlu, 0);
-            ops::silu_mul_on(pool, &mut g, &u, c.ffn);
-            drop(probe);
-            quantize(pool, &mut xq, &g, n, &b.down);
-            matmul(pool, Op::MatDown, &b.down, &xq, &mut h);
+            // The MLP in chunks of tokens: its two ffn-wide buffers are the largest scratch of
+            // a prefill (2 × 512 × 6144 floats = 24 MiB on the 1.7B shape).
+            for t0 in (0..n).step_by(MLP_TOKENS) {
+                let m = (n - t0).min(MLP_TOKENS);
+                let (g, u) = (&mut g[..m * c.ffn], &mut u[..m * c.ffn]);
+                let probe = profile::start(Op::ActQuant, 0);
+                let rows = &x[t0 * d..(t0 + m) * d];
+                let keep = exact(&[&b.gate, &b.up]);
+                xq.quantize_rms_norm(Some(pool), rows, &b.ffn_norm, c.norm_eps, m, keep);
+                drop(probe);
+                matmul(pool, Op::MatGate, &b.gate, &xq, g);
+                matmul(pool, Op::MatUp, &b.up, &xq, u);
+                let probe = profile::start(Op::SwiGlu, 0);
+                ops::silu_mul_on(pool, g, u, c.ffn);
+                drop(probe);
+                quantize(pool, &mut xq, g, m, &b.down);
+                matmul(
+                    pool,
+                    Op::MatDown,
+                    &b.down,
+                    &xq,
+                    &mut h[t0 * d..(t0 + m) * d],
+                );
+            }
             residual(&mut x, &h);
         }
         cache.advance(n);
