@@ -17,6 +17,8 @@ use super::ops::exp_approx;
 pub const KEY_BLOCK: usize = 64;
 /// Query rows computed together, one per lane of a 512-bit register.
 const ROWS: usize = 16;
+/// Rows of the narrow form used when a call has at most this many (decode).
+const NARROW_ROWS: usize = 4;
 
 /// One KV head inside the cache: key `j` is `keys[j·stride + offset ..][..hd]` (values alike).
 #[derive(Clone, Copy)]
@@ -129,21 +131,21 @@ fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
 /// scores are masked by the caller). 8 independent accumulators of `ROWS` lanes keep both FMA
 /// pipes busy; each key element is one broadcast.
 #[inline(always)]
-fn scores_8_keys<const FMA: bool>(
+fn scores_8_keys<const FMA: bool, const R: usize>(
     qt: &[f32],
     kv: KvHead,
     hd: usize,
     j: usize,
     last: usize,
-) -> [[f32; ROWS]; 8] {
+) -> [[f32; R]; 8] {
     let key = |c: usize| &kv.keys[(j + c).min(last) * kv.stride + kv.offset..][..hd];
     let k: [&[f32]; 8] = std::array::from_fn(key);
-    let mut acc = [[0f32; ROWS]; 8];
+    let mut acc = [[0f32; R]; 8];
     for i in 0..hd {
-        let qi: &[f32; ROWS] = qt[i * ROWS..][..ROWS].try_into().unwrap();
+        let qi: &[f32; R] = qt[i * R..][..R].try_into().unwrap();
         for c in 0..8 {
             let kc = k[c][i];
-            for r in 0..ROWS {
+            for r in 0..R {
                 acc[c][r] = madd::<FMA>(kc, qi[r], acc[c][r]);
             }
         }
@@ -200,20 +202,26 @@ fn attend_generic<const FMA: bool>(
     scratch: &mut AttnScratch,
 ) {
     let hd = q.len() / visible.len();
+    if visible.len() <= NARROW_ROWS {
+        // A decode step has only the few query heads of one KV head: 4 lanes instead of 16
+        // avoid computing 12 padding rows.
+        return attend_group::<FMA, NARROW_ROWS>(q, visible, kv, scale, out, scratch);
+    }
     for ((qg, vg), og) in q
         .chunks(ROWS * hd)
         .zip(visible.chunks(ROWS))
         .zip(out.chunks_mut(ROWS * hd))
     {
-        attend_group::<FMA>(qg, vg, kv, scale, og, scratch);
+        attend_group::<FMA, ROWS>(qg, vg, kv, scale, og, scratch);
     }
 }
 
-/// Up to `ROWS` rows: queries transposed once into `hd × ROWS` (lane r = row r), scores of a
+/// Up to `R` rows (`ROWS`, or `NARROW_ROWS` in decode): queries transposed once into `hd × R`
+/// (lane r = row r), scores of a
 /// key block as `[key][row]`, so masking, the running max, the exponentials and the running
-/// sums are all plain `ROWS`-lane vector operations.
+/// sums are all plain `R`-lane vector operations.
 #[inline(always)]
-fn attend_group<const FMA: bool>(
+fn attend_group<const FMA: bool, const R: usize>(
     q: &[f32],
     visible: &[usize],
     kv: KvHead,
@@ -225,23 +233,23 @@ fn attend_group<const FMA: bool>(
     let hd = q.len() / rows;
     let most = visible.iter().copied().max().unwrap_or(0);
     // Padding rows see nothing: all their scores are masked and they are never written.
-    let mut vis = [0usize; ROWS];
+    let mut vis = [0usize; R];
     vis[..rows].copy_from_slice(visible);
     scratch.qt.clear();
-    scratch.qt.resize(hd * ROWS, 0.0);
+    scratch.qt.resize(hd * R, 0.0);
     for r in 0..rows {
         for i in 0..hd {
-            scratch.qt[i * ROWS + r] = q[r * hd + i] * scale;
+            scratch.qt[i * R + r] = q[r * hd + i] * scale;
         }
     }
-    let mut max = [f32::NEG_INFINITY; ROWS];
-    let mut sum = [0f32; ROWS];
+    let mut max = [f32::NEG_INFINITY; R];
+    let mut sum = [0f32; R];
     out.fill(0.0);
-    let mut s = [[0f32; ROWS]; KEY_BLOCK];
+    let mut s = [[0f32; R]; KEY_BLOCK];
     for j0 in (0..most).step_by(KEY_BLOCK) {
         let kb = (most - j0).min(KEY_BLOCK);
         for c0 in (0..kb).step_by(8) {
-            let block = scores_8_keys::<FMA>(&scratch.qt, kv, hd, j0 + c0, most - 1);
+            let block = scores_8_keys::<FMA, R>(&scratch.qt, kv, hd, j0 + c0, most - 1);
             for (c, sc) in block.iter().enumerate() {
                 if c0 + c < KEY_BLOCK {
                     s[c0 + c] = *sc;
@@ -250,7 +258,7 @@ fn attend_group<const FMA: bool>(
         }
         let mut new_max = max;
         for (j, sj) in s.iter_mut().enumerate() {
-            for r in 0..ROWS {
+            for r in 0..R {
                 // Causal mask, and the keys past the block end.
                 let seen = j < kb && j0 + j < vis[r];
                 sj[r] = if seen { sj[r] } else { f32::NEG_INFINITY };
@@ -261,38 +269,44 @@ fn attend_group<const FMA: bool>(
                 };
             }
         }
-        let mut carry = [0f32; ROWS];
-        for r in 0..ROWS {
+        let mut carry = [0f32; R];
+        for r in 0..R {
             // exp(-inf) = 0 while a row has seen nothing; `-inf - -inf` (a row that still
             // sees nothing) is NaN, hence the select.
             let d = max[r] - new_max[r];
             carry[r] = if d.is_nan() { 0.0 } else { exp_approx(d) };
         }
-        let mut block_sum = [0f32; ROWS];
+        let mut block_sum = [0f32; R];
         for sj in s.iter_mut() {
-            for r in 0..ROWS {
+            for r in 0..R {
                 let d = sj[r] - new_max[r];
                 sj[r] = if d.is_nan() { 0.0 } else { exp_approx(d) };
                 block_sum[r] += sj[r];
             }
         }
-        for r in 0..ROWS {
+        for r in 0..R {
             sum[r] = sum[r] * carry[r] + block_sum[r];
         }
         max = new_max;
         // The block's values, copied contiguous: in the cache they sit one row (often 4 KiB) apart,
         // so 64 of them map to the same few L1 sets and evict each other while 16 rows reread
-        // them; contiguous, the 64 × hd floats stay in L1.
-        scratch.values.clear();
-        for j in 0..kb {
-            let v = &kv.values[(j0 + j) * kv.stride + kv.offset..][..hd];
-            scratch.values.extend_from_slice(v);
-        }
-        let block_values = KvHead {
-            keys: &[],
-            values: &scratch.values,
-            stride: hd,
-            offset: 0,
+        // them; contiguous, the 64 × hd floats stay in L1. With a decode step's few rows each
+        // value is read only a few times, and the copy would cost as much as the reads.
+        let (block_values, vj0) = if R > NARROW_ROWS {
+            scratch.values.clear();
+            for j in 0..kb {
+                let v = &kv.values[(j0 + j) * kv.stride + kv.offset..][..hd];
+                scratch.values.extend_from_slice(v);
+            }
+            let contiguous = KvHead {
+                keys: &[],
+                values: &scratch.values,
+                stride: hd,
+                offset: 0,
+            };
+            (contiguous, 0)
+        } else {
+            (kv, j0)
         };
         let mut p = [0f32; KEY_BLOCK];
         for r in 0..rows {
@@ -307,7 +321,7 @@ fn attend_group<const FMA: bool>(
             if carry[r] != 1.0 {
                 o.iter_mut().for_each(|v| *v *= carry[r]);
             }
-            add_weighted_values::<FMA>(o, &p[..nk], block_values, 0);
+            add_weighted_values::<FMA>(o, &p[..nk], block_values, vj0);
         }
     }
     for (o, &sm) in out.chunks_exact_mut(hd).zip(&sum) {
@@ -372,6 +386,9 @@ mod tests {
             (128, 200, 256, 128, &[1, 63, 64, 65, 130, 200]),
             (64, 700, 64, 0, &[700, 700, 3, 129]),
             (72, 64, 144, 72, &[64, 64]),
+            // Decode-like calls (the narrow 4-row form): 4 rows, long context.
+            (128, 1000, 1024, 384, &[1000, 1000, 1000, 1000]),
+            (64, 3, 64, 0, &[3, 2, 1]),
         ];
         for &l in &KernelLevel::available() {
             for (ci, &(hd, n, stride, offset, visible)) in cases.iter().enumerate() {
