@@ -10,6 +10,7 @@ pub mod error;
 pub mod format;
 pub mod kernels;
 pub mod model;
+pub mod profile;
 pub mod quant;
 pub mod sample;
 pub mod threadpool;

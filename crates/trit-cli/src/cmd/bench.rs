@@ -9,6 +9,7 @@
 //! test runs once untimed as a warm-up.
 
 mod membw;
+mod profile;
 mod report;
 
 use anyhow::{bail, Context, Result};
@@ -96,6 +97,10 @@ pub struct BenchArgs {
     /// Print progress to stderr.
     #[arg(long)]
     pub progress: bool,
+    /// After the results, print per-op time counters (each matmul kind, activation
+    /// quantization, norms, RoPE, attention, SwiGLU) of every test's timed runs.
+    #[arg(long)]
+    pub profile: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -304,7 +309,14 @@ impl Bench {
         Ok(start.elapsed().as_nanos() as u64)
     }
 
-    fn measure(&mut self, t: &Test, reps: usize, warmup: bool, progress: bool) -> Result<Measured> {
+    fn measure(
+        &mut self,
+        t: &Test,
+        reps: usize,
+        warmup: bool,
+        progress: bool,
+        profiles: Option<&mut Vec<profile::TestProfile>>,
+    ) -> Result<Measured> {
         let mut cache = self.model.new_cache(t.n_depth + t.tokens());
         if t.n_depth > 0 {
             self.prefill(&mut cache, t.n_depth)?;
@@ -320,11 +332,18 @@ impl Bench {
         }
         let test_time = std::time::SystemTime::now();
         let mut samples_ns = Vec::with_capacity(reps);
+        if profiles.is_some() {
+            profile::begin();
+        }
         for r in 0..reps {
             if progress {
                 eprintln!("trit bench: {} rep {}/{reps}", t.name(), r + 1);
             }
             samples_ns.push(self.run_once(t, &mut cache)?);
+        }
+        if let Some(p) = profiles {
+            let total = samples_ns.iter().sum();
+            p.push(profile::end(t.name(), t.tokens(), reps, total, t.n_threads));
         }
         Ok(Measured {
             test: t.clone(),
@@ -455,6 +474,7 @@ fn run_llama(a: &BenchArgs, path: &std::path::Path) -> Result<()> {
     let output = a.output.unwrap_or(Output::Md);
 
     let mut results = Vec::new();
+    let mut profiles = Vec::new();
     let mut info: Option<RunInfo> = None;
     let mut printer = report::Markdown::default();
     for &n_threads in &threads {
@@ -484,7 +504,8 @@ fn run_llama(a: &BenchArgs, path: &std::path::Path) -> Result<()> {
             membw: None,
         });
         for t in tests.iter().filter(|t| t.n_threads == n_threads) {
-            let m = lb.bench.measure(t, reps, !a.no_warmup, a.progress)?;
+            let prof = a.profile.then_some(&mut profiles);
+            let m = lb.bench.measure(t, reps, !a.no_warmup, a.progress, prof)?;
             if output == Output::Md {
                 printer.row(info, &m);
             }
@@ -503,6 +524,15 @@ fn run_llama(a: &BenchArgs, path: &std::path::Path) -> Result<()> {
         Output::Json => report::json(&info, &results, false),
         Output::Jsonl => report::json(&info, &results, true),
         Output::Csv => report::csv(&info, &results),
+    }
+    // Tables go after the results: on stdout with the markdown table, on stderr otherwise so
+    // JSON/CSV output stays parseable.
+    for p in &profiles {
+        if output == Output::Md {
+            profile::print(&mut std::io::stdout(), p)?;
+        } else {
+            profile::print(&mut std::io::stderr(), p)?;
+        }
     }
     Ok(())
 }

@@ -2,6 +2,8 @@
 //! (`d = max|x| / 127`, symmetric so `q ∈ [-127, 127]`) and the block sum `Σq` that turns the
 //! unsigned-code product into the signed one (`Σ t·q = Σ code·q − Σ q`).
 
+use crate::threadpool::ThreadPool;
+
 /// Columns per activation scale (equal to the weight scale group, so one float multiply per
 /// block applies both).
 pub(crate) const ACT_BLOCK: usize = 64;
@@ -22,39 +24,167 @@ pub struct ActQ8 {
 }
 
 impl ActQ8 {
+    /// No tokens; buffers grow on the first `quantize_*` call and are reused after it (a
+    /// prefill quantizes ~100 activation matrices of several MiB: fresh allocations would page
+    /// fault on every one).
+    pub fn new() -> Self {
+        ActQ8 {
+            n: 0,
+            cols: 0,
+            qs: Vec::new(),
+            d: Vec::new(),
+            sums: Vec::new(),
+            exact: Vec::new(),
+        }
+    }
+
     /// Quantizes `x[t·cols + k]` for `t < n`. `cols` must be a multiple of 64 (as every
     /// `TernaryMatrix` has) and `x` must hold `n·cols` values.
     pub fn quantize(x: &[f32], n: usize, cols: usize) -> Self {
-        assert!(
-            cols.is_multiple_of(ACT_BLOCK),
-            "ActQ8::quantize: cols = {cols} is not a multiple of {ACT_BLOCK}"
-        );
+        let mut a = ActQ8::new();
+        a.quantize_from(x, n, cols, true);
+        a
+    }
+
+    /// Re-fills `self` with `x` quantized (as `quantize`). `keep_exact` also keeps a copy of
+    /// `x` (needed only by dense matrices and the `Reference` level; see `Linear::needs_exact`).
+    pub fn quantize_from(&mut self, x: &[f32], n: usize, cols: usize, keep_exact: bool) {
+        self.quantize_from_on(None, x, n, cols, keep_exact)
+    }
+
+    /// `quantize_from`, rows split over `pool`'s threads when there are many.
+    pub fn quantize_from_on(
+        &mut self,
+        pool: Option<&ThreadPool>,
+        x: &[f32],
+        n: usize,
+        cols: usize,
+        keep_exact: bool,
+    ) {
         assert!(
             x.len() >= n * cols,
             "ActQ8::quantize: {} values for {n} × {cols}",
             x.len()
         );
-        let x = &x[..n * cols];
-        let blocks = n * cols / ACT_BLOCK;
-        let mut qs = vec![0i8; n * cols];
-        let mut d = vec![0f32; blocks];
-        let mut sums = vec![0i32; blocks];
-        for (((xb, qb), db), sb) in x
-            .chunks_exact(ACT_BLOCK)
-            .zip(qs.chunks_exact_mut(ACT_BLOCK))
-            .zip(d.iter_mut())
-            .zip(sums.iter_mut())
+        self.resize(n, cols, keep_exact);
+        self.fill_rows(pool, &x[..n * cols], &|xr, r| {
+            r.quantize_row(|b, out| out.copy_from_slice(&xr[b * ACT_BLOCK..][..ACT_BLOCK]))
+        });
+    }
+
+    /// Re-fills `self` with `rms_norm(x_t)·w` quantized, for each of the `n` rows `x_t` of
+    /// `x` (`cols = w.len()`): the normalized row is produced one block at a time and quantized
+    /// while it is in registers, instead of being written out and read back. With `keep_exact`
+    /// the normalized rows are kept too. Rows are split over `pool`'s threads when there are
+    /// many.
+    pub fn quantize_rms_norm(
+        &mut self,
+        pool: Option<&ThreadPool>,
+        x: &[f32],
+        w: &[f32],
+        eps: f32,
+        n: usize,
+        keep_exact: bool,
+    ) {
+        let cols = w.len();
+        assert!(
+            x.len() >= n * cols,
+            "ActQ8::quantize_rms_norm: {} values for {n} × {cols}",
+            x.len()
+        );
+        self.resize(n, cols, keep_exact);
+        self.fill_rows(pool, &x[..n * cols], &|xr, r| {
+            let inv = 1.0 / (super::ops::dot(xr, xr) / cols as f32 + eps).sqrt();
+            let norm = |b: usize, out: &mut [f32; ACT_BLOCK]| {
+                let (xb, wb) = (&xr[b * ACT_BLOCK..][..ACT_BLOCK], &w[b * ACT_BLOCK..]);
+                for ((o, &xi), &wi) in out.iter_mut().zip(xb).zip(wb) {
+                    *o = xi * inv * wi;
+                }
+            };
+            if r.qs.is_empty() {
+                // Dense-only width (not a multiple of 64): just the normalized row.
+                let e = r.exact.expect("resize keeps exact rows for such widths");
+                super::ops::rms_norm(xr, w, eps, e);
+            } else {
+                r.quantize_row(norm);
+            }
+        });
+    }
+
+    /// Runs `f` on every input row of `x` with the matching output rows, in chunks of
+    /// `PAR_ROWS` rows claimed by `pool`'s threads when there are several chunks.
+    fn fill_rows(
+        &mut self,
+        pool: Option<&ThreadPool>,
+        x: &[f32],
+        f: &(dyn Fn(&[f32], RowOut) + Sync),
+    ) {
+        let (n, cols) = (self.n, self.cols);
+        if n == 0 {
+            return;
+        }
+        let bpr = self.d.len() / n;
+        let qpr = self.qs.len() / n;
+        let epr = self.exact.len() / n;
+        let rows = super::PAR_ROWS;
+        let mut items: Vec<Chunk> = Vec::with_capacity(n.div_ceil(rows));
+        let mut exact_chunks = self.exact.chunks_mut((epr * rows).max(1));
+        for (((xc, qc), dc), sc) in x
+            .chunks(cols * rows)
+            .zip(chunks_or_empty(&mut self.qs, qpr * rows, n.div_ceil(rows)))
+            .zip(chunks_or_empty(&mut self.d, bpr * rows, n.div_ceil(rows)))
+            .zip(chunks_or_empty(
+                &mut self.sums,
+                bpr * rows,
+                n.div_ceil(rows),
+            ))
         {
-            (*db, *sb) = quantize_block(xb, qb);
+            let ec = if epr > 0 { exact_chunks.next() } else { None };
+            items.push((xc, qc, dc, sc, ec));
         }
-        ActQ8 {
-            n,
-            cols,
-            qs,
-            d,
-            sums,
-            exact: x.to_vec(),
+        let work = |(xc, qc, dc, sc, mut ec): Chunk| {
+            for t in 0..xc.len() / cols {
+                let r = RowOut {
+                    qs: qc.get_mut(t * qpr..(t + 1) * qpr).unwrap_or_default(),
+                    d: dc.get_mut(t * bpr..(t + 1) * bpr).unwrap_or_default(),
+                    sums: sc.get_mut(t * bpr..(t + 1) * bpr).unwrap_or_default(),
+                    exact: ec.as_mut().map(|e| &mut e[t * epr..(t + 1) * epr]),
+                };
+                f(&xc[t * cols..(t + 1) * cols], r);
+            }
+        };
+        match pool {
+            Some(p) if n >= 2 * rows => super::par_items(p, items, &work),
+            _ => items.into_iter().for_each(work),
         }
+    }
+
+    /// Sizes the buffers for `n × cols`. A width that is not a multiple of 64 can only feed a
+    /// dense matrix: then only the exact rows are kept (and `keep_exact` must be set).
+    fn resize(&mut self, n: usize, cols: usize, keep_exact: bool) {
+        assert!(
+            cols.is_multiple_of(ACT_BLOCK) || keep_exact,
+            "ActQ8: cols = {cols} is not a multiple of {ACT_BLOCK}"
+        );
+        let blocks = if cols.is_multiple_of(ACT_BLOCK) {
+            n * cols / ACT_BLOCK
+        } else {
+            0
+        };
+        self.n = n;
+        self.cols = cols;
+        self.qs.resize(blocks * ACT_BLOCK, 0);
+        self.d.resize(blocks, 0.0);
+        self.sums.resize(blocks, 0);
+        self.exact.clear();
+        if keep_exact {
+            self.exact.resize(n * cols, 0.0);
+        }
+    }
+
+    /// The unquantized rows, if they were kept (`keep_exact`).
+    pub fn exact(&self) -> Option<&[f32]> {
+        (self.exact.len() == self.n * self.cols).then_some(&self.exact[..])
     }
 
     /// Number of tokens.
@@ -73,8 +203,80 @@ impl ActQ8 {
     }
 }
 
-/// Quantizes one block; returns (scale, Σq).
+impl Default for ActQ8 {
+    fn default() -> Self {
+        ActQ8::new()
+    }
+}
+
+/// Row chunk of the work of `fill_rows`: input rows, and the matching rows of `qs`, `d`,
+/// `sums` and (if kept) `exact`.
+type Chunk<'a> = (
+    &'a [f32],
+    &'a mut [i8],
+    &'a mut [f32],
+    &'a mut [i32],
+    Option<&'a mut [f32]>,
+);
+
+/// `count` chunks of `len` elements of `v`, or `count` empty slices when `v` is empty (widths
+/// that are not quantized).
+fn chunks_or_empty<T>(v: &mut [T], len: usize, count: usize) -> Vec<&mut [T]> {
+    if v.is_empty() {
+        (0..count).map(|_| <&mut [T]>::default()).collect()
+    } else {
+        v.chunks_mut(len).collect()
+    }
+}
+
+/// The outputs of one token row.
+struct RowOut<'a> {
+    qs: &'a mut [i8],
+    d: &'a mut [f32],
+    sums: &'a mut [i32],
+    exact: Option<&'a mut [f32]>,
+}
+
+impl RowOut<'_> {
+    /// Quantizes the row whose block `b` `block(b, out)` writes into `out`.
+    fn quantize_row(self, block: impl Fn(usize, &mut [f32; ACT_BLOCK])) {
+        let mut vals = [0f32; ACT_BLOCK];
+        let mut exact = self.exact;
+        for (b, ((qb, d), s)) in self
+            .qs
+            .chunks_exact_mut(ACT_BLOCK)
+            .zip(self.d.iter_mut())
+            .zip(self.sums.iter_mut())
+            .enumerate()
+        {
+            block(b, &mut vals);
+            (*d, *s) = quantize_block(&vals, qb);
+            if let Some(e) = exact.as_mut() {
+                e[b * ACT_BLOCK..][..ACT_BLOCK].copy_from_slice(&vals);
+            }
+        }
+    }
+}
+
+/// Quantizes one block; returns (scale, Σq). The same code compiled with AVX2 when the CPU has
+/// it (the crate's baseline is SSE2, where the loops below run 4 lanes wide at best).
 fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+    #[cfg(target_arch = "x86_64")]
+    if super::KernelLevel::Avx2.supported() && super::level() != super::KernelLevel::Portable {
+        // SAFETY: avx2 (and fma, f16c) checked by `supported`.
+        return unsafe { quantize_block_avx2(x, q) };
+    }
+    quantize_block_generic(x, q)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_block_avx2(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+    quantize_block_generic(x, q)
+}
+
+#[inline(always)]
+fn quantize_block_generic(x: &[f32], q: &mut [i8]) -> (f32, i32) {
     // Lane-wise maximum (vectorizes; `f32::max` folds would not, because of NaN semantics);
     // `poison` turns NaN for any NaN or infinite input (v·0).
     let mut lanes = [0f32; 16];
@@ -95,12 +297,14 @@ fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
         return (if finite { 0.0 } else { f32::NAN }, 0);
     }
     let inv = 127.0 / amax;
-    // Adding and subtracting 1.5·2^23 rounds to the nearest integer (ties to even) for |v| < 2^22
-    // with plain float adds, which vectorize (`f32::round` is a libm call without SSE4.1).
+    // Adding 1.5·2^23 rounds to the nearest integer (ties to even) for |v| < 2^22 and leaves
+    // it in the low mantissa bits: one float add and one integer subtract, which vectorize
+    // (`f32::round` is a libm call without SSE4.1, and `as i32` adds saturation checks).
     const MAGIC: f32 = 12_582_912.0;
+    const MAGIC_BITS: i32 = 0x4B40_0000;
     let mut sum = 0i32;
     for (qi, &xi) in q.iter_mut().zip(x) {
-        let v = ((xi * inv + MAGIC) - MAGIC) as i32;
+        let v = (xi * inv + MAGIC).to_bits() as i32 - MAGIC_BITS;
         *qi = v as i8;
         sum += v;
     }
@@ -111,6 +315,7 @@ fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
 #[allow(clippy::needless_range_loop)] // index loops mirror the formulas being checked
 mod tests {
     use super::*;
+    use crate::threadpool::ThreadPool;
 
     #[test]
     fn quantization_error_is_within_half_a_step() {
@@ -136,6 +341,71 @@ mod tests {
                     assert!(err <= 0.5 * d * 1.0001, "err {err} step {d}");
                 }
                 assert_eq!(a.sums[t * 3 + b], s);
+            }
+        }
+    }
+
+    #[test]
+    fn fused_rms_norm_quantization_equals_norm_then_quantize() {
+        // 40 rows: more than one parallel chunk of PAR_ROWS rows.
+        let (n, cols) = (40, 320);
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * (1 + i % 7) as f32)
+            .collect();
+        let w: Vec<f32> = (0..cols).map(|i| 0.5 + (i % 11) as f32 * 0.1).collect();
+        let mut normed = vec![0f32; n * cols];
+        for (xr, or) in x.chunks_exact(cols).zip(normed.chunks_exact_mut(cols)) {
+            crate::kernels::ops::rms_norm(xr, &w, 1e-6, or);
+        }
+        let want = ActQ8::quantize(&normed, n, cols);
+        // Reused buffers: quantize something larger first, then the fused form.
+        let mut a = ActQ8::quantize(&vec![1.0; 4 * 384], 4, 384);
+        let pool = ThreadPool::new(2);
+        a.quantize_rms_norm(Some(&pool), &x, &w, 1e-6, n, true);
+        assert_eq!((a.n, a.cols), (n, cols));
+        assert_eq!(a.exact(), Some(&normed[..]));
+        assert_eq!(a.qs, want.qs);
+        assert_eq!(a.d, want.d);
+        assert_eq!(a.sums, want.sums);
+        a.quantize_rms_norm(None, &x, &w, 1e-6, n, false);
+        assert_eq!(a.exact(), None);
+        assert_eq!(a.qs, want.qs);
+        // A width that is not a multiple of 64 (dense matrices only): exact rows, no codes.
+        a.quantize_rms_norm(Some(&pool), &x[..40 * 72], &w[..72], 1e-6, 40, true);
+        assert!(a.qs.is_empty());
+        assert_eq!(
+            &a.exact().unwrap()[..72],
+            &normed_row(&x[..72], &w[..72])[..]
+        );
+        a.quantize_from_on(Some(&pool), &x, n, cols, true);
+        let plain = ActQ8::quantize(&x, n, cols);
+        assert_eq!((&a.qs, &a.d, &a.sums), (&plain.qs, &plain.d, &plain.sums));
+        assert_eq!(a.exact(), Some(&x[..]));
+    }
+
+    fn normed_row(x: &[f32], w: &[f32]) -> Vec<f32> {
+        let mut o = vec![0f32; x.len()];
+        crate::kernels::ops::rms_norm(x, w, 1e-6, &mut o);
+        o
+    }
+
+    #[test]
+    fn simd_builds_of_the_block_quantizer_match_the_generic_one() {
+        let x: Vec<f32> = (0..64 * 50)
+            .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * [1e-3, 1.0, 300.0][i % 3])
+            .collect();
+        for xb in x.chunks_exact(64) {
+            let (mut a, mut b) = ([0i8; 64], [0i8; 64]);
+            let ra = quantize_block_generic(xb, &mut a);
+            let rb = quantize_block(xb, &mut b);
+            assert_eq!((ra, a), (rb, b));
+            // Rounded to nearest: within half a step of x / d.
+            for (k, &qk) in a.iter().enumerate() {
+                let exact = xb[k] as f64 / ra.0 as f64;
+                assert!(
+                    (qk as f64 - exact).abs() <= 0.5 + 1e-4,
+                    "{k}: {qk} vs {exact}"
+                );
             }
         }
     }

@@ -5,7 +5,9 @@
 #![cfg(target_arch = "x86_64")]
 
 use super::act::ActQ8;
-use super::ternary::{TernaryMatrix, TileScales, PREFETCH_BYTES, TILE_BLOCK_BYTES, TILE_ROWS};
+use super::ternary::{
+    token_blocks, TernaryMatrix, TileScales, PREFETCH_BYTES, TILE_BLOCK_BYTES, TILE_ROWS,
+};
 use super::OutPtr;
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -26,27 +28,29 @@ pub(crate) unsafe fn ternary_tiles(
     out: OutPtr,
 ) {
     let mut res = [[0f32; TILE_ROWS]; GROUP];
-    for tile in tiles {
-        let codes = m.tile_codes(tile).as_ptr();
-        let scales = m.tile_scales(tile);
-        for t0 in (0..xq.n).step_by(GROUP) {
-            let nt = (xq.n - t0).min(GROUP);
-            match (scales, nt) {
-                (TileScales::F16(s), 1) => {
-                    group::<1, true>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
+    for tokens in token_blocks(xq.n, m.cols(), GROUP) {
+        for tile in tiles.clone() {
+            let codes = m.tile_codes(tile).as_ptr();
+            let scales = m.tile_scales(tile);
+            for t0 in tokens.clone().step_by(GROUP) {
+                let nt = (tokens.end - t0).min(GROUP);
+                match (scales, nt) {
+                    (TileScales::F16(s), 1) => {
+                        group::<1, true>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
+                    }
+                    (TileScales::F16(s), _) => {
+                        group::<2, true>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
+                    }
+                    (TileScales::F32(s), 1) => {
+                        group::<1, false>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
+                    }
+                    (TileScales::F32(s), _) => {
+                        group::<2, false>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
+                    }
                 }
-                (TileScales::F16(s), _) => {
-                    group::<2, true>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
+                for (dt, r) in res.iter().enumerate().take(nt) {
+                    m.store_tile(out, t0 + dt, tile, r);
                 }
-                (TileScales::F32(s), 1) => {
-                    group::<1, false>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
-                }
-                (TileScales::F32(s), _) => {
-                    group::<2, false>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
-                }
-            }
-            for (dt, r) in res.iter().enumerate().take(nt) {
-                m.store_tile(out, t0 + dt, tile, r);
             }
         }
     }
@@ -123,7 +127,7 @@ unsafe fn group<const T: usize, const F16: bool>(
             }
         }
         for h in 0..2 {
-            let ws = load_scales::<F16>(scales, b, h);
+            let ws = load_scales::<F16>(scales, b >> m.scale_shift(), h);
             for t in 0..T {
                 let i = (t0 + t) * blocks + b;
                 let dot = _mm256_madd_epi16(acc[t][h], ones);

@@ -4,7 +4,9 @@
 #![cfg(target_arch = "x86_64")]
 
 use super::act::ActQ8;
-use super::ternary::{TernaryMatrix, TileScales, PREFETCH_BYTES, TILE_BLOCK_BYTES, TILE_ROWS};
+use super::ternary::{
+    token_blocks, TernaryMatrix, TileScales, PREFETCH_BYTES, TILE_BLOCK_BYTES, TILE_ROWS,
+};
 use super::OutPtr;
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -25,42 +27,48 @@ pub(crate) unsafe fn ternary_tiles(
     out: OutPtr,
 ) {
     let mut res = [[0f32; TILE_ROWS]; GROUP];
-    for tile in tiles {
-        let codes = m.tile_codes(tile).as_ptr();
-        let scales = m.tile_scales(tile);
-        if xq.n == 1 {
-            match scales {
-                TileScales::F16(s) => decode::<true>(m, codes, s.as_ptr().cast(), xq, &mut res[0]),
-                TileScales::F32(s) => decode::<false>(m, codes, s.as_ptr().cast(), xq, &mut res[0]),
-            }
-            m.store_tile(out, 0, tile, &res[0]);
-            continue;
-        }
-        for t0 in (0..xq.n).step_by(GROUP) {
-            let nt = (xq.n - t0).min(GROUP);
-            match scales {
-                TileScales::F16(s) => {
-                    group_dyn::<true>(nt, m, codes, s.as_ptr().cast(), xq, t0, &mut res)
+    for tokens in token_blocks(xq.n, m.cols(), GROUP) {
+        for tile in tiles.clone() {
+            let codes = m.tile_codes(tile).as_ptr();
+            let scales = m.tile_scales(tile);
+            if xq.n == 1 {
+                match scales {
+                    TileScales::F16(s) => {
+                        decode::<true>(m, codes, s.as_ptr().cast(), xq, &mut res[0])
+                    }
+                    TileScales::F32(s) => {
+                        decode::<false>(m, codes, s.as_ptr().cast(), xq, &mut res[0])
+                    }
                 }
-                TileScales::F32(s) => {
-                    group_dyn::<false>(nt, m, codes, s.as_ptr().cast(), xq, t0, &mut res)
-                }
+                m.store_tile(out, 0, tile, &res[0]);
+                continue;
             }
-            for (dt, r) in res.iter().enumerate().take(nt) {
-                m.store_tile(out, t0 + dt, tile, r);
+            for t0 in tokens.clone().step_by(GROUP) {
+                let nt = (tokens.end - t0).min(GROUP);
+                match scales {
+                    TileScales::F16(s) => {
+                        group_dyn::<true>(nt, m, codes, s.as_ptr().cast(), xq, t0, &mut res)
+                    }
+                    TileScales::F32(s) => {
+                        group_dyn::<false>(nt, m, codes, s.as_ptr().cast(), xq, t0, &mut res)
+                    }
+                }
+                for (dt, r) in res.iter().enumerate().take(nt) {
+                    m.store_tile(out, t0 + dt, tile, r);
+                }
             }
         }
     }
 }
 
-/// The 16 weight scales of one block as f32.
+/// The 16 weight scales of scale group `g` as f32.
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn load_scales<const F16: bool>(scales: *const u8, b: usize) -> __m512 {
+unsafe fn load_scales<const F16: bool>(scales: *const u8, g: usize) -> __m512 {
     if F16 {
-        _mm512_cvtph_ps(_mm256_loadu_si256(scales.add(b * 32).cast()))
+        _mm512_cvtph_ps(_mm256_loadu_si256(scales.add(g * 32).cast()))
     } else {
-        _mm512_loadu_ps(scales.add(b * 64).cast())
+        _mm512_loadu_ps(scales.add(g * 64).cast())
     }
 }
 
@@ -111,7 +119,7 @@ unsafe fn decode<const F16: bool>(
         let dot = _mm512_add_epi32(a0, mid);
         let dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(*xq.sums.get_unchecked(b)));
         let scale = _mm512_mul_ps(
-            load_scales::<F16>(scales, b),
+            load_scales::<F16>(scales, b >> m.scale_shift()),
             _mm512_set1_ps(*xq.d.get_unchecked(b)),
         );
         facc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, facc);
@@ -176,7 +184,7 @@ unsafe fn group<const T: usize, const F16: bool>(
                 }
             }
         }
-        let ws = load_scales::<F16>(scales, b);
+        let ws = load_scales::<F16>(scales, b >> m.scale_shift());
         for t in 0..T {
             let i = (t0 + t) * blocks + b;
             let dot = _mm512_sub_epi32(acc[t], _mm512_set1_epi32(*xq.sums.get_unchecked(i)));

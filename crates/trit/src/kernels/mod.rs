@@ -51,12 +51,14 @@
 //! dequantized weights and unquantized activations (ground truth for model tests).
 
 mod act;
+pub mod attn;
 mod avx2;
 mod avx512;
 pub mod delta_rule;
 mod dense;
 pub mod hadamard;
 pub mod ops;
+pub mod peak;
 pub(crate) mod pool;
 mod portable;
 pub mod scalar;
@@ -270,6 +272,29 @@ impl Linear {
         }
     }
 
+    /// `forward` on activations quantized once by the caller (one quantization shared by the
+    /// q/k/v or gate/up matrices). `xq` must hold the exact rows when `needs_exact()`.
+    pub fn forward_q8(&self, pool: &ThreadPool, xq: &ActQ8, y: &mut [f32]) {
+        match self {
+            Linear::Ternary(m) => m.matmul_q8(pool, xq, y),
+            Linear::Dense(m) => {
+                let x = xq
+                    .exact()
+                    .expect("a dense matrix needs activations quantized with keep_exact");
+                m.matmul(pool, x, xq.n(), y)
+            }
+        }
+    }
+
+    /// Whether `forward_q8` reads the unquantized activations (dense weights, or the exact
+    /// `Reference` level).
+    pub fn needs_exact(&self) -> bool {
+        match self {
+            Linear::Ternary(_) => level() == KernelLevel::Reference,
+            Linear::Dense(_) => true,
+        }
+    }
+
     /// Row `r` as f32 (`out.len() == cols`), e.g. for embedding lookups.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         match self {
@@ -338,9 +363,44 @@ pub(crate) fn for_each_chunk(
     });
 }
 
+/// Runs `f` once on every item of `items` (disjoint pieces of work, e.g. mutable row chunks of
+/// several buffers), the pool's threads claiming items one at a time. Safe code: each item is
+/// moved out of its own slot by the one thread that claimed it.
+pub fn par_items<C: Send>(pool: &ThreadPool, items: Vec<C>, f: &(dyn Fn(C) + Sync)) {
+    if pool.n_threads() == 1 || items.len() < 2 {
+        return items.into_iter().for_each(f);
+    }
+    let slots: Vec<std::sync::Mutex<Option<C>>> = items
+        .into_iter()
+        .map(|c| std::sync::Mutex::new(Some(c)))
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    pool.run(&|_, _| loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        let Some(slot) = slots.get(i) else { break };
+        if let Some(c) = slot.lock().unwrap().take() {
+            f(c);
+        }
+    });
+}
+
+/// Token rows per parallel piece of the element-wise prefill ops (below this, one thread).
+pub(crate) const PAR_ROWS: usize = 16;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn par_items_visits_every_item_once() {
+        for threads in [1, 2, 3] {
+            let pool = ThreadPool::new(threads);
+            let mut v = vec![0u32; 1000];
+            let items: Vec<&mut [u32]> = v.chunks_mut(7).collect();
+            par_items(&pool, items, &|c| c.iter_mut().for_each(|x| *x += 1));
+            assert!(v.iter().all(|&x| x == 1), "{threads} threads");
+        }
+    }
 
     #[test]
     fn level_names_round_trip_and_detection_is_consistent() {

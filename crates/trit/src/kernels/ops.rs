@@ -27,7 +27,60 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "silu_mul: lengths");
     for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+        *g = *g / (1.0 + exp_approx(-*g)) * u;
+    }
+}
+
+/// `silu_mul` on rows of `width` elements, split over `pool`'s threads for long prompts.
+pub fn silu_mul_on(
+    pool: &crate::threadpool::ThreadPool,
+    gate: &mut [f32],
+    up: &[f32],
+    width: usize,
+) {
+    assert_eq!(gate.len(), up.len(), "silu_mul: lengths");
+    let chunk = width.max(1) * super::PAR_ROWS;
+    if gate.len() < 2 * chunk {
+        return silu_mul(gate, up);
+    }
+    let items: Vec<_> = gate.chunks_mut(chunk).zip(up.chunks(chunk)).collect();
+    super::par_items(pool, items, &|(g, u)| silu_mul(g, u));
+}
+
+/// `e^x` within 2 ulp for `x` in [-87, 88], written without branches or calls so that loops
+/// over it vectorize (`f32::exp` is a libm call per element). Inputs below -87 give e^-87
+/// (~1.6e-38, where the callers only need "negligible"), above 88 give e^88; NaN stays NaN.
+///
+/// Method: `x = n·ln2 + r` with `n` the nearest integer to `x/ln2` (ln2 split in two parts so
+/// `r` is exact), `e^r` by a degree-6 polynomial on |r| ≤ ln2/2 (the classic minimax
+/// coefficients of single-precision expf), and `2^n` built directly in the exponent bits.
+#[inline(always)]
+pub fn exp_approx(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // 1.5·2^23: adding it rounds to an integer held in the low mantissa bits.
+    const MAGIC: f32 = 12_582_912.0;
+    let underflow = x < -87.0;
+    let x = x.clamp(-87.0, 88.0);
+    let shifted = x * LOG2E + MAGIC;
+    let n = shifted - MAGIC;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let p = 1.987_569_1e-4_f32;
+    let p = p * r + 1.398_199_9e-3;
+    let p = p * r + 8.333_452e-3;
+    let p = p * r + 4.166_579_6e-2;
+    let p = p * r + 1.666_666_5e-1;
+    let p = p * r + 0.5;
+    let er = p * r * r + r + 1.0;
+    // The integer n sits in the low bits of `shifted`'s mantissa (offset by 0x4B40_0000).
+    let ni = shifted.to_bits() as i32 - 0x4B40_0000;
+    let two_n = f32::from_bits(((ni + 127) << 23) as u32);
+    // A select, not a branch: still vectorizes.
+    if underflow {
+        0.0
+    } else {
+        er * two_n
     }
 }
 
@@ -39,7 +92,7 @@ pub fn softmax_inplace(x: &mut [f32]) {
     let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
     let mut sum = 0f32;
     for v in x.iter_mut() {
-        *v = (*v - max).exp();
+        *v = exp_approx(*v - max);
         sum += *v;
     }
     let inv = 1.0 / sum;
@@ -163,6 +216,14 @@ mod tests {
         }
         assert_eq!(s[3], 0.0);
 
+        let pool = crate::threadpool::ThreadPool::new(2);
+        let mut g: Vec<f32> = (0..50 * 24).map(|i| (i % 13) as f32 - 6.0).collect();
+        let u: Vec<f32> = (0..50 * 24).map(|i| (i % 7) as f32 * 0.5).collect();
+        let mut want = g.clone();
+        silu_mul(&mut want, &u);
+        silu_mul_on(&pool, &mut g, &u, 24);
+        assert_eq!(g, want);
+
         let mut y = vec![1.0f32, 2.0];
         axpy(0.5, &[2.0, -4.0], &mut y);
         assert_eq!(y, [2.0, 0.0]);
@@ -171,126 +232,24 @@ mod tests {
     }
 }
 
-/// One query head attending over `n_keys` cached positions: `out = softmax(scale · q·Kᵀ) · V`.
-/// Key `j` of this head is `keys[j·stride + offset ..][..q.len()]` (likewise for values).
-/// `scores` is scratch of at least `n_keys`. Compiled with AVX2+FMA when the CPU has them
-/// (same code, wider vectors), since attention dominates long prefills.
-#[allow(clippy::too_many_arguments)]
-pub fn attend_head(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    stride: usize,
-    offset: usize,
-    n_keys: usize,
-    scale: f32,
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if super::level() != super::KernelLevel::Reference
-        && std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("fma")
-    {
-        // SAFETY: the CPU supports AVX2 and FMA (checked just above).
-        unsafe { attend_head_avx2(q, keys, values, stride, offset, n_keys, scale, scores, out) };
-        return;
-    }
-    attend_head_generic(q, keys, values, stride, offset, n_keys, scale, scores, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_head_avx2(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    stride: usize,
-    offset: usize,
-    n_keys: usize,
-    scale: f32,
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
-    attend_head_generic(q, keys, values, stride, offset, n_keys, scale, scores, out)
-}
-
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn attend_head_generic(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    stride: usize,
-    offset: usize,
-    n_keys: usize,
-    scale: f32,
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
-    let d = q.len();
-    let scores = &mut scores[..n_keys];
-    for (j, s) in scores.iter_mut().enumerate() {
-        let k = &keys[j * stride + offset..j * stride + offset + d];
-        *s = dot(q, k) * scale;
-    }
-    softmax_inplace(scores);
-    out.iter_mut().for_each(|o| *o = 0.0);
-    for (j, &p) in scores.iter().enumerate() {
-        let v = &values[j * stride + offset..j * stride + offset + d];
-        for (o, &x) in out.iter_mut().zip(v) {
-            *o += p * x;
-        }
-    }
-}
-
 #[cfg(test)]
-mod attend_tests {
-    use super::*;
+mod exp_tests {
+    use super::exp_approx;
 
     #[test]
-    fn attend_head_matches_a_direct_softmax_average() {
-        let (d, n, stride, offset) = (8, 5, 24, 8);
-        let keys: Vec<f32> = (0..n * stride)
-            .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1)
-            .collect();
-        let values: Vec<f32> = (0..n * stride)
-            .map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.2)
-            .collect();
-        let q: Vec<f32> = (0..d).map(|i| i as f32 * 0.3 - 1.0).collect();
-        let mut out = vec![0.0; d];
-        let mut scratch = vec![0.0; n];
-        attend_head(
-            &q,
-            &keys,
-            &values,
-            stride,
-            offset,
-            n,
-            0.5,
-            &mut scratch,
-            &mut out,
-        );
-        let s: Vec<f64> = (0..n)
-            .map(|j| {
-                (0..d)
-                    .map(|i| q[i] as f64 * keys[j * stride + offset + i] as f64)
-                    .sum::<f64>()
-                    * 0.5
-            })
-            .collect();
-        let m = s.iter().cloned().fold(f64::MIN, f64::max);
-        let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
-        for i in 0..d {
-            let want: f64 = (0..n)
-                .map(|j| (s[j] - m).exp() / z * values[j * stride + offset + i] as f64)
-                .sum();
-            assert!(
-                (out[i] as f64 - want).abs() < 1e-5,
-                "{i}: {} vs {want}",
-                out[i]
-            );
+    fn exp_approx_is_within_two_ulp_of_exp() {
+        let mut worst = 0f64;
+        for i in 0..=1_750_000 {
+            let x = -87.0 + i as f32 * 1e-4;
+            let want = (x as f64).exp();
+            let err = ((exp_approx(x) as f64 - want) / want).abs();
+            worst = worst.max(err);
         }
+        assert!(worst < 2.5e-7, "worst relative error {worst:e}");
+        assert_eq!(exp_approx(0.0), 1.0);
+        assert!(exp_approx(f32::NAN).is_nan());
+        assert_eq!(exp_approx(-87.5), 0.0);
+        assert_eq!(exp_approx(f32::NEG_INFINITY), 0.0);
+        assert!(exp_approx(1000.0).is_finite());
     }
 }

@@ -5,7 +5,7 @@
 //! a 16-lane loop.
 
 use super::act::ActQ8;
-use super::ternary::{TernaryMatrix, BLOCK, TILE_BLOCK_BYTES, TILE_ROWS};
+use super::ternary::{token_blocks, TernaryMatrix, BLOCK, TILE_BLOCK_BYTES, TILE_ROWS};
 use super::OutPtr;
 use std::ops::Range;
 
@@ -16,34 +16,38 @@ const GROUP: usize = 8;
 pub(crate) fn ternary_tiles(m: &TernaryMatrix, tiles: Range<usize>, xq: &ActQ8, out: OutPtr) {
     let (cols, blocks) = (m.cols(), m.blocks());
     let mut unpacked = [[0i8; BLOCK]; TILE_ROWS];
-    for tile in tiles {
-        let codes = m.tile_codes(tile);
-        let scales = m.tile_scales(tile);
-        for t0 in (0..xq.n).step_by(GROUP) {
-            let nt = (xq.n - t0).min(GROUP);
-            let mut acc = [[0f32; TILE_ROWS]; GROUP];
-            for b in 0..blocks {
-                unpack_block(
-                    &codes[b * TILE_BLOCK_BYTES..][..TILE_BLOCK_BYTES],
-                    &mut unpacked,
-                );
-                let ws: [f32; TILE_ROWS] = std::array::from_fn(|j| scales.get(b * TILE_ROWS + j));
-                for (dt, acc_t) in acc.iter_mut().enumerate().take(nt) {
-                    let t = t0 + dt;
-                    let q: &[i8; BLOCK] = xq.qs[t * cols + b * BLOCK..][..BLOCK]
-                        .try_into()
-                        .expect("64 activations");
-                    let d = xq.d[t * blocks + b];
-                    let sum = xq.sums[t * blocks + b];
-                    let dots: [i32; TILE_ROWS] = std::array::from_fn(|j| dot_i8(&unpacked[j], q));
-                    for j in 0..TILE_ROWS {
-                        acc_t[j] += (dots[j] - sum) as f32 * (ws[j] * d);
+    for tokens in token_blocks(xq.n, m.cols(), GROUP) {
+        for tile in tiles.clone() {
+            let codes = m.tile_codes(tile);
+            let scales = m.tile_scales(tile);
+            for t0 in tokens.clone().step_by(GROUP) {
+                let nt = (tokens.end - t0).min(GROUP);
+                let mut acc = [[0f32; TILE_ROWS]; GROUP];
+                for b in 0..blocks {
+                    unpack_block(
+                        &codes[b * TILE_BLOCK_BYTES..][..TILE_BLOCK_BYTES],
+                        &mut unpacked,
+                    );
+                    let ws: [f32; TILE_ROWS] =
+                        std::array::from_fn(|j| scales.get((b >> m.scale_shift()) * TILE_ROWS + j));
+                    for (dt, acc_t) in acc.iter_mut().enumerate().take(nt) {
+                        let t = t0 + dt;
+                        let q: &[i8; BLOCK] = xq.qs[t * cols + b * BLOCK..][..BLOCK]
+                            .try_into()
+                            .expect("64 activations");
+                        let d = xq.d[t * blocks + b];
+                        let sum = xq.sums[t * blocks + b];
+                        let dots: [i32; TILE_ROWS] =
+                            std::array::from_fn(|j| dot_i8(&unpacked[j], q));
+                        for j in 0..TILE_ROWS {
+                            acc_t[j] += (dots[j] - sum) as f32 * (ws[j] * d);
+                        }
                     }
                 }
-            }
-            for (dt, acc_t) in acc.iter().enumerate().take(nt) {
-                // SAFETY: this thread owns `tile`'s rows.
-                unsafe { m.store_tile(out, t0 + dt, tile, acc_t) };
+                for (dt, acc_t) in acc.iter().enumerate().take(nt) {
+                    // SAFETY: this thread owns `tile`'s rows.
+                    unsafe { m.store_tile(out, t0 + dt, tile, acc_t) };
+                }
             }
         }
     }

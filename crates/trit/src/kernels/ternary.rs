@@ -7,6 +7,7 @@ use crate::quant::TernaryRows;
 use crate::threadpool::ThreadPool;
 use crate::{Error, Result};
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// Rows per tile (one per dword lane of a 512-bit register).
 pub(crate) const TILE_ROWS: usize = 16;
@@ -20,12 +21,35 @@ pub(crate) const TILE_BLOCK_BYTES: usize = TILE_ROWS * BLOCK / 4;
 /// threads), 4 KiB 28 / 41, 8 KiB 29 / 41, 16 KiB 29 / 40 against a ~42 GB/s read bandwidth.
 pub(crate) const PREFETCH_BYTES: usize = 8192;
 
+/// Activation bytes per token block of a prefill matmul (see `token_blocks`). Measured as CPU
+/// time of 1-thread pp512 runs on the 1.7B shape (the machine was shared, so wall time was
+/// useless): all tokens per tile 12.04 / 12.08 s, 256 KiB blocks 11.62 / 11.55 s, 64 KiB 11.44 s
+/// (each run: load + 4 prefills).
+const TOKEN_BLOCK_BYTES: usize = 64 * 1024;
+
+/// Prefill loop order: the tokens are taken in blocks whose int8 activations (≤ 64 KiB) stay
+/// in L2 while every tile of the thread's chunk (≤ 256 KiB of weights, also in L2) is multiplied
+/// against them. Looping over all tokens per tile instead streams the whole activation matrix
+/// (3 MiB for 512 × 6144) from L3 once per 16-row tile. Blocks hold a multiple of `group`
+/// tokens.
+pub(crate) fn token_blocks(
+    n: usize,
+    cols: usize,
+    group: usize,
+) -> impl Iterator<Item = Range<usize>> {
+    let per_block = (TOKEN_BLOCK_BYTES / cols.max(1) / group).max(1) * group;
+    (0..n)
+        .step_by(per_block)
+        .map(move |t| t..(t + per_block).min(n))
+}
+
 /// One cache line; a `Vec<Line>` is a 64-byte aligned byte buffer (aligned vector loads).
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 pub(crate) struct Line([u8; 64]);
 
-/// Per-block weight scales of all tiles (`tiles × blocks × 16`, tile-major then block).
+/// Weight scales of all tiles (`tiles × groups × 16`, tile-major then scale group; a group is
+/// `2^scale_shift` blocks of 64 columns).
 pub(crate) enum Scales {
     /// IEEE half bits; used when every scale converts exactly.
     F16(Vec<u16>),
@@ -55,6 +79,11 @@ pub struct TernaryMatrix {
     cols: usize,
     tiles: usize,
     blocks: usize,
+    /// Blocks per scale group = `1 << scale_shift` (0, 1 or 2: groups of 64, 128 or 256
+    /// columns). Files with 128- or 256-column scales (PQ2_0, TQ2_0, TQ1_0) keep one scale per
+    /// group instead of repeating it per block: 2.125 / 2.0625 instead of 2.25 bits per weight,
+    /// so the repacked model is no larger than a 2-bit file and decode reads fewer bytes.
+    scale_shift: u32,
     codes: Vec<Line>,
     pub(crate) scales: Scales,
 }
@@ -90,6 +119,8 @@ impl TernaryMatrix {
                     pack_tile(src, tile, row_codes, row_scales, tile_codes, tile_sc)
                 },
             )?;
+        let scale_shift = widest_scale_group(&scales, blocks);
+        let scales = compact_scales(scales, blocks, scale_shift);
         let all_f16 = scales
             .par_iter()
             .all(|&s| half::f16::from_f32(s).to_f32().to_bits() == s.to_bits());
@@ -108,9 +139,16 @@ impl TernaryMatrix {
             cols,
             tiles,
             blocks,
+            scale_shift,
             codes,
             scales,
         })
+    }
+
+    /// log2 of the blocks per scale group (see the field).
+    #[inline]
+    pub(crate) fn scale_shift(&self) -> u32 {
+        self.scale_shift
     }
 
     pub fn rows(&self) -> usize {
@@ -143,7 +181,7 @@ impl TernaryMatrix {
     }
 
     pub(crate) fn tile_scales(&self, t: usize) -> TileScales<'_> {
-        let len = self.blocks * TILE_ROWS;
+        let len = self.blocks.div_ceil(1 << self.scale_shift) * TILE_ROWS;
         match &self.scales {
             Scales::F16(s) => TileScales::F16(&s[t * len..(t + 1) * len]),
             Scales::F32(s) => TileScales::F32(&s[t * len..(t + 1) * len]),
@@ -186,7 +224,8 @@ impl TernaryMatrix {
                 }
             }
         }
-        self.tile_scales(tile).get(b * TILE_ROWS + j)
+        self.tile_scales(tile)
+            .get((b >> self.scale_shift) * TILE_ROWS + j)
     }
 
     /// `y[t·rows + r] = Σ_k W[r][k] · x[t·cols + k]` for `t < n`, at the global `level()`.
@@ -245,7 +284,10 @@ impl TernaryMatrix {
         }
         let level = level.or_supported();
         if level == KernelLevel::Reference {
-            return super::scalar::ternary_matmul_f32(self, pool, &xq.exact, n, y);
+            let exact = xq.exact().expect(
+                "matmul_q8 at the reference level needs activations quantized with keep_exact",
+            );
+            return super::scalar::ternary_matmul_f32(self, pool, exact, n, y);
         }
         let out = OutPtr::new(y);
         let tile_bytes = self.blocks * (TILE_BLOCK_BYTES + TILE_ROWS * 2);
@@ -277,6 +319,42 @@ impl TernaryMatrix {
         let valid = (self.rows - r0).min(TILE_ROWS);
         out.write(t * self.rows + r0, &vals[..valid]);
     }
+}
+
+/// The largest `s` in 0..=2 such that, in every tile, each block's 16 scales equal those of
+/// the first block of its group of `2^s` blocks.
+fn widest_scale_group(scales: &[f32], blocks: usize) -> u32 {
+    let per_tile = blocks * TILE_ROWS;
+    for s in [2u32, 1] {
+        let same = scales.par_chunks(per_tile).all(|tile| {
+            (0..blocks).all(|b| {
+                let first = (b >> s) << s;
+                let (a, f) = (&tile[b * TILE_ROWS..], &tile[first * TILE_ROWS..]);
+                // Bit equality: -0.0 and 0.0 must stay distinct for exact dequantization.
+                (0..TILE_ROWS).all(|j| a[j].to_bits() == f[j].to_bits())
+            })
+        });
+        if same {
+            return s;
+        }
+    }
+    0
+}
+
+/// Keeps the scales of the first block of each group of `2^shift` blocks.
+fn compact_scales(scales: Vec<f32>, blocks: usize, shift: u32) -> Vec<f32> {
+    if shift == 0 {
+        return scales;
+    }
+    let step = 1 << shift;
+    scales
+        .chunks(blocks * TILE_ROWS)
+        .flat_map(|tile| {
+            tile.chunks(TILE_ROWS)
+                .step_by(step)
+                .flat_map(|g| g.iter().copied())
+        })
+        .collect()
 }
 
 /// Reads the 16 rows of `tile` from `src` and packs them (see the layout in `kernels/mod.rs`).

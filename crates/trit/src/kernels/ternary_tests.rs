@@ -63,6 +63,18 @@ impl RandomRows {
         }
     }
 
+    /// One scale per `blocks` consecutive 64-column blocks of a row (as PQ2_0's 128-column and
+    /// TQ2_0/TQ1_0's 256-column scales); the last group of a row may be shorter.
+    fn grouped(mut self, blocks: usize) -> Self {
+        let per_row = self.cols / 64;
+        for row in self.scales.chunks_mut(per_row) {
+            for b in 0..per_row {
+                row[b] = row[b / blocks * blocks];
+            }
+        }
+        self
+    }
+
     fn weight(&self, r: usize, k: usize) -> f32 {
         self.scales[r * self.cols / 64 + k / 64] * (self.codes[r * self.cols + k] as f32 - 1.0)
     }
@@ -112,6 +124,27 @@ fn repack_round_trips_codes_and_scales() {
         assert_eq!(m.bytes(), tiles * 16 * (cols / 4 + cols / 64 * scale_bytes));
         let mut row = vec![0f32; cols];
         for r in 0..rows {
+            m.dequantize_row(r, &mut row);
+            for k in 0..cols {
+                assert_eq!(row[k].to_bits(), src.weight(r, k).to_bits(), "r={r} k={k}");
+            }
+        }
+    }
+    // Scales shared by 2 or 4 blocks are stored once per group (the last group may be short).
+    for (cols, group, shift) in [
+        (576, 2, 1),
+        (576, 4, 2),
+        (192, 4, 2),
+        (2048, 4, 2),
+        (256, 2, 1),
+    ] {
+        let src = RandomRows::new(20, cols, 5, false).grouped(group);
+        let m = TernaryMatrix::from_rows(&src).unwrap();
+        assert_eq!(m.scale_shift(), shift, "{cols} columns, groups of {group}");
+        let groups = (cols / 64).div_ceil(group);
+        assert_eq!(m.bytes(), 2 * 16 * (cols / 4 + groups * 2));
+        let mut row = vec![0f32; cols];
+        for r in 0..20 {
             m.dequantize_row(r, &mut row);
             for k in 0..cols {
                 assert_eq!(row[k].to_bits(), src.weight(r, k).to_bits(), "r={r} k={k}");
@@ -184,7 +217,8 @@ fn integer_levels_match_the_int8_model_and_the_quantization_bound() {
         for cols in SHAPES_COLS {
             for n in SHAPES_N {
                 let seed = (rows * 1000 + cols * 10 + n) as u64;
-                let src = RandomRows::new(rows, cols, seed, seed.is_multiple_of(2));
+                let group = 1 << (seed % 3);
+                let src = RandomRows::new(rows, cols, seed, seed.is_multiple_of(2)).grouped(group);
                 assert!(src.codes.contains(&3));
                 let m = TernaryMatrix::from_rows(&src).unwrap();
                 let x = activations(n, cols, seed + 1);
@@ -270,5 +304,39 @@ fn linear_dispatches_to_both_kinds() {
     for (a, b) in yt.iter().zip(&yd) {
         // Both within int8 error of each other at any level (|x| ≤ 10, 64 terms, |w| ≤ 0.22).
         assert!((a - b).abs() <= 64.0 * 0.22 * 10.0 / 127.0, "{a} vs {b}");
+    }
+}
+
+/// Prefills long and wide enough to take several token blocks (`ternary::token_blocks`: 8
+/// tokens per block at 6144 columns, and a last partial group) give the int8 model's results
+/// at every level.
+#[test]
+fn several_token_blocks_match_the_int8_model() {
+    let pool = ThreadPool::new(2);
+    let (rows, cols, n) = (20, 6144, 29);
+    let src = RandomRows::new(rows, cols, 11, false).grouped(2);
+    let m = TernaryMatrix::from_rows(&src).unwrap();
+    let x = activations(n, cols, 12);
+    let xq = ActQ8::quantize(&x, n, cols);
+    let model = ternary_matmul_int8_model(&m, &xq);
+    for l in KernelLevel::available() {
+        if l == KernelLevel::Reference {
+            continue;
+        }
+        let mut y = vec![f32::NAN; n * rows];
+        m.matmul_q8_at(l, &pool, &xq, &mut y);
+        for t in 0..n {
+            for r in 0..rows {
+                let mag: f64 = (0..cols)
+                    .map(|k| (src.weight(r, k) as f64 * xq.dequantized(t, k) as f64).abs())
+                    .sum();
+                let (got, want) = (y[t * rows + r] as f64, model[t * rows + r]);
+                let tol = (cols as f64 / 64.0 + 4.0) * 1.2e-7 * mag + 1e-30;
+                assert!(
+                    (got - want).abs() <= tol,
+                    "{l} t={t} r={r}: {got} vs {want}"
+                );
+            }
+        }
     }
 }

@@ -1,0 +1,422 @@
+//! Attention of a block of query rows against one KV head, one block of keys at a time with an
+//! online softmax (running max and sum per row), so no score matrix larger than
+//! `rows × KEY_BLOCK` ever exists, whatever the context length.
+//!
+//! Why this shape: the rows of one call share their keys (the query heads of a grouped-query
+//! group, for several consecutive tokens). Sixteen rows are transposed once into `hd × 16`, so
+//! one lane holds one row: the scores of 8 keys are 8 independent broadcast-FMA chains (no
+//! horizontal reductions), and masking, the running max, the exponentials (`ops::exp_approx`)
+//! and the running sums are 16-lane element-wise loops. The weighted sum of values keeps 64
+//! output dimensions in registers per row. All of it is plain Rust the compiler vectorizes
+//! (NEON too); on x86 the same code is compiled again with AVX-512 (or AVX2+FMA) enabled and
+//! picked at run time.
+
+use super::ops::exp_approx;
+
+/// Keys per block (the scores of a block: 64 × 16 floats, 4 KiB).
+pub const KEY_BLOCK: usize = 64;
+/// Query rows computed together, one per lane of a 512-bit register.
+const ROWS: usize = 16;
+/// Rows of the narrow form used when a call has at most this many (decode).
+const NARROW_ROWS: usize = 4;
+
+/// One KV head inside the cache: key `j` is `keys[j·stride + offset ..][..hd]` (values alike).
+#[derive(Clone, Copy)]
+pub struct KvHead<'a> {
+    pub keys: &'a [f32],
+    pub values: &'a [f32],
+    pub stride: usize,
+    pub offset: usize,
+}
+
+/// Reusable buffers of `attend_rows` (grow on demand).
+#[derive(Default)]
+pub struct AttnScratch {
+    qt: Vec<f32>,
+    values: Vec<f32>,
+}
+
+/// `attend_rows_at` at the global kernel level.
+pub fn attend_rows(
+    q: &[f32],
+    visible: &[usize],
+    kv: KvHead,
+    scale: f32,
+    out: &mut [f32],
+    scratch: &mut AttnScratch,
+) {
+    attend_rows_at(super::level(), q, visible, kv, scale, out, scratch)
+}
+
+/// For each row `r` of `q` (`rows × hd`, with `hd = q.len() / visible.len()`):
+/// `out_r = softmax(scale · q_r · K[..visible[r]]ᵀ) · V[..visible[r]]`. Every `visible[r]` must
+/// be at least 1 and at most the number of keys in `kv`.
+/// `level` picks the instruction set the same code is compiled for (`Reference` and
+/// `Portable` run the generic build).
+pub fn attend_rows_at(
+    level: super::KernelLevel,
+    q: &[f32],
+    visible: &[usize],
+    kv: KvHead,
+    scale: f32,
+    out: &mut [f32],
+    scratch: &mut AttnScratch,
+) {
+    let rows = visible.len();
+    assert!(
+        rows > 0 && q.len().is_multiple_of(rows),
+        "attend_rows: q shape"
+    );
+    let hd = q.len() / rows;
+    assert_eq!(out.len(), q.len(), "attend_rows: output shape");
+    let most = visible.iter().copied().max().unwrap_or(0);
+    assert!(
+        visible.iter().all(|&v| v >= 1)
+            && (most == 0 || (most - 1) * kv.stride + kv.offset + hd <= kv.keys.len())
+            && kv.values.len() == kv.keys.len(),
+        "attend_rows: visible keys outside the cache"
+    );
+    match level.or_supported() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `or_supported` checked avx512f; the guard checks avx2 and fma.
+        super::KernelLevel::Avx512 if super::KernelLevel::Avx2.supported() => unsafe {
+            attend_avx512(q, visible, kv, scale, out, scratch)
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `or_supported` checked avx2 and fma.
+        super::KernelLevel::Avx2 => unsafe { attend_avx2(q, visible, kv, scale, out, scratch) },
+        _ => attend_generic::<false>(q, visible, kv, scale, out, scratch),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn attend_avx512(
+    q: &[f32],
+    visible: &[usize],
+    kv: KvHead,
+    scale: f32,
+    out: &mut [f32],
+    scratch: &mut AttnScratch,
+) {
+    attend_generic::<true>(q, visible, kv, scale, out, scratch)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_avx2(
+    q: &[f32],
+    visible: &[usize],
+    kv: KvHead,
+    scale: f32,
+    out: &mut [f32],
+    scratch: &mut AttnScratch,
+) {
+    attend_generic::<true>(q, visible, kv, scale, out, scratch)
+}
+
+/// `a·b + c`, fused when the caller is compiled with FMA (a libm call otherwise, hence the
+/// switch).
+#[inline(always)]
+fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+/// Scores of the `ROWS` (pre-scaled, transposed) query rows `qt` (`hd × ROWS`) against 8
+/// keys starting at `j`: `s[c][r] = q_r · K[j + c]`. Keys past `last` repeat `last` (their
+/// scores are masked by the caller). 8 independent accumulators of `ROWS` lanes keep both FMA
+/// pipes busy; each key element is one broadcast.
+#[inline(always)]
+fn scores_8_keys<const FMA: bool, const R: usize>(
+    qt: &[f32],
+    kv: KvHead,
+    hd: usize,
+    j: usize,
+    last: usize,
+) -> [[f32; R]; 8] {
+    let key = |c: usize| &kv.keys[(j + c).min(last) * kv.stride + kv.offset..][..hd];
+    let k: [&[f32]; 8] = std::array::from_fn(key);
+    let mut acc = [[0f32; R]; 8];
+    for i in 0..hd {
+        let qi: &[f32; R] = qt[i * R..][..R].try_into().unwrap();
+        for c in 0..8 {
+            let kc = k[c][i];
+            for r in 0..R {
+                acc[c][r] = madd::<FMA>(kc, qi[r], acc[c][r]);
+            }
+        }
+    }
+    acc
+}
+
+/// `o += Σ_j p[j] · V[j0 + j]` over the `p.len()` keys, 64 output dimensions at a time held in
+/// registers (two accumulator sets over alternate keys), the tail of `hd` element by element.
+#[inline(always)]
+fn add_weighted_values<const FMA: bool>(o: &mut [f32], p: &[f32], kv: KvHead, j0: usize) {
+    const W: usize = 64;
+    let hd = o.len();
+    let value = |j: usize| &kv.values[(j0 + j) * kv.stride + kv.offset..][..hd];
+    let full = hd / W * W;
+    for c in (0..full).step_by(W) {
+        let mut a: [f32; W] = o[c..c + W].try_into().unwrap();
+        let mut b = [0f32; W];
+        let mut pairs = p.chunks_exact(2);
+        for (i, pp) in (&mut pairs).enumerate() {
+            let v0: &[f32; W] = value(2 * i)[c..c + W].try_into().unwrap();
+            let v1: &[f32; W] = value(2 * i + 1)[c..c + W].try_into().unwrap();
+            for d in 0..W {
+                a[d] = madd::<FMA>(pp[0], v0[d], a[d]);
+                b[d] = madd::<FMA>(pp[1], v1[d], b[d]);
+            }
+        }
+        if let [pl] = pairs.remainder() {
+            let v: &[f32; W] = value(p.len() - 1)[c..c + W].try_into().unwrap();
+            for d in 0..W {
+                a[d] = madd::<FMA>(*pl, v[d], a[d]);
+            }
+        }
+        for d in 0..W {
+            o[c + d] = a[d] + b[d];
+        }
+    }
+    if full < hd {
+        for (j, &pj) in p.iter().enumerate() {
+            for (ov, &vv) in o[full..].iter_mut().zip(&value(j)[full..]) {
+                *ov = madd::<FMA>(pj, vv, *ov);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn attend_generic<const FMA: bool>(
+    q: &[f32],
+    visible: &[usize],
+    kv: KvHead,
+    scale: f32,
+    out: &mut [f32],
+    scratch: &mut AttnScratch,
+) {
+    let hd = q.len() / visible.len();
+    if visible.len() <= NARROW_ROWS {
+        // A decode step has only the few query heads of one KV head: 4 lanes instead of 16
+        // avoid computing 12 padding rows.
+        return attend_group::<FMA, NARROW_ROWS>(q, visible, kv, scale, out, scratch);
+    }
+    for ((qg, vg), og) in q
+        .chunks(ROWS * hd)
+        .zip(visible.chunks(ROWS))
+        .zip(out.chunks_mut(ROWS * hd))
+    {
+        attend_group::<FMA, ROWS>(qg, vg, kv, scale, og, scratch);
+    }
+}
+
+/// Up to `R` rows (`ROWS`, or `NARROW_ROWS` in decode): queries transposed once into `hd × R`
+/// (lane r = row r), scores of a
+/// key block as `[key][row]`, so masking, the running max, the exponentials and the running
+/// sums are all plain `R`-lane vector operations.
+#[inline(always)]
+fn attend_group<const FMA: bool, const R: usize>(
+    q: &[f32],
+    visible: &[usize],
+    kv: KvHead,
+    scale: f32,
+    out: &mut [f32],
+    scratch: &mut AttnScratch,
+) {
+    let rows = visible.len();
+    let hd = q.len() / rows;
+    let most = visible.iter().copied().max().unwrap_or(0);
+    // Padding rows see nothing: all their scores are masked and they are never written.
+    let mut vis = [0usize; R];
+    vis[..rows].copy_from_slice(visible);
+    scratch.qt.clear();
+    scratch.qt.resize(hd * R, 0.0);
+    for r in 0..rows {
+        for i in 0..hd {
+            scratch.qt[i * R + r] = q[r * hd + i] * scale;
+        }
+    }
+    let mut max = [f32::NEG_INFINITY; R];
+    let mut sum = [0f32; R];
+    out.fill(0.0);
+    let mut s = [[0f32; R]; KEY_BLOCK];
+    for j0 in (0..most).step_by(KEY_BLOCK) {
+        let kb = (most - j0).min(KEY_BLOCK);
+        for c0 in (0..kb).step_by(8) {
+            let block = scores_8_keys::<FMA, R>(&scratch.qt, kv, hd, j0 + c0, most - 1);
+            for (c, sc) in block.iter().enumerate() {
+                if c0 + c < KEY_BLOCK {
+                    s[c0 + c] = *sc;
+                }
+            }
+        }
+        let mut new_max = max;
+        for (j, sj) in s.iter_mut().enumerate() {
+            for r in 0..R {
+                // Causal mask, and the keys past the block end.
+                let seen = j < kb && j0 + j < vis[r];
+                sj[r] = if seen { sj[r] } else { f32::NEG_INFINITY };
+                new_max[r] = if sj[r] > new_max[r] {
+                    sj[r]
+                } else {
+                    new_max[r]
+                };
+            }
+        }
+        let mut carry = [0f32; R];
+        for r in 0..R {
+            // exp(-inf) = 0 while a row has seen nothing; `-inf - -inf` (a row that still
+            // sees nothing) is NaN, hence the select.
+            let d = max[r] - new_max[r];
+            carry[r] = if d.is_nan() { 0.0 } else { exp_approx(d) };
+        }
+        let mut block_sum = [0f32; R];
+        for sj in s.iter_mut() {
+            for r in 0..R {
+                let d = sj[r] - new_max[r];
+                sj[r] = if d.is_nan() { 0.0 } else { exp_approx(d) };
+                block_sum[r] += sj[r];
+            }
+        }
+        for r in 0..R {
+            sum[r] = sum[r] * carry[r] + block_sum[r];
+        }
+        max = new_max;
+        // The block's values, copied contiguous: in the cache they sit one row (often 4 KiB) apart,
+        // so 64 of them map to the same few L1 sets and evict each other while 16 rows reread
+        // them; contiguous, the 64 × hd floats stay in L1. With a decode step's few rows each
+        // value is read only a few times, and the copy would cost as much as the reads.
+        let (block_values, vj0) = if R > NARROW_ROWS {
+            scratch.values.clear();
+            for j in 0..kb {
+                let v = &kv.values[(j0 + j) * kv.stride + kv.offset..][..hd];
+                scratch.values.extend_from_slice(v);
+            }
+            let contiguous = KvHead {
+                keys: &[],
+                values: &scratch.values,
+                stride: hd,
+                offset: 0,
+            };
+            (contiguous, 0)
+        } else {
+            (kv, j0)
+        };
+        let mut p = [0f32; KEY_BLOCK];
+        for r in 0..rows {
+            if vis[r] <= j0 {
+                continue;
+            }
+            let nk = (vis[r] - j0).min(kb);
+            for (pj, sj) in p.iter_mut().zip(&s) {
+                *pj = sj[r];
+            }
+            let o = &mut out[r * hd..(r + 1) * hd];
+            if carry[r] != 1.0 {
+                o.iter_mut().for_each(|v| *v *= carry[r]);
+            }
+            add_weighted_values::<FMA>(o, &p[..nk], block_values, vj0);
+        }
+    }
+    for (o, &sm) in out.chunks_exact_mut(hd).zip(&sum) {
+        let inv = 1.0 / sm;
+        o.iter_mut().for_each(|v| *v *= inv);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::KernelLevel;
+
+    fn data(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    /// Direct f64 softmax average, one row at a time.
+    fn reference(q: &[f32], visible: &[usize], kv: KvHead, scale: f32) -> Vec<f64> {
+        let hd = q.len() / visible.len();
+        let mut out = Vec::new();
+        for (r, &vis) in visible.iter().enumerate() {
+            let qr = &q[r * hd..(r + 1) * hd];
+            let s: Vec<f64> = (0..vis)
+                .map(|j| {
+                    let k = &kv.keys[j * kv.stride + kv.offset..][..hd];
+                    qr.iter()
+                        .zip(k)
+                        .map(|(&a, &b)| a as f64 * b as f64)
+                        .sum::<f64>()
+                        * scale as f64
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::MIN, f64::max);
+            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            for i in 0..hd {
+                out.push(
+                    (0..vis)
+                        .map(|j| {
+                            (s[j] - m).exp() / z * kv.values[j * kv.stride + kv.offset + i] as f64
+                        })
+                        .sum(),
+                );
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn matches_a_direct_softmax_on_awkward_shapes_at_every_level() {
+        // (head dim, keys in cache, stride, offset, visible per row)
+        let cases: &[(usize, usize, usize, usize, &[usize])] = &[
+            (8, 5, 24, 8, &[5]),
+            (128, 200, 256, 128, &[1, 63, 64, 65, 130, 200]),
+            (64, 700, 64, 0, &[700, 700, 3, 129]),
+            (72, 64, 144, 72, &[64, 64]),
+            // Decode-like calls (the narrow 4-row form): 4 rows, long context.
+            (128, 1000, 1024, 384, &[1000, 1000, 1000, 1000]),
+            (64, 3, 64, 0, &[3, 2, 1]),
+        ];
+        for &l in &KernelLevel::available() {
+            for (ci, &(hd, n, stride, offset, visible)) in cases.iter().enumerate() {
+                let keys = data(n * stride, 10 + ci as u64);
+                let values = data(n * stride, 20 + ci as u64);
+                // Large query norms make the scores span a wide range (tests the running max).
+                let q: Vec<f32> = data(visible.len() * hd, 30 + ci as u64)
+                    .iter()
+                    .map(|v| v * 3.0)
+                    .collect();
+                let kv = KvHead {
+                    keys: &keys,
+                    values: &values,
+                    stride,
+                    offset,
+                };
+                let scale = 1.0 / (hd as f32).sqrt();
+                let mut out = vec![f32::NAN; q.len()];
+                let mut scratch = AttnScratch::default();
+                attend_rows_at(l, &q, visible, kv, scale, &mut out, &mut scratch);
+                let want = reference(&q, visible, kv, scale);
+                for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
+                    assert!(
+                        (o as f64 - w).abs() < 2e-5,
+                        "{l} case {ci} [{i}]: {o} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+}
