@@ -372,7 +372,12 @@ fn pack_tile(
         if r < src.rows() {
             row_codes.fill(0);
             src.row(r, row_codes, row_scales);
-            if let Some(k) = row_codes.iter().position(|&c| c > 3) {
+            // An OR over the row (vectorized) first; the position only when something is wrong.
+            let bad = row_codes.iter().fold(0u8, |acc, &c| acc | (c & !3));
+            if let Some(k) = (bad != 0)
+                .then(|| row_codes.iter().position(|&c| c > 3))
+                .flatten()
+            {
                 return Err(Error::Format(format!(
                     "ternary source gave code {} at row {r}, column {k} (codes must be 0..=3)",
                     row_codes[k]
@@ -388,13 +393,15 @@ fn pack_tile(
             let rc = &row_codes[b * BLOCK..][..BLOCK];
             let lines = &mut tile_codes[b * 4..][..4];
             for (p, line) in lines.iter_mut().enumerate() {
-                for i in 0..4 {
-                    let mut byte = 0u8;
-                    for s in 0..4 {
-                        byte |= rc[16 * p + 4 * s + i] << (2 * s);
-                    }
-                    line.0[4 * j + i] = byte;
-                }
+                // Byte i of the row's 4 bytes in this line holds codes 16p + 4s + i at bits 2s.
+                // Codes are ≤ 3, so four codes shifted by 0/2/4/6 inside a u32 never carry into
+                // the next byte: one word operation packs all four bytes.
+                let word = |s: usize| {
+                    let q = &rc[16 * p + 4 * s..][..4];
+                    u32::from_le_bytes([q[0], q[1], q[2], q[3]])
+                };
+                let packed = word(0) | word(1) << 2 | word(2) << 4 | word(3) << 6;
+                line.0[4 * j..4 * j + 4].copy_from_slice(&packed.to_le_bytes());
             }
         }
     }

@@ -21,10 +21,28 @@ pub const fn block_bytes(group: usize) -> usize {
 }
 
 /// Fills `codes` (its length is the group size) and returns the block's scale.
+/// `SPREAD[b]` = the four 2-bit fields of `b`, lowest first.
+const SPREAD: [[u8; 4]; 256] = {
+    let mut t = [[0u8; 4]; 256];
+    let mut b = 0;
+    while b < 256 {
+        t[b] = [
+            (b & 3) as u8,
+            ((b >> 2) & 3) as u8,
+            ((b >> 4) & 3) as u8,
+            ((b >> 6) & 3) as u8,
+        ];
+        b += 1;
+    }
+    t
+};
+
 pub fn decode_block(block: &[u8], codes: &mut [u8]) -> f32 {
     let qs = &block[2..2 + codes.len() / 4];
-    for (e, c) in codes.iter_mut().enumerate() {
-        *c = (qs[e >> 2] >> (2 * (e & 3))) & 3;
+    // Four codes per byte, lowest bits first; spread through a 256-entry table (one load and
+    // one 4-byte store per byte: model loading decodes every weight once).
+    for (four, &b) in codes.chunks_exact_mut(4).zip(qs) {
+        four.copy_from_slice(&SPREAD[b as usize]);
     }
     f16_to_f32(read_u16(block, 0))
 }
