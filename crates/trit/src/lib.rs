@@ -13,6 +13,8 @@ pub mod model;
 pub mod profile;
 pub mod quant;
 pub mod sample;
+#[cfg(test)]
+mod test_values;
 pub mod threadpool;
 pub mod tokenizer;
 

@@ -335,15 +335,11 @@ mod tests {
     use super::*;
     use crate::kernels::KernelLevel;
 
+    /// `n` values in [-2, 2).
     fn data(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
-            })
+        crate::test_values::uniform(seed, n)
+            .into_iter()
+            .map(|x| 2.0 * x)
             .collect()
     }
 

@@ -205,17 +205,7 @@ fn chunk(state: &mut [f32], x: &HeadInputs<'_>, out: &mut [f32], dk: usize, dv: 
 mod tests {
     use super::*;
 
-    fn values(seed: u64, n: usize) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
+    use crate::test_values::uniform as values;
 
     #[test]
     fn every_level_matches_the_portable_kernel() {

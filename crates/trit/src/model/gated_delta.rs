@@ -79,18 +79,7 @@ pub use crate::kernels::delta_rule::{recur_chunked, recur_steps, HeadInputs, CHU
 mod tests {
     use super::*;
 
-    /// Deterministic pseudo-random values in [-1, 1).
-    fn values(seed: u64, n: usize) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
+    use crate::test_values::uniform as values;
 
     fn inputs(t: usize, dk: usize, dv: usize) -> Inputs {
         let mut q = values(1, t * dk);

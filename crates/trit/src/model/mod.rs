@@ -111,3 +111,26 @@ impl Model {
         }
     }
 }
+
+/// Refuses an input no forward pass can run: no tokens, no room left in the cache, or ids outside
+/// the vocabulary. Shared by every architecture so the errors read the same.
+pub(crate) fn check_input(tokens: &[u32], cache: &KvCache, vocab: usize) -> Result<()> {
+    let n = tokens.len();
+    if n == 0 {
+        return Err(crate::Error::InvalidArgument(
+            "no tokens to evaluate".into(),
+        ));
+    }
+    if cache.len() + n > cache.capacity() {
+        return Err(crate::Error::ContextOverflow {
+            n_prompt: cache.len() + n,
+            n_ctx: cache.capacity(),
+        });
+    }
+    if let Some(&tok) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(crate::Error::InvalidArgument(format!(
+            "token id {tok} is outside the vocabulary ({vocab} rows)"
+        )));
+    }
+    Ok(())
+}

@@ -215,15 +215,7 @@ impl Qwen35 {
     ) -> Result<Vec<f32>> {
         let c = &self.config;
         let n = tokens.len();
-        if n == 0 {
-            return Err(Error::InvalidArgument("no tokens to evaluate".into()));
-        }
-        if cache.len() + n > cache.capacity() {
-            return Err(Error::ContextOverflow {
-                n_prompt: cache.len() + n,
-                n_ctx: cache.capacity(),
-            });
-        }
+        super::check_input(tokens, cache, c.vocab)?;
         if !cache.has_recurrent() {
             return Err(Error::InvalidArgument(
                 "a hybrid model needs a cache made by its own new_cache".into(),
@@ -232,12 +224,6 @@ impl Qwen35 {
         let d = c.hidden;
         let mut x = vec![0f32; n * d];
         for (t, &tok) in tokens.iter().enumerate() {
-            if tok as usize >= c.vocab {
-                return Err(Error::InvalidArgument(format!(
-                    "token id {tok} is outside the vocabulary ({} rows)",
-                    c.vocab
-                )));
-            }
             let row = &mut x[t * d..(t + 1) * d];
             self.embed.dequantize_row(tok as usize, row);
             self.rot.unrotate_embedding(row);

@@ -159,7 +159,7 @@ impl Transformer {
     ) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
         for s in seqs.iter() {
-            self.check(s)?;
+            super::check_input(s.tokens, s.cache, c.vocab)?;
         }
         // Row range of each sequence in the stacked activations.
         let mut starts = Vec::with_capacity(seqs.len() + 1);
@@ -323,27 +323,6 @@ impl Transformer {
             at += r.len();
         }
         Ok(out)
-    }
-
-    /// Refuses a sequence that cannot run: no tokens, no room in its cache, unknown ids.
-    fn check(&self, s: &BatchSeq<'_>) -> Result<()> {
-        let n = s.tokens.len();
-        if n == 0 {
-            return Err(Error::InvalidArgument("no tokens to evaluate".into()));
-        }
-        if s.cache.len() + n > s.cache.capacity() {
-            return Err(Error::ContextOverflow {
-                n_prompt: s.cache.len() + n,
-                n_ctx: s.cache.capacity(),
-            });
-        }
-        if let Some(&tok) = s.tokens.iter().find(|&&t| t as usize >= self.config.vocab) {
-            return Err(Error::InvalidArgument(format!(
-                "token id {tok} is outside the vocabulary ({} rows)",
-                self.config.vocab
-            )));
-        }
-        Ok(())
     }
 }
 

@@ -9,7 +9,9 @@
 //! float type), `A_log` ~U(0, ln 16) and `dt_bias` ~U(0.5, 1.5) in f32.
 
 use super::tokenizer_meta::LoadedTokenizer;
-use super::writers::{f16_bytes, io, write_file, write_safetensors, Part, MLX_GROUP};
+use super::writers::{
+    f16_bytes, io, push_mlx_ternary, write_file, write_safetensors, Part, MLX_GROUP,
+};
 use super::{gen_norm, gen_uniform, Kind, OutFormat, Plan, TokenizerAssets};
 use crate::format::safetensors::TensorSpec;
 use crate::format::{canonical_to_hf, Dtype};
@@ -337,19 +339,7 @@ pub fn write_mlx_folder(
             Kind::Ternary { .. } => {
                 let module = hf.strip_suffix(".weight").expect("weight");
                 let (rows, cols) = (plan.shape[0], plan.shape[1]);
-                let groups = vec![rows, cols / MLX_GROUP];
-                for (suffix, dtype, shape, part) in [
-                    ("weight", Dtype::U32, vec![rows, cols / 16], Part::Codes),
-                    ("scales", Dtype::F16, groups.clone(), Part::Scales),
-                    ("biases", Dtype::F16, groups, Part::Biases),
-                ] {
-                    specs.push(TensorSpec {
-                        name: format!("{module}.{suffix}"),
-                        dtype,
-                        shape,
-                    });
-                    owners.push((i, part));
-                }
+                push_mlx_ternary(module, rows, cols, i, &mut specs, &mut owners);
                 if p.rotated && block_for(&plan.name, cols) != 0 {
                     specs.push(TensorSpec {
                         name: format!("{module}.signs"),

@@ -170,6 +170,31 @@ pub(super) fn write_safetensors(
 }
 
 /// MLX 2-bit folder: `weight` u32 codes, `scales = s`, `biases = -s`, norms f16.
+/// The three tensors of one MLX 2-bit module (`weight` codes, `scales`, `biases`), owned by
+/// plan `plan_index`.
+pub(super) fn push_mlx_ternary(
+    module: &str,
+    rows: usize,
+    cols: usize,
+    plan_index: usize,
+    specs: &mut Vec<TensorSpec>,
+    owners: &mut Vec<(usize, Part)>,
+) {
+    let groups = vec![rows, cols / MLX_GROUP];
+    for (suffix, dtype, shape, part) in [
+        ("weight", Dtype::U32, vec![rows, cols / 16], Part::Codes),
+        ("scales", Dtype::F16, groups.clone(), Part::Scales),
+        ("biases", Dtype::F16, groups, Part::Biases),
+    ] {
+        specs.push(TensorSpec {
+            name: format!("{module}.{suffix}"),
+            dtype,
+            shape,
+        });
+        owners.push((plan_index, part));
+    }
+}
+
 pub fn write_mlx_folder(p: &Preset, seed: u64, dir: &Path, tok: &LoadedTokenizer) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let plans = p.tensors();
@@ -181,19 +206,7 @@ pub fn write_mlx_folder(p: &Preset, seed: u64, dir: &Path, tok: &LoadedTokenizer
         match plan.kind {
             Kind::Ternary { .. } => {
                 let (rows, cols) = (plan.shape[0], plan.shape[1]);
-                let groups = vec![rows, cols / MLX_GROUP];
-                for (suffix, dtype, shape, part) in [
-                    ("weight", Dtype::U32, vec![rows, cols / 16], Part::Codes),
-                    ("scales", Dtype::F16, groups.clone(), Part::Scales),
-                    ("biases", Dtype::F16, groups, Part::Biases),
-                ] {
-                    specs.push(TensorSpec {
-                        name: format!("{module}.{suffix}"),
-                        dtype,
-                        shape,
-                    });
-                    owners.push((i, part));
-                }
+                push_mlx_ternary(module, rows, cols, i, &mut specs, &mut owners);
             }
             _ => {
                 specs.push(TensorSpec {
