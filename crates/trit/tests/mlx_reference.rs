@@ -39,13 +39,7 @@ fn fixture(preset: &str) -> (Value, Vec<f32>) {
     (serde_json::from_str(&json).unwrap(), logits)
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
+use common::ids;
 
 fn make_models(preset: &str) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
@@ -63,16 +57,7 @@ fn make_models(preset: &str) -> (tempfile::TempDir, PathBuf) {
 fn run(path: &Path, prompt: &[u32], steps: usize) -> (Vec<f32>, Vec<u32>) {
     let files = trit::format::open(path).unwrap();
     let model = Arc::new(Model::load(&files, 2).unwrap());
-    let mut s = Session::new(model, 128);
-    let first = s.prefill(prompt).unwrap();
-    let mut logits = first.clone();
-    let mut out = Vec::new();
-    for _ in 0..steps {
-        let t = trit::sample::sampler::argmax(&logits);
-        out.push(t);
-        logits = s.step(t).unwrap();
-    }
-    (first, out)
+    common::greedy_run(&mut Session::new(model, 128), prompt, steps)
 }
 
 #[test]

@@ -48,13 +48,7 @@ fn logits_fixture(preset: &str, prompt: &str) -> Vec<f32> {
         .collect()
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
+use common::ids;
 
 fn make_model_of(preset: &str) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
@@ -80,17 +74,7 @@ fn load(path: &std::path::Path) -> Arc<Model> {
     Arc::new(Model::load(&files, 2).unwrap())
 }
 
-fn greedy(s: &mut Session, prompt: &[u32], steps: usize) -> (Vec<f32>, Vec<u32>) {
-    let first = s.prefill(prompt).unwrap();
-    let mut logits = first.clone();
-    let mut out = Vec::new();
-    for _ in 0..steps {
-        let t = trit::sample::sampler::argmax(&logits);
-        out.push(t);
-        logits = s.step(t).unwrap();
-    }
-    (first, out)
-}
+use common::greedy_run as greedy;
 
 #[test]
 fn exact_path_matches_mlx_lm() {

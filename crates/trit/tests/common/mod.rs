@@ -50,3 +50,29 @@ pub fn top_k(logits: &[f32], k: usize) -> Vec<u32> {
     idx.truncate(k);
     idx
 }
+
+/// A JSON array of token ids (fixtures written by the tools/ reference scripts).
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("an array of token ids")
+        .iter()
+        .map(|x| x.as_u64().expect("a token id") as u32)
+        .collect()
+}
+
+/// The logits after `prompt` and the `steps` greedy ids that follow it.
+pub fn greedy_run(
+    s: &mut trit::engine::Session,
+    prompt: &[u32],
+    steps: usize,
+) -> (Vec<f32>, Vec<u32>) {
+    let first = s.prefill(prompt).unwrap();
+    let mut logits = first.clone();
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        let t = trit::sample::sampler::argmax(&logits);
+        out.push(t);
+        logits = s.step(t).unwrap();
+    }
+    (first, out)
+}
