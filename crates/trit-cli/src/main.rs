@@ -1,6 +1,7 @@
 //! `trit`: run ternary language models locally.
 
 mod cmd;
+mod hub;
 
 use clap::{Parser, Subcommand};
 
@@ -29,6 +30,8 @@ enum Command {
     Bench(cmd::bench::BenchArgs),
     /// OpenAI-compatible HTTP server with continuous batching and prefix reuse.
     Serve(cmd::serve::ServeArgs),
+    /// Download a model from the Hugging Face Hub into the shared HF cache.
+    Pull(cmd::pull::PullArgs),
 }
 
 fn main() {
@@ -40,6 +43,7 @@ fn main() {
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Serve(a) => cmd::serve::run(a),
+        Command::Pull(a) => cmd::pull::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod chat;
 pub mod info;
 pub mod perplexity;
+pub mod pull;
 pub mod run;
 pub mod serve;
 
@@ -20,7 +21,8 @@ use trit::tokenizer::Tokenizer;
 /// Where the model comes from: `--model`, then `TRIT_MODEL`, then the repository's default.
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// GGUF file, MLX 2-bit folder, or unpacked FP16/BF16 safetensors folder.
+    /// GGUF file, MLX 2-bit folder, unpacked FP16/BF16 safetensors folder, or a hub repository
+    /// `owner/name[:FILE]` already in the Hugging Face cache (see `trit pull`).
     #[arg(short, long, env = "TRIT_MODEL")]
     pub model: Option<PathBuf>,
     /// Worker threads (default: physical cores).
@@ -135,7 +137,7 @@ pub fn default_model() -> Option<PathBuf> {
 
 pub fn resolve_model(arg: &Option<PathBuf>) -> Result<PathBuf> {
     if let Some(p) = arg {
-        return Ok(p.clone());
+        return crate::hub::resolve::model_argument(p);
     }
     match default_model() {
         Some(p) => Ok(p),

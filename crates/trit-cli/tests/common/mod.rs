@@ -1,0 +1,52 @@
+//! Shared pieces of the `trit` binary's integration tests.
+
+#![allow(dead_code)]
+
+pub mod fake_hub;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The `trit` binary with the hub and model variables of the calling shell removed.
+pub fn trit() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_trit"));
+    for k in [
+        "TRIT_MODEL",
+        "HF_ENDPOINT",
+        "HF_TOKEN",
+        "HF_HOME",
+        "HF_HUB_CACHE",
+        "HF_HUB_OFFLINE",
+        "HF_TOKEN_PATH",
+    ] {
+        c.env_remove(k);
+    }
+    c
+}
+
+/// The repository's `.cache` (fixtures, reference venv), `TRIT_CACHE` when set.
+pub fn cache_dir() -> PathBuf {
+    match std::env::var_os("TRIT_CACHE") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache"),
+    }
+}
+
+/// The reference venv's Python when it has `module`, else None with the reason printed.
+pub fn venv_python_with(module: &str) -> Option<PathBuf> {
+    let py = cache_dir().join("venv/bin/python");
+    let ok = py.exists()
+        && Command::new(&py)
+            .args(["-c", &format!("import {module}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+    if ok {
+        Some(py)
+    } else {
+        eprintln!(
+            "SKIPPED: {} cannot import {module} (run tools/fetch_assets.sh)",
+            py.display()
+        );
+        None
+    }
+}
