@@ -1,6 +1,7 @@
 //! `trit`: run ternary language models locally.
 
 mod cmd;
+mod doctor;
 mod hub;
 
 use clap::{Parser, Subcommand};
@@ -32,6 +33,8 @@ enum Command {
     Serve(cmd::serve::ServeArgs),
     /// Download a model from the Hugging Face Hub into the shared HF cache.
     Pull(cmd::pull::PullArgs),
+    /// Check a model download for missing/truncated/corrupt files, or report this machine.
+    Doctor(cmd::doctor::DoctorArgs),
 }
 
 fn main() {
@@ -44,6 +47,7 @@ fn main() {
         Command::Bench(a) => cmd::bench::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Pull(a) => cmd::pull::run(a),
+        Command::Doctor(a) => cmd::doctor::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

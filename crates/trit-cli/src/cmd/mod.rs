@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod chat;
+pub mod doctor;
 pub mod info;
 pub mod perplexity;
 pub mod pull;
