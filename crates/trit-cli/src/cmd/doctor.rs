@@ -30,6 +30,9 @@ pub fn run(a: DoctorArgs) -> Result<()> {
         return Ok(());
     };
     let path = crate::hub::resolve::model_argument(arg)?;
+    crate::doctor::set_show_progress(
+        !a.quiet && !a.json && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    );
     let checks = model_checks::check_model(&path);
     let failed = any_failed(&checks);
     if a.json {

@@ -6,7 +6,7 @@
 //! doctor wants to name all of them and tell a truncated file from a bad header entry).
 
 use super::Check;
-use crate::hub::hashing::{git_blob_sha1_file, is_hex_digest, sha256_file};
+use crate::hub::hashing::{git_blob_sha1_file, is_hex_digest, sha256_file_reporting};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -225,6 +225,33 @@ pub fn check_gguf_file(path: &Path) -> Vec<Check> {
         }
         Err(e) => vec![Check::fail("tensor ranges", e.to_string())],
     }
+}
+
+/// sha256 of one file with a progress bar on stderr when doctor shows progress.
+fn sha256_file(path: &Path) -> std::io::Result<String> {
+    let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let bar = if super::show_progress() && len > 64 << 20 {
+        let b = indicatif::ProgressBar::new(len);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "sha256 {msg:30!} [{bar:30}] {bytes}/{total_bytes}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        b.set_message(
+            path.file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+        );
+        b
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let r = sha256_file_reporting(path, &mut |n| bar.set_position(n));
+    bar.finish_and_clear();
+    r
 }
 
 /// Parses `sha256sum` output: `<hex>  <name>` or `<hex> *<name>`.

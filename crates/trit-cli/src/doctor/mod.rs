@@ -6,6 +6,18 @@ pub mod machine;
 pub mod model_checks;
 
 use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static SHOW_PROGRESS: AtomicBool = AtomicBool::new(false);
+
+/// Progress bars for long checks (hashing), on stderr; off unless the command turns them on.
+pub fn set_show_progress(on: bool) {
+    SHOW_PROGRESS.store(on, Ordering::Relaxed);
+}
+
+pub fn show_progress() -> bool {
+    SHOW_PROGRESS.load(Ordering::Relaxed)
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Status {

@@ -167,15 +167,17 @@ fn fetch_one(target: &Target, file: &RemoteFile, bar: &ProgressBar) -> Result<Fe
     if file.size.is_some_and(|s| have > s) {
         have = 0;
     }
-    let start = have;
-    if file.size != Some(have) || have == 0 {
-        have = transfer(target, file, &partial, have, bar)?;
-    }
-    let outcome = if start > 0 && have >= start {
-        Outcome::Resumed(start)
+    let mut outcome = if have > 0 {
+        Outcome::Resumed(have)
     } else {
         Outcome::Downloaded
     };
+    if file.size != Some(have) || have == 0 {
+        let resumed = transfer(target, file, &partial, have, bar)?;
+        if !resumed {
+            outcome = Outcome::Downloaded;
+        }
+    }
     let verified = verify(file, &partial)?;
     let etag = match listed_etag {
         Some(e) => e,
@@ -194,14 +196,15 @@ fn fetch_one(target: &Target, file: &RemoteFile, bar: &ProgressBar) -> Result<Fe
     })
 }
 
-/// Streams the file into `partial` from byte `from`; returns the bytes now on disk.
+/// Streams the file into `partial` from byte `from`; returns whether the server continued
+/// at `from` (false: it sent the whole file again).
 fn transfer(
     target: &Target,
     file: &RemoteFile,
     partial: &Path,
     from: u64,
     bar: &ProgressBar,
-) -> Result<u64> {
+) -> Result<bool> {
     let url = target
         .hub
         .resolve_url(target.repo, target.commit, &file.path);
@@ -213,6 +216,7 @@ fn transfer(
         .call()
         .map_err(|e| anyhow!(Interrupted(format!("{}: request failed: {e}", file.path))))?;
     let status = resp.status().as_u16();
+    let resumed = status == 206;
     let mut offset = match status {
         206 => {
             let range = resp
@@ -300,7 +304,7 @@ fn transfer(
             ))));
         }
     }
-    Ok(offset)
+    Ok(resumed)
 }
 
 /// Checks the completed download against the listing; deletes it on a mismatch.

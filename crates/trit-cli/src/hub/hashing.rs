@@ -23,8 +23,22 @@ fn feed(path: &Path, mut update: impl FnMut(&[u8])) -> std::io::Result<()> {
 
 /// Lower-case hex sha256 of a file's bytes.
 pub fn sha256_file(path: &Path) -> std::io::Result<String> {
+    sha256_file_reporting(path, &mut |_| {})
+}
+
+/// `sha256_file`, calling `progress` with the bytes hashed so far (multi-GB shards take
+/// seconds; the caller shows a bar).
+pub fn sha256_file_reporting(
+    path: &Path,
+    progress: &mut dyn FnMut(u64),
+) -> std::io::Result<String> {
     let mut h = Sha256::new();
-    feed(path, |b| h.update(b))?;
+    let mut done = 0u64;
+    feed(path, |b| {
+        h.update(b);
+        done += b.len() as u64;
+        progress(done);
+    })?;
     Ok(hex(&h.finalize()))
 }
 
