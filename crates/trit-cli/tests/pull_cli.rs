@@ -226,6 +226,50 @@ fn interrupted_transfer_resumes_with_a_range_request() {
     assert_layout(cache.path(), &files);
 }
 
+/// The real hub answers LFS downloads with a redirect to a CDN host: the token must not
+/// follow it, and a resumed transfer must keep its Range through it.
+#[test]
+fn lfs_redirect_to_another_host_drops_the_token_and_keeps_the_range() {
+    let files = repo_files();
+    let cut = 500_000;
+    let faults = Faults {
+        token: Some("hf_secret".into()),
+        redirect_lfs: true,
+        drop_after: [("model.safetensors".to_string(), cut)].into(),
+        ..Faults::default()
+    };
+    let hub = FakeHub::start(REPO, files.clone(), faults);
+    let cache = tempfile::tempdir().unwrap();
+    let out = trit()
+        .env("HF_ENDPOINT", &hub.endpoint)
+        .env("HF_HUB_CACHE", cache.path())
+        .env("HF_TOKEN", "hf_secret")
+        .args(["pull", REPO])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert_layout(cache.path(), &files);
+    let seen = hub.downloads_of("model.safetensors");
+    let (hub_side, cdn): (Vec<_>, Vec<_>) =
+        seen.iter().partition(|s| s.target.contains("/resolve/"));
+    assert_eq!((hub_side.len(), cdn.len()), (2, 2), "{seen:?}");
+    assert!(hub_side
+        .iter()
+        .all(|s| s.headers.contains_key("authorization")));
+    assert!(
+        cdn.iter().all(|s| !s.headers.contains_key("authorization")),
+        "{cdn:?}"
+    );
+    assert_eq!(
+        cdn[0].headers.get("host").map(String::as_str),
+        Some(&*hub.endpoint.replace("http://127.0.0.1", "localhost"))
+    );
+    assert_eq!(
+        cdn[1].headers.get("range").map(String::as_str),
+        Some(format!("bytes={cut}-").as_str())
+    );
+}
+
 #[test]
 fn corrupted_download_is_deleted_and_never_linked() {
     let files = repo_files();
@@ -379,7 +423,12 @@ fn python_huggingface_hub_shares_the_cache() {
         return;
     };
     let files = repo_files();
-    let hub = FakeHub::start(REPO, files.clone(), Faults::default());
+    // LFS files redirect to a "CDN" host name, as on the real hub.
+    let faults = Faults {
+        redirect_lfs: true,
+        ..Faults::default()
+    };
+    let hub = FakeHub::start(REPO, files.clone(), faults);
     let ours = tempfile::tempdir().unwrap();
     let out = pull(&hub, ours.path(), &[]);
     assert!(out.status.success(), "{}", text(&out));

@@ -65,6 +65,9 @@ impl Hub {
             // No total body timeout: a multi-GB shard on a slow link may take hours.
             .timeout_recv_response(Some(Duration::from_secs(120)))
             .user_agent(concat!("trit/", env!("CARGO_PKG_VERSION")))
+            // The hub sends LFS downloads to a CDN host with a signed URL: the token stays
+            // with the hub (as in Python), relative redirects on the hub keep it.
+            .redirect_auth_headers(ureq::config::RedirectAuthHeaders::SameHost)
             .build();
         Hub {
             endpoint,

@@ -70,6 +70,9 @@ pub struct Faults {
     pub corrupt: HashSet<String>,
     /// Every request must carry `Authorization: Bearer <token>`, else 401.
     pub token: Option<String>,
+    /// LFS files answer `302` to `http://localhost:{port}/cdn/{file}` — another host name
+    /// for the same server, like the real hub's CDN — which needs no token.
+    pub redirect_lfs: bool,
 }
 
 /// One request as the server saw it.
@@ -81,6 +84,7 @@ pub struct Seen {
 }
 
 struct State {
+    port: u16,
     repo: String,
     files: Vec<HubFile>,
     faults: Faults,
@@ -101,6 +105,7 @@ impl FakeHub {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let state = Arc::new(Mutex::new(State {
+            port,
             repo: repo.to_string(),
             files,
             faults,
@@ -139,7 +144,10 @@ impl FakeHub {
         let suffix = format!("/{file}");
         self.requests()
             .into_iter()
-            .filter(|s| s.target.contains("/resolve/") && s.target.ends_with(&suffix))
+            .filter(|s| {
+                (s.target.contains("/resolve/") || s.target.starts_with("/cdn/"))
+                    && s.target.ends_with(&suffix)
+            })
             .collect()
     }
 
@@ -230,7 +238,9 @@ fn serve(mut conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
         target: target.clone(),
         headers: headers.clone(),
     });
-    if let Some(t) = &st.faults.token {
+    let path = target.split('?').next().unwrap_or("").to_string();
+    let on_cdn = path.starts_with("/cdn/");
+    if let (Some(t), false) = (&st.faults.token, on_cdn) {
         if headers.get("authorization") != Some(&format!("Bearer {t}")) {
             drop(st);
             respond(
@@ -242,7 +252,6 @@ fn serve(mut conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
             return Ok(());
         }
     }
-    let path = target.split('?').next().unwrap_or("").to_string();
     let api_prefix = format!("/api/models/{}/revision/", st.repo);
     if path.starts_with(&api_prefix) {
         let body = listing(&st);
@@ -265,21 +274,15 @@ fn serve(mut conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
         return Ok(());
     }
     let resolve_prefix = format!("/{}/resolve/", st.repo);
-    let Some(rest) = path.strip_prefix(&resolve_prefix) else {
-        drop(st);
-        respond(
-            &mut conn,
-            "404 Not Found",
-            &[("Content-Length".into(), "0".into())],
-            b"",
-        );
-        return Ok(());
-    };
-    let file_path = rest
-        .split_once('/')
-        .map(|(_, f)| f)
-        .unwrap_or("")
-        .replace("%20", " ");
+    let file_path = match (
+        path.strip_prefix(&resolve_prefix),
+        path.strip_prefix("/cdn/"),
+    ) {
+        (Some(rest), _) => rest.split_once('/').map(|(_, f)| f).unwrap_or(""),
+        (None, Some(f)) => f,
+        (None, None) => "",
+    }
+    .replace("%20", " ");
     let Some(file) = st.files.iter().find(|f| f.path == file_path).cloned() else {
         drop(st);
         respond(
@@ -290,6 +293,19 @@ fn serve(mut conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
         );
         return Ok(());
     };
+    if file.lfs && st.faults.redirect_lfs && !on_cdn {
+        let location = format!("http://localhost:{}/cdn/{}", st.port, file.path);
+        drop(st);
+        let h = vec![
+            ("Location".to_string(), location),
+            ("X-Repo-Commit".to_string(), COMMIT.to_string()),
+            ("X-Linked-Etag".to_string(), format!("\"{}\"", file.etag())),
+            ("X-Linked-Size".to_string(), file.bytes.len().to_string()),
+            ("Content-Length".to_string(), "0".to_string()),
+        ];
+        respond(&mut conn, "302 Found", &h, b"");
+        return Ok(());
+    }
     let mut bytes = file.bytes.clone();
     if st.faults.corrupt.contains(&file.path) && !bytes.is_empty() {
         let mid = bytes.len() / 2;
