@@ -85,4 +85,11 @@ if [ ! -x openai-client/bin/python ] || ! openai-client/bin/python -c "import op
       && openai-client/bin/python -m pip install --quiet openai==3.51.0; } \
     || { echo "warning: openai client not installed; its test will be skipped" >&2; rm -rf openai-client; }
 fi
+# Python's huggingface_hub (PyPI), the reference client for `trit pull`'s cache layout test.
+# Optional like the openai client: without it that test is skipped.
+if [ ! -x hub-client/bin/python ] || ! hub-client/bin/python -c "import huggingface_hub" 2>/dev/null; then
+  { python3 -m venv hub-client \
+      && hub-client/bin/python -m pip install --quiet huggingface_hub==2.4.0; } \
+    || { echo "warning: huggingface_hub not installed; its test will be skipped" >&2; rm -rf hub-client; }
+fi
 echo "assets ready in $CACHE"

@@ -32,21 +32,23 @@ pub fn cache_dir() -> PathBuf {
     }
 }
 
-/// The reference venv's Python when it has `module`, else None with the reason printed.
+/// A Python that imports `module`: the reference venv (`.cache/venv`), else one of the
+/// client venvs tools/fetch_assets.sh makes; None with the reason printed.
 pub fn venv_python_with(module: &str) -> Option<PathBuf> {
-    let py = cache_dir().join("venv/bin/python");
-    let ok = py.exists()
-        && Command::new(&py)
-            .args(["-c", &format!("import {module}")])
-            .output()
-            .is_ok_and(|o| o.status.success());
-    if ok {
-        Some(py)
-    } else {
+    let candidates =
+        ["venv", "hub-client", "openai-client"].map(|v| cache_dir().join(v).join("bin/python"));
+    let found = candidates.iter().find(|py| {
+        py.exists()
+            && Command::new(py)
+                .args(["-c", &format!("import {module}")])
+                .output()
+                .is_ok_and(|o| o.status.success())
+    });
+    if found.is_none() {
         eprintln!(
-            "SKIPPED: {} cannot import {module} (run tools/fetch_assets.sh)",
-            py.display()
+            "SKIPPED: no Python in {} imports {module} (run tools/fetch_assets.sh)",
+            cache_dir().display()
         );
-        None
     }
+    found.cloned()
 }
