@@ -270,6 +270,38 @@ fn lfs_redirect_to_another_host_drops_the_token_and_keeps_the_range() {
     );
 }
 
+/// A server that stops sending without closing: the read times out
+/// (`HF_HUB_DOWNLOAD_TIMEOUT`) and the retry resumes, instead of hanging.
+#[test]
+fn stalled_transfer_times_out_and_resumes() {
+    let files = repo_files();
+    let at = 200_000;
+    let faults = Faults {
+        stall_after: [("model.safetensors".to_string(), at)].into(),
+        ..Faults::default()
+    };
+    let hub = FakeHub::start(REPO, files.clone(), faults);
+    let cache = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let out = trit()
+        .env("HF_ENDPOINT", &hub.endpoint)
+        .env("HF_HUB_CACHE", cache.path())
+        .env("HF_HUB_DOWNLOAD_TIMEOUT", "0.5")
+        .args(["pull", REPO])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    // Finished before the server's stall ended: the timeout, not the server, ended the read.
+    assert!(started.elapsed() < common::fake_hub::STALL);
+    let gets = hub.downloads_of("model.safetensors");
+    assert_eq!(gets.len(), 2, "{gets:?}");
+    assert_eq!(
+        gets[1].headers.get("range").map(String::as_str),
+        Some(format!("bytes={at}-").as_str())
+    );
+    assert_layout(cache.path(), &files);
+}
+
 #[test]
 fn corrupted_download_is_deleted_and_never_linked() {
     let files = repo_files();

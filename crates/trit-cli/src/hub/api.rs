@@ -56,13 +56,26 @@ fn encode_segment(s: &str) -> String {
     out
 }
 
+/// Seconds one read may wait: `HF_HUB_DOWNLOAD_TIMEOUT` as in Python, default 10.
+fn read_timeout() -> Duration {
+    let secs = std::env::var("HF_HUB_DOWNLOAD_TIMEOUT")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .unwrap_or(10.0);
+    Duration::from_secs_f64(secs)
+}
+
 impl Hub {
     pub fn new(endpoint: String, token: Option<String>) -> Hub {
         let config = ureq::Agent::config_builder()
             // Status codes are turned into messages that name the repository.
             .http_status_as_error(false)
             .timeout_connect(Some(Duration::from_secs(30)))
-            // No total body timeout: a multi-GB shard on a slow link may take hours.
+            // No total body timeout: a multi-GB shard on a slow link may take hours. A read
+            // that waits longer than this is a stalled connection: the transfer stops and
+            // resumes with a Range request.
+            .timeout_per_read(Some(read_timeout()))
             .timeout_recv_response(Some(Duration::from_secs(120)))
             .user_agent(concat!("trit/", env!("CARGO_PKG_VERSION")))
             // The hub sends LFS downloads to a CDN host with a signed URL: the token stays

@@ -73,7 +73,13 @@ pub struct Faults {
     /// LFS files answer `302` to `http://localhost:{port}/cdn/{file}` — another host name
     /// for the same server, like the real hub's CDN — which needs no token.
     pub redirect_lfs: bool,
+    /// File path → bytes sent before the server goes silent for `STALL`, with the
+    /// connection open, on its first download only.
+    pub stall_after: HashMap<String, usize>,
 }
+
+/// How long a planted stall holds the connection (bounded, so the test always ends).
+pub const STALL: std::time::Duration = std::time::Duration::from_secs(8);
 
 /// One request as the server saw it.
 #[derive(Clone, Debug)]
@@ -312,10 +318,10 @@ fn serve(mut conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
         bytes[mid] ^= 0xff;
     }
     let planted_cut = st.faults.drop_after.get(&file.path).copied();
-    let cut = match planted_cut {
-        Some(n) if method == "GET" && st.dropped.insert(file.path.clone()) => Some(n),
-        _ => None,
-    };
+    let planted_stall = st.faults.stall_after.get(&file.path).copied();
+    let first = method == "GET" && st.dropped.insert(file.path.clone());
+    let cut = planted_cut.filter(|_| first);
+    let stall = planted_stall.filter(|_| first);
     drop(st);
     let total = bytes.len();
     let mut h = vec![
@@ -351,6 +357,10 @@ fn serve(mut conn: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
     h.push(("Content-Length".into(), body.len().to_string()));
     if method == "HEAD" {
         respond(&mut conn, status, &h, b"");
+    } else if let Some(n) = stall {
+        respond(&mut conn, status, &h, &body[..n.min(body.len())]);
+        std::thread::sleep(STALL);
+        let _ = conn.shutdown(std::net::Shutdown::Both);
     } else if let Some(n) = cut {
         // Headers promise the whole body; the connection ends after `n` bytes.
         respond(&mut conn, status, &h, &body[..n.min(body.len())]);
