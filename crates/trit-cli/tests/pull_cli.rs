@@ -79,6 +79,13 @@ fn assert_layout(cache: &Path, files: &[HubFile]) {
         assert_eq!(target, want, "{}", f.path);
         assert!(target.is_relative());
     }
+    // The per-blob locks sit where Python keeps them, so both tools exclude each other.
+    for f in files {
+        let lock = cache
+            .join(".locks/models--acme--tiny-model")
+            .join(format!("{}.lock", f.etag()));
+        assert!(lock.exists(), "{}", lock.display());
+    }
     let leftovers: Vec<_> = std::fs::read_dir(dir.join("blobs"))
         .unwrap()
         .filter_map(|e| e.ok())
@@ -544,4 +551,63 @@ else:
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
+}
+
+/// While Python's huggingface_hub holds a blob's download lock, trit waits for it: the blob
+/// neither appears nor starts downloading until Python lets go.
+#[test]
+fn trit_waits_for_a_blob_lock_held_by_python() {
+    let Some(py) = common::venv_python_with("filelock") else {
+        return;
+    };
+    let files = repo_files();
+    let weights = files[1].clone();
+    let hub = FakeHub::start(REPO, files.clone(), Faults::default());
+    let cache = tempfile::tempdir().unwrap();
+    let lock = cache
+        .path()
+        .join(".locks/models--acme--tiny-model")
+        .join(format!("{}.lock", weights.etag()));
+    std::fs::create_dir_all(lock.parent().unwrap()).unwrap();
+    // The lock class huggingface_hub uses (filelock's FileLock, flock on Unix).
+    let script = r#"
+import os, sys, time
+from filelock import FileLock
+lock, blob = sys.argv[1], sys.argv[2]
+with FileLock(lock):
+    print("locked", flush=True)
+    sys.stdin.readline()          # trit has been started
+    time.sleep(1.0)
+    print("present" if os.path.exists(blob) or os.path.exists(blob + ".incomplete") else "absent", flush=True)
+"#;
+    let blob = repo_dir(cache.path()).join("blobs").join(weights.etag());
+    let mut holder = Command::new(&py)
+        .args(["-c", script])
+        .arg(&lock)
+        .arg(&blob)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(holder.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "locked");
+    let pull = trit()
+        .env("HF_ENDPOINT", &hub.endpoint)
+        .env("HF_HUB_CACHE", cache.path())
+        .args(["pull", REPO])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    holder.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "absent");
+    assert!(holder.wait().unwrap().success());
+    let done = pull.wait_with_output().unwrap();
+    assert!(done.status.success(), "{}", text(&done));
+    assert_layout(cache.path(), &files);
 }

@@ -34,6 +34,27 @@ impl RepoCache {
         self.dir.join("blobs").join(format!("{etag}.incomplete"))
     }
 
+    /// Takes the per-blob lock Python's huggingface_hub takes (`<root>/.locks/<repo
+    /// folder>/<etag>.lock`, an advisory `flock`), so two downloads of one blob — by two
+    /// `trit pull`s or by trit and Python — never write the same `.incomplete` at once.
+    /// Released when the returned file is dropped.
+    pub fn lock_blob(&self, etag: &str) -> Result<std::fs::File> {
+        let root = self.dir.parent().unwrap_or(Path::new("."));
+        let name = self.dir.file_name().unwrap_or_default();
+        let dir = root.join(".locks").join(name);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let path = dir.join(format!("{etag}.lock"));
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        f.lock()
+            .with_context(|| format!("locking {}", path.display()))?;
+        Ok(f)
+    }
+
     pub fn snapshot(&self, commit: &str) -> PathBuf {
         self.dir.join("snapshots").join(commit)
     }

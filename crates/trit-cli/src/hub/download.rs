@@ -150,6 +150,10 @@ fn fetch_one(target: &Target, file: &RemoteFile, bar: &ProgressBar) -> Result<Fe
             file.path.replace(['/', '\\'], "--")
         )),
     };
+    let _lock = match &listed_etag {
+        Some(e) => Some(cache.lock_blob(e)?),
+        None => None,
+    };
     if let Some(e) = &listed_etag {
         let blob = cache.blob(e);
         if blob.exists() && file.size.is_none_or(|s| file_len(&blob) == s) {
