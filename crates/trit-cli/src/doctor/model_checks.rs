@@ -134,7 +134,11 @@ fn check_tokenizer(
 }
 
 fn check_template(files: Option<&ModelFiles>, tok: Option<&Tokenizer>, checks: &mut Vec<Check>) {
-    let Some(src) = files.and_then(|f| f.chat_template.as_ref()) else {
+    let Some(files) = files else {
+        checks.push(Check::skip("chat template", "the loader failed"));
+        return;
+    };
+    let Some(src) = files.chat_template.as_ref() else {
         checks.push(Check::skip(
             "chat template",
             "none shipped (raw completion only)",

@@ -219,4 +219,31 @@ mod tests {
         assert!(c.link(&commit, "../escape", "abc").is_err());
         assert!(c.link(&commit, "/abs", "abc").is_err());
     }
+
+    #[test]
+    fn a_snapshot_offers_its_folder_or_its_only_gguf() {
+        let dir = tempfile::tempdir().unwrap();
+        let snap = dir.path();
+        assert!(model_in_snapshot(snap, None, "o/n").is_err());
+        std::fs::write(snap.join("a-q2_0.gguf"), b"").unwrap();
+        assert_eq!(
+            model_in_snapshot(snap, None, "o/n").unwrap(),
+            snap.join("a-q2_0.gguf")
+        );
+        std::fs::write(snap.join("a-tq1_0.gguf"), b"").unwrap();
+        let e = model_in_snapshot(snap, None, "o/n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("o/n:FILE") && e.contains("a-q2_0.gguf, a-tq1_0.gguf"),
+            "{e}"
+        );
+        assert_eq!(
+            model_in_snapshot(snap, Some("a-tq1_0.gguf"), "o/n").unwrap(),
+            snap.join("a-tq1_0.gguf")
+        );
+        assert!(model_in_snapshot(snap, Some("missing.gguf"), "o/n").is_err());
+        std::fs::write(snap.join("config.json"), b"{}").unwrap();
+        assert_eq!(model_in_snapshot(snap, None, "o/n").unwrap(), snap);
+    }
 }
