@@ -40,10 +40,37 @@ const SHARDS: [&str; 2] = [
     "model-00002-of-00002.safetensors",
 ];
 
+/// A fresh copy of the sharded test model in `dir` (each test plants its own fault). The model
+/// is generated once per test run; copying is much cheaper than regenerating.
+fn sharded_model(dir: &Path) -> Option<PathBuf> {
+    // Kept under the target folder by a fixed name (reused by later runs, never piling up);
+    // built in a temporary folder and renamed, so an interrupted run leaves nothing half made.
+    static ORIGINAL: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    let original = ORIGINAL
+        .get_or_init(|| {
+            let keep = Path::new(env!("CARGO_TARGET_TMPDIR")).join("doctor-sharded-tiny-v1");
+            if !keep.join("model.safetensors.index.json").exists() {
+                let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+                let model = generate_sharded_model(work.path())?;
+                let _ = std::fs::remove_dir_all(&keep);
+                std::fs::rename(model, &keep).unwrap();
+            }
+            Some(keep)
+        })
+        .as_ref()?;
+    let copy = dir.join("model");
+    std::fs::create_dir_all(&copy).unwrap();
+    for e in std::fs::read_dir(original).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, copy.join(p.file_name().unwrap())).unwrap();
+    }
+    Some(copy)
+}
+
 /// A tiny Qwen3-shaped MLX model with the real Qwen3 tokenizer, re-split into two shards
 /// with a `model.safetensors.index.json`, as hub uploads are. None when the tokenizer asset
 /// is missing.
-fn sharded_model(dir: &Path) -> Option<PathBuf> {
+fn generate_sharded_model(dir: &Path) -> Option<PathBuf> {
     let tok = common::cache_dir().join("qwen3");
     if !tok.join("tokenizer.json").exists() {
         eprintln!(
