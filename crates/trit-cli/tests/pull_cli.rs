@@ -79,13 +79,6 @@ fn assert_layout(cache: &Path, files: &[HubFile]) {
         assert_eq!(target, want, "{}", f.path);
         assert!(target.is_relative());
     }
-    // The per-blob locks sit where Python keeps them, so both tools exclude each other.
-    for f in files {
-        let lock = cache
-            .join(".locks/models--acme--tiny-model")
-            .join(format!("{}.lock", f.etag()));
-        assert!(lock.exists(), "{}", lock.display());
-    }
     let leftovers: Vec<_> = std::fs::read_dir(dir.join("blobs"))
         .unwrap()
         .filter_map(|e| e.ok())
@@ -118,6 +111,14 @@ fn pull_fills_the_standard_cache_layout_and_sends_the_token() {
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
     assert_layout(cache.path(), &files);
+    // The per-blob locks sit where Python keeps them, so both tools exclude each other.
+    for f in &files {
+        let lock = cache
+            .path()
+            .join(".locks/models--acme--tiny-model")
+            .join(format!("{}.lock", f.etag()));
+        assert!(lock.exists(), "{}", lock.display());
+    }
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["commit"], COMMIT);
     assert_eq!(report["files"].as_array().unwrap().len(), files.len());
@@ -307,6 +308,43 @@ fn stalled_transfer_times_out_and_resumes() {
         Some(format!("bytes={at}-").as_str())
     );
     assert_layout(cache.path(), &files);
+}
+
+/// A listing without sizes or hashes: the download's ETag (X-Linked-Etag for LFS files)
+/// names the blob, as in Python, and is still checked against the bytes.
+#[test]
+fn without_hashes_in_the_listing_the_served_etag_names_and_checks_the_blob() {
+    let files = repo_files();
+    let faults = Faults {
+        bare_listing: true,
+        ..Faults::default()
+    };
+    let hub = FakeHub::start(REPO, files.clone(), faults.clone());
+    let cache = tempfile::tempdir().unwrap();
+    let out = pull(&hub, cache.path(), &["--json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_layout(cache.path(), &files);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let verified: Vec<&str> = report["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["verified"].as_str().unwrap())
+        .collect();
+    assert_eq!(verified, ["git-sha1", "sha256", "git-sha1", "sha256"]);
+
+    let hub = FakeHub::start(
+        REPO,
+        files.clone(),
+        Faults {
+            corrupt: ["model.safetensors".to_string()].into(),
+            ..faults
+        },
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let out = pull(&hub, cache.path(), &[]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("sha256 mismatch"), "{}", text(&out));
 }
 
 #[test]

@@ -7,7 +7,7 @@
 
 use super::api::{status_message, Hub, RemoteFile};
 use super::cache::RepoCache;
-use super::hashing::{git_blob_sha1_file, sha256_file};
+use super::hashing::{git_blob_sha1_file, is_hex_digest, sha256_file};
 use super::RepoId;
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -143,17 +143,13 @@ fn fetch_one(target: &Target, file: &RemoteFile, bar: &ProgressBar) -> Result<Fe
     std::fs::create_dir_all(&blobs).with_context(|| format!("creating {}", blobs.display()))?;
     // Without a listed hash the blob is named after the sha256 of what arrives.
     let listed_etag = file.etag().map(str::to_string);
-    let partial = match &listed_etag {
-        Some(e) => cache.incomplete(e),
-        None => blobs.join(format!(
-            "trit-unlisted-{}.incomplete",
-            file.path.replace(['/', '\\'], "--")
-        )),
+    // Unknown ETag: the partial file and its lock are named after the path instead.
+    let key = match &listed_etag {
+        Some(e) => e.clone(),
+        None => format!("trit-unlisted-{}", file.path.replace(['/', '\\'], "--")),
     };
-    let _lock = match &listed_etag {
-        Some(e) => Some(cache.lock_blob(e)?),
-        None => None,
-    };
+    let partial = cache.incomplete(&key);
+    let _lock = cache.lock_blob(&key)?;
     if let Some(e) = &listed_etag {
         let blob = cache.blob(e);
         if blob.exists() && file.size.is_none_or(|s| file_len(&blob) == s) {
@@ -176,14 +172,26 @@ fn fetch_one(target: &Target, file: &RemoteFile, bar: &ProgressBar) -> Result<Fe
     } else {
         Outcome::Downloaded
     };
+    let mut served_etag = None;
     if file.size != Some(have) || have == 0 {
-        let resumed = transfer(target, file, &partial, have, bar)?;
-        if !resumed {
+        let served = transfer(target, file, &partial, have, bar)?;
+        if !served.resumed {
             outcome = Outcome::Downloaded;
         }
+        served_etag = served.etag;
     }
-    let verified = verify(file, &partial)?;
-    let etag = match listed_etag {
+    // Without hashes in the listing, the ETag the hub served is the hash to check and the
+    // blob's name (as in Python); only without either is the blob named by its sha256.
+    let mut expected = file.clone();
+    if listed_etag.is_none() {
+        match &served_etag {
+            Some(e) if is_hex_digest(e, 64) => expected.sha256 = Some(e.clone()),
+            Some(e) if is_hex_digest(e, 40) => expected.git_sha1 = Some(e.clone()),
+            _ => {}
+        }
+    }
+    let verified = verify(&expected, &partial)?;
+    let etag = match listed_etag.or_else(|| expected.etag().map(str::to_string)) {
         Some(e) => e,
         None => sha256_file(&partial).context("hashing the download")?,
     };
@@ -200,15 +208,29 @@ fn fetch_one(target: &Target, file: &RemoteFile, bar: &ProgressBar) -> Result<Fe
     })
 }
 
-/// Streams the file into `partial` from byte `from`; returns whether the server continued
-/// at `from` (false: it sent the whole file again).
+/// What the server said about a transfer.
+struct Served {
+    /// It continued at the requested byte (false: it sent the whole file again).
+    resumed: bool,
+    /// `X-Linked-Etag`, else `ETag`, without quotes or the weak marker.
+    etag: Option<String>,
+}
+
+fn normalize_etag(v: &str) -> String {
+    v.trim()
+        .trim_start_matches("W/")
+        .trim_matches('"')
+        .to_ascii_lowercase()
+}
+
+/// Streams the file into `partial` from byte `from`.
 fn transfer(
     target: &Target,
     file: &RemoteFile,
     partial: &Path,
     from: u64,
     bar: &ProgressBar,
-) -> Result<bool> {
+) -> Result<Served> {
     let url = target
         .hub
         .resolve_url(target.repo, target.commit, &file.path);
@@ -221,6 +243,10 @@ fn transfer(
         .map_err(|e| anyhow!(Interrupted(format!("{}: request failed: {e}", file.path))))?;
     let status = resp.status().as_u16();
     let resumed = status == 206;
+    let etag = ["x-linked-etag", "etag"].iter().find_map(|h| {
+        let v = resp.headers().get(*h)?.to_str().ok()?;
+        Some(normalize_etag(v))
+    });
     let mut offset = match status {
         206 => {
             let range = resp
@@ -308,7 +334,7 @@ fn transfer(
             ))));
         }
     }
-    Ok(resumed)
+    Ok(Served { resumed, etag })
 }
 
 /// Checks the completed download against the listing; deletes it on a mismatch.

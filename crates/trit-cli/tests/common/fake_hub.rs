@@ -76,6 +76,9 @@ pub struct Faults {
     /// File path → bytes sent before the server goes silent for `STALL`, with the
     /// connection open, on its first download only.
     pub stall_after: HashMap<String, usize>,
+    /// The model-info listing gives only file names (no size, blobId or lfs), so the client
+    /// must rely on the ETag headers of the downloads.
+    pub bare_listing: bool,
 }
 
 /// How long a planted stall holds the connection (bounded, so the test always ends).
@@ -177,6 +180,9 @@ fn listing(st: &State) -> String {
         .files
         .iter()
         .map(|f| {
+            if st.faults.bare_listing {
+                return serde_json::json!({"rfilename": f.path});
+            }
             let mut v = serde_json::json!({"rfilename": f.path, "size": f.bytes.len(),
                                            "blobId": f.git_sha1()});
             if f.lfs {
