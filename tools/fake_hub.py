@@ -7,7 +7,7 @@ headers `trit pull` and Python's huggingface_hub use: the model info listing
 `/REPO/resolve/REV/FILE` (ETag, X-Repo-Commit, X-Linked-Etag/-Size, Range). Files ending in
 .safetensors/.gguf/.bin are listed as LFS files (sha256), the others by git blob sha1.
 
-    python3 tools/fake_hub.py FOLDER owner/name [--port 8765]
+    python3 tools/fake_hub.py FOLDER owner/name [--port 8765] [--tls CERT.pem KEY.pem]
     HF_ENDPOINT=http://127.0.0.1:8765 trit pull owner/name
 
 Loopback only; stop it with Ctrl-C. (The Rust tests have their own server in
@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import re
+import ssl
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -122,11 +123,19 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder")
     ap.add_argument("repo")
-    ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--port", type=int, default=8765, help="0 picks a free port")
+    ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"), help="serve HTTPS")
     a = ap.parse_args()
     files = describe(a.folder)
     server = ThreadingHTTPServer(("127.0.0.1", a.port), make_handler(a.repo, files))
-    print(f"serving {len(files)} files of {a.repo} at http://127.0.0.1:{a.port}", flush=True)
+    scheme = "http"
+    if a.tls:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(a.tls[0], a.tls[1])
+        server.socket = ctx.wrap_socket(server.socket, server_side=True)
+        scheme = "https"
+    port = server.server_address[1]
+    print(f"serving {len(files)} files of {a.repo} at {scheme}://127.0.0.1:{port}", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

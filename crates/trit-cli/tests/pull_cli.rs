@@ -649,3 +649,114 @@ with FileLock(lock):
     assert!(done.status.success(), "{}", text(&done));
     assert_layout(cache.path(), &files);
 }
+
+/// HTTPS end to end: `tools/fake_hub.py` serves TLS with a certificate made here by the
+/// `openssl` tool; trit (rustls) refuses it against the built-in Mozilla roots and accepts it
+/// when `SSL_CERT_FILE` names it.
+#[test]
+fn https_verifies_the_certificate_and_honours_ssl_cert_file() {
+    let have = |tool: &str| Command::new(tool).arg("--version").output().is_ok();
+    if !have("openssl") || !have("python3") {
+        eprintln!("SKIPPED: needs the openssl and python3 tools");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (ca, cert, key) = (d.join("ca.pem"), d.join("cert.pem"), d.join("key.pem"));
+    // A throwaway CA and a leaf certificate for 127.0.0.1 signed by it.
+    std::fs::write(
+        d.join("leaf.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let steps: [Vec<&str>; 3] = [
+        [
+            &["req", "-x509"][..],
+            &ec,
+            &["-days", "1", "-subj", "/CN=trit test CA"],
+        ]
+        .concat(),
+        [&["req"][..], &ec, &["-subj", "/CN=127.0.0.1"]].concat(),
+        vec![
+            "x509",
+            "-req",
+            "-days",
+            "1",
+            "-extfile",
+            "leaf.ext",
+            "-CAcreateserial",
+        ],
+    ];
+    let outputs: [&[&str]; 3] = [
+        &["-keyout", "ca.key", "-out", "ca.pem"],
+        &["-keyout", "key.pem", "-out", "leaf.csr"],
+        &[
+            "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-out", "cert.pem",
+        ],
+    ];
+    for (args, out) in steps.iter().zip(outputs) {
+        let made = Command::new("openssl")
+            .current_dir(d)
+            .args(args)
+            .args(out)
+            .output()
+            .unwrap();
+        assert!(made.status.success(), "{}", text(&made));
+    }
+    let repo_dir_src = dir.path().join("repo");
+    std::fs::create_dir_all(repo_dir_src.join("sub")).unwrap();
+    let files = repo_files();
+    for f in &files {
+        std::fs::write(repo_dir_src.join(&f.path), &f.bytes).unwrap();
+    }
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tools/fake_hub.py");
+    let mut server = Command::new("python3")
+        .arg(script)
+        .arg(&repo_dir_src)
+        .arg(REPO)
+        .args(["--port", "0", "--tls"])
+        .arg(&cert)
+        .arg(&key)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let endpoint = line.trim().rsplit(' ').next().unwrap().to_string();
+    assert!(endpoint.starts_with("https://127.0.0.1:"), "{line}");
+    let cache = tempfile::tempdir().unwrap();
+    let pull_https = |ca: Option<&Path>| {
+        let mut c = trit();
+        c.env("HF_ENDPOINT", &endpoint)
+            .env("HF_HUB_CACHE", cache.path())
+            .args(["pull", REPO]);
+        if let Some(ca) = ca {
+            c.env("SSL_CERT_FILE", ca);
+        }
+        c.output().unwrap()
+    };
+    let refused = pull_https(None);
+    let accepted = pull_https(Some(&ca));
+    server.kill().unwrap();
+    server.wait().unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused).to_lowercase().contains("certificate")
+            || text(&refused).contains("UnknownIssuer"),
+        "{}",
+        text(&refused)
+    );
+    assert!(accepted.status.success(), "{}", text(&accepted));
+    assert_layout(cache.path(), &files);
+}

@@ -56,7 +56,7 @@ pub fn run(a: PullArgs) -> Result<()> {
     if a.offline || hub::offline_from_env() {
         return run_offline(&a, &spec, &cache);
     }
-    let hub = Hub::new(hub::endpoint(), hub::token());
+    let hub = Hub::new(hub::endpoint(), hub::token())?;
     let listing = hub.list(&spec.repo, &a.revision)?;
     cache.write_ref(&a.revision, &listing.commit)?;
     let files: Vec<RemoteFile> = listing

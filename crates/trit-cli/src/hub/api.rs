@@ -66,9 +66,36 @@ fn read_timeout() -> Duration {
     Duration::from_secs_f64(secs)
 }
 
+/// Trusted roots: Mozilla's (webpki-roots), or the PEM bundle named by `SSL_CERT_FILE` or
+/// `REQUESTS_CA_BUNDLE` (what Python's clients honour) for proxies with their own CA.
+fn tls_config() -> Result<ureq::tls::TlsConfig> {
+    let bundle = ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()));
+    let roots = match bundle {
+        None => ureq::tls::RootCerts::WebPki,
+        Some(path) => {
+            let pem = std::fs::read(&path)
+                .with_context(|| format!("reading the CA bundle {path} (SSL_CERT_FILE)"))?;
+            let certs: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(&pem)
+                .filter_map(|item| match item {
+                    Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+                    _ => None,
+                })
+                .collect();
+            if certs.is_empty() {
+                bail!("the CA bundle {path} holds no PEM certificate");
+            }
+            ureq::tls::RootCerts::new_with_certs(&certs)
+        }
+    };
+    Ok(ureq::tls::TlsConfig::builder().root_certs(roots).build())
+}
+
 impl Hub {
-    pub fn new(endpoint: String, token: Option<String>) -> Hub {
+    pub fn new(endpoint: String, token: Option<String>) -> Result<Hub> {
         let config = ureq::Agent::config_builder()
+            .tls_config(tls_config()?)
             // Status codes are turned into messages that name the repository.
             .http_status_as_error(false)
             .timeout_connect(Some(Duration::from_secs(30)))
@@ -82,11 +109,11 @@ impl Hub {
             // with the hub (as in Python), relative redirects on the hub keep it.
             .redirect_auth_headers(ureq::config::RedirectAuthHeaders::SameHost)
             .build();
-        Hub {
+        Ok(Hub {
             endpoint,
             token,
             agent: config.into(),
-        }
+        })
     }
 
     pub fn get(&self, url: &str) -> ureq::RequestBuilder<ureq::typestate::WithoutBody> {
@@ -221,7 +248,7 @@ mod tests {
 
     #[test]
     fn urls_keep_file_separators_and_encode_revisions() {
-        let hub = Hub::new("http://h".into(), None);
+        let hub = Hub::new("http://h".into(), None).unwrap();
         let r = RepoId::parse("o/n").unwrap();
         assert_eq!(
             hub.resolve_url(&r, "refs/pr/1", "sub/a b.json"),

@@ -18,6 +18,9 @@ pub fn trit() -> Command {
         "HF_HUB_CACHE",
         "HF_HUB_OFFLINE",
         "HF_TOKEN_PATH",
+        "HF_HUB_DOWNLOAD_TIMEOUT",
+        "SSL_CERT_FILE",
+        "REQUESTS_CA_BUNDLE",
     ] {
         c.env_remove(k);
     }
