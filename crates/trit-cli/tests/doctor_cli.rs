@@ -340,6 +340,27 @@ fn broken_tokenizer_is_named() {
 }
 
 #[test]
+fn config_disagreeing_with_the_tensors_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(model) = sharded_model(dir.path()) else {
+        return;
+    };
+    let path = model.join("config.json");
+    let mut config: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    config["intermediate_size"] = json!(1024);
+    std::fs::write(&path, config.to_string()).unwrap();
+    let (out, report) = doctor(&model);
+    assert!(!out.status.success());
+    let (status, detail) = check(&report, "loader");
+    assert_eq!(status, "fail");
+    assert!(
+        detail.contains("ffn_gate") && detail.contains("1024"),
+        "{detail}"
+    );
+    assert_eq!(check(&report, "tensor ranges").0, "pass");
+}
+
+#[test]
 fn truncated_gguf_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let preset = Preset::by_name("tiny").unwrap();
