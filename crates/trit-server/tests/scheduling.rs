@@ -232,12 +232,17 @@ fn disconnect_during_a_long_prompt_cancels_it() {
     assert!(common::wait_until(
         || metric(addr, "prompt_tokens_total") >= 512.0
     ));
+    let seen = metric(addr, "prompt_tokens_total");
     drop(conn);
     assert!(common::wait_until(
         || metric(addr, "requests_processing") == 0.0
     ));
+    // At most the step in progress when the client left, and the one that noticed it.
     let evaluated = metric(addr, "prompt_tokens_total");
-    assert!(evaluated <= 1024.0, "{evaluated} prompt tokens evaluated of ~3,000");
+    assert!(
+        evaluated <= seen + 1024.0 && evaluated < 3000.0,
+        "{evaluated} prompt tokens evaluated of ~3,000 ({seen} when the client left)"
+    );
     assert_eq!(metric(addr, "requests_cancelled_total"), 1.0);
     assert_eq!(metric(addr, "kv_blocks_used"), 0.0);
     assert_eq!(metric(addr, "tokens_predicted_total"), 0.0);
