@@ -441,7 +441,10 @@ mod tests {
             std::path::PathBuf::from,
         );
         if !python.exists() {
-            eprintln!("SKIPPED: {} is absent (run tools/fetch_assets.sh)", python.display());
+            eprintln!(
+                "SKIPPED: {} is absent (run tools/fetch_assets.sh)",
+                python.display()
+            );
             return;
         }
         let reply = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": \
@@ -466,9 +469,18 @@ mod tests {
             .spawn()
             .unwrap();
         use std::io::Write;
-        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
         let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let got: Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(got["content"], "Let me check.\n");
         assert_eq!(got["finish_reason"], "tool_calls");
@@ -481,7 +493,9 @@ mod tests {
         assert_eq!(args(0), json!({"city": "Paris", "days": [1, 2]}));
         assert_eq!(calls[1]["name"], "get_time");
         assert_eq!(args(1), json!({"zone": "Europe/Paris", "precise": true}));
-        assert!(calls.iter().all(|c| c["id"].as_str().unwrap().starts_with("call_")));
+        assert!(calls
+            .iter()
+            .all(|c| c["id"].as_str().unwrap().starts_with("call_")));
         assert_ne!(calls[0]["id"], calls[1]["id"]);
         // Arguments arrived in fragments (more deltas than calls), each call closed once.
         assert!(got["argument_deltas"].as_u64().unwrap() > 4, "{got}");

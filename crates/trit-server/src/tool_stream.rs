@@ -122,7 +122,9 @@ impl ToolCallStream {
             for (i, (arg, value)) in scan.params.iter().enumerate().skip(p.sent) {
                 let sep = if i == 0 { "{" } else { ", " };
                 let fragment = format!("{sep}{}: {value}", json!(arg));
-                out.push(ToolDelta::Call(json!({"index": p.index, "function": {"arguments": fragment}})));
+                out.push(ToolDelta::Call(
+                    json!({"index": p.index, "function": {"arguments": fragment}}),
+                ));
             }
             self.current.as_mut().expect("started").sent = scan.params.len();
         } else if trimmed.starts_with('{') {
@@ -137,7 +139,9 @@ impl ToolCallStream {
             let p = self.start(name, out);
             if end > start + p.sent {
                 let fragment = &body[skipped + start + p.sent..skipped + end];
-                out.push(ToolDelta::Call(json!({"index": p.index, "function": {"arguments": fragment}})));
+                out.push(ToolDelta::Call(
+                    json!({"index": p.index, "function": {"arguments": fragment}}),
+                ));
                 self.current.as_mut().expect("started").sent = end - start;
             }
         }
@@ -146,7 +150,10 @@ impl ToolCallStream {
     /// The call's first delta, once; returns where the call stands.
     fn start(&mut self, name: String, out: &mut Vec<ToolDelta>) -> Progress {
         if let Some(p) = &self.current {
-            return Progress { index: p.index, sent: p.sent };
+            return Progress {
+                index: p.index,
+                sent: p.sent,
+            };
         }
         let index = self.calls;
         self.calls += 1;
@@ -182,17 +189,26 @@ impl ToolCallStream {
             }
         };
         if !rest.is_empty() {
-            out.push(ToolDelta::Call(json!({"index": p.index, "function": {"arguments": rest}})));
+            out.push(ToolDelta::Call(
+                json!({"index": p.index, "function": {"arguments": rest}}),
+            ));
         }
     }
 
     /// A call parsed whole: its deltas at once, or its text as content.
-    fn send_whole(&mut self, content: String, calls: Vec<crate::tools::ToolCall>, out: &mut Vec<ToolDelta>) {
+    fn send_whole(
+        &mut self,
+        content: String,
+        calls: Vec<crate::tools::ToolCall>,
+        out: &mut Vec<ToolDelta>,
+    ) {
         push_content(out, &content);
         for c in calls {
             let index = self.calls;
             self.calls += 1;
-            out.push(ToolDelta::Call(c.to_json(&crate::stream::new_id("call_"), Some(index))));
+            out.push(ToolDelta::Call(
+                c.to_json(&crate::stream::new_id("call_"), Some(index)),
+            ));
         }
     }
 }
@@ -310,7 +326,8 @@ fn value_end(b: &[u8], i: usize) -> Option<usize> {
         _ => {
             // A number, true, false or null ends at a delimiter (never at the end of the text:
             // more digits may follow).
-            let j = (i..b.len()).find(|&j| matches!(b[j], b',' | b'}' | b']') || b[j].is_ascii_whitespace())?;
+            let j = (i..b.len())
+                .find(|&j| matches!(b[j], b',' | b'}' | b']') || b[j].is_ascii_whitespace())?;
             Some(j)
         }
     }
@@ -344,7 +361,8 @@ fn scan_xml(s: &str) -> XmlScan {
         let Some((raw, after)) = after.split_once("</parameter>") else {
             return scan;
         };
-        scan.params.push((arg.trim().to_string(), xml_value(raw).to_string()));
+        scan.params
+            .push((arg.trim().to_string(), xml_value(raw).to_string()));
         rest = after;
     }
 }
@@ -371,11 +389,16 @@ mod tests {
                     if i == calls.len() {
                         assert!(v["id"].as_str().unwrap().starts_with("call_"), "{v}");
                         assert_eq!(v["type"], "function");
-                        calls.push((v["function"]["name"].as_str().unwrap().into(), String::new()));
+                        calls.push((
+                            v["function"]["name"].as_str().unwrap().into(),
+                            String::new(),
+                        ));
                     } else {
                         assert!(v.get("id").is_none(), "only the first delta has an id: {v}");
                     }
-                    calls[i].1.push_str(v["function"]["arguments"].as_str().unwrap());
+                    calls[i]
+                        .1
+                        .push_str(v["function"]["arguments"].as_str().unwrap());
                 }
             }
         }
@@ -390,15 +413,31 @@ mod tests {
     #[test]
     fn json_call_streams_name_first_then_argument_fragments() {
         let mut s = ToolCallStream::default();
-        assert_eq!(s.push("Sure.\n<tool"), vec![ToolDelta::Content("Sure.\n".into())]);
+        assert_eq!(
+            s.push("Sure.\n<tool"),
+            vec![ToolDelta::Content("Sure.\n".into())]
+        );
         assert_eq!(s.push("_call>\n{\"name\": \"get_wea"), vec![]);
         let d = s.push("ther\", \"arguments\": {\"ci");
         assert_eq!(d.len(), 2, "{d:?}");
-        let ToolDelta::Call(first) = &d[0] else { panic!() };
-        assert_eq!(first["function"], json!({"name": "get_weather", "arguments": ""}));
-        assert_eq!(d[1], ToolDelta::Call(json!({"index": 0, "function": {"arguments": "{\"ci"}})));
+        let ToolDelta::Call(first) = &d[0] else {
+            panic!()
+        };
+        assert_eq!(
+            first["function"],
+            json!({"name": "get_weather", "arguments": ""})
+        );
+        assert_eq!(
+            d[1],
+            ToolDelta::Call(json!({"index": 0, "function": {"arguments": "{\"ci"}}))
+        );
         let d = s.push("ty\": \"Paris\"}}\n</tool_call>");
-        assert_eq!(d, vec![ToolDelta::Call(json!({"index": 0, "function": {"arguments": "ty\": \"Paris\"}"}}))]);
+        assert_eq!(
+            d,
+            vec![ToolDelta::Call(
+                json!({"index": 0, "function": {"arguments": "ty\": \"Paris\"}"}})
+            )]
+        );
         assert_eq!(s.finish(), vec![]);
 
         let (content, calls) = run(&[
@@ -421,9 +460,17 @@ mod tests {
             let (content, calls) = run(&[&reply[..cut], &reply[cut..]]);
             assert_eq!(content, "Checking.\n", "cut {cut}");
             assert_eq!(calls.len(), 2, "cut {cut}");
-            assert_eq!(args(&calls[0].1), json!({"q": "a \"b\"", "n": 12}), "cut {cut}");
+            assert_eq!(
+                args(&calls[0].1),
+                json!({"q": "a \"b\"", "n": 12}),
+                "cut {cut}"
+            );
             assert_eq!(calls[1].0, "g");
-            assert_eq!(args(&calls[1].1), json!({"city": "Paris, France", "days": 3}), "cut {cut}");
+            assert_eq!(
+                args(&calls[1].1),
+                json!({"city": "Paris, France", "days": 3}),
+                "cut {cut}"
+            );
         }
         // One character at a time, too.
         let chars: Vec<String> = reply.chars().map(String::from).collect();
@@ -436,11 +483,15 @@ mod tests {
         let (content, calls) = run(&["a <tool_call>{not json</tool_call>"]);
         assert!(calls.is_empty());
         assert_eq!(content, "a <tool_call>{not json</tool_call>");
-        let (_, calls) = run(&["<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"k\\\": 1}\"}</tool_call>"]);
+        let (_, calls) =
+            run(&["<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"k\\\": 1}\"}</tool_call>"]);
         assert_eq!(args(&calls[0].1), json!({"k": 1}));
         // Cut off before the closing tag (max_tokens): what was sent stands, closed at the end.
         let (_, calls) = run(&["<tool_call>\n<function=h>\n<parameter=x>\n1\n</parameter>\n"]);
-        assert_eq!((calls[0].0.as_str(), args(&calls[0].1)), ("h", json!({"x": 1})));
+        assert_eq!(
+            (calls[0].0.as_str(), args(&calls[0].1)),
+            ("h", json!({"x": 1}))
+        );
         let (content, calls) = run(&["plain <b", "<"]);
         assert_eq!((content.as_str(), calls.len()), ("plain <b<", 0));
     }

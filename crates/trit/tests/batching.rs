@@ -267,7 +267,11 @@ fn requests_with_a_common_prefix_share_kv_blocks() {
         p.extend(tok.encode(suffix, false).unwrap());
         p
     };
-    let (a, b, c) = (with(" First"), with(" Then the storm"), with(" Later, at dawn,"));
+    let (a, b, c) = (
+        with(" First"),
+        with(" Then the storm"),
+        with(" Later, at dawn,"),
+    );
     let sched = scheduler_with_budget(&model, &tok, 64 << 20);
     let (ta, _, sa) = collect(&submit(&sched, &a, greedy(4)));
     assert_eq!(sa.cached_tokens, 0);
@@ -405,7 +409,10 @@ fn a_listener_leaving_during_the_prompt_cancels_within_a_step() {
     assert_eq!(s.finish, FinishReason::Cancelled);
     assert_eq!(s.completion_tokens, 0);
     let st = sched.stats();
-    assert_eq!(st.prompt_tokens_total, 512, "one prompt step ran, not three");
+    assert_eq!(
+        st.prompt_tokens_total, 512,
+        "one prompt step ran, not three"
+    );
     assert_eq!(st.kv_blocks.used, 0);
     assert_eq!(st.requests_processing, 0);
     assert_eq!(st.cancelled_total, 1);

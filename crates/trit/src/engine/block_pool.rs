@@ -310,10 +310,7 @@ mod tests {
     /// Appends positions for `tokens` whose keys encode the token id.
     fn feed(c: &mut KvCache, tokens: &[u32]) {
         for layer in 0..LAYERS {
-            let k: Vec<f32> = tokens
-                .iter()
-                .flat_map(|&t| [t as f32; ROW])
-                .collect();
+            let k: Vec<f32> = tokens.iter().flat_map(|&t| [t as f32; ROW]).collect();
             c.append(layer, &k, &k);
         }
         c.advance(tokens.len());
@@ -369,7 +366,11 @@ mod tests {
         feed(&mut b, &other[..192]);
         assert_eq!(p.stats().used, 3);
         let (blocks, n) = p.lookup(&t, 99);
-        assert_eq!((blocks.len(), n), (1, 64), "the first block outlived its tail");
+        assert_eq!(
+            (blocks.len(), n),
+            (1, 64),
+            "the first block outlived its tail"
+        );
         drop(blocks);
         feed(&mut b, &other[192..]);
         assert_eq!(p.stats().used, 4);
@@ -391,6 +392,14 @@ mod tests {
         assert!(Arc::ptr_eq(&a.blocks()[0], &b.blocks()[0]));
         assert_eq!(p.stats().used, 1);
         drop((a, b));
-        assert_eq!(p.stats(), BlockStats { total: 8, used: 0, cached: 1, ..p.stats() });
+        assert_eq!(
+            p.stats(),
+            BlockStats {
+                total: 8,
+                used: 0,
+                cached: 1,
+                ..p.stats()
+            }
+        );
     }
 }

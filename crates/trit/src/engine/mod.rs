@@ -2,8 +2,8 @@
 //! reuse), the generation loop (sampling, stop conditions, streaming text) and the
 //! continuous-batching scheduler behind `trit serve` with its paged KV block pool.
 
-pub mod generate;
 pub mod block_pool;
+pub mod generate;
 pub mod perplexity;
 pub mod scheduler;
 pub mod sequence;

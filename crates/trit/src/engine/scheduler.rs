@@ -58,7 +58,10 @@ pub struct SeqRequest {
 pub enum SeqEvent {
     /// A chunk of the prompt was read: `done` of `total` prompt tokens are in the cache. Also
     /// how the scheduler learns that a listener has gone while there is nothing else to say.
-    Prompt { done: usize, total: usize },
+    Prompt {
+        done: usize,
+        total: usize,
+    },
     /// One sampled token (`None`: end of sequence) and the text that became final with it.
     Piece {
         token: Option<u32>,
@@ -304,7 +307,10 @@ impl Worker {
                     common = n;
                 }
             }
-            if !(req.sink)(SeqEvent::Prompt { done: common, total: n }) {
+            if !(req.sink)(SeqEvent::Prompt {
+                done: common,
+                total: n,
+            }) {
                 continue; // the listener left while the request was queued
             }
             self.reserved_blocks += quota;
@@ -382,7 +388,9 @@ impl Worker {
             }
             let mut logits = outputs.next().unwrap_or_default();
             r.tokens.extend_from_slice(feed);
-            if !r.cache.has_recurrent() && r.tokens.len() / BLOCK_TOKENS > (r.tokens.len() - feed.len()) / BLOCK_TOKENS {
+            if !r.cache.has_recurrent()
+                && r.tokens.len() / BLOCK_TOKENS > (r.tokens.len() - feed.len()) / BLOCK_TOKENS
+            {
                 // A block filled up: others may share it from now on.
                 self.pool.register(&mut r.cache, &r.tokens, false);
             }
@@ -392,7 +400,10 @@ impl Worker {
                 if r.prompt_done < r.req.prompt.len() {
                     // More prompt to read next step; is anybody still waiting for it?
                     let total = r.req.prompt.len();
-                    if !(r.req.sink)(SeqEvent::Prompt { done: r.prompt_done, total }) {
+                    if !(r.req.sink)(SeqEvent::Prompt {
+                        done: r.prompt_done,
+                        total,
+                    }) {
                         cancelled += 1;
                         finished.push((i, FinishReason::Cancelled));
                     }
@@ -400,9 +411,9 @@ impl Worker {
                 }
                 r.prompt_secs = r.started.elapsed().as_secs_f64();
             }
-            let mut step = r
-                .decoding
-                .step(&mut logits, &self.tokenizer, r.tokens.len(), self.n_ctx);
+            let mut step =
+                r.decoding
+                    .step(&mut logits, &self.tokenizer, r.tokens.len(), self.n_ctx);
             predicted += step.token.is_some() as u64;
             let listening = (r.req.sink)(SeqEvent::Piece {
                 token: step.token,

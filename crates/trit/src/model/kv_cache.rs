@@ -259,7 +259,8 @@ impl KvCache {
             let take = (BLOCK_TOKENS - off).min(n - done);
             let block = Arc::get_mut(&mut self.blocks[bi]).expect("prepared as private");
             let src = done * row..(done + take) * row;
-            block.page_mut(layer, false, row)[off * row..][..take * row].copy_from_slice(&k[src.clone()]);
+            block.page_mut(layer, false, row)[off * row..][..take * row]
+                .copy_from_slice(&k[src.clone()]);
             block.page_mut(layer, true, row)[off * row..][..take * row].copy_from_slice(&v[src]);
             pos += take;
             done += take;
@@ -276,8 +277,14 @@ impl KvCache {
         let count = n.div_ceil(BLOCK_TOKENS);
         let blocks = &self.blocks[..count];
         (
-            blocks.iter().map(|b| b.page(layer, false, self.row)).collect(),
-            blocks.iter().map(|b| b.page(layer, true, self.row)).collect(),
+            blocks
+                .iter()
+                .map(|b| b.page(layer, false, self.row))
+                .collect(),
+            blocks
+                .iter()
+                .map(|b| b.page(layer, true, self.row))
+                .collect(),
         )
     }
 
@@ -369,8 +376,14 @@ mod tests {
         let mut b = KvCache::new(1, 2, 512).with_source(src.clone());
         b.map_prefix(a.blocks().to_vec(), 80);
         fill(&mut b, 1, 7.0);
-        assert!(Arc::ptr_eq(&a.blocks()[0], &b.blocks()[0]), "full block shared");
-        assert!(!Arc::ptr_eq(&a.blocks()[1], &b.blocks()[1]), "written block copied");
+        assert!(
+            Arc::ptr_eq(&a.blocks()[0], &b.blocks()[0]),
+            "full block shared"
+        );
+        assert!(
+            !Arc::ptr_eq(&a.blocks()[1], &b.blocks()[1]),
+            "written block copied"
+        );
         assert_eq!(b.key_row(0, 79), &[1.0; 2]);
         assert_eq!(b.key_row(0, 80), &[7.0; 2]);
         assert_eq!(a.key_row(0, 80), &[1.0; 2], "a's copy untouched");
