@@ -347,6 +347,17 @@ fn a_tiny_kv_budget_evicts_old_prefixes_and_stays_correct() {
         assert_eq!(st.used, 0);
         assert!(st.cached <= 4);
     }
+    // Two at once: the second waits until the first's blocks are back (the budget holds one
+    // worst case), then both give what they give alone.
+    let (r0, r1) = (
+        submit(&sched, &prompts[0], greedy(4)),
+        submit(&sched, &prompts[1], greedy(4)),
+    );
+    assert_eq!(collect(&r0).0, alone(&model, &tok, &prompts[0], 4));
+    assert_eq!(collect(&r1).0, alone(&model, &tok, &prompts[1], 4));
+    for p in &prompts[2..] {
+        collect(&submit(&sched, p, greedy(4)));
+    }
     // The most recent prompt is still cached, the first was evicted.
     let (t, _, s) = collect(&submit(&sched, &prompts[2], greedy(3)));
     assert!(s.cached_tokens >= 128, "{}", s.cached_tokens);

@@ -254,7 +254,7 @@ impl Worker {
                 return;
             };
             let n = head.prompt.len();
-            let worst = (n + head.options.max_tokens).min(self.n_ctx);
+            let worst = n.saturating_add(head.options.max_tokens).min(self.n_ctx);
             // One block more for the copy made when writing into a shared block.
             let quota = BlockPool::blocks_for(worst) + 1;
             let fits = self.reserved_blocks + quota <= self.pool.max_blocks();
