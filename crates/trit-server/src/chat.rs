@@ -433,10 +433,14 @@ mod tests {
     /// Skipped, with a notice, when the client is absent.
     #[test]
     fn official_client_accumulates_streamed_tool_calls() {
+        // Found like tests/openai_client.rs: TRIT_OPENAI_PYTHON, else TRIT_CACHE or .cache.
         let python = std::env::var_os("TRIT_OPENAI_PYTHON").map_or_else(
             || {
-                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                    .join("../../.cache/openai-client/bin/python")
+                let cache = std::env::var_os("TRIT_CACHE").map_or_else(
+                    || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.cache"),
+                    std::path::PathBuf::from,
+                );
+                cache.join("openai-client/bin/python")
             },
             std::path::PathBuf::from,
         );
