@@ -6,7 +6,8 @@ use crate::error::ApiError;
 use crate::request::{decode, Common};
 use crate::state::{token_bytes, token_text, AppState};
 use crate::stream::{collect, new_id, sse_response, timings, unix_now, usage, ChunkFormatter};
-use crate::tools::{parse_tool_calls, ToolCall, ToolCallStream};
+use crate::tool_stream::{ToolCallStream, ToolDelta};
+use crate::tools::parse_tool_calls;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -111,7 +112,7 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
             "index": 0,
             "message": message,
             "logprobs": logprobs,
-            "finish_reason": finish_reason(&c.summary, &calls),
+            "finish_reason": finish_reason(&c.summary, calls.len()),
         }],
         "usage": usage(&c.summary),
         "timings": timings(&c.summary),
@@ -190,8 +191,8 @@ fn normalize_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
     Ok(out)
 }
 
-fn finish_reason(s: &SeqSummary, calls: &[ToolCall]) -> &'static str {
-    if calls.is_empty() {
+fn finish_reason(s: &SeqSummary, calls: usize) -> &'static str {
+    if calls == 0 {
         s.finish.as_str()
     } else {
         "tool_calls"
@@ -238,7 +239,8 @@ impl ReplyContext {
     }
 }
 
-/// Streaming: role delta, then reasoning/content deltas, tool calls at the end, finish chunk.
+/// Streaming: role delta, then reasoning/content deltas and tool-call deltas (name first, then
+/// argument fragments, see `tool_stream`), finish chunk.
 struct ChatChunks {
     ctx: ReplyContext,
     reasoning: ReasoningStream,
@@ -252,26 +254,23 @@ impl ChatChunks {
     fn parts(&mut self, parts: Vec<(ReplyPart, String)>) -> Vec<Value> {
         let mut out = Vec::new();
         for (part, text) in parts {
-            let delta = match part {
-                ReplyPart::Reasoning => json!({"reasoning_content": text}),
-                ReplyPart::Content => {
-                    let ready = match &mut self.tool_stream {
-                        Some(t) => t.push(&text),
-                        None => text,
-                    };
-                    if ready.is_empty() {
-                        continue;
-                    }
-                    json!({"content": ready})
-                }
+            let deltas = match part {
+                ReplyPart::Reasoning => vec![json!({"reasoning_content": text})],
+                ReplyPart::Content => match &mut self.tool_stream {
+                    Some(t) => t.push(&text).into_iter().map(delta_json).collect(),
+                    None if text.is_empty() => Vec::new(),
+                    None => vec![json!({"content": text})],
+                },
             };
-            let lp = if self.ctx.logprobs {
-                self.ctx
-                    .logprobs_json(&std::mem::take(&mut self.pending_logprobs))
-            } else {
-                Value::Null
-            };
-            out.push(self.ctx.chunk(delta, lp, None));
+            for delta in deltas {
+                let lp = if self.ctx.logprobs {
+                    self.ctx
+                        .logprobs_json(&std::mem::take(&mut self.pending_logprobs))
+                } else {
+                    Value::Null
+                };
+                out.push(self.ctx.chunk(delta, lp, None));
+            }
         }
         out
     }
@@ -295,28 +294,16 @@ impl ChunkFormatter for ChatChunks {
     fn done(&mut self, summary: &SeqSummary) -> Vec<Value> {
         let tail = self.reasoning.finish();
         let mut out = self.parts(tail.into_iter().collect());
-        let mut calls = Vec::new();
+        let mut calls = 0;
         if let Some(t) = &mut self.tool_stream {
-            let (rest, found) = t.finish();
-            calls = found;
-            if !rest.is_empty() {
-                out.push(self.ctx.chunk(json!({"content": rest}), Value::Null, None));
+            for d in t.finish() {
+                out.push(self.ctx.chunk(delta_json(d), Value::Null, None));
             }
-        }
-        if !calls.is_empty() {
-            let deltas: Vec<Value> = calls
-                .iter()
-                .enumerate()
-                .map(|(i, c)| c.to_json(&new_id("call_"), Some(i)))
-                .collect();
-            out.push(
-                self.ctx
-                    .chunk(json!({"tool_calls": deltas}), Value::Null, None),
-            );
+            calls = t.calls();
         }
         out.push(
             self.ctx
-                .chunk(json!({}), Value::Null, Some(finish_reason(summary, &calls))),
+                .chunk(json!({}), Value::Null, Some(finish_reason(summary, calls))),
         );
         if self.include_usage {
             out.push(json!({
@@ -329,6 +316,14 @@ impl ChunkFormatter for ChatChunks {
             }));
         }
         out
+    }
+}
+
+/// A chunk's `delta` for what the tool-call stream has ready.
+fn delta_json(d: ToolDelta) -> Value {
+    match d {
+        ToolDelta::Content(text) => json!({"content": text}),
+        ToolDelta::Call(call) => json!({"tool_calls": [call]}),
     }
 }
 
@@ -403,14 +398,24 @@ mod tests {
         };
         assert_eq!(field("reasoning_content"), "Let me look.");
         assert_eq!(field("content"), "Checking now.\n");
-        let calls = events
+        // The call streams: its name first, then argument fragments, one call per delta.
+        let calls: Vec<Value> = events
             .iter()
-            .find_map(|e| delta(e).get("tool_calls").cloned())
-            .unwrap();
+            .filter_map(|e| Some(delta(e).get("tool_calls")?[0].clone()))
+            .collect();
+        assert!(calls.len() >= 2, "{calls:?}");
         assert_eq!(calls[0]["index"], 0);
+        assert_eq!(calls[0]["type"], "function");
         assert_eq!(calls[0]["function"]["name"], "weather");
-        assert_eq!(calls[0]["function"]["arguments"], r#"{"city":"Paris"}"#);
         assert!(calls[0]["id"].as_str().unwrap().starts_with("call_"));
+        let arguments: String = calls
+            .iter()
+            .map(|c| c["function"]["arguments"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            serde_json::from_str::<Value>(&arguments).unwrap(),
+            json!({"city": "Paris"})
+        );
         let n = events.len();
         assert_eq!(events[n - 2]["choices"][0]["finish_reason"], "tool_calls");
         assert_eq!(events[n - 2]["choices"][0]["delta"], json!({}));
@@ -420,6 +425,85 @@ mod tests {
             events[n - 1]["usage"]["prompt_tokens_details"]["cached_tokens"],
             2
         );
+    }
+
+    /// The official `openai` Python client (installed by tools/fetch_assets.sh) accumulates a
+    /// streamed reply with two tool calls, one per dialect, cut into small pieces: it must end
+    /// with both calls whole (ids, names, JSON arguments), having seen argument fragments.
+    /// Skipped, with a notice, when the client is absent.
+    #[test]
+    fn official_client_accumulates_streamed_tool_calls() {
+        // Found like tests/openai_client.rs: TRIT_OPENAI_PYTHON, else TRIT_CACHE or .cache.
+        let python = std::env::var_os("TRIT_OPENAI_PYTHON").map_or_else(
+            || {
+                let cache = std::env::var_os("TRIT_CACHE").map_or_else(
+                    || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.cache"),
+                    std::path::PathBuf::from,
+                );
+                cache.join("openai-client/bin/python")
+            },
+            std::path::PathBuf::from,
+        );
+        if !python.exists() {
+            eprintln!(
+                "SKIPPED: {} is absent (run tools/fetch_assets.sh)",
+                python.display()
+            );
+            return;
+        }
+        let reply = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": \
+                     {\"city\": \"Paris\", \"days\": [1, 2]}}\n</tool_call>\n<tool_call>\n\
+                     <function=get_time>\n<parameter=zone>\nEurope/Paris\n</parameter>\n\
+                     <parameter=precise>\ntrue\n</parameter>\n</function>\n</tool_call>";
+        let mut c = chunks(true, false);
+        let mut events = c.start();
+        let chars: Vec<char> = reply.chars().collect();
+        for piece in chars.chunks(5) {
+            events.extend(c.piece(&piece.iter().collect::<String>(), None));
+        }
+        events.extend(c.done(&summary()));
+        let input: String = events.iter().map(|e| format!("{e}\n")).collect();
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tools/openai_tool_stream_check.py");
+        let mut child = std::process::Command::new(python)
+            .arg(script)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(got["content"], "Let me check.\n");
+        assert_eq!(got["finish_reason"], "tool_calls");
+        let calls = got["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 2, "{got}");
+        let args = |i: usize| -> Value {
+            serde_json::from_str(calls[i]["arguments"].as_str().unwrap()).unwrap()
+        };
+        assert_eq!(calls[0]["name"], "get_weather");
+        assert_eq!(args(0), json!({"city": "Paris", "days": [1, 2]}));
+        assert_eq!(calls[1]["name"], "get_time");
+        assert_eq!(args(1), json!({"zone": "Europe/Paris", "precise": true}));
+        assert!(calls
+            .iter()
+            .all(|c| c["id"].as_str().unwrap().starts_with("call_")));
+        assert_ne!(calls[0]["id"], calls[1]["id"]);
+        // Arguments arrived in fragments (more deltas than calls), each call closed once.
+        assert!(got["argument_deltas"].as_u64().unwrap() > 4, "{got}");
+        assert_eq!(got["arguments_done"], 2);
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod request;
 pub mod state;
 pub mod stream;
+pub mod tool_stream;
 pub mod tools;
 
 pub use error::ApiError;
@@ -50,7 +51,7 @@ impl AppState {
                 n_ctx: config.n_ctx,
                 parallel: config.parallel,
                 max_queue: config.max_queue,
-                prefix_cache_bytes: config.prefix_cache_bytes,
+                kv_cache_bytes: config.kv_cache_bytes,
             },
         )?;
         Ok(Arc::new(AppState {

@@ -113,18 +113,43 @@ impl Metrics {
             "Requests waiting for a slot.",
             s.requests_deferred as f64,
         );
+        let b = &s.kv_blocks;
         metric(
             "kv_cache_tokens",
             "gauge",
-            "Positions held in the KV caches (active and kept for prefix reuse).",
+            "Positions held by the running sequences.",
             s.kv_tokens as f64,
+        );
+        metric(
+            "kv_blocks_total",
+            "gauge",
+            "KV blocks the memory budget allows.",
+            b.total as f64,
+        );
+        metric(
+            "kv_blocks_used",
+            "gauge",
+            "KV blocks referenced by running sequences.",
+            b.used as f64,
+        );
+        metric(
+            "kv_blocks_cached",
+            "gauge",
+            "KV blocks of earlier requests kept for prefix reuse (evictable).",
+            b.cached as f64,
+        );
+        metric(
+            "kv_block_tokens",
+            "gauge",
+            "Positions per KV block.",
+            b.block_tokens as f64,
         );
         metric(
             "kv_cache_usage_ratio",
             "gauge",
-            "KV cache positions held / capacity.",
-            if s.kv_capacity > 0 {
-                s.kv_tokens as f64 / s.kv_capacity as f64
+            "KV blocks in use / budget.",
+            if b.total > 0 {
+                b.used as f64 / b.total as f64
             } else {
                 0.0
             },
@@ -132,26 +157,26 @@ impl Metrics {
         metric(
             "kv_cache_bytes",
             "gauge",
-            "Bytes held by the KV caches.",
-            s.kv_bytes as f64,
+            "Bytes of KV blocks in use or cached.",
+            ((b.used + b.cached) * b.block_bytes) as f64,
         );
         metric(
             "prompt_tokens_cached_total",
             "counter",
-            "Prompt tokens served from kept keys/values instead of evaluated.",
+            "Prompt tokens served from cached KV blocks instead of evaluated (prefix hits).",
             s.prompt_tokens_cached_total as f64,
         );
         metric(
-            "prefix_cache_entries",
-            "gauge",
-            "Sequences kept in the prefix store beyond the slots.",
-            s.prefix_cache_entries as f64,
+            "prefix_hits_total",
+            "counter",
+            "Requests that reused cached KV blocks.",
+            s.prefix_hits_total as f64,
         );
         metric(
-            "prefix_cache_bytes",
-            "gauge",
-            "Bytes held by the prefix store.",
-            s.prefix_cache_bytes as f64,
+            "requests_cancelled_total",
+            "counter",
+            "Sequences ended because the client went away.",
+            s.cancelled_total as f64,
         );
 
         let name = "trit:time_to_first_token_seconds";

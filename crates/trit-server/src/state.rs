@@ -28,12 +28,12 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Largest accepted request body, bytes.
     pub body_limit: usize,
-    /// Sequences decoded together at most (scheduler slots).
+    /// Sequences decoded together at most.
     pub parallel: usize,
-    /// Requests allowed to wait for a slot beyond those; more get 503.
+    /// Requests allowed to wait beyond those; more get 503.
     pub max_queue: usize,
-    /// Memory for keys/values of earlier requests kept beyond the slots.
-    pub prefix_cache_bytes: usize,
+    /// Memory for all keys/values (running sequences and cached prefixes), in KV blocks.
+    pub kv_cache_bytes: usize,
 }
 
 pub struct AppState {
@@ -46,7 +46,7 @@ pub struct AppState {
     pub started: u64,
 }
 
-/// A submitted job whose first event has arrived (so an error before the first token can
+/// A submitted job whose first event (other than prompt progress) has arrived (so an error before the first token can
 /// still be an ordinary HTTP error response).
 pub struct Started {
     pub first: SeqEvent,
@@ -76,10 +76,14 @@ impl AppState {
                 SubmitError::QueueFull => ApiError::busy(),
                 SubmitError::Stopped => ApiError::internal("the scheduler has stopped"),
             })?;
-        let first = events
-            .recv()
-            .await
-            .ok_or_else(|| ApiError::internal("the scheduler dropped the request"))?;
+        // Prompt progress is not part of the reply; the first token (or error) is.
+        let first = loop {
+            match events.recv().await {
+                Some(SeqEvent::Prompt { .. }) => continue,
+                Some(e) => break e,
+                None => return Err(ApiError::internal("the scheduler dropped the request")),
+            }
+        };
         if let SeqEvent::Error(e) = &first {
             return Err(ApiError::from_engine(e));
         }

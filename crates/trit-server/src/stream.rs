@@ -1,7 +1,9 @@
 //! Turning a started sequence into an HTTP reply: collected whole (non-streaming) or as
 //! Server-Sent Events, each `data: <json>` plus a blank line, ending with `data: [DONE]`.
-//! The SSE body owns the event receiver: when the client goes away the body is dropped, the
-//! receiver with it, and the scheduler cancels the sequence at its next token.
+//! The SSE body (or the handler future of a plain reply) owns the event receiver: when the
+//! client goes away it is dropped, the receiver with it, and the scheduler cancels the
+//! sequence at its next event — the next token, or the next prompt chunk while it reads the
+//! prompt.
 
 use crate::error::ApiError;
 use crate::state::Started;
@@ -49,6 +51,7 @@ pub async fn collect(started: Started) -> Result<Collected, ApiError> {
                 out.summary = s;
                 return Ok(out);
             }
+            SeqEvent::Prompt { .. } => {}
             SeqEvent::Error(e) => return Err(ApiError::from_engine(&e)),
         }
         next = events.recv().await;
@@ -97,6 +100,7 @@ impl<F: ChunkFormatter> SseState<F> {
                     .push_back(frame(&ApiError::from_engine(&e).body()));
                 self.finished = true;
             }
+            SeqEvent::Prompt { .. } => {}
         }
     }
 }

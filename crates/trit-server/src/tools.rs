@@ -79,6 +79,14 @@ fn parse_one(body: &str) -> Option<ToolCall> {
     Some(ToolCall { name, arguments })
 }
 
+/// A `<parameter>` value of the XML dialect: JSON when it parses as JSON, else a string.
+pub fn xml_value(raw: &str) -> Value {
+    // The template writes the value between newlines.
+    let raw = raw.strip_prefix('\n').unwrap_or(raw);
+    let raw = raw.strip_suffix('\n').unwrap_or(raw);
+    serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.into()))
+}
+
 /// The Qwen3.5 XML dialect: `<function=NAME>` then `<parameter=ARG>VALUE</parameter>`s.
 fn parse_xml(body: &str) -> Option<ToolCall> {
     let rest = body.strip_prefix("<function=")?;
@@ -93,55 +101,13 @@ fn parse_xml(body: &str) -> Option<ToolCall> {
         let after = rest.strip_prefix("<parameter=")?;
         let (arg, after) = after.split_once('>')?;
         let (raw, after) = after.split_once("</parameter>")?;
-        // The template writes the value between newlines.
-        let raw = raw.strip_prefix('\n').unwrap_or(raw);
-        let raw = raw.strip_suffix('\n').unwrap_or(raw);
-        let value = serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.into()));
-        args.insert(arg.trim().to_string(), value);
+        args.insert(arg.trim().to_string(), xml_value(raw));
         rest = after;
     }
     Some(ToolCall {
         name: name.trim().to_string(),
         arguments: Value::Object(args).to_string(),
     })
-}
-
-/// Streaming: passes text through until a tool call starts, then keeps the rest for
-/// [`parse_tool_calls`] at the end. Text that could be the beginning of `<tool_call>` is held
-/// back until it is known not to be.
-#[derive(Default)]
-pub struct ToolCallStream {
-    held: String,
-    in_call: bool,
-}
-
-impl ToolCallStream {
-    /// Returns the text that is plain content for sure.
-    pub fn push(&mut self, text: &str) -> String {
-        self.held.push_str(text);
-        if self.in_call {
-            return String::new();
-        }
-        if let Some(at) = self.held.find(OPEN) {
-            self.in_call = true;
-            let ready = self.held[..at].to_string();
-            self.held.drain(..at);
-            return ready;
-        }
-        let keep = (1..OPEN.len())
-            .rev()
-            .find(|&n| self.held.ends_with(&OPEN[..n]))
-            .unwrap_or(0);
-        let cut = self.held.len() - keep;
-        let ready = self.held[..cut].to_string();
-        self.held.drain(..cut);
-        ready
-    }
-
-    /// At the end: remaining plain text and the tool calls.
-    pub fn finish(&mut self) -> (String, Vec<ToolCall>) {
-        parse_tool_calls(&std::mem::take(&mut self.held))
-    }
 }
 
 #[cfg(test)]
@@ -184,20 +150,5 @@ mod tests {
         let (content, calls) = parse_tool_calls("a <tool_call>{not json</tool_call>");
         assert!(calls.is_empty());
         assert_eq!(content, "a <tool_call>{not json</tool_call>");
-    }
-
-    #[test]
-    fn stream_holds_back_a_possible_tag() {
-        let mut s = ToolCallStream::default();
-        assert_eq!(s.push("Sure <to"), "Sure ");
-        assert_eq!(s.push("ol_call>{\"name\": \"f\", "), "");
-        assert_eq!(s.push("\"arguments\": {}}</tool_call>"), "");
-        let (rest, calls) = s.finish();
-        assert_eq!(rest, "");
-        assert_eq!(calls[0].name, "f");
-        let mut s = ToolCallStream::default();
-        assert_eq!(s.push("a <b"), "a <b");
-        assert_eq!(s.push("<"), "");
-        assert_eq!(s.finish(), ("<".to_string(), vec![]));
     }
 }

@@ -41,6 +41,12 @@ fn models_health_and_metrics() {
         "requests_processing",
         "requests_deferred",
         "kv_cache_usage_ratio",
+        "kv_blocks_total",
+        "kv_blocks_used",
+        "kv_blocks_cached",
+        "prefix_hits_total",
+        "prompt_tokens_cached_total",
+        "requests_cancelled_total",
         "n_decode_total",
     ] {
         assert!(
@@ -49,6 +55,8 @@ fn models_health_and_metrics() {
         );
     }
     assert!(text.contains("trit:time_to_first_token_seconds_bucket{le=\"+Inf\"}"));
+    // 64 MiB of 2.95 MB blocks (30 layers × 3 KV heads × 64 dims × 64 positions × K and V).
+    assert!(text.contains("trit:kv_blocks_total 22\n"), "{text}");
 }
 
 #[test]

@@ -1,6 +1,7 @@
-//! Scheduling through HTTP: a client that disconnects mid-stream cancels its sequence (its slot
-//! serves the next request), a full queue answers 503 with Retry-After, and a multi-turn chat
-//! re-sent as full history only evaluates the new turn.
+//! Scheduling through HTTP: a client that disconnects mid-stream, or while its long prompt is
+//! read for a plain reply, cancels its sequence (freeing its place and KV blocks), a full queue
+//! answers 503 with Retry-After, and a multi-turn chat re-sent as full history only evaluates
+//! the new turn.
 
 mod common;
 
@@ -14,6 +15,7 @@ fn disconnect_cancels_and_full_queue_is_503() {
         parallel: 1,
         max_queue: 0,
         n_ctx: 2048,
+        kv_cache_bytes: 128 << 20,
         ..Options::default()
     });
     let addr = server.addr;
@@ -188,13 +190,62 @@ fn mixed_concurrent_load_leaves_nothing_behind() {
         .filter(|&kind| kind == 2)
         .count() as f64;
     assert!(metric(addr, "tokens_predicted_total") < abandoned * 200.0);
+    // Every KV block is free again (cached ones are reusable, not in use).
+    assert_eq!(metric(addr, "kv_blocks_used"), 0.0);
+    assert_eq!(metric(addr, "kv_cache_tokens"), 0.0);
+    assert!(metric(addr, "kv_blocks_cached") <= metric(addr, "kv_blocks_total"));
     // Reported, not asserted (the allocator decides when memory goes back).
     eprintln!(
-        "load {clients}x{requests}: RSS {:?} KiB before, {:?} KiB after; KV {} positions",
+        "load {clients}x{requests}: RSS {:?} KiB before, {:?} KiB after; KV blocks {} used, {} \
+         cached of {}; {} prefix hits; {} cancelled",
         rss_before,
         rss_kib(),
-        metric(addr, "kv_cache_tokens")
+        metric(addr, "kv_blocks_used"),
+        metric(addr, "kv_blocks_cached"),
+        metric(addr, "kv_blocks_total"),
+        metric(addr, "prefix_hits_total"),
+        metric(addr, "requests_cancelled_total"),
     );
+}
+
+/// A non-streaming request with a long prompt (six 512-token prompt steps) whose client hangs
+/// up after the first step: the sequence is cancelled at the next step, the rest of the prompt
+/// is never evaluated and no KV block stays in use.
+#[test]
+fn disconnect_during_a_long_prompt_cancels_it() {
+    let server = common::start(Options {
+        parallel: 2,
+        n_ctx: 4096,
+        kv_cache_bytes: 256 << 20,
+        ..Options::default()
+    });
+    let addr = server.addr;
+    let prompt = "The committee reviewed every bridge in the district, one by one. ".repeat(220);
+    let body = json!({"prompt": prompt, "max_tokens": 4, "temperature": 0});
+    let conn = send(
+        addr,
+        "POST",
+        "/v1/completions",
+        body.to_string().as_bytes(),
+        Some(API_KEY),
+    );
+    assert!(common::wait_until(
+        || metric(addr, "prompt_tokens_total") >= 512.0
+    ));
+    let seen = metric(addr, "prompt_tokens_total");
+    drop(conn);
+    assert!(common::wait_until(
+        || metric(addr, "requests_processing") == 0.0
+    ));
+    // At most the step in progress when the client left, and the one that noticed it.
+    let evaluated = metric(addr, "prompt_tokens_total");
+    assert!(
+        evaluated <= seen + 1024.0 && evaluated < 3000.0,
+        "{evaluated} prompt tokens evaluated of ~3,000 ({seen} when the client left)"
+    );
+    assert_eq!(metric(addr, "requests_cancelled_total"), 1.0);
+    assert_eq!(metric(addr, "kv_blocks_used"), 0.0);
+    assert_eq!(metric(addr, "tokens_predicted_total"), 0.0);
 }
 
 #[test]

@@ -143,7 +143,7 @@ fn scheduler(
             n_ctx: depth + steps + 8,
             parallel: streams,
             max_queue: 0,
-            prefix_cache_bytes: 0,
+            kv_cache_bytes: 8 << 30, // a cap; blocks are allocated as used
         },
     )
     .expect("starting the scheduler");
@@ -161,6 +161,9 @@ fn scheduler(
                 },
                 top_logprobs: None,
                 sink: Box::new(move |e| {
+                    if matches!(e, SeqEvent::Prompt { .. }) {
+                        return true; // prompt progress, not a token
+                    }
                     let done = matches!(e, SeqEvent::Done(_));
                     tx.send((i, Instant::now(), done)).is_ok()
                 }),

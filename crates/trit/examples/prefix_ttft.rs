@@ -54,6 +54,7 @@ fn ttft(s: &Scheduler, prompt: &[u32]) -> (f64, usize) {
                 return ((at - t0).as_secs_f64(), sum.cached_tokens);
             }
             SeqEvent::Error(e) => panic!("{e}"),
+            SeqEvent::Prompt { .. } => {}
         }
     }
     panic!("no result")
@@ -93,7 +94,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             n_ctx: h + turn + 8,
             parallel: 2,
             max_queue: 0,
-            prefix_cache_bytes: 0,
+            kv_cache_bytes: 8 << 30, // a cap; blocks are allocated as used
         };
         let history = random_tokens(h as u64, h, vocab);
         let mut follow_up = history.clone();

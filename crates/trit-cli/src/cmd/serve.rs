@@ -17,10 +17,11 @@ pub struct ServeArgs {
     pub host: String,
     #[arg(long, default_value_t = 8080, env = "TRIT_ARG_PORT")]
     pub port: u16,
-    /// Sequences decoded together at most (continuous batching); each has its own KV cache.
+    /// Sequences decoded together at most (continuous batching).
     #[arg(long, alias = "np", default_value_t = 4, env = "TRIT_ARG_N_PARALLEL")]
     pub parallel: usize,
-    /// Requests allowed to wait for a free sequence slot; beyond that, 503 + Retry-After.
+    /// Requests allowed to wait for a place among the --parallel sequences; beyond that, 503 +
+    /// Retry-After.
     #[arg(long, default_value_t = 64)]
     pub max_queue: usize,
     /// Require `Authorization: Bearer KEY` on every endpoint but /health.
@@ -32,11 +33,15 @@ pub struct ServeArgs {
     /// Largest request body in MiB.
     #[arg(long, default_value_t = 16)]
     pub body_limit_mib: usize,
-    /// Memory (MiB) for keys/values of earlier requests kept beyond the --parallel slots, so
-    /// returning conversations skip re-reading their history (0: only what the slots hold).
-    #[arg(long, default_value_t = 512)]
-    pub prefix_cache_mib: usize,
+    /// Memory (MiB) for all keys/values: the KV blocks of running sequences and those of
+    /// earlier requests kept for prefix reuse (evicted least recently used first). Allocated as
+    /// used. Default: room for --parallel sequences at the full context, plus 512 MiB.
+    #[arg(long)]
+    pub kv_cache_mib: Option<usize>,
 }
+
+/// Memory kept for cached prefixes beyond the running sequences' worst case, by default.
+const PREFIX_CACHE_MIB: usize = 512;
 
 pub fn run(mut a: ServeArgs) -> Result<()> {
     if a.path.is_some() {
@@ -50,6 +55,22 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
             .or(p.file_name())
             .map_or("model".into(), |s| s.to_string_lossy().into_owned())
     });
+    let c = &loaded.files.config;
+    let block = trit::model::kv_cache::KvBlock::bytes_for(c.kv_layers(), c.n_kv_heads * c.head_dim);
+    // A sequence's worst case: its context in blocks, plus one for a copy-on-write.
+    let per_sequence = (loaded.n_ctx.div_ceil(trit::model::kv_cache::BLOCK_TOKENS) + 1) * block;
+    let kv_cache_bytes = match a.kv_cache_mib {
+        Some(mib) => mib << 20,
+        None => a.parallel * per_sequence + (PREFIX_CACHE_MIB << 20),
+    };
+    if kv_cache_bytes < per_sequence {
+        eprintln!(
+            "trit serve: warning: --kv-cache-mib {} holds less than one sequence at the full \
+             context ({} MiB); requests must set max_tokens low enough to fit",
+            kv_cache_bytes >> 20,
+            per_sequence.div_ceil(1 << 20)
+        );
+    }
     let defaults = SamplingArgs::model_defaults(&loaded);
     let config = ServerConfig {
         model_id: model_id.clone(),
@@ -65,7 +86,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         body_limit: a.body_limit_mib.max(1) << 20,
         parallel: a.parallel,
         max_queue: a.max_queue,
-        prefix_cache_bytes: a.prefix_cache_mib << 20,
+        kv_cache_bytes,
     };
     let state = AppState::new(
         config,
@@ -85,10 +106,13 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         eprintln!(
-            "trit serve: {model_id} on http://{} (ctx {} per sequence, {} in parallel)",
+            "trit serve: {model_id} on http://{} (ctx {} per sequence, {} in parallel, KV cache \
+             {} MiB in blocks of {} tokens)",
             listener.local_addr()?,
             loaded.n_ctx,
-            a.parallel
+            a.parallel,
+            kv_cache_bytes >> 20,
+            trit::model::kv_cache::BLOCK_TOKENS
         );
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;

@@ -66,7 +66,7 @@ pub struct Options {
     pub parallel: usize,
     pub max_queue: usize,
     pub body_limit: usize,
-    pub prefix_cache_bytes: usize,
+    pub kv_cache_bytes: usize,
     /// Another model than the default one.
     pub model: Option<PathBuf>,
 }
@@ -78,7 +78,7 @@ impl Default for Options {
             parallel: 4,
             max_queue: 16,
             body_limit: 64 << 10,
-            prefix_cache_bytes: 64 << 20,
+            kv_cache_bytes: 64 << 20,
             model: None,
         }
     }
@@ -109,7 +109,7 @@ pub fn start(opts: Options) -> TestServer {
         body_limit: opts.body_limit,
         parallel: opts.parallel,
         max_queue: opts.max_queue,
-        prefix_cache_bytes: opts.prefix_cache_bytes,
+        kv_cache_bytes: opts.kv_cache_bytes,
     };
     let state = AppState::new(config, model, tokenizer, template).unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

@@ -1,15 +1,16 @@
 //! Driving a model: sessions that keep the KV cache between requests (longest-common-prefix
 //! reuse), the generation loop (sampling, stop conditions, streaming text) and the
-//! continuous-batching scheduler behind `trit serve`.
+//! continuous-batching scheduler behind `trit serve` with its paged KV block pool.
 
+pub mod block_pool;
 pub mod generate;
 pub mod perplexity;
-pub mod prefix_store;
 pub mod scheduler;
 pub mod sequence;
 pub mod session;
 pub mod stats;
 
+pub use block_pool::{BlockPool, BlockStats};
 pub use generate::{generate, FinishReason, GenerateOptions, Generation};
 pub use scheduler::{
     Scheduler, SchedulerConfig, SchedulerStats, SeqEvent, SeqRequest, SeqSummary, SubmitError,

@@ -1,18 +1,23 @@
-//! Continuous batching. One thread owns the model and a fixed set of slots (one KV cache
-//! each, `parallel` of them). Every step it runs all active sequences through one batched
-//! forward — decoding sequences contribute their last sampled token, new ones a chunk of their
-//! prompt — so the weights are read once per step for everybody. Requests join between steps
-//! when a slot is free (otherwise they wait in a bounded queue) and leave as soon as they
-//! finish or their listener goes away.
+//! Continuous batching. One thread owns the model and up to `parallel` running sequences.
+//! Every step it runs all of them through one batched forward — decoding sequences contribute
+//! their last sampled token, new ones a chunk of their prompt — so the weights are read once
+//! per step for everybody. Requests join between steps (otherwise they wait in a bounded
+//! queue) and leave as soon as they finish or their listener goes away; a listener is asked
+//! after every step, prompt chunks included, so a client that leaves is noticed within a step.
 //!
-//! A slot keeps its cache after its sequence ends, and a new request takes the free slot whose
-//! cached tokens share the longest prefix with its prompt, so a multi-turn chat re-sent as full
-//! history only computes the new turn. What a slot held is saved to a budgeted
-//! [`PrefixStore`] before the slot is reused, so more conversations than slots stay warm.
+//! KV memory is one [`BlockPool`] of fixed-size blocks under a budget. A request is admitted
+//! when its worst case (prompt + max_tokens, capped by the context) fits next to the worst
+//! cases of the running ones, so a running sequence never runs out of blocks; one that could
+//! never fit gets an error. Full blocks are entered into the pool's prefix index as they fill
+//! (a finished sequence's partial last block too), and a new prompt maps the cached blocks it
+//! starts with instead of computing them, so a multi-turn chat re-sent as full history only
+//! computes the new turn. Hybrid models keep their recurrent state per sequence and share
+//! nothing (the state at a block boundary is not kept): they recompute.
 
+use super::block_pool::{BlockPool, BlockStats};
 use super::generate::{FinishReason, GenerateOptions};
-use super::prefix_store::{common_prefix, PrefixStore};
 use super::sequence::{Decoding, TokenLogprob};
+use crate::model::kv_cache::{BlockSource, BLOCK_TOKENS};
 use crate::model::{BatchSeq, KvCache, Logits, Model};
 use crate::tokenizer::Tokenizer;
 use crate::Error;
@@ -26,20 +31,16 @@ use std::time::Instant;
 /// pace while a long prompt is being read.
 const PREFILL_BUDGET: usize = 512;
 
-/// A slot's cached positions are saved to the prefix store before being overwritten only when
-/// at least this many would be lost.
-const SAVE_WHEN_LOSING: usize = 32;
-
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
-    /// Context size of every slot, in tokens.
+    /// Context size of every sequence, in tokens.
     pub n_ctx: usize,
-    /// Sequences decoded together at most (= slots).
+    /// Sequences decoded together at most.
     pub parallel: usize,
-    /// Requests allowed to wait for a slot; more are refused.
+    /// Requests allowed to wait beyond those; more are refused.
     pub max_queue: usize,
-    /// Memory for keys/values of earlier requests kept beyond the slots (0: slots only).
-    pub prefix_cache_bytes: usize,
+    /// Memory for all keys/values: running sequences and cached prefixes (at least one block).
+    pub kv_cache_bytes: usize,
 }
 
 /// One generation request. Validation (context size, parameter ranges) is the caller's job;
@@ -55,6 +56,12 @@ pub struct SeqRequest {
 
 #[derive(Debug)]
 pub enum SeqEvent {
+    /// A chunk of the prompt was read: `done` of `total` prompt tokens are in the cache. Also
+    /// how the scheduler learns that a listener has gone while there is nothing else to say.
+    Prompt {
+        done: usize,
+        total: usize,
+    },
     /// One sampled token (`None`: end of sequence) and the text that became final with it.
     Piece {
         token: Option<u32>,
@@ -88,15 +95,16 @@ pub struct SchedulerStats {
     pub n_decode_total: u64,
     pub requests_processing: usize,
     pub requests_deferred: usize,
-    /// Positions held by all slot caches (active and kept for reuse) and their total capacity.
+    /// Positions held by the running sequences.
     pub kv_tokens: usize,
-    pub kv_capacity: usize,
-    pub kv_bytes: usize,
-    /// Prompt tokens served from kept keys/values instead of being evaluated.
+    /// KV blocks: the budget, in use by sequences, cached for prefix reuse.
+    pub kv_blocks: BlockStats,
+    /// Prompt tokens served from cached blocks instead of being evaluated.
     pub prompt_tokens_cached_total: u64,
-    /// Sequences kept in the prefix store, and their bytes.
-    pub prefix_cache_entries: usize,
-    pub prefix_cache_bytes: usize,
+    /// Requests that had cached blocks to reuse.
+    pub prefix_hits_total: u64,
+    /// Sequences ended because their listener went away.
+    pub cancelled_total: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,29 +131,24 @@ impl Scheduler {
     ) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel();
         let waiting = Arc::new(AtomicUsize::new(0));
+        let shape = model.new_cache(0);
+        let pool = BlockPool::new(shape.n_layers(), shape.row(), config.kv_cache_bytes);
         let stats = Arc::new(Mutex::new(SchedulerStats {
-            kv_capacity: config.parallel.max(1) * config.n_ctx,
+            kv_blocks: pool.stats(),
             ..Default::default()
         }));
-        let slots = (0..config.parallel.max(1))
-            .map(|_| Slot {
-                cache: model.new_cache(config.n_ctx),
-                tokens: Vec::new(),
-                last_used: 0,
-                seq: None,
-            })
-            .collect();
         let worker = Worker {
-            store: PrefixStore::new(config.prefix_cache_bytes),
             model,
             tokenizer,
             rx,
             queue: VecDeque::new(),
-            slots,
+            running: Vec::new(),
+            pool,
+            reserved_blocks: 0,
+            parallel: config.parallel.max(1),
             waiting: waiting.clone(),
             stats: stats.clone(),
             n_ctx: config.n_ctx,
-            tick: 0,
         };
         std::thread::Builder::new()
             .name("trit-scheduler".into())
@@ -182,17 +185,14 @@ impl Scheduler {
     }
 }
 
-struct Slot {
-    cache: KvCache,
-    /// The tokens whose keys/values `cache` holds.
-    tokens: Vec<u32>,
-    last_used: u64,
-    seq: Option<Running>,
-}
-
 struct Running {
     req: SeqRequest,
     decoding: Decoding,
+    cache: KvCache,
+    /// The tokens whose keys/values `cache` holds.
+    tokens: Vec<u32>,
+    /// Blocks set aside for this sequence's worst case.
+    quota: usize,
     /// Prompt tokens already in the cache (reused or evaluated).
     prompt_done: usize,
     cached_tokens: usize,
@@ -206,22 +206,23 @@ struct Worker {
     model: Arc<Model>,
     tokenizer: Arc<Tokenizer>,
     rx: Receiver<SeqRequest>,
-    /// Received but not yet in a slot.
+    /// Received but not yet running.
     queue: VecDeque<SeqRequest>,
-    slots: Vec<Slot>,
-    store: PrefixStore,
+    running: Vec<Running>,
+    pool: Arc<BlockPool>,
+    /// Sum of the running sequences' quotas (never above the pool's budget).
+    reserved_blocks: usize,
+    parallel: usize,
     /// Submitted and not yet admitted (shared with `submit`).
     waiting: Arc<AtomicUsize>,
     stats: Arc<Mutex<SchedulerStats>>,
     n_ctx: usize,
-    tick: u64,
 }
 
 impl Worker {
     fn run(mut self) {
         loop {
-            let idle = self.slots.iter().all(|s| s.seq.is_none());
-            if idle && self.queue.is_empty() {
+            if self.running.is_empty() && self.queue.is_empty() {
                 match self.rx.recv() {
                     Ok(r) => self.queue.push_back(r),
                     Err(_) => return, // every Scheduler handle is gone
@@ -232,23 +233,37 @@ impl Worker {
             }
             self.admit();
             self.publish(|_| {});
-            if self.slots.iter().any(|s| s.seq.is_some()) {
+            if !self.running.is_empty() {
                 self.step();
+            } else if !self.queue.is_empty() {
+                // Nothing runs, yet the head of the queue does not fit: cannot happen (a
+                // request larger than the whole budget is refused), but never spin on it.
+                let mut req = self.queue.pop_front().expect("not empty");
+                self.waiting.fetch_sub(1, Ordering::SeqCst);
+                (req.sink)(SeqEvent::Error(Error::InvalidArgument(
+                    "the KV cache budget cannot hold this request".into(),
+                )));
             }
         }
     }
 
-    /// Moves waiting requests into free slots, each into the one with the longest shared prefix.
+    /// Starts waiting requests in order while there is a free place and their worst case fits.
     fn admit(&mut self) {
-        while !self.queue.is_empty() {
-            let Some(slot) = self.best_free_slot(&self.queue[0].prompt) else {
+        while self.running.len() < self.parallel {
+            let Some(head) = self.queue.front() else {
                 return;
             };
-            let Some(mut req) = self.queue.pop_front() else {
-                return;
-            };
+            let n = head.prompt.len();
+            let worst = n.saturating_add(head.options.max_tokens).min(self.n_ctx);
+            // One block more for the copy made when writing into a shared block.
+            let quota = BlockPool::blocks_for(worst) + 1;
+            let fits = self.reserved_blocks + quota <= self.pool.max_blocks();
+            let too_big = quota > self.pool.max_blocks();
+            if !fits && !too_big {
+                return; // waits for running sequences to finish
+            }
+            let mut req = self.queue.pop_front().expect("not empty");
             self.waiting.fetch_sub(1, Ordering::SeqCst);
-            let n = req.prompt.len();
             if n == 0 {
                 (req.sink)(SeqEvent::Error(Error::InvalidArgument(
                     "empty prompt".into(),
@@ -262,6 +277,15 @@ impl Worker {
                 }));
                 continue;
             }
+            if too_big {
+                (req.sink)(SeqEvent::Error(Error::InvalidArgument(format!(
+                    "the request needs up to {worst} tokens of KV cache ({quota} blocks of \
+                     {BLOCK_TOKENS}) but the KV cache budget holds {} blocks; lower max_tokens \
+                     or raise the KV cache size",
+                    self.pool.max_blocks()
+                ))));
+                continue;
+            }
             let decoding = match Decoding::new(&req.prompt, &req.options) {
                 Ok(d) => match req.top_logprobs {
                     Some(k) => d.with_logprobs(k),
@@ -272,12 +296,34 @@ impl Worker {
                     continue;
                 }
             };
-            let common = self.reuse_prefix(slot, &req.prompt);
-            self.publish(|st| st.prompt_tokens_cached_total += common as u64);
-            let s = &mut self.slots[slot];
-            s.seq = Some(Running {
+            let pool: Arc<dyn BlockSource> = self.pool.clone();
+            let mut cache = self.model.new_cache(self.n_ctx).with_source(pool);
+            let mut common = 0;
+            if !cache.has_recurrent() {
+                // The last prompt token is always evaluated: its logits give the first token.
+                let (blocks, n) = self.pool.lookup(&req.prompt, req.prompt.len() - 1);
+                if n > 0 {
+                    cache.map_prefix(blocks, n);
+                    common = n;
+                }
+            }
+            if !(req.sink)(SeqEvent::Prompt {
+                done: common,
+                total: n,
+            }) {
+                continue; // the listener left while the request was queued
+            }
+            self.reserved_blocks += quota;
+            self.publish(|st| {
+                st.prompt_tokens_cached_total += common as u64;
+                st.prefix_hits_total += (common > 0) as u64;
+            });
+            self.running.push(Running {
+                tokens: req.prompt[..common].to_vec(),
                 req,
                 decoding,
+                cache,
+                quota,
                 prompt_done: common,
                 cached_tokens: common,
                 next: None,
@@ -287,77 +333,30 @@ impl Worker {
         }
     }
 
-    /// Brings `slot`'s cache to the longest prefix of `prompt` that is known: what the slot
-    /// holds, or a longer one from the prefix store. What the slot held beyond that goes to
-    /// the store. Returns the number of positions kept.
-    fn reuse_prefix(&mut self, slot: usize, prompt: &[u32]) -> usize {
-        let s = &mut self.slots[slot];
-        let in_slot = common_prefix(&s.tokens, prompt);
-        // A follow-up turn drops only the last few cached tokens (the template re-renders the
-        // end of the reply); saving is for a slot that another conversation is taking over.
-        let lost = if s.tokens.len() - in_slot >= SAVE_WHEN_LOSING {
-            self.store.snapshot(&self.model, &s.tokens, &s.cache)
-        } else {
-            None
-        };
-        // The last prompt token is always evaluated: its logits give the first token.
-        let last = prompt.len() - 1;
-        let mut common = in_slot.min(last);
-        match self.store.best(prompt) {
-            Some((entry, stored)) if stored.min(last) > common => {
-                s.tokens = self.store.restore(entry, stored.min(last), &mut s.cache);
-                common = s.tokens.len();
-            }
-            _ => {
-                s.cache.truncate(common);
-                // A hybrid model's recurrent state may roll back further than asked.
-                common = s.cache.len();
-                s.tokens.truncate(common);
-            }
-        }
-        // Kept only now, so that it cannot evict the entry just restored.
-        if let Some(snapshot) = lost {
-            self.store.insert(snapshot);
-        }
-        common
-    }
-
-    fn best_free_slot(&self, prompt: &[u32]) -> Option<usize> {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.seq.is_none())
-            // Longest shared prefix first, then least recently used.
-            .max_by_key(|(_, s)| (common_prefix(&s.tokens, prompt), u64::MAX - s.last_used))
-            .map(|(i, _)| i)
-    }
-
-    /// One batched forward over every active sequence, then sampling and events.
+    /// One batched forward over every running sequence, then sampling and events.
     fn step(&mut self) {
         let t0 = Instant::now();
-        // What each slot feeds this step (empty: not part of the batch).
+        // What each sequence feeds this step (empty: not part of the batch).
         let mut budget = PREFILL_BUDGET;
-        let mut feeds: Vec<Vec<u32>> = Vec::with_capacity(self.slots.len());
-        for s in &self.slots {
-            let feed = match &s.seq {
-                None => Vec::new(),
-                Some(r) if r.prompt_done < r.req.prompt.len() => {
-                    let take = (r.req.prompt.len() - r.prompt_done).min(budget);
-                    budget -= take;
-                    r.req.prompt[r.prompt_done..r.prompt_done + take].to_vec()
-                }
-                Some(r) => r.next.into_iter().collect(),
+        let mut feeds: Vec<Vec<u32>> = Vec::with_capacity(self.running.len());
+        for r in &self.running {
+            let feed = if r.prompt_done < r.req.prompt.len() {
+                let take = (r.req.prompt.len() - r.prompt_done).min(budget);
+                budget -= take;
+                r.req.prompt[r.prompt_done..r.prompt_done + take].to_vec()
+            } else {
+                r.next.into_iter().collect()
             };
             feeds.push(feed);
         }
         let mut batch: Vec<BatchSeq<'_>> = self
-            .slots
+            .running
             .iter_mut()
             .zip(&feeds)
             .filter(|(_, f)| !f.is_empty())
-            .map(|(s, f)| BatchSeq {
+            .map(|(r, f)| BatchSeq {
                 tokens: f,
-                cache: &mut s.cache,
+                cache: &mut r.cache,
                 logits: Logits::Last,
             })
             .collect();
@@ -374,28 +373,47 @@ impl Worker {
                 return;
             }
         };
-        self.tick += 1;
-        let (mut prompt_rows, mut predicted) = (0u64, 0u64);
+        let (mut prompt_rows, mut predicted, mut cancelled) = (0u64, 0u64, 0u64);
+        let mut finished = Vec::new();
         for (i, feed) in feeds.iter().enumerate() {
+            let r = &mut self.running[i];
             if feed.is_empty() {
+                // Waiting for its turn at the prompt budget: only check the listener.
+                let (done, total) = (r.prompt_done, r.req.prompt.len());
+                if !(r.req.sink)(SeqEvent::Prompt { done, total }) {
+                    cancelled += 1;
+                    finished.push((i, FinishReason::Cancelled));
+                }
                 continue;
             }
             let mut logits = outputs.next().unwrap_or_default();
-            let s = &mut self.slots[i];
-            s.tokens.extend_from_slice(feed);
-            s.last_used = self.tick;
-            let Some(r) = s.seq.as_mut() else { continue };
+            r.tokens.extend_from_slice(feed);
+            if !r.cache.has_recurrent()
+                && r.tokens.len() / BLOCK_TOKENS > (r.tokens.len() - feed.len()) / BLOCK_TOKENS
+            {
+                // A block filled up: others may share it from now on.
+                self.pool.register(&mut r.cache, &r.tokens, false);
+            }
             if r.prompt_done < r.req.prompt.len() {
                 r.prompt_done += feed.len();
                 prompt_rows += feed.len() as u64;
                 if r.prompt_done < r.req.prompt.len() {
-                    continue; // more prompt to read next step
+                    // More prompt to read next step; is anybody still waiting for it?
+                    let total = r.req.prompt.len();
+                    if !(r.req.sink)(SeqEvent::Prompt {
+                        done: r.prompt_done,
+                        total,
+                    }) {
+                        cancelled += 1;
+                        finished.push((i, FinishReason::Cancelled));
+                    }
+                    continue;
                 }
                 r.prompt_secs = r.started.elapsed().as_secs_f64();
             }
             let mut step =
                 r.decoding
-                    .step(&mut logits, &self.tokenizer, s.tokens.len(), self.n_ctx);
+                    .step(&mut logits, &self.tokenizer, r.tokens.len(), self.n_ctx);
             predicted += step.token.is_some() as u64;
             let listening = (r.req.sink)(SeqEvent::Piece {
                 token: step.token,
@@ -403,19 +421,24 @@ impl Worker {
                 logprob: step.logprob.take(),
             });
             if !listening && step.finish.is_none() {
+                cancelled += 1;
                 step = r.decoding.cancel(&self.tokenizer);
             }
             r.next = step.token;
             if let Some(finish) = step.finish {
-                if let Some(r) = s.seq.take() {
-                    finish_sequence(r, finish);
-                }
+                finished.push((i, finish));
             }
+        }
+        // Highest index first, so the indices still point at the same sequences.
+        for (i, finish) in finished.into_iter().rev() {
+            let r = self.running.swap_remove(i);
+            self.retire(r, finish);
         }
         self.publish(|st| {
             st.n_decode_total += 1;
             st.prompt_tokens_total += prompt_rows;
             st.tokens_predicted_total += predicted;
+            st.cancelled_total += cancelled;
             if prompt_rows > 0 {
                 st.prompt_seconds_total += secs;
             }
@@ -425,42 +448,69 @@ impl Worker {
         });
     }
 
+    /// Ends a sequence: its blocks go to the prefix index (so a follow-up can reuse them) or
+    /// back to the pool, its quota is released and its listener gets the summary.
+    fn retire(&mut self, mut r: Running, finish: FinishReason) {
+        if !r.cache.has_recurrent() {
+            self.pool.register(&mut r.cache, &r.tokens, true);
+        }
+        self.reserved_blocks -= r.quota;
+        let Running {
+            req,
+            decoding,
+            cache,
+            cached_tokens,
+            started,
+            prompt_secs,
+            ..
+        } = r;
+        drop(cache);
+        finish_sequence(req, &decoding, cached_tokens, started, prompt_secs, finish);
+    }
+
     /// A failed forward (should not happen for validated requests): every sequence in it gets
-    /// the error, and the caches forget the rows that were appended.
+    /// the error and ends.
     fn fail_batch(&mut self, feeds: &[Vec<u32>], e: Error) {
         let msg = e.to_string();
-        for (s, feed) in self.slots.iter_mut().zip(feeds) {
-            if feed.is_empty() {
+        for i in (0..feeds.len()).rev() {
+            if feeds[i].is_empty() {
                 continue;
             }
-            s.cache.truncate(s.tokens.len());
-            if let Some(mut r) = s.seq.take() {
-                (r.req.sink)(SeqEvent::Error(Error::InvalidArgument(msg.clone())));
-            }
+            let mut r = self.running.swap_remove(i);
+            r.cache.truncate(r.tokens.len());
+            self.reserved_blocks -= r.quota;
+            (r.req.sink)(SeqEvent::Error(Error::InvalidArgument(msg.clone())));
         }
     }
 
-    /// Updates the shared statistics (gauges from the slots, counters through `f`).
+    /// Updates the shared statistics (gauges from the sequences and the pool, counters
+    /// through `f`).
     fn publish(&self, f: impl FnOnce(&mut SchedulerStats)) {
+        let blocks = self.pool.stats();
         if let Ok(mut st) = self.stats.lock() {
             f(&mut st);
-            st.requests_processing = self.slots.iter().filter(|s| s.seq.is_some()).count();
-            st.kv_tokens = self.slots.iter().map(|s| s.cache.len()).sum();
-            st.kv_bytes = self.slots.iter().map(|s| s.cache.bytes()).sum();
-            st.prefix_cache_entries = self.store.len();
-            st.prefix_cache_bytes = self.store.bytes();
+            st.requests_processing = self.running.len();
+            st.kv_tokens = self.running.iter().map(|r| r.cache.len()).sum();
+            st.kv_blocks = blocks;
         }
     }
 }
 
-fn finish_sequence(mut r: Running, finish: FinishReason) {
+fn finish_sequence(
+    mut req: SeqRequest,
+    decoding: &Decoding,
+    cached_tokens: usize,
+    started: Instant,
+    prompt_secs: f64,
+    finish: FinishReason,
+) {
     let summary = SeqSummary {
         finish,
-        prompt_tokens: r.req.prompt.len(),
-        cached_tokens: r.cached_tokens,
-        completion_tokens: r.decoding.generated(),
-        prompt_secs: r.prompt_secs,
-        gen_secs: (r.started.elapsed().as_secs_f64() - r.prompt_secs).max(0.0),
+        prompt_tokens: req.prompt.len(),
+        cached_tokens,
+        completion_tokens: decoding.generated(),
+        prompt_secs,
+        gen_secs: (started.elapsed().as_secs_f64() - prompt_secs).max(0.0),
     };
-    (r.req.sink)(SeqEvent::Done(summary));
+    (req.sink)(SeqEvent::Done(summary));
 }

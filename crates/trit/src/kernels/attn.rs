@@ -10,6 +10,10 @@
 //! output dimensions in registers per row. All of it is plain Rust the compiler vectorizes
 //! (NEON too); on x86 the same code is compiled again with AVX-512 (or AVX2+FMA) enabled and
 //! picked at run time.
+//!
+//! Keys and values are read through pages of `KEY_BLOCK` positions (the paged KV cache's
+//! blocks): one key block of the loop is exactly one page, so the paging costs one slice
+//! lookup per 64 keys and nothing inside the inner loops.
 
 use super::ops::exp_approx;
 
@@ -20,13 +24,52 @@ const ROWS: usize = 16;
 /// Rows of the narrow form used when a call has at most this many (decode).
 const NARROW_ROWS: usize = 4;
 
-/// One KV head inside the cache: key `j` is `keys[j·stride + offset ..][..hd]` (values alike).
+/// One KV head inside one page of the cache: key `j` of the page is
+/// `keys[j·stride + offset ..][..hd]` (values alike).
 #[derive(Clone, Copy)]
-pub struct KvHead<'a> {
-    pub keys: &'a [f32],
-    pub values: &'a [f32],
+struct KvHead<'a> {
+    keys: &'a [f32],
+    values: &'a [f32],
+    stride: usize,
+    offset: usize,
+}
+
+/// One KV head across the pages of a cache: key `j` is key `j % KEY_BLOCK` of page
+/// `j / KEY_BLOCK`, each page laid out as `[position][stride]` with the head at `offset`.
+#[derive(Clone, Copy)]
+pub struct PagedKvHead<'a> {
+    pub key_pages: &'a [&'a [f32]],
+    pub value_pages: &'a [&'a [f32]],
     pub stride: usize,
     pub offset: usize,
+}
+
+impl<'a> PagedKvHead<'a> {
+    fn page(&self, p: usize) -> KvHead<'a> {
+        KvHead {
+            keys: self.key_pages[p],
+            values: self.value_pages[p],
+            stride: self.stride,
+            offset: self.offset,
+        }
+    }
+
+    /// Whether the pages hold `n` keys of `hd` floats.
+    fn holds(&self, n: usize, hd: usize) -> bool {
+        let pages = n.div_ceil(KEY_BLOCK);
+        self.key_pages.len() >= pages
+            && self.value_pages.len() >= pages
+            && (0..pages).all(|p| {
+                let keys = (n - p * KEY_BLOCK).min(KEY_BLOCK);
+                let need = (keys - 1) * self.stride + self.offset + hd;
+                self.key_pages[p].len() >= need && self.value_pages[p].len() >= need
+            })
+    }
+}
+
+/// Splits contiguous `[position][stride]` rows into the pages `PagedKvHead` reads.
+pub fn pages_of(rows: &[f32], stride: usize) -> Vec<&[f32]> {
+    rows.chunks(KEY_BLOCK * stride).collect()
 }
 
 /// Reusable buffers of `attend_rows` (grow on demand).
@@ -40,7 +83,7 @@ pub struct AttnScratch {
 pub fn attend_rows(
     q: &[f32],
     visible: &[usize],
-    kv: KvHead,
+    kv: PagedKvHead,
     scale: f32,
     out: &mut [f32],
     scratch: &mut AttnScratch,
@@ -57,7 +100,7 @@ pub fn attend_rows_at(
     level: super::KernelLevel,
     q: &[f32],
     visible: &[usize],
-    kv: KvHead,
+    kv: PagedKvHead,
     scale: f32,
     out: &mut [f32],
     scratch: &mut AttnScratch,
@@ -71,9 +114,7 @@ pub fn attend_rows_at(
     assert_eq!(out.len(), q.len(), "attend_rows: output shape");
     let most = visible.iter().copied().max().unwrap_or(0);
     assert!(
-        visible.iter().all(|&v| v >= 1)
-            && (most == 0 || (most - 1) * kv.stride + kv.offset + hd <= kv.keys.len())
-            && kv.values.len() == kv.keys.len(),
+        visible.iter().all(|&v| v >= 1) && (most == 0 || kv.holds(most, hd)),
         "attend_rows: visible keys outside the cache"
     );
     match level.or_supported() {
@@ -94,7 +135,7 @@ pub fn attend_rows_at(
 unsafe fn attend_avx512(
     q: &[f32],
     visible: &[usize],
-    kv: KvHead,
+    kv: PagedKvHead,
     scale: f32,
     out: &mut [f32],
     scratch: &mut AttnScratch,
@@ -107,7 +148,7 @@ unsafe fn attend_avx512(
 unsafe fn attend_avx2(
     q: &[f32],
     visible: &[usize],
-    kv: KvHead,
+    kv: PagedKvHead,
     scale: f32,
     out: &mut [f32],
     scratch: &mut AttnScratch,
@@ -196,7 +237,7 @@ fn add_weighted_values<const FMA: bool>(o: &mut [f32], p: &[f32], kv: KvHead, j0
 fn attend_generic<const FMA: bool>(
     q: &[f32],
     visible: &[usize],
-    kv: KvHead,
+    kv: PagedKvHead,
     scale: f32,
     out: &mut [f32],
     scratch: &mut AttnScratch,
@@ -224,7 +265,7 @@ fn attend_generic<const FMA: bool>(
 fn attend_group<const FMA: bool, const R: usize>(
     q: &[f32],
     visible: &[usize],
-    kv: KvHead,
+    kv: PagedKvHead,
     scale: f32,
     out: &mut [f32],
     scratch: &mut AttnScratch,
@@ -248,8 +289,10 @@ fn attend_group<const FMA: bool, const R: usize>(
     let mut s = [[0f32; R]; KEY_BLOCK];
     for j0 in (0..most).step_by(KEY_BLOCK) {
         let kb = (most - j0).min(KEY_BLOCK);
+        // This key block is one page: indices below are relative to its first key.
+        let page = kv.page(j0 / KEY_BLOCK);
         for c0 in (0..kb).step_by(8) {
-            let block = scores_8_keys::<FMA, R>(&scratch.qt, kv, hd, j0 + c0, most - 1);
+            let block = scores_8_keys::<FMA, R>(&scratch.qt, page, hd, c0, kb - 1);
             for (c, sc) in block.iter().enumerate() {
                 if c0 + c < KEY_BLOCK {
                     s[c0 + c] = *sc;
@@ -295,7 +338,7 @@ fn attend_group<const FMA: bool, const R: usize>(
         let (block_values, vj0) = if R > NARROW_ROWS {
             scratch.values.clear();
             for j in 0..kb {
-                let v = &kv.values[(j0 + j) * kv.stride + kv.offset..][..hd];
+                let v = &page.values[j * page.stride + page.offset..][..hd];
                 scratch.values.extend_from_slice(v);
             }
             let contiguous = KvHead {
@@ -306,7 +349,7 @@ fn attend_group<const FMA: bool, const R: usize>(
             };
             (contiguous, 0)
         } else {
-            (kv, j0)
+            (page, 0)
         };
         let mut p = [0f32; KEY_BLOCK];
         for r in 0..rows {
@@ -401,10 +444,17 @@ mod tests {
                     stride,
                     offset,
                 };
+                let (key_pages, value_pages) = (pages_of(&keys, stride), pages_of(&values, stride));
+                let paged = PagedKvHead {
+                    key_pages: &key_pages,
+                    value_pages: &value_pages,
+                    stride,
+                    offset,
+                };
                 let scale = 1.0 / (hd as f32).sqrt();
                 let mut out = vec![f32::NAN; q.len()];
                 let mut scratch = AttnScratch::default();
-                attend_rows_at(l, &q, visible, kv, scale, &mut out, &mut scratch);
+                attend_rows_at(l, &q, visible, paged, scale, &mut out, &mut scratch);
                 let want = reference(&q, visible, kv, scale);
                 for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
                     assert!(

@@ -6,10 +6,11 @@
 //! one `kernels::attn::attend_rows` call, which streams the keys block by block with an online
 //! softmax (no full score matrix, whatever the prompt length). Threads claim units one at a
 //! time, heaviest (most keys) first, so the causal triangle's uneven work stays balanced.
+//! Keys and values are read in place through the cache's block table (paged, see `kv_cache`).
 
 use super::kv_cache::KvCache;
 use crate::format::config::ModelConfig;
-use crate::kernels::attn::{attend_rows, AttnScratch, KvHead};
+use crate::kernels::attn::{attend_rows, AttnScratch, PagedKvHead};
 use crate::threadpool::ThreadPool;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -81,6 +82,11 @@ pub fn attend_batch(
     }
     // Heaviest first: the units whose last token sees the most keys.
     units.sort_by_key(|u| std::cmp::Reverse(seqs[u.seq].pos0 + u.t0 + u.nt));
+    // Each sequence's key/value pages for this layer, looked up once for all its units.
+    let pages: Vec<_> = seqs
+        .iter()
+        .map(|s| s.cache.pages(layer, s.pos0 + s.n))
+        .collect();
     let next = AtomicUsize::new(0);
     let results: Vec<Mutex<Partial>> = (0..pool.n_threads())
         .map(|_| Mutex::new(Vec::new()))
@@ -93,7 +99,6 @@ pub fn attend_batch(
             let i = next.fetch_add(1, Ordering::Relaxed);
             let Some(&u) = units.get(i) else { break };
             let s = &seqs[u.seq];
-            let total = s.pos0 + s.n;
             rows_q.clear();
             visible.clear();
             for t in u.t0..u.t0 + u.nt {
@@ -102,9 +107,9 @@ pub fn attend_batch(
                 visible.extend(std::iter::repeat_n(s.pos0 + t + 1, group));
             }
             let mut o = vec![0f32; rows_q.len()];
-            let kv = KvHead {
-                keys: s.cache.keys(layer, total),
-                values: s.cache.values(layer, total),
+            let kv = PagedKvHead {
+                key_pages: &pages[u.seq].0,
+                value_pages: &pages[u.seq].1,
                 stride: nkv * hd,
                 offset: u.g * hd,
             };

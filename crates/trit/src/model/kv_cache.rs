@@ -1,8 +1,20 @@
-//! Key/value cache of the attention layers.
+//! Key/value cache of the attention layers, paged: positions live in fixed-size blocks of
+//! [`BLOCK_TOKENS`] positions and a cache is a table of blocks, so sequences that share a
+//! prefix can share its blocks (the serving scheduler's prefix cache) and memory is handed out
+//! and taken back a block at a time from a budgeted pool.
 //!
-//! Stored per layer as contiguous `[position][kv_head · head_dim]` f32 rows that grow as
-//! tokens arrive, so a truncate (prefix reuse between chat turns) is just a length change.
-//! The type hides its layout behind `keys`/`values` so it can later become paged or f16.
+//! Why 64 positions per block: the attention kernel streams keys in blocks of
+//! `kernels::attn::KEY_BLOCK` = 64 with an online softmax, so one cache block is exactly one
+//! kernel key block and paging costs one slice lookup per 64 keys, nothing in the inner loops.
+//! Smaller blocks would share prefixes at a finer grain but would split the kernel's key blocks;
+//! larger ones waste more of the last block of every sequence (at most 63 positions here).
+//!
+//! A block holds every layer (`[layer][keys | values][position][kv_head · head_dim]` f32), so one
+//! table serves all layers. Blocks are `Arc`s: a block in more than one table (or kept by the
+//! pool's prefix index) is read-only, and a cache that must write into one (appending after a
+//! prefix that ends inside it) first copies it (copy-on-write). Blocks come from and go back to
+//! a [`BlockSource`] when there is one (the scheduler's pool); a standalone cache (`trit run`,
+//! `trit chat`, perplexity) allocates its own as it grows.
 //!
 //! Hybrid models (Qwen3.5) also carry the recurrent state of their linear-attention layers
 //! here. That state cannot be truncated, so the cache keeps one snapshot (`checkpoint`);
@@ -10,14 +22,60 @@
 //! before `n`, else to the empty state, and the caller re-evaluates from `len()`.
 
 use super::recurrent::RecurrentState;
+use crate::kernels::attn::KEY_BLOCK;
+use std::sync::Arc;
+
+/// Positions per block (one attention-kernel key block).
+pub const BLOCK_TOKENS: usize = KEY_BLOCK;
+
+/// Keys and values of `BLOCK_TOKENS` positions for every layer.
+#[derive(Clone)]
+pub struct KvBlock {
+    data: Vec<f32>,
+}
+
+impl KvBlock {
+    /// A zeroed block for `n_layers` layers of `row` floats per position.
+    pub fn new(n_layers: usize, row: usize) -> Self {
+        KvBlock {
+            data: vec![0.0; Self::floats(n_layers, row)],
+        }
+    }
+
+    fn floats(n_layers: usize, row: usize) -> usize {
+        n_layers * 2 * BLOCK_TOKENS * row
+    }
+
+    /// Bytes of one block.
+    pub fn bytes_for(n_layers: usize, row: usize) -> usize {
+        Self::floats(n_layers, row) * 4
+    }
+
+    fn page(&self, layer: usize, values: bool, row: usize) -> &[f32] {
+        let page = BLOCK_TOKENS * row;
+        &self.data[(2 * layer + values as usize) * page..][..page]
+    }
+
+    fn page_mut(&mut self, layer: usize, values: bool, row: usize) -> &mut [f32] {
+        let page = BLOCK_TOKENS * row;
+        &mut self.data[(2 * layer + values as usize) * page..][..page]
+    }
+}
+
+/// Where a cache gets its blocks and returns the ones it no longer references (the scheduler's
+/// budgeted pool). `take` always returns a block of the right shape.
+pub trait BlockSource: Send + Sync {
+    fn take(&self) -> KvBlock;
+    fn give_back(&self, block: KvBlock);
+}
 
 pub struct KvCache {
     n_layers: usize,
     row: usize,
     capacity: usize,
     len: usize,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    blocks: Vec<Arc<KvBlock>>,
+    source: Option<Arc<dyn BlockSource>>,
     recurrent: Option<RecurrentState>,
     /// Position and recurrent state of the last `checkpoint`.
     snapshot: Option<(usize, RecurrentState)>,
@@ -31,11 +89,17 @@ impl KvCache {
             row,
             capacity,
             len: 0,
-            k: vec![Vec::new(); n_layers],
-            v: vec![Vec::new(); n_layers],
+            blocks: Vec::new(),
+            source: None,
             recurrent: None,
             snapshot: None,
         }
+    }
+
+    /// Takes blocks from (and returns them to) `source` instead of allocating them.
+    pub fn with_source(mut self, source: Arc<dyn BlockSource>) -> Self {
+        self.source = Some(source);
+        self
     }
 
     /// Adds the recurrent state of a hybrid model's linear layers (zero at position 0).
@@ -74,8 +138,37 @@ impl KvCache {
         self.n_layers
     }
 
+    /// Floats per position and layer (kv_heads · head_dim).
+    pub fn row(&self) -> usize {
+        self.row
+    }
+
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    /// The block table (the blocks holding positions `0..len`, and possibly one more
+    /// allocated ahead).
+    pub fn blocks(&self) -> &[Arc<KvBlock>] {
+        &self.blocks
+    }
+
+    /// Starts an empty cache on `blocks` shared with others (a cached prefix), holding their
+    /// first `len` positions. The blocks stay read-only: writing after `len` copies the block
+    /// it falls into first.
+    pub fn map_prefix(&mut self, blocks: Vec<Arc<KvBlock>>, len: usize) {
+        debug_assert!(self.len == 0 && len <= blocks.len() * BLOCK_TOKENS);
+        debug_assert!(self.recurrent.is_none(), "a recurrent state is not shared");
+        self.release_from(0);
+        self.blocks = blocks;
+        self.len = len;
+    }
+
+    /// Replaces block `i` (same contents) by an identical one kept elsewhere, so that both
+    /// tables share one copy. Used by the prefix index when two sequences computed the same block.
+    pub fn share_block(&mut self, i: usize, block: Arc<KvBlock>) {
+        let old = std::mem::replace(&mut self.blocks[i], block);
+        self.give_back(old);
     }
 
     /// Forget everything from position `n` on.
@@ -99,77 +192,207 @@ impl KvCache {
             }
         }
         self.len = self.len.min(n);
-        for l in 0..self.n_layers {
-            self.k[l].truncate(self.len * self.row);
-            self.v[l].truncate(self.len * self.row);
-        }
+        self.release_from(self.len.div_ceil(BLOCK_TOKENS));
     }
 
     pub fn clear(&mut self) {
         self.truncate(0);
     }
 
-    /// Appends `n` rows of keys and values for `layer`; the caller appends every layer for
-    /// the same positions, then calls `advance(n)`.
+    /// Returns the blocks from table index `first` on.
+    fn release_from(&mut self, first: usize) {
+        if first < self.blocks.len() {
+            for b in self.blocks.split_off(first).into_iter().rev() {
+                self.give_back(b);
+            }
+        }
+    }
+
+    /// Drops one reference; a block nobody else holds goes back to the source.
+    fn give_back(&self, block: Arc<KvBlock>) {
+        if let (Some(src), Ok(b)) = (&self.source, Arc::try_unwrap(block)) {
+            src.give_back(b);
+        }
+    }
+
+    fn new_block(&self) -> KvBlock {
+        match &self.source {
+            Some(src) => src.take(),
+            None => KvBlock::new(self.n_layers, self.row),
+        }
+    }
+
+    /// Makes sure positions `len..len + n` have blocks this cache may write: allocates the
+    /// missing ones and copies a shared block the range starts in.
+    fn prepare(&mut self, n: usize) {
+        let end = self.len + n;
+        while self.blocks.len() * BLOCK_TOKENS < end {
+            let b = self.new_block();
+            self.blocks.push(Arc::new(b));
+        }
+        if n == 0 {
+            return;
+        }
+        let first = self.len / BLOCK_TOKENS;
+        for i in first..end.div_ceil(BLOCK_TOKENS) {
+            if Arc::get_mut(&mut self.blocks[i]).is_none() {
+                let mut copy = self.new_block();
+                copy.data.copy_from_slice(&self.blocks[i].data);
+                let shared = std::mem::replace(&mut self.blocks[i], Arc::new(copy));
+                self.give_back(shared);
+            }
+        }
+    }
+
+    /// Appends `n` rows of keys and values for `layer` at positions `len..len + n`; the caller
+    /// appends every layer for the same positions, then calls `advance(n)`.
     pub fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) {
         debug_assert_eq!(k.len(), v.len());
         debug_assert_eq!(k.len() % self.row, 0);
-        self.k[layer].extend_from_slice(k);
-        self.v[layer].extend_from_slice(v);
+        let n = k.len() / self.row;
+        self.prepare(n);
+        let row = self.row;
+        let mut pos = self.len;
+        let mut done = 0;
+        while done < n {
+            let (bi, off) = (pos / BLOCK_TOKENS, pos % BLOCK_TOKENS);
+            let take = (BLOCK_TOKENS - off).min(n - done);
+            let block = Arc::get_mut(&mut self.blocks[bi]).expect("prepared as private");
+            let src = done * row..(done + take) * row;
+            block.page_mut(layer, false, row)[off * row..][..take * row]
+                .copy_from_slice(&k[src.clone()]);
+            block.page_mut(layer, true, row)[off * row..][..take * row].copy_from_slice(&v[src]);
+            pos += take;
+            done += take;
+        }
     }
 
     pub fn advance(&mut self, n: usize) {
         self.len += n;
     }
 
-    /// Keys of `layer` for positions `0..n` (n may include rows appended but not yet advanced).
-    pub fn keys(&self, layer: usize, n: usize) -> &[f32] {
-        &self.k[layer][..n * self.row]
+    /// Key and value pages of `layer` covering positions `0..n` (n may include rows appended
+    /// but not yet advanced): page `p` holds positions `p·BLOCK_TOKENS..`, `row` floats each.
+    pub fn pages(&self, layer: usize, n: usize) -> (Vec<&[f32]>, Vec<&[f32]>) {
+        let count = n.div_ceil(BLOCK_TOKENS);
+        let blocks = &self.blocks[..count];
+        (
+            blocks
+                .iter()
+                .map(|b| b.page(layer, false, self.row))
+                .collect(),
+            blocks
+                .iter()
+                .map(|b| b.page(layer, true, self.row))
+                .collect(),
+        )
     }
 
-    pub fn values(&self, layer: usize, n: usize) -> &[f32] {
-        &self.v[layer][..n * self.row]
+    /// Keys of `layer` at position `pos` (tests and checks).
+    pub fn key_row(&self, layer: usize, pos: usize) -> &[f32] {
+        let b = &self.blocks[pos / BLOCK_TOKENS];
+        &b.page(layer, false, self.row)[(pos % BLOCK_TOKENS) * self.row..][..self.row]
     }
 
-    /// Bytes held now.
+    /// Values of `layer` at position `pos`.
+    pub fn value_row(&self, layer: usize, pos: usize) -> &[f32] {
+        let b = &self.blocks[pos / BLOCK_TOKENS];
+        &b.page(layer, true, self.row)[(pos % BLOCK_TOKENS) * self.row..][..self.row]
+    }
+
+    /// Bytes of the blocks this cache references (shared blocks counted in full) plus its
+    /// recurrent state.
     pub fn bytes(&self) -> usize {
-        let kv: usize = self
-            .k
-            .iter()
-            .chain(self.v.iter())
-            .map(|x| x.len() * 4)
-            .sum();
-        kv + self.recurrent.as_ref().map_or(0, |r| r.bytes())
+        self.blocks.len() * KvBlock::bytes_for(self.n_layers, self.row)
+            + self.recurrent.as_ref().map_or(0, |r| r.bytes())
     }
 
-    /// Bytes a full cache of `tokens` positions needs (for `trit info`).
+    /// Bytes of keys/values of `tokens` positions (for `trit info`; a cache rounds up to whole
+    /// blocks).
     pub fn bytes_for(n_layers: usize, row: usize, tokens: usize) -> usize {
         2 * n_layers * row * tokens * 4
+    }
+}
+
+impl Drop for KvCache {
+    fn drop(&mut self) {
+        self.release_from(0);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+
+    fn fill(c: &mut KvCache, n: usize, v: f32) {
+        for layer in 0..c.n_layers() {
+            let rows = vec![v + layer as f32; n * c.row()];
+            c.append(layer, &rows, &rows.iter().map(|x| -x).collect::<Vec<_>>());
+        }
+        c.advance(n);
+    }
 
     #[test]
-    fn append_truncate_and_reuse() {
-        let mut c = KvCache::new(2, 4, 16);
-        for layer in 0..2 {
-            c.append(layer, &[1.0; 8], &[2.0; 8]);
+    fn append_across_blocks_truncate_and_reuse() {
+        let mut c = KvCache::new(2, 4, 512);
+        fill(&mut c, 70, 1.0);
+        assert_eq!((c.len(), c.blocks().len()), (70, 2));
+        assert_eq!(c.key_row(1, 69), &[2.0; 4]);
+        assert_eq!(c.value_row(0, 63), &[-1.0; 4]);
+        c.truncate(64);
+        assert_eq!(c.blocks().len(), 1);
+        fill(&mut c, 2, 5.0);
+        assert_eq!(c.key_row(0, 64), &[5.0; 4]);
+        assert_eq!(c.key_row(0, 63), &[1.0; 4]);
+        let (k, v) = c.pages(1, 66);
+        assert_eq!((k.len(), v.len(), k[0].len()), (2, 2, BLOCK_TOKENS * 4));
+        assert_eq!(c.bytes(), 2 * KvBlock::bytes_for(2, 4));
+    }
+
+    /// Counts what goes in and out, like the scheduler's pool.
+    #[derive(Default)]
+    struct Counting {
+        taken: Mutex<usize>,
+        returned: Mutex<usize>,
+    }
+
+    impl BlockSource for Counting {
+        fn take(&self) -> KvBlock {
+            *self.taken.lock().unwrap() += 1;
+            KvBlock::new(1, 2)
         }
-        c.advance(2);
-        assert_eq!(c.len(), 2);
-        assert_eq!(c.keys(1, 2).len(), 8);
-        c.truncate(1);
-        assert_eq!(c.len(), 1);
-        assert_eq!(c.values(0, 1), &[2.0; 4]);
-        for layer in 0..2 {
-            c.append(layer, &[3.0; 4], &[4.0; 4]);
+        fn give_back(&self, _: KvBlock) {
+            *self.returned.lock().unwrap() += 1;
         }
-        c.advance(1);
-        assert_eq!(&c.keys(0, 2)[4..], &[3.0; 4]);
-        assert_eq!(c.bytes(), 2 * 2 * 8 * 4);
+    }
+
+    #[test]
+    fn shared_blocks_are_copied_before_writing_and_returned_once() {
+        let src = Arc::new(Counting::default());
+        let mut a = KvCache::new(1, 2, 512).with_source(src.clone());
+        fill(&mut a, 100, 1.0);
+        // b maps a's first 80 positions: block 0 whole, block 1 up to position 80.
+        let mut b = KvCache::new(1, 2, 512).with_source(src.clone());
+        b.map_prefix(a.blocks().to_vec(), 80);
+        fill(&mut b, 1, 7.0);
+        assert!(
+            Arc::ptr_eq(&a.blocks()[0], &b.blocks()[0]),
+            "full block shared"
+        );
+        assert!(
+            !Arc::ptr_eq(&a.blocks()[1], &b.blocks()[1]),
+            "written block copied"
+        );
+        assert_eq!(b.key_row(0, 79), &[1.0; 2]);
+        assert_eq!(b.key_row(0, 80), &[7.0; 2]);
+        assert_eq!(a.key_row(0, 80), &[1.0; 2], "a's copy untouched");
+        assert_eq!(*src.taken.lock().unwrap(), 3);
+        drop(a);
+        // Block 0 is still b's; a's block 1 is returned.
+        assert_eq!(*src.returned.lock().unwrap(), 1);
+        drop(b);
+        assert_eq!(*src.returned.lock().unwrap(), 3);
     }
 
     #[test]
@@ -187,7 +410,7 @@ mod tests {
         c.truncate(5);
         assert_eq!(c.len(), 3);
         assert_eq!(c.recurrent_mut().unwrap().layers[0].ssm, vec![1.0; 4]);
-        assert_eq!(c.keys(0, 3), &[1.0; 6]);
+        assert_eq!(c.key_row(0, 2), &[1.0; 2]);
         // Cutting at the end keeps everything; cutting before the snapshot starts over.
         c.truncate(3);
         assert_eq!(c.len(), 3);
