@@ -17,8 +17,20 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,memor
 S=$OUT/summary.txt; : > $S
 step() { echo "== $*" | tee -a $OUT/steps.log; }
 
+# llama.cpp's CUDA llama-bench (the peer), built in the background from the stripped sdist
+# source (llama_src.tar.xz: vendor/llama.cpp of llama-cpp-python 0.3.36 without models, docs,
+# tests, examples, non-CPU/CUDA backends and other tools).
+if [ -f $G/llama_src.tar.xz ] && [ "$1" != quick ]; then
+  ( mkdir -p /tmp/ll && tar -xJf $G/llama_src.tar.xz -C /tmp/ll &&
+    cmake -S /tmp/ll/llama.cpp -B /tmp/ll/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+      -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TOOLS=ON > $OUT/llama_build.log 2>&1 &&
+    cmake --build /tmp/ll/build --target llama-bench -j 14 >> $OUT/llama_build.log 2>&1; echo "llama build rc=$?" >> $OUT/llama_build.log ) &
+  LLPID=$!
+fi
 step compile; timeout 120 /tmp/bin/kernels_compile 2>&1 | tail -3 | tee -a $S
 step gputests; timeout 240 /tmp/bin/gpu_vs_cpu --ignored --test-threads 1 --nocapture > $OUT/gputests.log 2>&1; echo "gpu tests rc=$?" | tee -a $S
+TRIT_CUDA_PDL=0 timeout 240 /tmp/bin/gpu_vs_cpu --ignored --test-threads 1 --nocapture > $OUT/gputests_nopdl.log 2>&1; echo "gpu tests without PDL rc=$?" | tee -a $S
 grep -E "error|greedy|test result|panicked" $OUT/gputests.log | head -30 | tee -a $S
 
 step torch-bw
@@ -49,10 +61,12 @@ timeout 100 $T bench --device cuda -m /tmp/models/1.7b/model-tq1_0.gguf -p 0 -n 
 step bench-8b
 timeout 200 $T bench --device cuda -m /tmp/models/8b/model-q2_0.gguf -p 512 -n 128 -r 3 2>&1 | tee $OUT/bench8.txt | grep -E "\|.*(pp|tg)|weights read|load time|rror" | tee -a $S
 if [ "$1" != quick ]; then
-  for r in 1 2 4 8; do
+  for r in 2 8; do
     echo "rows per warp $r:" | tee -a $S
     TRIT_CUDA_ROWS_PER_WARP=$r timeout 100 $T bench --device cuda -m /tmp/models/8b/model-q2_0.gguf -p 0 -n 128 -r 3 2>&1 | grep -E "\|.*tg|rror" | tee -a $S
   done
+  echo "no PDL (8B):" | tee -a $S
+  TRIT_CUDA_PDL=0 timeout 100 $T bench --device cuda -m /tmp/models/8b/model-q2_0.gguf -p 512 -n 128 -r 3 2>&1 | grep -E "\|.*(pp|tg)|rror" | tee -a $S
   echo "no graph:" | tee -a $S
   TRIT_CUDA_GRAPH=0 timeout 100 $T bench --device cuda -m /tmp/models/8b/model-q2_0.gguf -p 0 -n 128 -r 3 2>&1 | grep -E "\|.*tg|rror" | tee -a $S
 fi
@@ -64,4 +78,14 @@ TRIT_CUDA_GRAPH=0 timeout 120 ncu --clock-control none -k regex:ternary_gemv -s 
   --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum.per_second,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active \
   $T bench --device cuda -m /tmp/models/8b/model-q2_0.gguf -p 0 -n 1 -r 1 --no-warmup > $OUT/ncu.txt 2>&1
 grep -E "ternary_gemv|gpu__time|dram__|launch__reg|warps_active|rror" $OUT/ncu.txt | head -40 | tee -a $S
+if [ -n "$LLPID" ]; then
+  step llama.cpp; wait $LLPID; tail -2 $OUT/llama_build.log | tee -a $S
+  LB=/tmp/ll/build/bin/llama-bench
+  if [ -x $LB ]; then
+    for m in 8b 1.7b; do
+      timeout 120 $LB -m /tmp/models/$m/model-q2_0.gguf -ngl 99 -fa 1 -p 512 -n 128 -r 10 2>&1 | tee $OUT/llama_$m.txt | grep -E "\| (pp|tg)" | tee -a $S
+      timeout 100 $T bench --device cuda -m /tmp/models/$m/model-q2_0.gguf -p 512 -n 128 -r 10 2>&1 | grep -E "\|.*(pp|tg)|rror" | tee -a $S
+    done
+  fi
+fi
 echo "================ SUMMARY"; cat $S

@@ -38,12 +38,9 @@ pub const KERNELS: [&str; 18] = [
     "quantize_vec",
     "silu_mul_quant",
     "advance_position",
-    "qk_norm_rope_store",
-    "attn_partial",
+    "attn_decode",
+    "rms_norm_quant_v4",
 ];
-
-/// Kernels beyond `KERNELS` (kept apart so the array above stays a round size).
-const MORE_KERNELS: [&str; 1] = ["attn_combine"];
 
 /// The program text NVRTC compiles.
 pub fn program_source() -> String {
@@ -138,6 +135,8 @@ pub struct Gpu {
     pub stream: Arc<CudaStream>,
     pub name: String,
     pub sm_count: u32,
+    /// Launch with programmatic dependent launch (sm_90+, unless TRIT_CUDA_PDL=0).
+    pub pdl: bool,
     funcs: HashMap<&'static str, CudaFunction>,
 }
 
@@ -180,19 +179,33 @@ impl Gpu {
             .load_module(Ptx::from_src(ptx))
             .map_err(|e| cuda_err("loading the kernel module", e))?;
         let mut funcs = HashMap::new();
-        for name in KERNELS.iter().chain(MORE_KERNELS.iter()) {
+        for name in KERNELS.iter() {
             let f = module
                 .load_function(name)
                 .map_err(|e| cuda_err(&format!("finding kernel {name}"), e))?;
             funcs.insert(*name, f);
         }
+        let pdl = major >= 9 && std::env::var("TRIT_CUDA_PDL").map_or(true, |v| v != "0");
         Ok(Gpu {
             ctx,
             stream,
             name,
             sm_count,
+            pdl,
             funcs,
         })
+    }
+
+    /// Blocks of `threads` threads of `kernel` that fit on one multiprocessor at once (sizes
+    /// the persistent GEMV grid so every block is resident).
+    pub fn resident_blocks(&self, kernel: &str, threads: u32) -> Result<u32> {
+        let f = self
+            .funcs
+            .get(kernel)
+            .ok_or_else(|| Error::Unsupported(format!("CUDA: no kernel named {kernel}")))?;
+        f.occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
+            .map_err(|e| cuda_err("reading kernel occupancy", e))
+            .map(|n| n.max(1))
     }
 
     /// Launches `kernel` on the stream; the launch's own error is returned (asynchronous
@@ -202,6 +215,9 @@ impl Gpu {
             .funcs
             .get(kernel)
             .ok_or_else(|| Error::Unsupported(format!("CUDA: no kernel named {kernel}")))?;
+        if self.pdl {
+            return self.launch_pdl(kernel, f, grid, block, args);
+        }
         let mut b = self.stream.launch_builder(f);
         for a in args {
             match a {
@@ -218,6 +234,67 @@ impl Gpu {
         // SAFETY: the argument lists are written against the kernel signatures in
         // kernels/*.cu, and every pointer is a live allocation of the sizes those kernels index.
         unsafe { b.launch(cfg) }.map_err(|e| cuda_err(&format!("launching {kernel}"), e))?;
+        Ok(())
+    }
+
+    /// `cuLaunchKernelEx` with the programmatic-stream-serialization attribute: the kernel may
+    /// start before the previous one on the stream ends; it synchronizes itself with
+    /// `griddepcontrol.wait` (see common.cuh). Kept in graphs as programmatic edges.
+    fn launch_pdl(
+        &self,
+        kernel: &str,
+        f: &CudaFunction,
+        grid: (u32, u32),
+        block: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        use cudarc::driver::sys;
+        // One 8-byte slot per argument; 4-byte values sit in the low bytes (x86-64 and aarch64
+        // are little-endian), which is where the driver reads a 4-byte parameter from.
+        let mut slots: Vec<u64> = args
+            .iter()
+            .map(|a| match a {
+                Arg::Ptr(p) => *p,
+                Arg::I32(v) => *v as u32 as u64,
+                Arg::F32(v) => v.to_bits() as u64,
+            })
+            .collect();
+        let mut params: Vec<*mut std::ffi::c_void> = slots
+            .iter_mut()
+            .map(|v| v as *mut u64 as *mut std::ffi::c_void)
+            .collect();
+        // SAFETY: a zeroed attribute is a valid value of this plain C struct.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0.max(1),
+            gridDimY: grid.1.max(1),
+            gridDimZ: 1,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| cuda_err("binding the context", e))?;
+        // SAFETY: `params` points at one live slot per kernel parameter, in the order and
+        // sizes of the kernel's signature (kernels/*.cu); config and attr outlive the call.
+        let r = unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(cuda_err(&format!("launching {kernel}"), r));
+        }
         Ok(())
     }
 

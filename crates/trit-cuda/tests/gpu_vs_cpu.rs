@@ -9,8 +9,10 @@
 //! prints why it is skipped.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use trit::format::testgen::{generate, OutFormat, Preset, TokenizerAssets};
-use trit::model::{KvCache, Logits, Model};
+use trit::kernels::{self, KernelLevel};
+use trit::model::{Logits, Model};
 use trit_cuda::{load_model, CudaOptions};
 
 fn gpu_missing() -> bool {
@@ -57,29 +59,46 @@ fn prompt(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-/// Runs `tokens` as a prompt, then `steps` decode steps feeding back the CPU's argmax, on both
-/// devices; returns the worst relative logit error seen.
-fn compare(path: &Path, tokens: &[u32], steps: usize, ctx: usize) -> f64 {
+/// The kernel level is process-wide: tests that switch it take this lock.
+static LEVEL: Mutex<()> = Mutex::new(());
+
+/// Runs `tokens` as a prompt, then `steps` decode steps, on the GPU, on the CPU's int8 path and
+/// on the CPU's exact f32 reference (`KernelLevel::Reference`), all fed the reference's argmax.
+/// Returns the worst relative logit error against the reference of (GPU, CPU int8).
+fn compare(path: &Path, tokens: &[u32], steps: usize, ctx: usize) -> (f64, f64) {
+    let _lock = LEVEL.lock().unwrap_or_else(|e| e.into_inner());
     let files = trit::format::open(path).unwrap();
     let cpu = Model::load(&files, 2).unwrap();
     let gpu = load_model(&files, &CudaOptions::new(ctx)).unwrap();
-    let (mut cc, mut gc): (KvCache, KvCache) = (cpu.new_cache(ctx), gpu.new_cache(ctx));
-    let mut want = cpu.forward(tokens, &mut cc, Logits::Last).unwrap();
-    let mut got = gpu.forward(tokens, &mut gc, Logits::Last).unwrap();
-    let mut worst = rel_err(&got, &want);
-    for _ in 0..steps {
-        let next = argmax(&want);
-        want = cpu.forward(&[next], &mut cc, Logits::Last).unwrap();
-        got = gpu.forward(&[next], &mut gc, Logits::Last).unwrap();
-        worst = worst.max(rel_err(&got, &want));
+    let fast = kernels::level();
+    let (mut rc, mut cc, mut gc) = (cpu.new_cache(ctx), cpu.new_cache(ctx), gpu.new_cache(ctx));
+    let mut feed = tokens.to_vec();
+    let (mut worst_gpu, mut worst_cpu) = (0f64, 0f64);
+    for _ in 0..=steps {
+        kernels::set_level(KernelLevel::Reference).unwrap();
+        let want = cpu.forward(&feed, &mut rc, Logits::Last).unwrap();
+        kernels::set_level(fast).unwrap();
+        let int8 = cpu.forward(&feed, &mut cc, Logits::Last).unwrap();
+        let got = gpu.forward(&feed, &mut gc, Logits::Last).unwrap();
+        worst_gpu = worst_gpu.max(rel_err(&got, &want));
+        worst_cpu = worst_cpu.max(rel_err(&int8, &want));
+        feed = vec![argmax(&want)];
     }
-    assert_eq!(gc.len(), cc.len());
-    worst
+    assert_eq!(gc.len(), rc.len());
+    (worst_gpu, worst_cpu)
 }
 
-/// int8 activations on both sides but different rounding points and an f16 KV cache on the
-/// GPU: measured errors sit near 1e-3; 2e-2 still fails on any wrong index or formula.
-const TOL: f64 = 2e-2;
+/// The GPU quantizes activations to int8 like the CPU's fast path (not bit-identically: other
+/// summation order, an f16 KV cache), so its error against the exact reference must be of the
+/// CPU int8 path's size: at most twice it, plus 1e-3. A wrong index or formula gives errors
+/// near 1.
+fn check(what: &str, (gpu, cpu): (f64, f64)) {
+    eprintln!("{what}: relative logit error vs f32 reference: gpu {gpu:.2e}, cpu int8 {cpu:.2e}");
+    assert!(
+        gpu <= 2.0 * cpu + 1e-3 && gpu < 0.1,
+        "{what}: gpu {gpu} vs cpu int8 {cpu}"
+    );
+}
 
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
@@ -106,12 +125,8 @@ fn generated_models_match_the_cpu_in_every_format() {
         generate(&p, 3, &out, &fmts, &TokenizerAssets::Placeholder).unwrap();
         for f in &fmts {
             let path = out.join(f.file_name());
-            let err = compare(&path, &prompt(12, p.vocab, 1), 6, 64);
-            eprintln!(
-                "{preset} {}: worst relative logit error {err:.2e}",
-                f.file_name()
-            );
-            assert!(err < TOL, "{preset} {}: {err}", f.file_name());
+            let errs = compare(&path, &prompt(12, p.vocab, 1), 6, 64);
+            check(&format!("{preset} {}", f.file_name()), errs);
         }
     }
 }
@@ -134,9 +149,10 @@ fn long_prompt_crosses_attention_splits_and_all_logits_match() {
     .unwrap();
     let path = dir.path().join("model-q2_0.gguf");
     // 600 positions: three flash-decoding splits of 256.
-    let err = compare(&path, &prompt(600, p.vocab, 2), 4, 640);
-    eprintln!("tiny q2_0, 600-token prompt: worst relative logit error {err:.2e}");
-    assert!(err < TOL, "{err}");
+    check(
+        "tiny q2_0, 600-token prompt",
+        compare(&path, &prompt(600, p.vocab, 2), 4, 640),
+    );
 
     // Logits::All: every position's logits, after a prefix already in the cache.
     let files = trit::format::open(&path).unwrap();
@@ -151,11 +167,12 @@ fn long_prompt_crosses_attention_splits_and_all_logits_match() {
     assert_eq!(got.len(), 5 * p.vocab);
     for (i, (g, w)) in got.chunks(p.vocab).zip(want.chunks(p.vocab)).enumerate() {
         let e = rel_err(g, w);
-        assert!(e < TOL, "position {i}: {e}");
+        assert!(e < 0.1, "position {i}: {e}");
     }
     // Rewinding (a shorter cache) recomputes from there: same logits as the first time.
     gc.truncate(4);
     let again = gpu.forward(&toks[4..], &mut gc, Logits::All).unwrap();
+    // Between two runs of the same GPU model on the same input only rounding may differ.
     assert!(rel_err(&again, &got) < 1e-6);
     // A context beyond what the GPU allocated is refused, not overrun.
     let mut big = gpu.new_cache(65);
@@ -188,23 +205,30 @@ fn default_model_logits_and_greedy_tokens_match_the_cpu() {
     let files = trit::format::open(&path).unwrap();
     let tok = trit::tokenizer::Tokenizer::from_source(&files.tokenizer).unwrap();
     let ids = tok.encode("The capital of France is", true).unwrap();
-    let err = compare(&path, &ids, 8, 256);
-    eprintln!("default model: worst relative logit error {err:.2e}");
-    assert!(err < TOL, "{err}");
-    // Greedy decoding: each device feeds back its own argmax.
-    let run = |m: &Model| -> Vec<u32> {
+    check("default model", compare(&path, &ids, 8, 256));
+    // Greedy decoding: each device feeds back its own argmax. The two int8 paths round
+    // differently, so where the CPU's best two tokens are within 0.2 logits of each other the
+    // GPU may pick the other one; there the runs part ways and the comparison stops.
+    let run = |m: &Model| -> (Vec<u32>, Vec<Vec<f32>>) {
         let mut c = m.new_cache(256);
         let mut logits = m.forward(&ids, &mut c, Logits::Last).unwrap();
-        let mut out = Vec::new();
+        let (mut out, mut all) = (Vec::new(), Vec::new());
         for _ in 0..16 {
             let t = argmax(&logits);
             out.push(t);
+            all.push(logits.clone());
             logits = m.forward(&[t], &mut c, Logits::Last).unwrap();
         }
-        out
+        (out, all)
     };
-    let cpu = run(&Model::load(&files, 2).unwrap());
-    let gpu = run(&load_model(&files, &CudaOptions::new(256)).unwrap());
+    let (cpu, cpu_logits) = run(&Model::load(&files, 2).unwrap());
+    let (gpu, _) = run(&load_model(&files, &CudaOptions::new(256)).unwrap());
     eprintln!("greedy cpu {cpu:?}\ngreedy gpu {gpu:?}");
-    assert_eq!(gpu, cpu);
+    let same = cpu.iter().zip(&gpu).take_while(|(a, b)| a == b).count();
+    if same < cpu.len() {
+        let l = &cpu_logits[same];
+        let gap = l[cpu[same] as usize] - l[gpu[same] as usize];
+        eprintln!("tokens differ at step {same}: cpu logit gap {gap}");
+        assert!(same >= 8 && gap < 0.2, "step {same}: gap {gap}");
+    }
 }

@@ -12,7 +12,7 @@ fn kernels_compile_for_each_architecture() {
     }
     for arch in ["compute_90", "compute_80"] {
         let ptx = compile(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
-        for k in KERNELS.iter().chain(["attn_combine"].iter()) {
+        for k in KERNELS.iter() {
             assert!(
                 ptx.contains(&format!(".entry {k}(")),
                 "{arch}: kernel {k} missing from the PTX"

@@ -61,3 +61,20 @@ __device__ __forceinline__ void quant_block_warp(float a, float b, i8* q, float2
     float s = warp_sum((float)(qa + qb));
     if (lane == 0) *meta = make_float2(d, d * s);
 }
+
+// Programmatic dependent launch (Hopper): a kernel launched with the PDL attribute may start
+// while its predecessor still runs. Each kernel calls pdl_launch_dependents() first (its
+// successor may then be scheduled) and pdl_wait() before it touches anything a predecessor
+// wrote or may still read; only read-only weights are loaded before the wait. Without the
+// attribute (or before sm_90) both are no-ops.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}

@@ -28,65 +28,149 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
     return v;
 }
 
+// One work item of a warp: lane-step k of row group g (block b = 32k + lane of R rows).
+template <int R, typename S>
+struct Item {
+    uint4 w[R];
+    float s[R];
+    uint4 a[4];
+    float2 m;
+};
+
+// The weight half of an item (read-only: may run before pdl_wait).
+template <int R, typename S>
+__device__ __forceinline__ void load_item_weights(Item<R, S>& it, const uint4* __restrict__ codes,
+                                                  const S* __restrict__ scales, int rows, int nb,
+                                                  int g, int k, int lane) {
+    const int b = 32 * k + lane;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        if (b < nb) {
+            const size_t at = (size_t)min(g * R + i, rows - 1) * nb + b;
+            it.w[i] = load_stream(codes + at);
+            it.s[i] = load_scale(scales, at);
+        } else {
+            it.w[i] = make_uint4(0, 0, 0, 0);
+            it.s[i] = 0.0f;
+        }
+    }
+}
+
+// The activation half (written by the previous kernel: after pdl_wait).
+template <int R, typename S>
+__device__ __forceinline__ void load_item_acts(Item<R, S>& it, int nb,
+                                               const uint4* __restrict__ xq,
+                                               const float2* __restrict__ meta, int k,
+                                               int lane) {
+    const int b = 32 * k + lane;
+    if (b < nb) {
+#pragma unroll
+        for (int j = 0; j < 4; j++) it.a[j] = __ldg(xq + 4 * b + j);
+        it.m = __ldg(meta + b);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++) it.a[j] = make_uint4(0, 0, 0, 0);
+        it.m = make_float2(0.0f, 0.0f);
+    }
+}
+
+template <int R, typename S>
+__device__ __forceinline__ void load_item(Item<R, S>& it, const uint4* __restrict__ codes,
+                                          const S* __restrict__ scales, int rows, int nb,
+                                          const uint4* __restrict__ xq,
+                                          const float2* __restrict__ meta, int g, int k,
+                                          int lane) {
+    const int b = 32 * k + lane;
+    if (b < nb) {
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            const size_t at = (size_t)min(g * R + i, rows - 1) * nb + b;
+            it.w[i] = load_stream(codes + at);
+            it.s[i] = load_scale(scales, at);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) it.a[j] = __ldg(xq + 4 * b + j);
+        it.m = __ldg(meta + b);
+    } else {
+        // Lanes past the row's end add s · (...) = 0.
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            it.w[i] = make_uint4(0, 0, 0, 0);
+            it.s[i] = 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) it.a[j] = make_uint4(0, 0, 0, 0);
+        it.m = make_float2(0.0f, 0.0f);
+    }
+}
+
+// Persistent grid: each warp walks its row groups g = warp, warp + n_warps, ... lane-step by
+// lane-step, loading the next item before computing the current one, so every lane always
+// has R 16-byte weight loads in flight and no warp waits idle for a new launch.
 template <int R, typename S>
 __device__ __forceinline__ void ternary_gemv(const uint4* __restrict__ codes,
                                              const S* __restrict__ scales, int rows, int nb,
                                              const uint4* __restrict__ xq,
                                              const float2* __restrict__ meta,
                                              float* __restrict__ y, int accumulate) {
-    const int warp = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
     const int lane = threadIdx.x & 31;
-    const int r0 = warp * R;
-    if (r0 >= rows) return;
-    size_t base[R];
+    const int nw = (int)((gridDim.x * blockDim.x) >> 5);
+    int g = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    const int groups = (rows + R - 1) / R;
+    const int iters = (nb + 31) / 32;
+    pdl_launch_dependents();
+    if (g >= groups) return;
+    int k = 0;
+    Item<R, S> cur, nxt;
+    // Weights do not depend on the previous kernel: start streaming them (the first item into
+    // registers, the rest of this warp's first row group into L2) before waiting for it.
+    load_item_weights<R, S>(cur, codes, scales, rows, nb, g, k, lane);
+    for (int kk = 1; kk < iters; kk++) {
+        const int b = 32 * kk + lane;
+        if (b < nb) {
 #pragma unroll
-    for (int i = 0; i < R; i++) base[i] = (size_t)min(r0 + i, rows - 1) * nb;
+            for (int i = 0; i < R; i++) {
+                const uint4* p = codes + (size_t)min(g * R + i, rows - 1) * nb + b;
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+            }
+        }
+    }
+    pdl_wait();
+    load_item_acts<R, S>(cur, nb, xq, meta, k, lane);
     float acc[R];
 #pragma unroll
     for (int i = 0; i < R; i++) acc[i] = 0.0f;
-    // Two blocks per lane per iteration, every load issued before the first use: 2·R
-    // 16-byte weight loads in flight per lane (a 4096-column row is one iteration).
-    for (int b0 = lane; b0 < nb; b0 += 64) {
-        const int b1 = b0 + 32;
-        const bool has1 = b1 < nb;
-        uint4 w0[R], w1[R];
-        float s0[R], s1[R];
-#pragma unroll
-        for (int i = 0; i < R; i++) w0[i] = load_stream(codes + base[i] + b0);
-#pragma unroll
-        for (int i = 0; i < R; i++)
-            w1[i] = has1 ? load_stream(codes + base[i] + b1) : make_uint4(0, 0, 0, 0);
+    while (true) {
+        int k2 = k + 1, g2 = g;
+        if (k2 == iters) {
+            k2 = 0;
+            g2 = g + nw;
+        }
+        const bool more = g2 < groups;
+        if (more) load_item<R, S>(nxt, codes, scales, rows, nb, xq, meta, g2, k2, lane);
 #pragma unroll
         for (int i = 0; i < R; i++) {
-            s0[i] = load_scale(scales, base[i] + b0);
-            s1[i] = has1 ? load_scale(scales, base[i] + b1) : 0.0f;
+            int d = dot_block_word(cur.w[i].x, cur.a[0], 0);
+            d = dot_block_word(cur.w[i].y, cur.a[1], d);
+            d = dot_block_word(cur.w[i].z, cur.a[2], d);
+            d = dot_block_word(cur.w[i].w, cur.a[3], d);
+            acc[i] += cur.s[i] * (cur.m.x * (float)d - cur.m.y);
         }
-        const uint4 z = make_uint4(0, 0, 0, 0);
-        const uint4 a0 = __ldg(xq + 4 * b0), a1 = __ldg(xq + 4 * b0 + 1);
-        const uint4 a2 = __ldg(xq + 4 * b0 + 2), a3 = __ldg(xq + 4 * b0 + 3);
-        const uint4 c0 = has1 ? __ldg(xq + 4 * b1) : z, c1 = has1 ? __ldg(xq + 4 * b1 + 1) : z;
-        const uint4 c2 = has1 ? __ldg(xq + 4 * b1 + 2) : z, c3 = has1 ? __ldg(xq + 4 * b1 + 3) : z;
-        const float2 m0 = __ldg(meta + b0);
-        const float2 m1 = has1 ? __ldg(meta + b1) : make_float2(0.0f, 0.0f);
+        if (k == iters - 1) {
 #pragma unroll
-        for (int i = 0; i < R; i++) {
-            int d = dot_block_word(w0[i].x, a0, 0);
-            d = dot_block_word(w0[i].y, a1, d);
-            d = dot_block_word(w0[i].z, a2, d);
-            d = dot_block_word(w0[i].w, a3, d);
-            int e = dot_block_word(w1[i].x, c0, 0);
-            e = dot_block_word(w1[i].y, c1, e);
-            e = dot_block_word(w1[i].z, c2, e);
-            e = dot_block_word(w1[i].w, c3, e);
-            acc[i] += s0[i] * (m0.x * (float)d - m0.y) + s1[i] * (m1.x * (float)e - m1.y);
+            for (int i = 0; i < R; i++) {
+                const float v = warp_sum(acc[i]);
+                const int r = g * R + i;
+                if (lane == 0 && r < rows) {
+                    if (accumulate) y[r] += v; else y[r] = v;
+                }
+                acc[i] = 0.0f;
+            }
         }
-    }
-#pragma unroll
-    for (int i = 0; i < R; i++) {
-        float v = warp_sum(acc[i]);
-        if (lane == 0 && r0 + i < rows) {
-            if (accumulate) y[r0 + i] += v; else y[r0 + i] = v;
-        }
+        if (!more) break;
+        cur = nxt;
+        g = g2;
+        k = k2;
     }
 }
 
@@ -109,6 +193,8 @@ TERNARY_GEMV(ternary_gemv_r8_f32, 8, float)
 extern "C" __global__ void dense_gemv(const float* __restrict__ w, int rows, int cols,
                                       const float* __restrict__ x, float* __restrict__ y,
                                       int accumulate) {
+    pdl_launch_dependents();
+    pdl_wait();
     const int row = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
     const int lane = threadIdx.x & 31;
     if (row >= rows) return;
