@@ -20,17 +20,17 @@ step() { echo "== $*" | tee -a $OUT/steps.log; }
 # llama.cpp's CUDA llama-bench (the peer), built in the background from the stripped sdist
 # source (llama_src.tar.xz: vendor/llama.cpp of llama-cpp-python 0.3.36 without models, docs,
 # tests, examples, non-CPU/CUDA backends and other tools).
-if [ -f $G/llama_src.tar.xz ] && [ "$1" != quick ]; then
+if [ -f $G/llama_src.tar.xz ] && [ -z "$1" ]; then
   ( mkdir -p /tmp/ll && tar -xJf $G/llama_src.tar.xz -C /tmp/ll &&
     cmake -S /tmp/ll/llama.cpp -B /tmp/ll/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-      -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TOOLS=ON > $OUT/llama_build.log 2>&1 &&
+      -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TOOLS=ON > $OUT/llama_build.log 2>&1 &&
     cmake --build /tmp/ll/build --target llama-bench -j 14 >> $OUT/llama_build.log 2>&1; echo "llama build rc=$?" >> $OUT/llama_build.log ) &
   LLPID=$!
 fi
 step compile; timeout 120 /tmp/bin/kernels_compile 2>&1 | tail -3 | tee -a $S
 step gputests; timeout 240 /tmp/bin/gpu_vs_cpu --ignored --test-threads 1 --nocapture > $OUT/gputests.log 2>&1; echo "gpu tests rc=$?" | tee -a $S
-TRIT_CUDA_PDL=0 timeout 240 /tmp/bin/gpu_vs_cpu --ignored --test-threads 1 --nocapture > $OUT/gputests_nopdl.log 2>&1; echo "gpu tests without PDL rc=$?" | tee -a $S
+[ "$1" != final ] && TRIT_CUDA_PDL=0 timeout 240 /tmp/bin/gpu_vs_cpu --ignored --test-threads 1 --nocapture > $OUT/gputests_nopdl.log 2>&1; echo "gpu tests without PDL rc=$?" | tee -a $S
 grep -E "error|greedy|test result|panicked" $OUT/gputests.log | head -30 | tee -a $S
 
 step torch-bw
@@ -55,6 +55,15 @@ wait
 ls -la /tmp/models/* | tee -a $OUT/steps.log
 
 T=/tmp/bin/trit
+if [ "$1" = final ]; then
+  for m in 1.7b 8b; do
+    for sp in 4 2 1; do
+      echo "$m max split $sp:" | tee -a $S
+      TRIT_CUDA_MAX_SPLIT=$sp timeout 100 $T bench --device cuda -m /tmp/models/$m/model-q2_0.gguf -p 512 -n 128 -r 5 2>&1 | grep -E "\|.*(pp|tg)|rror" | tee -a $S
+    done
+  done
+  echo "================ SUMMARY"; cat $S; exit 0
+fi
 step bench-1.7b
 timeout 150 $T bench --device cuda -m /tmp/models/1.7b/model-q2_0.gguf -p 512 -n 128 -r 3 2>&1 | tee $OUT/bench17.txt | grep -E "\|.*(pp|tg)|weights read|load time|rror" | tee -a $S
 timeout 100 $T bench --device cuda -m /tmp/models/1.7b/model-tq1_0.gguf -p 0 -n 128 -r 3 2>&1 | grep -E "\|.*tg|rror" | tee -a $S

@@ -13,6 +13,7 @@
 //! through the same step token by token (no batched prefill kernel yet).
 
 pub mod device;
+pub mod gemv;
 pub mod model;
 pub mod repack;
 pub mod weights;

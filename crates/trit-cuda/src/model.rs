@@ -8,6 +8,7 @@
 //! (prompt tokens whose logits nobody reads skip it).
 
 use crate::device::{ptr, Arg, Gpu};
+use crate::gemv::{launch_ternary, TernaryArgs};
 use crate::weights::{self, DevMatrix, DevScales, DevWeights};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice, PinnedHostSlice};
@@ -66,6 +67,7 @@ pub struct CudaModel {
     ctx: usize,
     n_splits: usize,
     rows_per_warp: Option<usize>,
+    max_split: usize,
     use_graph: bool,
     weight_bytes: usize,
     bytes_per_token: usize,
@@ -81,12 +83,15 @@ pub struct CudaOptions {
     pub ctx: usize,
     /// Replay the step from a CUDA graph (else launch kernel by kernel; for debugging).
     pub graph: bool,
-    /// Rows each warp of the ternary GEMV computes (1, 2, 4 or 8); `None`: chosen per matrix.
+    /// Rows each warp of the ternary GEMV computes (2, 4 or 8); `None`: the default (4).
     pub rows_per_warp: Option<usize>,
+    /// Most warps that share one row group of the ternary GEMV (1, 2 or 4).
+    pub max_split: usize,
 }
 
 impl CudaOptions {
-    /// Defaults, overridable by TRIT_CUDA_GRAPH=0 and TRIT_CUDA_ROWS_PER_WARP=1|2|4|8.
+    /// Defaults, overridable by TRIT_CUDA_GRAPH=0, TRIT_CUDA_ROWS_PER_WARP=2|4|8,
+    /// TRIT_CUDA_MAX_SPLIT=1|2|4, TRIT_CUDA_PDL=0 and TRIT_CUDA_DEVICE=N.
     pub fn new(ctx: usize) -> Self {
         let env = |k: &str| std::env::var(k).ok();
         CudaOptions {
@@ -96,6 +101,9 @@ impl CudaOptions {
             ctx,
             graph: env("TRIT_CUDA_GRAPH").is_none_or(|v| v != "0"),
             rows_per_warp: env("TRIT_CUDA_ROWS_PER_WARP").and_then(|v| v.parse().ok()),
+            max_split: env("TRIT_CUDA_MAX_SPLIT")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(4),
         }
     }
 }
@@ -117,6 +125,12 @@ impl CudaModel {
             return Err(Error::InvalidArgument(format!(
                 "rows per warp must be 1, 2, 4 or 8 (got {:?})",
                 opts.rows_per_warp
+            )));
+        }
+        if ![1, 2, 4].contains(&opts.max_split) {
+            return Err(Error::InvalidArgument(format!(
+                "GEMV split must be 1, 2 or 4 (got {})",
+                opts.max_split
             )));
         }
         if opts.ctx == 0 {
@@ -150,6 +164,7 @@ impl CudaModel {
             ctx: opts.ctx,
             n_splits,
             rows_per_warp: opts.rows_per_warp,
+            max_split: opts.max_split,
             use_graph: opts.graph,
             weight_bytes,
             bytes_per_token,
@@ -240,29 +255,25 @@ impl CudaModel {
                 scales,
             } => {
                 let r = self.rows_per_warp.unwrap_or(DEFAULT_ROWS_PER_WARP);
-                let (sp, kind) = match scales {
-                    DevScales::F16(v) => (ptr(v, s), "f16"),
-                    DevScales::F32(v) => (ptr(v, s), "f32"),
+                let m = TernaryArgs {
+                    rows: *rows,
+                    cols: *cols,
+                    codes: ptr(codes, s),
+                    scales: match scales {
+                        DevScales::F16(v) => ptr(v, s),
+                        DevScales::F32(v) => ptr(v, s),
+                    },
+                    f16: matches!(scales, DevScales::F16(_)),
                 };
-                let kernel = kernel_name(&format!("ternary_gemv_r{r}_{kind}"));
-                let warps_per_block = 4;
-                let needed = rows.div_ceil(r * warps_per_block) as u32;
-                let resident = st.gpu.sm_count * st.gpu.resident_blocks(kernel, 128)?;
-                let grid = needed.min(resident);
-                st.gpu.launch(
-                    kernel,
-                    (grid, 1),
-                    32 * warps_per_block as u32,
-                    &[
-                        Arg::Ptr(ptr(codes, s)),
-                        Arg::Ptr(sp),
-                        Arg::I32(*rows as i32),
-                        Arg::I32((*cols / 64) as i32),
-                        Arg::Ptr(inp.q),
-                        Arg::Ptr(inp.meta),
-                        Arg::Ptr(y),
-                        acc,
-                    ],
+                launch_ternary(
+                    &st.gpu,
+                    &m,
+                    inp.q,
+                    inp.meta,
+                    y,
+                    accumulate,
+                    r,
+                    self.max_split,
                 )
             }
             DevMatrix::Dense { rows, cols, w } => st.gpu.launch(
@@ -529,15 +540,6 @@ impl CudaModel {
 /// for the rest) gave 513 against 557 for R=4 everywhere: with one row per warp the int8
 /// activations are re-read from L1 once per row and that traffic, not DRAM, limits.
 const DEFAULT_ROWS_PER_WARP: usize = 4;
-
-/// The kernel names are static strings in `device::KERNELS`; map a formatted name onto them.
-fn kernel_name(name: &str) -> &'static str {
-    crate::device::KERNELS
-        .iter()
-        .find(|k| **k == name)
-        .copied()
-        .unwrap_or("missing_kernel")
-}
 
 impl ExternalNet for CudaModel {
     fn config(&self) -> &ModelConfig {

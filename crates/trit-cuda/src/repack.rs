@@ -178,7 +178,7 @@ pub fn gemv_reference(m: &PackedTernary, q: &[i8], meta: &[(f32, f32)]) -> Vec<f
     (0..m.rows)
         .map(|r| {
             let mut acc = 0f32;
-            for b in 0..nb {
+            for (b, &(d, dsum)) in meta.iter().enumerate().take(nb) {
                 let mut dot = 0i32;
                 for j in 0..4 {
                     let w = m.codes[(r * nb + b) * 4 + j];
@@ -187,7 +187,6 @@ pub fn gemv_reference(m: &PackedTernary, q: &[i8], meta: &[(f32, f32)]) -> Vec<f
                         dot += dp4a((w >> (2 * s)) & 0x0303_0303, &q[col..col + 4]);
                     }
                 }
-                let (d, dsum) = meta[b];
                 acc += m.scale(r, b) * (d * dot as f32 - dsum);
             }
             acc

@@ -232,3 +232,38 @@ fn default_model_logits_and_greedy_tokens_match_the_cpu() {
         assert!(same >= 8 && gap < 0.2, "step {same}: gap {gap}");
     }
 }
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gemv_kernel_matches_its_cpu_emulation_for_every_variant() {
+    if gpu_missing() {
+        return;
+    }
+    use trit::quant::ternary::{encode_matrix, GgmlTernary};
+    use trit::quant::GgmlType;
+    use trit_cuda::repack::{gemv_reference, pack, quantize_activations};
+    let gpu = trit_cuda::device::Gpu::open(0).unwrap();
+    // 8256 columns: 129 blocks, 5 lane-steps (so 1, 2 and 4 warps per row group all run, with
+    // a partial last step); 37 rows: the last group of every R is partial.
+    let (rows, cols) = (37, 8256);
+    let codes: Vec<u8> = prompt(rows * cols, 3, 7).iter().map(|&c| c as u8).collect();
+    let scales: Vec<f32> = prompt(rows * cols / 64, 1000, 8)
+        .iter()
+        .map(|&v| half::f16::from_f32(0.01 + v as f32 * 1e-4).to_f32())
+        .collect();
+    let bytes = encode_matrix(GgmlType::Q2_0, rows, cols, &codes, &scales).unwrap();
+    let m = pack(&[&GgmlTernary::new(GgmlType::Q2_0, &bytes, rows, cols).unwrap()]).unwrap();
+    let x: Vec<f32> = prompt(cols, 20001, 9)
+        .iter()
+        .map(|&v| v as f32 / 10000.0 - 1.0)
+        .collect();
+    let (q, meta) = quantize_activations(&x);
+    let want = gemv_reference(&m, &q, &meta);
+    for r in [2, 4, 8] {
+        for split in [1, 2, 4] {
+            let got = trit_cuda::gemv::ternary_gemv_once(&gpu, &m, &q, &meta, r, split).unwrap();
+            let err = rel_err(&got, &want);
+            assert!(err < 1e-5, "R={r} split={split}: {err}");
+        }
+    }
+}

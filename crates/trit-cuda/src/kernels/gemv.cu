@@ -104,50 +104,42 @@ __device__ __forceinline__ void load_item(Item<R, S>& it, const uint4* __restric
     }
 }
 
-// Persistent grid: each warp walks its row groups g = warp, warp + n_warps, ... lane-step by
-// lane-step, loading the next item before computing the current one, so every lane always
-// has R 16-byte weight loads in flight and no warp waits idle for a new launch.
-template <int R, typename S>
+// Persistent grid; a block of SPLIT warps computes one group of R rows at a time, its warps
+// sharing the row's blocks (warp `sub` takes lane-steps k = sub, sub + SPLIT, ...), so long
+// rows are read by several warps at once instead of one warp in sequence. Each warp walks its
+// items (its steps of groups blockIdx.x, blockIdx.x + gridDim.x, ...) loading the next item
+// before computing the current one, so R 16-byte weight loads per lane are always in flight.
+// Warps' partial sums meet in shared memory at the end of each group.
+template <int R, int SPLIT, typename S>
 __device__ __forceinline__ void ternary_gemv(const uint4* __restrict__ codes,
                                              const S* __restrict__ scales, int rows, int nb,
                                              const uint4* __restrict__ xq,
                                              const float2* __restrict__ meta,
                                              float* __restrict__ y, int accumulate) {
-    const int lane = threadIdx.x & 31;
-    const int nw = (int)((gridDim.x * blockDim.x) >> 5);
-    int g = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    __shared__ float red[SPLIT][R];
+    const int lane = threadIdx.x & 31, sub = threadIdx.x >> 5;
     const int groups = (rows + R - 1) / R;
     const int iters = (nb + 31) / 32;
+    const int per = (iters + SPLIT - 1) / SPLIT;  // items of each warp per group
+    int g = blockIdx.x, j = 0;
     pdl_launch_dependents();
     if (g >= groups) return;
-    int k = 0;
     Item<R, S> cur, nxt;
-    // Weights do not depend on the previous kernel: start streaming them (the first item into
-    // registers, the rest of this warp's first row group into L2) before waiting for it.
-    load_item_weights<R, S>(cur, codes, scales, rows, nb, g, k, lane);
-    for (int kk = 1; kk < iters; kk++) {
-        const int b = 32 * kk + lane;
-        if (b < nb) {
-#pragma unroll
-            for (int i = 0; i < R; i++) {
-                const uint4* p = codes + (size_t)min(g * R + i, rows - 1) * nb + b;
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-            }
-        }
-    }
+    // Weights do not depend on the previous kernel: the first load is issued before waiting.
+    load_item_weights<R, S>(cur, codes, scales, rows, nb, g, sub, lane);
     pdl_wait();
-    load_item_acts<R, S>(cur, nb, xq, meta, k, lane);
+    load_item_acts<R, S>(cur, nb, xq, meta, sub, lane);
     float acc[R];
 #pragma unroll
     for (int i = 0; i < R; i++) acc[i] = 0.0f;
     while (true) {
-        int k2 = k + 1, g2 = g;
-        if (k2 == iters) {
-            k2 = 0;
-            g2 = g + nw;
+        int j2 = j + 1, g2 = g;
+        if (j2 == per) {
+            j2 = 0;
+            g2 = g + gridDim.x;
         }
         const bool more = g2 < groups;
-        if (more) load_item<R, S>(nxt, codes, scales, rows, nb, xq, meta, g2, k2, lane);
+        if (more) load_item<R, S>(nxt, codes, scales, rows, nb, xq, meta, g2, sub + SPLIT * j2, lane);
 #pragma unroll
         for (int i = 0; i < R; i++) {
             int d = dot_block_word(cur.w[i].x, cur.a[0], 0);
@@ -156,38 +148,46 @@ __device__ __forceinline__ void ternary_gemv(const uint4* __restrict__ codes,
             d = dot_block_word(cur.w[i].w, cur.a[3], d);
             acc[i] += cur.s[i] * (cur.m.x * (float)d - cur.m.y);
         }
-        if (k == iters - 1) {
+        if (j == per - 1) {
 #pragma unroll
             for (int i = 0; i < R; i++) {
                 const float v = warp_sum(acc[i]);
-                const int r = g * R + i;
-                if (lane == 0 && r < rows) {
-                    if (accumulate) y[r] += v; else y[r] = v;
-                }
+                if (lane == 0) red[sub][i] = v;
                 acc[i] = 0.0f;
             }
+            __syncthreads();
+            if (sub == 0 && lane < R) {
+                float v = 0.0f;
+#pragma unroll
+                for (int w = 0; w < SPLIT; w++) v += red[w][lane];
+                const int r = g * R + lane;
+                if (r < rows) {
+                    if (accumulate) y[r] += v; else y[r] = v;
+                }
+            }
+            __syncthreads();
         }
         if (!more) break;
         cur = nxt;
         g = g2;
-        k = k2;
+        j = j2;
     }
 }
 
-#define TERNARY_GEMV(NAME, R, S)                                                               \
-    extern "C" __global__ void NAME(const uint4* codes, const S* scales, int rows, int nb,    \
-                                    const uint4* xq, const float2* meta, float* y,            \
-                                    int accumulate) {                                         \
-        ternary_gemv<R, S>(codes, scales, rows, nb, xq, meta, y, accumulate);                 \
+#define TERNARY_GEMV(R, SPLIT, SN, S)                                                         \
+    extern "C" __global__ void ternary_gemv_r##R##_s##SPLIT##_##SN(                           \
+        const uint4* codes, const S* scales, int rows, int nb, const uint4* xq,               \
+        const float2* meta, float* y, int accumulate) {                                       \
+        ternary_gemv<R, SPLIT, S>(codes, scales, rows, nb, xq, meta, y, accumulate);          \
     }
-TERNARY_GEMV(ternary_gemv_r1_f16, 1, half_bits)
-TERNARY_GEMV(ternary_gemv_r2_f16, 2, half_bits)
-TERNARY_GEMV(ternary_gemv_r4_f16, 4, half_bits)
-TERNARY_GEMV(ternary_gemv_r8_f16, 8, half_bits)
-TERNARY_GEMV(ternary_gemv_r1_f32, 1, float)
-TERNARY_GEMV(ternary_gemv_r2_f32, 2, float)
-TERNARY_GEMV(ternary_gemv_r4_f32, 4, float)
-TERNARY_GEMV(ternary_gemv_r8_f32, 8, float)
+#define TERNARY_GEMV_SPLITS(R, SN, S) \
+    TERNARY_GEMV(R, 1, SN, S) TERNARY_GEMV(R, 2, SN, S) TERNARY_GEMV(R, 4, SN, S)
+TERNARY_GEMV_SPLITS(2, f16, half_bits)
+TERNARY_GEMV_SPLITS(4, f16, half_bits)
+TERNARY_GEMV_SPLITS(8, f16, half_bits)
+TERNARY_GEMV_SPLITS(2, f32, float)
+TERNARY_GEMV_SPLITS(4, f32, float)
+TERNARY_GEMV_SPLITS(8, f32, float)
 
 // Dense f32 rows times unquantized f32 activations (the CPU's exact path for dense matrices).
 extern "C" __global__ void dense_gemv(const float* __restrict__ w, int rows, int cols,
