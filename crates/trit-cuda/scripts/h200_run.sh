@@ -56,8 +56,9 @@ ls -la /tmp/models/* | tee -a $OUT/steps.log
 
 T=/tmp/bin/trit
 if [ "$1" = final ]; then
+  TRIT_CUDA_ROWS_PER_WARP=8 timeout 200 /tmp/bin/gpu_vs_cpu --ignored --test-threads 1 > $OUT/gputests_r8.log 2>&1; echo "gpu tests with 8 rows per warp rc=$?" | tee -a $S
   for m in 1.7b 8b; do
-    for sp in 4 2 1; do
+    for sp in 4 2; do
       echo "$m max split $sp:" | tee -a $S
       TRIT_CUDA_MAX_SPLIT=$sp timeout 100 $T bench --device cuda -m /tmp/models/$m/model-q2_0.gguf -p 512 -n 128 -r 5 2>&1 | grep -E "\|.*(pp|tg)|rror" | tee -a $S
     done

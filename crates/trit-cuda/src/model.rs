@@ -236,7 +236,7 @@ impl Buffers {
 }
 
 /// Where a matrix product reads its input: f32 values (dense matrices) and their int8 blocks
-/// (ternary matrices), and whether it adds into `y` (residual) instead of storing.
+/// (ternary matrices).
 struct Input {
     f32: u64,
     q: u64,

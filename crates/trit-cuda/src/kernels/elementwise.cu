@@ -4,13 +4,14 @@
 // `step` is a device-side int pair {position, unused}: the captured graph reads the position
 // from it (never from a kernel argument), so one graph serves every position.
 
+__device__ __forceinline__ float load_scale_any(const half_bits* s, size_t i) { return h2f(s[i]); }
+__device__ __forceinline__ float load_scale_any(const float* s, size_t i) { return s[i]; }
+
 // x = row `toks[pos]` of a ternary matrix (codes in the GEMV layout, see gemv.cu).
 template <typename S>
 __device__ __forceinline__ void embed_ternary(const unsigned* __restrict__ codes,
                                               const S* __restrict__ scales, int nb,
-                                              const int* toks, const int* step, float* x,
-                                              float scale_of_dummy) {
-    (void)scale_of_dummy;
+                                              const int* toks, const int* step, float* x) {
     pdl_launch_dependents();
     pdl_wait();
     const int tok = toks[step[0]];
@@ -20,19 +21,16 @@ __device__ __forceinline__ void embed_ternary(const unsigned* __restrict__ codes
     const int j = in / 16, s = (in % 16) / 4, k = in % 4;
     const unsigned w = codes[((size_t)tok * nb + b) * 4 + j];
     const int code = (w >> (8 * k + 2 * s)) & 3;
-    float sc;
-    if (sizeof(S) == 2) sc = h2f(((const half_bits*)scales)[(size_t)tok * nb + b]);
-    else sc = ((const float*)scales)[(size_t)tok * nb + b];
-    x[c] = sc * (float)(code - 1);
+    x[c] = load_scale_any(scales, (size_t)tok * nb + b) * (float)(code - 1);
 }
 
 extern "C" __global__ void embed_ternary_f16(const unsigned* codes, const half_bits* scales,
                                              int nb, const int* toks, const int* step, float* x) {
-    embed_ternary<half_bits>(codes, scales, nb, toks, step, x, 0.0f);
+    embed_ternary<half_bits>(codes, scales, nb, toks, step, x);
 }
 extern "C" __global__ void embed_ternary_f32(const unsigned* codes, const float* scales,
                                              int nb, const int* toks, const int* step, float* x) {
-    embed_ternary<float>(codes, scales, nb, toks, step, x, 0.0f);
+    embed_ternary<float>(codes, scales, nb, toks, step, x);
 }
 
 extern "C" __global__ void embed_dense(const float* w, int cols, const int* toks,
