@@ -81,6 +81,9 @@ pub struct BenchArgs {
     /// Skip the untimed warm-up run of each test.
     #[arg(long)]
     pub no_warmup: bool,
+    /// Where the model runs: cpu, or cuda (needs a build with `--features cuda`).
+    #[arg(long, value_enum, default_value_t = super::Device::Cpu, env = "TRIT_DEVICE")]
+    pub device: super::Device,
     /// Seed of the random prompt token ids.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -418,10 +421,16 @@ struct LoadedBench {
     kv_bytes_per_position: usize,
 }
 
-fn load(path: &std::path::Path, threads: usize, a: &BenchArgs) -> Result<LoadedBench> {
+/// `positions`: the longest test's cache size (what a GPU model allocates).
+fn load(
+    path: &std::path::Path,
+    threads: usize,
+    a: &BenchArgs,
+    positions: usize,
+) -> Result<LoadedBench> {
     let t0 = Instant::now();
     let files = trit::format::open(path).with_context(|| format!("loading {}", path.display()))?;
-    let model = Model::load(&files, threads)?;
+    let model = super::load_model(&files, threads, a.device, positions.max(1))?;
     let load_secs = t0.elapsed().as_secs_f64();
     let (params, size, ty) = count_weights(&files)?;
     let c = model.config();
@@ -477,13 +486,13 @@ fn run_llama(a: &BenchArgs, path: &std::path::Path) -> Result<()> {
     let mut profiles = Vec::new();
     let mut info: Option<RunInfo> = None;
     let mut printer = report::Markdown::default();
+    let needed = tests
+        .iter()
+        .map(|t| t.n_depth + t.tokens())
+        .max()
+        .unwrap_or(0);
     for &n_threads in &threads {
-        let mut lb = load(path, n_threads, a)?;
-        let needed = tests
-            .iter()
-            .map(|t| t.n_depth + t.tokens())
-            .max()
-            .unwrap_or(0);
+        let mut lb = load(path, n_threads, a, needed)?;
         if needed > lb.max_ctx {
             bail!(
                 "the longest test needs {needed} positions but the model's context is {} tokens",
@@ -498,7 +507,10 @@ fn run_llama(a: &BenchArgs, path: &std::path::Path) -> Result<()> {
             load_secs: lb.load_secs,
             weight_bytes_per_token: lb.bench.model.bytes_per_token(),
             kv_bytes_per_position: lb.kv_bytes_per_position,
-            kernel_level: trit::kernels::level().name().to_string(),
+            kernel_level: match a.device {
+                super::Device::Cpu => trit::kernels::level().name().to_string(),
+                super::Device::Cuda => "cuda".to_string(),
+            },
             ubatch: a.ubatch,
             peak_rss: None,
             membw: None,
@@ -560,7 +572,7 @@ fn run_mlx(a: &BenchArgs, path: &std::path::Path) -> Result<()> {
     let [n_threads] = threads[..] else {
         bail!("--format mlx takes one thread count");
     };
-    let mut lb = load(path, n_threads, a)?;
+    let mut lb = load(path, n_threads, a, prompt + gen)?;
     if prompt + gen > lb.max_ctx {
         bail!(
             "-p {prompt} + -g {gen} exceeds the model's context of {} tokens",

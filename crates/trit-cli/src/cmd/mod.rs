@@ -37,6 +37,44 @@ pub struct ModelArgs {
         env = "TRIT_ARG_CTX_SIZE"
     )]
     pub ctx: Option<usize>,
+    /// Where the model runs: cpu, or cuda (an NVIDIA GPU; needs a build with `--features cuda`).
+    #[arg(long, value_enum, default_value_t = Device::Cpu, env = "TRIT_DEVICE")]
+    pub device: Device,
+}
+
+/// Where a model runs. Never falls back from one to the other silently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Device {
+    Cpu,
+    Cuda,
+}
+
+/// Loads the model on `device`; a GPU model keeps keys/values for `n_ctx` positions on the GPU.
+pub fn load_model(
+    files: &ModelFiles,
+    threads: usize,
+    device: Device,
+    n_ctx: usize,
+) -> Result<Model> {
+    match device {
+        Device::Cpu => Ok(Model::load(files, threads)?),
+        Device::Cuda => cuda_model(files, n_ctx),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_model(files: &ModelFiles, n_ctx: usize) -> Result<Model> {
+    let opts = trit_cuda::CudaOptions::new(n_ctx);
+    Ok(trit_cuda::load_model(files, &opts)?)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_model(_files: &ModelFiles, _n_ctx: usize) -> Result<Model> {
+    bail!(
+        "--device cuda: this trit was built without CUDA support. Rebuild it with \
+         `cargo build --release -p trit-cli --features cuda` (no CUDA toolkit needed to build; \
+         running needs an NVIDIA GPU and its driver)"
+    )
 }
 
 #[derive(Args, Clone, Debug)]
@@ -165,11 +203,11 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let threads = args
         .threads
         .unwrap_or_else(trit::threadpool::default_threads);
-    let model = Arc::new(Model::load(&files, threads)?);
     let n_ctx = args.ctx.unwrap_or(files.config.max_ctx.min(4096));
     if n_ctx == 0 {
         bail!("--ctx must be at least 1");
     }
+    let model = Arc::new(load_model(&files, threads, args.device, n_ctx)?);
     Ok(Loaded {
         files,
         model,

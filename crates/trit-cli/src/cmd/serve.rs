@@ -48,6 +48,12 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         a.model.model = a.path.take();
     }
     anyhow::ensure!(a.parallel >= 1, "--parallel must be at least 1");
+    if a.model.device == super::Device::Cuda {
+        anyhow::bail!(
+            "--device cuda is not available for serve yet (the GPU backend decodes one sequence \
+             at a time; the server batches several): use run, chat or bench, or serve on the cpu"
+        );
+    }
     let loaded = load(&a.model)?;
     let model_id = a.alias.clone().unwrap_or_else(|| {
         let p = &loaded.files.path;

@@ -26,6 +26,20 @@ enum Net {
     Dense(Box<Transformer>),
     /// Qwen3.5 hybrid (Gated DeltaNet + gated full attention).
     Hybrid(Box<qwen35::Qwen35>),
+    /// A forward pass that runs elsewhere (the `trit-cuda` crate's GPU model).
+    External(Box<dyn ExternalNet>),
+}
+
+/// A network computed outside this crate (on a GPU), behind the same `Model` so sessions,
+/// generation, chat and the benchmark drive it unchanged. The caches it gets hold positions
+/// only (`KvCache` rows of width 0): the backend keeps keys and values in its own memory, so
+/// it serves one sequence at a time; `forward` runs `tokens` at positions `cache.len()..`
+/// and must `advance` the cache, like the CPU networks.
+pub trait ExternalNet: Send + Sync {
+    fn config(&self) -> &ModelConfig;
+    fn forward(&self, tokens: &[u32], cache: &mut KvCache, which: Logits) -> Result<Vec<f32>>;
+    fn weight_bytes(&self) -> usize;
+    fn bytes_per_token(&self) -> usize;
 }
 
 /// A loaded model plus the worker pool its kernels run on.
@@ -58,10 +72,19 @@ impl Model {
         })
     }
 
+    /// Wraps a network computed elsewhere (see [`ExternalNet`]).
+    pub fn from_external(net: Box<dyn ExternalNet>) -> Self {
+        Model {
+            net: Net::External(net),
+            pool: ThreadPool::new(1),
+        }
+    }
+
     pub fn config(&self) -> &ModelConfig {
         match &self.net {
             Net::Dense(n) => &n.config,
             Net::Hybrid(n) => &n.config,
+            Net::External(n) => n.config(),
         }
     }
 
@@ -74,6 +97,7 @@ impl Model {
         match &self.net {
             Net::Dense(n) => n.new_cache(n_ctx),
             Net::Hybrid(n) => n.new_cache(n_ctx),
+            Net::External(n) => KvCache::new(n.config().n_layers, 0, n_ctx),
         }
     }
 
@@ -81,6 +105,7 @@ impl Model {
         match &self.net {
             Net::Dense(n) => n.forward(&self.pool, tokens, cache, which),
             Net::Hybrid(n) => n.forward(&self.pool, tokens, cache, which),
+            Net::External(n) => n.forward(tokens, cache, which),
         }
     }
 
@@ -94,6 +119,13 @@ impl Model {
                 .iter_mut()
                 .map(|s| n.forward(&self.pool, s.tokens, s.cache, s.logits))
                 .collect(),
+            // One sequence at a time: the backend holds a single cache (see ExternalNet).
+            Net::External(n) => match seqs {
+                [s] => Ok(vec![n.forward(s.tokens, s.cache, s.logits)?]),
+                _ => Err(crate::Error::Unsupported(
+                    "batched decoding on this device (one sequence at a time)".into(),
+                )),
+            },
         }
     }
 
@@ -101,6 +133,7 @@ impl Model {
         match &self.net {
             Net::Dense(n) => n.weight_bytes(),
             Net::Hybrid(n) => n.weight_bytes(),
+            Net::External(n) => n.weight_bytes(),
         }
     }
 
@@ -108,13 +141,14 @@ impl Model {
         match &self.net {
             Net::Dense(n) => n.bytes_per_token(),
             Net::Hybrid(n) => n.bytes_per_token(),
+            Net::External(n) => n.bytes_per_token(),
         }
     }
 }
 
 /// Refuses an input no forward pass can run: no tokens, no room left in the cache, or ids outside
 /// the vocabulary. Shared by every architecture so the errors read the same.
-pub(crate) fn check_input(tokens: &[u32], cache: &KvCache, vocab: usize) -> Result<()> {
+pub fn check_input(tokens: &[u32], cache: &KvCache, vocab: usize) -> Result<()> {
     let n = tokens.len();
     if n == 0 {
         return Err(crate::Error::InvalidArgument(

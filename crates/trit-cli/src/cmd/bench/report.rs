@@ -171,7 +171,7 @@ impl Markdown {
             info.model_type.clone(),
             size_text(info.model_size),
             params_text(info.model_n_params),
-            "CPU".to_string(),
+            backend(info).to_string(),
             m.test.n_threads.to_string(),
             m.test.name(),
             format!("{:.2} ± {:.2}", mean(&ts), stddev(&ts)),
@@ -269,7 +269,7 @@ fn record(
         "build_number": number,
         "cpu_info": cpu,
         "gpu_info": "",
-        "backends": "CPU",
+        "backends": backend(info),
         "model_filename": info.model_filename,
         "model_type": info.model_type,
         "model_size": info.model_size,
@@ -390,6 +390,15 @@ pub fn mlx_averages(trials: &[MlxTrial]) {
         avg(|t| t.generation_tps),
         avg(|t| t.peak_memory_gb)
     );
+}
+
+/// llama-bench's backend column.
+fn backend(info: &RunInfo) -> &'static str {
+    if info.kernel_level == "cuda" {
+        "CUDA"
+    } else {
+        "CPU"
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,337 @@
+//! The GPU: driver and NVRTC loaded at run time, the kernels compiled once per source and
+//! architecture (PTX cached on disk), and a launch helper that checks every call.
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+    PushKernelArg,
+};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::Arc;
+use trit::{Error, Result};
+
+/// Every kernel source, compiled as one program (`common.cuh` first: shared helpers).
+pub const SOURCES: [(&str, &str); 4] = [
+    ("common.cuh", include_str!("kernels/common.cuh")),
+    ("gemv.cu", include_str!("kernels/gemv.cu")),
+    ("elementwise.cu", include_str!("kernels/elementwise.cu")),
+    ("attention.cu", include_str!("kernels/attention.cu")),
+];
+
+/// Kernels the decode step launches (all must exist in the compiled module).
+pub const KERNELS: [&str; 28] = [
+    "ternary_gemv_r2_s1_f16",
+    "ternary_gemv_r2_s2_f16",
+    "ternary_gemv_r2_s4_f16",
+    "ternary_gemv_r4_s1_f16",
+    "ternary_gemv_r4_s2_f16",
+    "ternary_gemv_r4_s4_f16",
+    "ternary_gemv_r8_s1_f16",
+    "ternary_gemv_r8_s2_f16",
+    "ternary_gemv_r8_s4_f16",
+    "ternary_gemv_r2_s1_f32",
+    "ternary_gemv_r2_s2_f32",
+    "ternary_gemv_r2_s4_f32",
+    "ternary_gemv_r4_s1_f32",
+    "ternary_gemv_r4_s2_f32",
+    "ternary_gemv_r4_s4_f32",
+    "ternary_gemv_r8_s1_f32",
+    "ternary_gemv_r8_s2_f32",
+    "ternary_gemv_r8_s4_f32",
+    "dense_gemv",
+    "embed_ternary_f16",
+    "embed_ternary_f32",
+    "embed_dense",
+    "rms_norm_quant",
+    "quantize_vec",
+    "silu_mul_quant",
+    "advance_position",
+    "attn_decode",
+    "rms_norm_quant_v4",
+];
+
+/// The program text NVRTC compiles.
+pub fn program_source() -> String {
+    let mut s = String::new();
+    for (name, text) in SOURCES {
+        s.push_str(&format!("// ---- {name}\n{text}\n"));
+    }
+    s
+}
+
+pub fn cuda_err(what: &str, e: impl std::fmt::Debug) -> Error {
+    Error::Unsupported(format!("CUDA: {what} failed: {e:?}"))
+}
+
+/// Whether the CUDA driver library can be loaded on this machine (no panic when it cannot).
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the library names; no symbol is called.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// Whether NVRTC can be loaded.
+pub fn nvrtc_present() -> bool {
+    // SAFETY: as above.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// Compiles the kernel program for `arch` (e.g. "compute_90") with NVRTC. Public so a test can
+/// check every kernel compiles on a machine that has NVRTC but no GPU.
+pub fn compile(arch: &str) -> Result<String> {
+    if !nvrtc_present() {
+        return Err(Error::Unsupported(
+            "CUDA: the NVRTC library (libnvrtc.so) was not found; install the CUDA toolkit or \
+             the nvidia-cuda-nvrtc package and put its lib folder on LD_LIBRARY_PATH"
+                .into(),
+        ));
+    }
+    let opts = CompileOptions {
+        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
+        name: Some("trit_kernels.cu".into()),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(program_source(), opts)
+        .map_err(|e| Error::Unsupported(format!("CUDA: compiling the kernels failed: {e}")))?;
+    Ok(ptx.to_src())
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("TRIT_CUDA_CACHE") {
+        return Some(PathBuf::from(d));
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("trit").join("cuda"))
+}
+
+/// PTX for `arch`, from the disk cache (keyed by a hash of the source and the architecture)
+/// or compiled now and stored there. A cache that cannot be written is not an error.
+fn ptx_for(arch: &str) -> Result<String> {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    program_source().hash(&mut h);
+    arch.hash(&mut h);
+    let file = cache_dir().map(|d| d.join(format!("kernels-{arch}-{:016x}.ptx", h.finish())));
+    if let Some(f) = &file {
+        if let Ok(text) = std::fs::read_to_string(f) {
+            return Ok(text);
+        }
+    }
+    let ptx = compile(arch)?;
+    if let Some(f) = &file {
+        if let Some(dir) = f.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let tmp = f.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, &ptx).is_ok() {
+            let _ = std::fs::rename(&tmp, f);
+        }
+    }
+    Ok(ptx)
+}
+
+/// One kernel argument, kept alive in a list until the launch has read it.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    Ptr(u64),
+    I32(i32),
+    F32(f32),
+}
+
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub name: String,
+    pub sm_count: u32,
+    /// Launch with programmatic dependent launch (sm_90+, unless TRIT_CUDA_PDL=0).
+    pub pdl: bool,
+    funcs: HashMap<&'static str, CudaFunction>,
+}
+
+impl Gpu {
+    /// Opens device `ordinal` and loads the kernels. Errors (never panics) without a driver.
+    pub fn open(ordinal: usize) -> Result<Gpu> {
+        if !driver_present() {
+            return Err(Error::Unsupported(
+                "CUDA: no NVIDIA driver library (libcuda.so) was found on this machine; \
+                 --device cuda needs an NVIDIA GPU and its driver"
+                    .into(),
+            ));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| cuda_err("opening the device", e))?;
+        // One stream, no cross-stream events: cudarc's per-buffer event tracking would
+        // record events inside graph capture.
+        // SAFETY: every launch and copy of this backend goes to the one stream below.
+        unsafe { ctx.disable_event_tracking() };
+        // A stream of its own: the legacy default stream cannot be captured into a graph.
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| cuda_err("creating a stream", e))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(|e| cuda_err("reading the compute capability", e))?;
+        if major < 7 {
+            return Err(Error::Unsupported(format!(
+                "CUDA: compute capability {major}.{minor} is too old (7.0 or newer needed)"
+            )));
+        }
+        let name = ctx.name().unwrap_or_else(|_| "NVIDIA GPU".into());
+        let sm_count =
+            ctx.attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(|e| cuda_err("reading the multiprocessor count", e))? as u32;
+        let arch = format!("compute_{major}{minor}");
+        let ptx = ptx_for(&arch)?;
+        let module = ctx
+            .load_module(Ptx::from_src(ptx))
+            .map_err(|e| cuda_err("loading the kernel module", e))?;
+        let mut funcs = HashMap::new();
+        for name in KERNELS.iter() {
+            let f = module
+                .load_function(name)
+                .map_err(|e| cuda_err(&format!("finding kernel {name}"), e))?;
+            funcs.insert(*name, f);
+        }
+        let pdl = major >= 9 && std::env::var("TRIT_CUDA_PDL").map_or(true, |v| v != "0");
+        Ok(Gpu {
+            ctx,
+            stream,
+            name,
+            sm_count,
+            pdl,
+            funcs,
+        })
+    }
+
+    /// Blocks of `threads` threads of `kernel` that fit on one multiprocessor at once (sizes
+    /// the persistent GEMV grid so every block is resident).
+    pub fn resident_blocks(&self, kernel: &str, threads: u32) -> Result<u32> {
+        let f = self
+            .funcs
+            .get(kernel)
+            .ok_or_else(|| Error::Unsupported(format!("CUDA: no kernel named {kernel}")))?;
+        f.occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
+            .map_err(|e| cuda_err("reading kernel occupancy", e))
+            .map(|n| n.max(1))
+    }
+
+    /// Launches `kernel` on the stream; the launch's own error is returned (asynchronous
+    /// faults surface at the next synchronize, which every caller checks).
+    pub fn launch(&self, kernel: &str, grid: (u32, u32), block: u32, args: &[Arg]) -> Result<()> {
+        let f = self
+            .funcs
+            .get(kernel)
+            .ok_or_else(|| Error::Unsupported(format!("CUDA: no kernel named {kernel}")))?;
+        if self.pdl {
+            return self.launch_pdl(kernel, f, grid, block, args);
+        }
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                Arg::Ptr(p) => b.arg(p),
+                Arg::I32(v) => b.arg(v),
+                Arg::F32(v) => b.arg(v),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid.0.max(1), grid.1.max(1), 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the argument lists are written against the kernel signatures in
+        // kernels/*.cu, and every pointer is a live allocation of the sizes those kernels index.
+        unsafe { b.launch(cfg) }.map_err(|e| cuda_err(&format!("launching {kernel}"), e))?;
+        Ok(())
+    }
+
+    /// `cuLaunchKernelEx` with the programmatic-stream-serialization attribute: the kernel may
+    /// start before the previous one on the stream ends; it synchronizes itself with
+    /// `griddepcontrol.wait` (see common.cuh). Kept in graphs as programmatic edges.
+    fn launch_pdl(
+        &self,
+        kernel: &str,
+        f: &CudaFunction,
+        grid: (u32, u32),
+        block: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        use cudarc::driver::sys;
+        // One 8-byte slot per argument; 4-byte values sit in the low bytes (x86-64 and aarch64
+        // are little-endian), which is where the driver reads a 4-byte parameter from.
+        let mut slots: Vec<u64> = args
+            .iter()
+            .map(|a| match a {
+                Arg::Ptr(p) => *p,
+                Arg::I32(v) => *v as u32 as u64,
+                Arg::F32(v) => v.to_bits() as u64,
+            })
+            .collect();
+        let mut params: Vec<*mut std::ffi::c_void> = slots
+            .iter_mut()
+            .map(|v| v as *mut u64 as *mut std::ffi::c_void)
+            .collect();
+        // SAFETY: a zeroed attribute is a valid value of this plain C struct.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0.max(1),
+            gridDimY: grid.1.max(1),
+            gridDimZ: 1,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| cuda_err("binding the context", e))?;
+        // SAFETY: `params` points at one live slot per kernel parameter, in the order and
+        // sizes of the kernel's signature (kernels/*.cu); config and attr outlive the call.
+        let r = unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(cuda_err(&format!("launching {kernel}"), r));
+        }
+        Ok(())
+    }
+
+    pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>> {
+        self.stream
+            .clone_htod(data)
+            .map_err(|e| cuda_err("copying to the device", e))
+    }
+
+    pub fn zeros<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        n: usize,
+    ) -> Result<CudaSlice<T>> {
+        self.stream
+            .alloc_zeros(n.max(1))
+            .map_err(|e| cuda_err("allocating device memory", e))
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| cuda_err("running the kernels", e))
+    }
+}
+
+/// The raw device address of a buffer (kernel arguments, graph capture).
+pub fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
+    let (p, _sync) = s.device_ptr(stream);
+    p
+}

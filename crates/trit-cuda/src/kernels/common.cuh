@@ -1,0 +1,80 @@
+// Shared helpers of every trit kernel (prepended to each source by the loader).
+typedef unsigned short half_bits;
+typedef signed char i8;
+
+// Columns per activation-quantization and weight-scale block (the CPU's ACT_BLOCK and BLOCK).
+#define QBLOCK 64
+#define INFINITY __int_as_float(0x7f800000)
+
+__device__ __forceinline__ float h2f(half_bits h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ half_bits f2h(float f) {
+    half_bits h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the whole thread block (blockDim.x a multiple of 32, at most 1024).
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    const int nw = (blockDim.x + 31) >> 5;
+    float t = lane < nw ? scratch[lane] : 0.0f;
+    return warp_sum(t);
+}
+
+// Quantizes one 64-value block held two per lane (`a` = value lane, `b` = value lane + 32) to
+// int8 exactly like the CPU's ActQ8: d = max|x| / 127, q = round-half-even(x / d), and stores
+// q plus (d, d·Σq) so the GEMV can apply Σ t·x = d·(Σ code·q − Σ q) with one correction.
+__device__ __forceinline__ void quant_block_warp(float a, float b, i8* q, float2* meta) {
+    const int lane = threadIdx.x & 31;
+    float amax = warp_max(fmaxf(fabsf(a), fabsf(b)));
+    int qa = 0, qb = 0;
+    float d = 0.0f;
+    if (amax > 0.0f && isfinite(amax)) {
+        float inv = 127.0f / amax;
+        qa = __float2int_rn(a * inv);
+        qb = __float2int_rn(b * inv);
+        d = amax / 127.0f;
+    }
+    q[lane] = (i8)qa;
+    q[lane + 32] = (i8)qb;
+    float s = warp_sum((float)(qa + qb));
+    if (lane == 0) *meta = make_float2(d, d * s);
+}
+
+// Programmatic dependent launch (Hopper): a kernel launched with the PDL attribute may start
+// while its predecessor still runs. Each kernel calls pdl_launch_dependents() first (its
+// successor may then be scheduled) and pdl_wait() before it touches anything a predecessor
+// wrote or may still read; only read-only weights are loaded before the wait. Without the
+// attribute (or before sm_90) both are no-ops.
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}

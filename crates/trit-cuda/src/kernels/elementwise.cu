@@ -1,0 +1,157 @@
+// The small kernels between the matrix products: embedding lookup, RMSNorm + int8
+// quantization, SwiGLU + quantization, and the step's position counter.
+//
+// `step` is a device-side int pair {position, unused}: the captured graph reads the position
+// from it (never from a kernel argument), so one graph serves every position.
+
+__device__ __forceinline__ float load_scale_any(const half_bits* s, size_t i) { return h2f(s[i]); }
+__device__ __forceinline__ float load_scale_any(const float* s, size_t i) { return s[i]; }
+
+// x = row `toks[pos]` of a ternary matrix (codes in the GEMV layout, see gemv.cu).
+template <typename S>
+__device__ __forceinline__ void embed_ternary(const unsigned* __restrict__ codes,
+                                              const S* __restrict__ scales, int nb,
+                                              const int* toks, const int* step, float* x) {
+    pdl_launch_dependents();
+    pdl_wait();
+    const int tok = toks[step[0]];
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= nb * QBLOCK) return;
+    const int b = c / QBLOCK, in = c % QBLOCK;
+    const int j = in / 16, s = (in % 16) / 4, k = in % 4;
+    const unsigned w = codes[((size_t)tok * nb + b) * 4 + j];
+    const int code = (w >> (8 * k + 2 * s)) & 3;
+    x[c] = load_scale_any(scales, (size_t)tok * nb + b) * (float)(code - 1);
+}
+
+extern "C" __global__ void embed_ternary_f16(const unsigned* codes, const half_bits* scales,
+                                             int nb, const int* toks, const int* step, float* x) {
+    embed_ternary<half_bits>(codes, scales, nb, toks, step, x);
+}
+extern "C" __global__ void embed_ternary_f32(const unsigned* codes, const float* scales,
+                                             int nb, const int* toks, const int* step, float* x) {
+    embed_ternary<float>(codes, scales, nb, toks, step, x);
+}
+
+extern "C" __global__ void embed_dense(const float* w, int cols, const int* toks,
+                                       const int* step, float* x) {
+    pdl_launch_dependents();
+    pdl_wait();
+    const int tok = toks[step[0]];
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c < cols) x[c] = w[(size_t)tok * cols + c];
+}
+
+// xn = RMSNorm(x) · w; then, when d is a multiple of 64, its int8 blocks. One thread block.
+extern "C" __global__ void rms_norm_quant(const float* __restrict__ x, const float* __restrict__ w,
+                                          float eps, int d, float* __restrict__ xn, i8* q,
+                                          float2* meta) {
+    __shared__ float scratch[32];
+    pdl_launch_dependents();
+    pdl_wait();
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) ss += x[i] * x[i];
+    ss = block_sum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / (float)d + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) xn[i] = x[i] * inv * w[i];
+    __syncthreads();
+    if (d % QBLOCK != 0) return;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int b = warp; b < d / QBLOCK; b += nw) {
+        const float* v = xn + b * QBLOCK;
+        quant_block_warp(v[lane], v[lane + 32], q + b * QBLOCK, meta + b);
+    }
+}
+
+// The same with four values per thread kept in registers (d a multiple of 64, at most 8192,
+// 1024 threads): one reduction, no re-read; a 64-value block is 16 consecutive threads.
+extern "C" __global__ void rms_norm_quant_v4(const float* __restrict__ x,
+                                             const float* __restrict__ w, float eps, int d,
+                                             float* __restrict__ xn, i8* q, float2* meta) {
+    __shared__ float scratch[32];
+    pdl_launch_dependents();
+    pdl_wait();
+    const int n4 = d / 4;
+    float4 v[2];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int c = threadIdx.x + j * 1024;
+        v[j] = c < n4 ? ((const float4*)x)[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+    }
+    ss = block_sum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / (float)d + eps);
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int c = threadIdx.x + j * 1024;
+        if (j * 1024 >= n4) break;  // uniform over the block
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (c < n4) {
+            const float4 g = ((const float4*)w)[c];
+            o = make_float4(v[j].x * inv * g.x, v[j].y * inv * g.y, v[j].z * inv * g.z,
+                            v[j].w * inv * g.w);
+            ((float4*)xn)[c] = o;
+        }
+        float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
+#pragma unroll
+        for (int off = 8; off > 0; off >>= 1)
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+        int q0 = 0, q1 = 0, q2 = 0, q3 = 0;
+        float dq = 0.0f;
+        if (amax > 0.0f && isfinite(amax)) {
+            const float s = 127.0f / amax;
+            q0 = __float2int_rn(o.x * s);
+            q1 = __float2int_rn(o.y * s);
+            q2 = __float2int_rn(o.z * s);
+            q3 = __float2int_rn(o.w * s);
+            dq = amax / 127.0f;
+        }
+        float sum = (float)(q0 + q1 + q2 + q3);
+#pragma unroll
+        for (int off = 8; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        if (c < n4) {
+            char4 packed = make_char4((signed char)q0, (signed char)q1, (signed char)q2,
+                                      (signed char)q3);
+            ((char4*)q)[c] = packed;
+            if ((c & 15) == 0) meta[c / 16] = make_float2(dq, dq * sum);
+        }
+    }
+}
+
+// Quantizes n values (n a multiple of 64): one warp per block.
+extern "C" __global__ void quantize_vec(const float* __restrict__ x, int n, i8* q, float2* meta) {
+    pdl_launch_dependents();
+    pdl_wait();
+    const int b = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    const int lane = threadIdx.x & 31;
+    if (b >= n / QBLOCK) return;
+    const float* v = x + b * QBLOCK;
+    quant_block_warp(v[lane], v[lane + 32], q + b * QBLOCK, meta + b);
+}
+
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+// h = silu(gate) · up for gu = [gate (ffn) | up (ffn)], plus its int8 blocks when ffn is a
+// multiple of 64. One warp per 64 values.
+extern "C" __global__ void silu_mul_quant(const float* __restrict__ gu, int ffn,
+                                          float* __restrict__ h, i8* q, float2* meta) {
+    pdl_launch_dependents();
+    pdl_wait();
+    const int b = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    const int lane = threadIdx.x & 31;
+    const int i0 = b * QBLOCK + lane, i1 = i0 + 32;
+    if (b * QBLOCK >= ffn) return;
+    const float a = i0 < ffn ? silu_mul(gu[i0], gu[ffn + i0]) : 0.0f;
+    const float c = i1 < ffn ? silu_mul(gu[i1], gu[ffn + i1]) : 0.0f;
+    if (i0 < ffn) h[i0] = a;
+    if (i1 < ffn) h[i1] = c;
+    if (ffn % QBLOCK == 0) quant_block_warp(a, c, q + b * QBLOCK, meta + b);
+}
+
+// The last kernel of a captured step: the next replay runs one position further.
+extern "C" __global__ void advance_position(int* step) {
+    pdl_launch_dependents();
+    pdl_wait();
+    if (threadIdx.x == 0 && blockIdx.x == 0) step[0] += 1;
+}

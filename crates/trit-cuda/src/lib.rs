@@ -1,0 +1,21 @@
+//! CUDA backend of trit: dense llama/qwen3 ternary models decoding on an NVIDIA GPU.
+//!
+//! The driver API and NVRTC are loaded at run time (cudarc's dynamic loading), so this crate
+//! builds where there is no CUDA toolkit and no GPU; on such a machine `CudaModel::load`
+//! returns an error saying what is missing. The kernels (`src/kernels/*.cu`) are CUDA C
+//! compiled by NVRTC for the GPU's architecture on first use and cached on disk
+//! (`$TRIT_CUDA_CACHE`, else `~/.cache/trit/cuda`).
+//!
+//! What runs on the GPU: the whole decode step (embedding lookup, fused RMSNorm + int8
+//! quantization, ternary GEMV with dp4a over a 2-bit layout, QK-norm + RoPE + KV append,
+//! flash-decoding attention over an f16 cache, SwiGLU + quantization, residual adds fused into
+//! the GEMV, LM head), captured once in a CUDA graph and replayed per token. Prompts run
+//! through the same step token by token (no batched prefill kernel yet).
+
+pub mod device;
+pub mod gemv;
+pub mod model;
+pub mod repack;
+pub mod weights;
+
+pub use model::{load_model, CudaModel, CudaOptions};

@@ -1,0 +1,576 @@
+//! `CudaModel`: a llama/qwen3 model decoding on the GPU, one token per step, the whole step
+//! (embedding → every layer → final norm → LM head) replayed from a CUDA graph.
+//!
+//! The graph reads the position from a device-side counter that its last kernel increments,
+//! and the token from a device array indexed by that position; so a prefill of n tokens is
+//! one upload of the ids and n graph launches, and a decode step is a 4-byte upload, one
+//! launch and the logits copied back. Two graphs are captured: with and without the LM head
+//! (prompt tokens whose logits nobody reads skip it).
+
+use crate::device::{ptr, Arg, Gpu};
+use crate::gemv::{launch_ternary, TernaryArgs};
+use crate::weights::{self, DevMatrix, DevScales, DevWeights};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaSlice, PinnedHostSlice};
+use std::sync::Mutex;
+use trit::format::config::{ModelConfig, RopeStyle};
+use trit::format::ModelFiles;
+use trit::model::rope::Rope;
+use trit::model::{ExternalNet, KvCache, Logits, Model};
+use trit::{Error, Result};
+
+/// Positions per flash-decoding split (`ATT_SPLIT` in attention.cu).
+const ATT_SPLIT: usize = 64;
+
+/// Device buffers of one decode step, and the KV cache.
+struct Buffers {
+    toks: CudaSlice<i32>,
+    step: CudaSlice<i32>,
+    x: CudaSlice<f32>,
+    xn: CudaSlice<f32>,
+    xq: CudaSlice<i8>,
+    xm: CudaSlice<f32>,
+    qkv: CudaSlice<f32>,
+    att: CudaSlice<f32>,
+    gu: CudaSlice<f32>,
+    h: CudaSlice<f32>,
+    part_o: CudaSlice<f32>,
+    part_ml: CudaSlice<f32>,
+    /// Per head: splits of the current step done (the last one merges; reset to 0 by it).
+    counters: CudaSlice<u32>,
+    logits: CudaSlice<f32>,
+    /// Page-locked copy target (a pageable copy of 600 KB costs tens of microseconds more).
+    host_logits: PinnedHostSlice<f32>,
+    cos_sin: CudaSlice<f32>,
+    k_cache: Vec<CudaSlice<u16>>,
+    v_cache: Vec<CudaSlice<u16>>,
+}
+
+/// A graph is used only under the model's mutex.
+struct Graph(CudaGraph);
+// SAFETY: the graph's handles are plain driver objects; every use goes through `State`,
+// which the `Mutex` in `CudaModel` serializes.
+unsafe impl Send for Graph {}
+
+struct State {
+    gpu: Gpu,
+    w: DevWeights,
+    b: Buffers,
+    /// (with head, without head), captured on first use.
+    graphs: Option<(Graph, Graph)>,
+    /// The device counter's value when known (None after an error).
+    device_pos: Option<usize>,
+}
+
+pub struct CudaModel {
+    config: ModelConfig,
+    ctx: usize,
+    n_splits: usize,
+    rows_per_warp: Option<usize>,
+    max_split: usize,
+    use_graph: bool,
+    weight_bytes: usize,
+    bytes_per_token: usize,
+    device_name: String,
+    state: Mutex<State>,
+}
+
+/// Options of `CudaModel::load`.
+#[derive(Clone, Debug)]
+pub struct CudaOptions {
+    pub device: usize,
+    /// KV-cache positions allocated on the GPU (the longest context a session may use).
+    pub ctx: usize,
+    /// Replay the step from a CUDA graph (else launch kernel by kernel; for debugging).
+    pub graph: bool,
+    /// Rows each warp of the ternary GEMV computes (2, 4 or 8); `None`: the default (4).
+    pub rows_per_warp: Option<usize>,
+    /// Most warps that share one row group of the ternary GEMV (1, 2 or 4).
+    pub max_split: usize,
+}
+
+impl CudaOptions {
+    /// Defaults, overridable by TRIT_CUDA_GRAPH=0, TRIT_CUDA_ROWS_PER_WARP=2|4|8,
+    /// TRIT_CUDA_MAX_SPLIT=1|2|4, TRIT_CUDA_PDL=0 and TRIT_CUDA_DEVICE=N.
+    pub fn new(ctx: usize) -> Self {
+        let env = |k: &str| std::env::var(k).ok();
+        CudaOptions {
+            device: env("TRIT_CUDA_DEVICE")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            ctx,
+            graph: env("TRIT_CUDA_GRAPH").is_none_or(|v| v != "0"),
+            rows_per_warp: env("TRIT_CUDA_ROWS_PER_WARP").and_then(|v| v.parse().ok()),
+            max_split: env("TRIT_CUDA_MAX_SPLIT")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(4),
+        }
+    }
+}
+
+/// Loads `files` onto the GPU as a `Model` that sessions, generation and the benchmark drive
+/// like the CPU one.
+pub fn load_model(files: &ModelFiles, opts: &CudaOptions) -> Result<Model> {
+    let m = CudaModel::load(files, opts)?;
+    Ok(Model::from_external(Box::new(m)))
+}
+
+impl CudaModel {
+    pub fn load(files: &ModelFiles, opts: &CudaOptions) -> Result<CudaModel> {
+        let cfg = files.config.clone();
+        if opts
+            .rows_per_warp
+            .is_some_and(|r| ![1, 2, 4, 8].contains(&r))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "rows per warp must be 1, 2, 4 or 8 (got {:?})",
+                opts.rows_per_warp
+            )));
+        }
+        if ![1, 2, 4].contains(&opts.max_split) {
+            return Err(Error::InvalidArgument(format!(
+                "GEMV split must be 1, 2 or 4 (got {})",
+                opts.max_split
+            )));
+        }
+        if opts.ctx == 0 {
+            return Err(Error::InvalidArgument(
+                "CUDA context size must be at least 1".into(),
+            ));
+        }
+        if files.rotation.is_some() {
+            return Err(Error::Unsupported(
+                "Hadamard-rotated models on CUDA: not written yet".into(),
+            ));
+        }
+        let hd = cfg.head_dim;
+        if !hd.is_multiple_of(32) || hd > 256 || cfg.n_kv_heads == 0 {
+            return Err(Error::Unsupported(format!(
+                "CUDA attention needs head_dim a multiple of 32 up to 256 (got {hd})"
+            )));
+        }
+        if !cfg.n_heads.is_multiple_of(cfg.n_kv_heads) {
+            return Err(Error::Format(format!(
+                "{} query heads are not a multiple of {} kv heads",
+                cfg.n_heads, cfg.n_kv_heads
+            )));
+        }
+        let gpu = Gpu::open(opts.device)?;
+        let w = weights::load(&gpu, &cfg, files.weights.as_ref())?;
+        let n_splits = opts.ctx.div_ceil(ATT_SPLIT);
+        let b = Buffers::new(&gpu, &cfg, opts.ctx, n_splits)?;
+        let (weight_bytes, bytes_per_token) = (w.weight_bytes(), w.bytes_per_token());
+        Ok(CudaModel {
+            ctx: opts.ctx,
+            n_splits,
+            rows_per_warp: opts.rows_per_warp,
+            max_split: opts.max_split,
+            use_graph: opts.graph,
+            weight_bytes,
+            bytes_per_token,
+            device_name: gpu.name.clone(),
+            config: cfg,
+            state: Mutex::new(State {
+                gpu,
+                w,
+                b,
+                graphs: None,
+                device_pos: None,
+            }),
+        })
+    }
+
+    pub fn device_name(&self) -> &str {
+        &self.device_name
+    }
+
+    /// KV positions held on the GPU.
+    pub fn ctx(&self) -> usize {
+        self.ctx
+    }
+}
+
+impl Buffers {
+    fn new(gpu: &Gpu, c: &ModelConfig, ctx: usize, n_splits: usize) -> Result<Buffers> {
+        let (d, hd) = (c.hidden, c.head_dim);
+        let (nq, nkv) = (c.n_heads * hd, c.n_kv_heads * hd);
+        let widest = d.max(nq).max(c.ffn);
+        // cos/sin of every position, from the CPU's own Rope (YaRN and its factor included).
+        let rope = Rope::new(hd, c.rope_theta, c.rope_style, c.rope_scaling.as_ref());
+        let mut cs = Vec::with_capacity(ctx * hd);
+        for p in 0..ctx {
+            let (cos, sin) = rope.angles(p);
+            for (a, b) in cos.iter().zip(&sin) {
+                cs.push(*a);
+                cs.push(*b);
+            }
+        }
+        let kv = nkv * ctx;
+        Ok(Buffers {
+            toks: gpu.zeros(ctx)?,
+            step: gpu.zeros(2)?,
+            x: gpu.zeros(d)?,
+            xn: gpu.zeros(d)?,
+            xq: gpu.zeros(widest)?,
+            xm: gpu.zeros(2 * widest / 64 + 2)?,
+            qkv: gpu.zeros(nq + 2 * nkv)?,
+            att: gpu.zeros(nq)?,
+            gu: gpu.zeros(2 * c.ffn)?,
+            h: gpu.zeros(c.ffn)?,
+            part_o: gpu.zeros(c.n_heads * n_splits * hd)?,
+            part_ml: gpu.zeros(2 * c.n_heads * n_splits)?,
+            counters: gpu.zeros(c.n_heads)?,
+            logits: gpu.zeros(c.vocab)?,
+            // SAFETY: read only after the copy into it and a stream synchronize.
+            host_logits: unsafe { gpu.ctx.alloc_pinned::<f32>(c.vocab) }
+                .map_err(|e| crate::device::cuda_err("allocating pinned memory", e))?,
+            cos_sin: gpu.upload(&cs)?,
+            k_cache: (0..c.n_layers)
+                .map(|_| gpu.zeros(kv))
+                .collect::<Result<_>>()?,
+            v_cache: (0..c.n_layers)
+                .map(|_| gpu.zeros(kv))
+                .collect::<Result<_>>()?,
+        })
+    }
+}
+
+/// Where a matrix product reads its input: f32 values (dense matrices) and their int8 blocks
+/// (ternary matrices).
+struct Input {
+    f32: u64,
+    q: u64,
+    meta: u64,
+}
+
+impl CudaModel {
+    fn gemv(&self, st: &State, m: &DevMatrix, inp: &Input, y: u64, accumulate: bool) -> Result<()> {
+        let s = &st.gpu.stream;
+        let acc = Arg::I32(accumulate as i32);
+        match m {
+            DevMatrix::Ternary {
+                rows,
+                cols,
+                codes,
+                scales,
+            } => {
+                let r = self.rows_per_warp.unwrap_or(DEFAULT_ROWS_PER_WARP);
+                let m = TernaryArgs {
+                    rows: *rows,
+                    cols: *cols,
+                    codes: ptr(codes, s),
+                    scales: match scales {
+                        DevScales::F16(v) => ptr(v, s),
+                        DevScales::F32(v) => ptr(v, s),
+                    },
+                    f16: matches!(scales, DevScales::F16(_)),
+                };
+                launch_ternary(
+                    &st.gpu,
+                    &m,
+                    inp.q,
+                    inp.meta,
+                    y,
+                    accumulate,
+                    r,
+                    self.max_split,
+                )
+            }
+            DevMatrix::Dense { rows, cols, w } => st.gpu.launch(
+                "dense_gemv",
+                (rows.div_ceil(4) as u32, 1),
+                128,
+                &[
+                    Arg::Ptr(ptr(w, s)),
+                    Arg::I32(*rows as i32),
+                    Arg::I32(*cols as i32),
+                    Arg::Ptr(inp.f32),
+                    Arg::Ptr(y),
+                    acc,
+                ],
+            ),
+        }
+    }
+
+    /// Enqueues one decode step (the position and token come from device memory).
+    fn enqueue_step(&self, st: &State, with_head: bool) -> Result<()> {
+        let c = &self.config;
+        let (g, b, s) = (&st.gpu, &st.b, &st.gpu.stream);
+        let p = |x: &CudaSlice<f32>| ptr(x, s);
+        let (d, hd) = (c.hidden, c.head_dim);
+        let nq = c.n_heads * hd;
+        let step = ptr(&b.step, s);
+        let toks = ptr(&b.toks, s);
+        let (xq, xm) = (ptr(&b.xq, s), p(&b.xm));
+        // Embedding row of the token at the current position.
+        match &st.w.embed {
+            DevMatrix::Ternary {
+                cols,
+                codes,
+                scales,
+                ..
+            } => {
+                let (sp, k) = match scales {
+                    DevScales::F16(v) => (ptr(v, s), "embed_ternary_f16"),
+                    DevScales::F32(v) => (ptr(v, s), "embed_ternary_f32"),
+                };
+                g.launch(
+                    k,
+                    (cols.div_ceil(256) as u32, 1),
+                    256,
+                    &[
+                        Arg::Ptr(ptr(codes, s)),
+                        Arg::Ptr(sp),
+                        Arg::I32((cols / 64) as i32),
+                        Arg::Ptr(toks),
+                        Arg::Ptr(step),
+                        Arg::Ptr(p(&b.x)),
+                    ],
+                )?;
+            }
+            DevMatrix::Dense { cols, w, .. } => g.launch(
+                "embed_dense",
+                (cols.div_ceil(256) as u32, 1),
+                256,
+                &[
+                    Arg::Ptr(p(w)),
+                    Arg::I32(*cols as i32),
+                    Arg::Ptr(toks),
+                    Arg::Ptr(step),
+                    Arg::Ptr(p(&b.x)),
+                ],
+            )?,
+        }
+        let norm = |w: &CudaSlice<f32>, n: usize, x: u64| -> Result<()> {
+            let vectorized = n.is_multiple_of(64) && n <= 8192;
+            g.launch(
+                if vectorized {
+                    "rms_norm_quant_v4"
+                } else {
+                    "rms_norm_quant"
+                },
+                (1, 1),
+                1024,
+                &[
+                    Arg::Ptr(x),
+                    Arg::Ptr(p(w)),
+                    Arg::F32(c.norm_eps),
+                    Arg::I32(n as i32),
+                    Arg::Ptr(p(&b.xn)),
+                    Arg::Ptr(xq),
+                    Arg::Ptr(xm),
+                ],
+            )
+        };
+        let normed = Input {
+            f32: p(&b.xn),
+            q: xq,
+            meta: xm,
+        };
+        let scale = 1.0 / (hd as f32).sqrt();
+        for (li, blk) in st.w.blocks.iter().enumerate() {
+            norm(&blk.attn_norm, d, p(&b.x))?;
+            self.gemv(st, &blk.qkv, &normed, p(&b.qkv), false)?;
+            let opt = |v: &Option<CudaSlice<f32>>| v.as_ref().map_or(0, p);
+            let fused_quant = hd.is_multiple_of(64);
+            g.launch(
+                "attn_decode",
+                (c.n_heads as u32, self.n_splits as u32),
+                128,
+                &[
+                    Arg::Ptr(p(&b.qkv)),
+                    Arg::Ptr(opt(&blk.q_norm)),
+                    Arg::Ptr(opt(&blk.k_norm)),
+                    Arg::F32(c.norm_eps),
+                    Arg::Ptr(p(&b.cos_sin)),
+                    Arg::Ptr(step),
+                    Arg::I32(c.n_heads as i32),
+                    Arg::I32(c.n_kv_heads as i32),
+                    Arg::I32(hd as i32),
+                    Arg::I32((c.rope_style == RopeStyle::Adjacent) as i32),
+                    Arg::Ptr(ptr(&b.k_cache[li], s)),
+                    Arg::Ptr(ptr(&b.v_cache[li], s)),
+                    Arg::I32(self.ctx as i32),
+                    Arg::F32(scale),
+                    Arg::Ptr(p(&b.part_o)),
+                    Arg::Ptr(p(&b.part_ml)),
+                    Arg::Ptr(ptr(&b.counters, s)),
+                    Arg::Ptr(p(&b.att)),
+                    Arg::Ptr(xq),
+                    Arg::Ptr(xm),
+                    Arg::I32(fused_quant as i32),
+                ],
+            )?;
+            if !fused_quant && nq.is_multiple_of(64) {
+                g.launch(
+                    "quantize_vec",
+                    ((nq / 64).div_ceil(4) as u32, 1),
+                    128,
+                    &[
+                        Arg::Ptr(p(&b.att)),
+                        Arg::I32(nq as i32),
+                        Arg::Ptr(xq),
+                        Arg::Ptr(xm),
+                    ],
+                )?;
+            }
+            let att_in = Input {
+                f32: p(&b.att),
+                q: xq,
+                meta: xm,
+            };
+            self.gemv(st, &blk.o, &att_in, p(&b.x), true)?;
+            norm(&blk.ffn_norm, d, p(&b.x))?;
+            self.gemv(st, &blk.gate_up, &normed, p(&b.gu), false)?;
+            g.launch(
+                "silu_mul_quant",
+                (c.ffn.div_ceil(64).div_ceil(4) as u32, 1),
+                128,
+                &[
+                    Arg::Ptr(p(&b.gu)),
+                    Arg::I32(c.ffn as i32),
+                    Arg::Ptr(p(&b.h)),
+                    Arg::Ptr(xq),
+                    Arg::Ptr(xm),
+                ],
+            )?;
+            let h_in = Input {
+                f32: p(&b.h),
+                q: xq,
+                meta: xm,
+            };
+            self.gemv(st, &blk.down, &h_in, p(&b.x), true)?;
+        }
+        if with_head {
+            norm(&st.w.final_norm, d, p(&b.x))?;
+            self.gemv(st, st.w.head(), &normed, p(&b.logits), false)?;
+        }
+        g.launch("advance_position", (1, 1), 32, &[Arg::Ptr(step)])
+    }
+
+    fn capture(&self, st: &State, with_head: bool) -> Result<Graph> {
+        let s = &st.gpu.stream;
+        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| crate::device::cuda_err("starting graph capture", e))?;
+        let enq = self.enqueue_step(st, with_head);
+        let graph = s.end_capture(CUgraphInstantiate_flags(0));
+        enq?;
+        match graph {
+            Ok(Some(g)) => Ok(Graph(g)),
+            Ok(None) => Err(Error::Unsupported(
+                "CUDA: graph capture recorded nothing".into(),
+            )),
+            Err(e) => Err(crate::device::cuda_err("capturing the decode graph", e)),
+        }
+    }
+
+    fn run_step(&self, st: &mut State, with_head: bool) -> Result<()> {
+        if !self.use_graph {
+            return self.enqueue_step(st, with_head);
+        }
+        if st.graphs.is_none() {
+            let with = self.capture(st, true)?;
+            let without = self.capture(st, false)?;
+            st.graphs = Some((with, without));
+        }
+        let (with, without) = st.graphs.as_ref().expect("captured above");
+        let g = if with_head { &with.0 } else { &without.0 };
+        g.launch()
+            .map_err(|e| crate::device::cuda_err("launching the decode graph", e))
+    }
+
+    fn forward_locked(
+        &self,
+        st: &mut State,
+        tokens: &[u32],
+        pos0: usize,
+        which: Logits,
+    ) -> Result<Vec<f32>> {
+        let vocab = self.config.vocab;
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        {
+            let s = st.gpu.stream.clone();
+            let mut view = st.b.toks.slice_mut(pos0..pos0 + ids.len());
+            s.memcpy_htod(&ids, &mut view)
+                .map_err(|e| crate::device::cuda_err("uploading token ids", e))?;
+            if st.device_pos != Some(pos0) {
+                s.memcpy_htod(&[pos0 as i32, 0], &mut st.b.step)
+                    .map_err(|e| crate::device::cuda_err("setting the position", e))?;
+                // After an error a step may have stopped between a head's splits.
+                s.memset_zeros(&mut st.b.counters)
+                    .map_err(|e| crate::device::cuda_err("resetting counters", e))?;
+            }
+        }
+        st.device_pos = None;
+        let mut out = Vec::new();
+        for i in 0..tokens.len() {
+            let want = which == Logits::All || i + 1 == tokens.len();
+            self.run_step(st, want)?;
+            if which == Logits::All {
+                out.extend(self.read_logits(st)?);
+            }
+        }
+        if which == Logits::Last {
+            out = self.read_logits(st)?;
+        }
+        st.gpu.sync()?;
+        debug_assert_eq!(out.len() % vocab, 0);
+        st.device_pos = Some(pos0 + tokens.len());
+        Ok(out)
+    }
+
+    fn read_logits(&self, st: &mut State) -> Result<Vec<f32>> {
+        let b = &mut st.b;
+        st.gpu
+            .stream
+            .memcpy_dtoh(&b.logits, &mut b.host_logits)
+            .map_err(|e| crate::device::cuda_err("copying logits to the host", e))?;
+        st.gpu.sync()?;
+        let v = b
+            .host_logits
+            .as_slice()
+            .map_err(|e| crate::device::cuda_err("reading pinned logits", e))?;
+        Ok(v.to_vec())
+    }
+}
+
+/// Rows per warp of the ternary GEMV when not forced: 4. Measured on the H200, 8B shape,
+/// tg128 with one value for every matrix: R=1 370, R=2 398, R=4 454, R=8 438 tok/s (first
+/// persistent kernel); choosing R=1 for the 4096/6144-row matrices to get more warps (and R=4
+/// for the rest) gave 513 against 557 for R=4 everywhere: with one row per warp the int8
+/// activations are re-read from L1 once per row and that traffic, not DRAM, limits.
+const DEFAULT_ROWS_PER_WARP: usize = 4;
+
+impl ExternalNet for CudaModel {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn forward(&self, tokens: &[u32], cache: &mut KvCache, which: Logits) -> Result<Vec<f32>> {
+        trit::model::check_input(tokens, cache, self.config.vocab)?;
+        if cache.capacity() > self.ctx {
+            return Err(Error::InvalidArgument(format!(
+                "a {}-token context on a GPU model loaded for {} positions (load it with a \
+                 larger --ctx)",
+                cache.capacity(),
+                self.ctx
+            )));
+        }
+        let mut st = self
+            .state
+            .lock()
+            .map_err(|_| Error::Unsupported("CUDA: an earlier step panicked".into()))?;
+        let pos0 = cache.len();
+        let out = self.forward_locked(&mut st, tokens, pos0, which)?;
+        cache.advance(tokens.len());
+        Ok(out)
+    }
+
+    fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    fn bytes_per_token(&self) -> usize {
+        self.bytes_per_token
+    }
+}

@@ -1,0 +1,319 @@
+//! The dense model's weights on the GPU: ternary matrices repacked (`repack.rs`) from the same
+//! `TernaryRows` views the CPU loader uses, other matrices dequantized to f32 exactly as the
+//! CPU loader does (`trit::model::weights::to_linear`), norms as f32 vectors.
+
+use crate::device::{cuda_err, Gpu};
+use crate::repack::{self, PackedScales, PackedTernary};
+use cudarc::driver::CudaSlice;
+use trit::format::config::{Arch, ModelConfig};
+use trit::format::{Dtype, TensorData, TensorView, WeightSource};
+use trit::kernels::Linear;
+use trit::model::weights::{require, to_linear, vector};
+use trit::quant::float::HalfKind;
+use trit::quant::{GgmlTernary, MlxTernary, TernaryRows};
+use trit::{Error, Result};
+
+pub enum DevScales {
+    F16(CudaSlice<u16>),
+    F32(CudaSlice<f32>),
+}
+
+/// One matrix on the device.
+pub enum DevMatrix {
+    Ternary {
+        rows: usize,
+        cols: usize,
+        codes: CudaSlice<u32>,
+        scales: DevScales,
+    },
+    Dense {
+        rows: usize,
+        cols: usize,
+        w: CudaSlice<f32>,
+    },
+}
+
+impl DevMatrix {
+    pub fn rows(&self) -> usize {
+        match self {
+            DevMatrix::Ternary { rows, .. } | DevMatrix::Dense { rows, .. } => *rows,
+        }
+    }
+
+    pub fn cols(&self) -> usize {
+        match self {
+            DevMatrix::Ternary { cols, .. } | DevMatrix::Dense { cols, .. } => *cols,
+        }
+    }
+
+    pub fn is_ternary(&self) -> bool {
+        matches!(self, DevMatrix::Ternary { .. })
+    }
+
+    /// Bytes read by one product (all of the matrix).
+    pub fn bytes(&self) -> usize {
+        match self {
+            DevMatrix::Ternary {
+                rows, cols, scales, ..
+            } => {
+                let n = rows * cols / repack::BLOCK;
+                n * 16
+                    + n * match scales {
+                        DevScales::F16(_) => 2,
+                        DevScales::F32(_) => 4,
+                    }
+            }
+            DevMatrix::Dense { rows, cols, .. } => rows * cols * 4,
+        }
+    }
+}
+
+/// One transformer block's weights.
+pub struct DevBlock {
+    pub attn_norm: CudaSlice<f32>,
+    /// q, k and v stacked (rows `nq + 2·nkv`).
+    pub qkv: DevMatrix,
+    pub q_norm: Option<CudaSlice<f32>>,
+    pub k_norm: Option<CudaSlice<f32>>,
+    pub o: DevMatrix,
+    pub ffn_norm: CudaSlice<f32>,
+    /// gate and up stacked (rows `2·ffn`).
+    pub gate_up: DevMatrix,
+    pub down: DevMatrix,
+}
+
+pub struct DevWeights {
+    pub embed: DevMatrix,
+    pub blocks: Vec<DevBlock>,
+    pub final_norm: CudaSlice<f32>,
+    /// `None` when tied to the embedding.
+    pub head: Option<DevMatrix>,
+}
+
+impl DevWeights {
+    pub fn head(&self) -> &DevMatrix {
+        self.head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// Bytes streamed per decoded token (every matrix and the head once, one embedding row).
+    pub fn bytes_per_token(&self) -> usize {
+        let blocks: usize = self
+            .blocks
+            .iter()
+            .map(|b| b.qkv.bytes() + b.o.bytes() + b.gate_up.bytes() + b.down.bytes())
+            .sum();
+        blocks + self.head().bytes() + self.embed.bytes() / self.embed.rows().max(1)
+    }
+
+    pub fn weight_bytes(&self) -> usize {
+        let blocks: usize = self
+            .blocks
+            .iter()
+            .map(|b| b.qkv.bytes() + b.o.bytes() + b.gate_up.bytes() + b.down.bytes())
+            .sum();
+        blocks + self.embed.bytes() + self.head.as_ref().map_or(0, |h| h.bytes())
+    }
+}
+
+/// A tensor as rows for the packer: ternary, or dense f32 (row-major).
+enum Part<'a> {
+    Ternary(Box<dyn TernaryRows + 'a>),
+    Dense(usize, Vec<f32>),
+}
+
+fn part<'a>(view: &TensorView<'a>, rows: usize, cols: usize) -> Result<Part<'a>> {
+    if view.shape != [rows, cols] {
+        return Err(Error::ShapeMismatch {
+            tensor: view.name.clone(),
+            found: view.shape.clone(),
+            expected: vec![rows, cols],
+        });
+    }
+    match &view.data {
+        TensorData::Ggml { ty, bytes } if ty.is_ternary() => Ok(Part::Ternary(Box::new(
+            GgmlTernary::new(*ty, bytes, rows, cols)?,
+        ))),
+        TensorData::Mlx {
+            codes,
+            scales,
+            biases,
+            scale_dtype,
+            group_size,
+            bits: 2,
+        } if matches!(scale_dtype, Dtype::F16 | Dtype::BF16) => {
+            let half = if *scale_dtype == Dtype::F16 {
+                HalfKind::F16
+            } else {
+                HalfKind::BF16
+            };
+            let m = MlxTernary::new(codes, scales, biases, half, rows, cols, *group_size)?;
+            if m.check_ternary().is_ok() {
+                Ok(Part::Ternary(Box::new(m)))
+            } else {
+                dense_part(view, rows, cols)
+            }
+        }
+        _ => dense_part(view, rows, cols),
+    }
+}
+
+/// Dequantized exactly as the CPU loader does (same function).
+fn dense_part<'a>(view: &TensorView<'_>, rows: usize, cols: usize) -> Result<Part<'a>> {
+    match to_linear(view)? {
+        Linear::Dense(d) => {
+            let mut data = Vec::with_capacity(rows * cols);
+            for r in 0..rows {
+                data.extend_from_slice(d.row(r));
+            }
+            Ok(Part::Dense(rows, data))
+        }
+        Linear::Ternary(_) => Err(Error::Unsupported(format!(
+            "tensor '{}': unexpected ternary layout",
+            view.name
+        ))),
+    }
+}
+
+/// Loads tensors `names` (each `rows × cols`, one `cols`) as one stacked device matrix:
+/// ternary when all are, else dense f32 (ternary parts dequantized).
+fn load_stacked(
+    gpu: &Gpu,
+    src: &dyn WeightSource,
+    names: &[(String, usize, usize)],
+) -> Result<DevMatrix> {
+    let views = names
+        .iter()
+        .map(|(n, _, _)| require(src, n))
+        .collect::<Result<Vec<_>>>()?;
+    let parts = views
+        .iter()
+        .zip(names)
+        .map(|(v, (_, r, c))| part(v, *r, *c))
+        .collect::<Result<Vec<_>>>()?;
+    let all_ternary = parts.iter().all(|p| matches!(p, Part::Ternary(_)));
+    let m = if all_ternary {
+        let rows: Vec<&dyn TernaryRows> = parts
+            .iter()
+            .map(|p| match p {
+                Part::Ternary(t) => t.as_ref() as &dyn TernaryRows,
+                Part::Dense(..) => unreachable!("checked above"),
+            })
+            .collect();
+        upload_ternary(gpu, &repack::pack(&rows)?)?
+    } else {
+        let cols = names[0].2;
+        let mut data = Vec::new();
+        let mut rows = 0;
+        for p in &parts {
+            match p {
+                Part::Dense(r, d) => {
+                    data.extend_from_slice(d);
+                    rows += r;
+                }
+                Part::Ternary(t) => {
+                    let packed = repack::pack(&[t.as_ref()])?;
+                    let mut row = vec![0f32; cols];
+                    for r in 0..packed.rows {
+                        packed.dequantize_row(r, &mut row);
+                        data.extend_from_slice(&row);
+                    }
+                    rows += packed.rows;
+                }
+            }
+        }
+        DevMatrix::Dense {
+            rows,
+            cols,
+            w: gpu.upload(&data)?,
+        }
+    };
+    drop(parts);
+    drop(views);
+    for (n, _, _) in names {
+        src.release(n);
+    }
+    Ok(m)
+}
+
+fn upload_ternary(gpu: &Gpu, p: &PackedTernary) -> Result<DevMatrix> {
+    let scales = match &p.scales {
+        PackedScales::F16(s) => DevScales::F16(gpu.upload(s)?),
+        PackedScales::F32(s) => DevScales::F32(gpu.upload(s)?),
+    };
+    Ok(DevMatrix::Ternary {
+        rows: p.rows,
+        cols: p.cols,
+        codes: gpu.upload(&p.codes)?,
+        scales,
+    })
+}
+
+fn norm(gpu: &Gpu, src: &dyn WeightSource, name: &str, n: usize) -> Result<CudaSlice<f32>> {
+    gpu.upload(&vector(src, name, n)?)
+}
+
+/// Uploads a llama or qwen3 model (the dense decoders of `trit::model::transformer`).
+pub fn load(gpu: &Gpu, cfg: &ModelConfig, src: &dyn WeightSource) -> Result<DevWeights> {
+    let qk_norm = match cfg.arch {
+        Arch::Qwen3 => true,
+        Arch::Llama => false,
+        Arch::Qwen35 => {
+            return Err(Error::Unsupported(
+                "qwen35 (hybrid) models on CUDA: not written yet; run them with --device cpu"
+                    .into(),
+            ))
+        }
+    };
+    let (d, hd) = (cfg.hidden, cfg.head_dim);
+    let (nq, nkv) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
+    let one = |n: &str, r, c| vec![(n.to_string(), r, c)];
+    let embed = load_stacked(gpu, src, &one("token_embd.weight", cfg.vocab, d))?;
+    let mut blocks = Vec::with_capacity(cfg.n_layers);
+    for i in 0..cfg.n_layers {
+        let name = |t: &str| format!("blk.{i}.{t}.weight");
+        blocks.push(DevBlock {
+            attn_norm: norm(gpu, src, &name("attn_norm"), d)?,
+            qkv: load_stacked(
+                gpu,
+                src,
+                &[
+                    (name("attn_q"), nq, d),
+                    (name("attn_k"), nkv, d),
+                    (name("attn_v"), nkv, d),
+                ],
+            )?,
+            q_norm: if qk_norm {
+                Some(norm(gpu, src, &name("attn_q_norm"), hd)?)
+            } else {
+                None
+            },
+            k_norm: if qk_norm {
+                Some(norm(gpu, src, &name("attn_k_norm"), hd)?)
+            } else {
+                None
+            },
+            o: load_stacked(gpu, src, &one(&name("attn_output"), d, nq))?,
+            ffn_norm: norm(gpu, src, &name("ffn_norm"), d)?,
+            gate_up: load_stacked(
+                gpu,
+                src,
+                &[(name("ffn_gate"), cfg.ffn, d), (name("ffn_up"), cfg.ffn, d)],
+            )?,
+            down: load_stacked(gpu, src, &one(&name("ffn_down"), d, cfg.ffn))?,
+        });
+    }
+    let final_norm = norm(gpu, src, "output_norm.weight", d)?;
+    let head = if cfg.tied_embeddings {
+        None
+    } else {
+        Some(load_stacked(gpu, src, &one("output.weight", cfg.vocab, d))?)
+    };
+    gpu.sync()
+        .map_err(|e| cuda_err("uploading the weights", e))?;
+    Ok(DevWeights {
+        embed,
+        blocks,
+        final_norm,
+        head,
+    })
+}

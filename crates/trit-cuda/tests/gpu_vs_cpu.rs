@@ -1,0 +1,269 @@
+//! GPU logits against the CPU engine's on the generated test models (every ternary format, MLX,
+//! dense f16, llama and qwen3, tied and untied heads, YaRN) and on the repository's default
+//! model; greedy tokens equal for a short run. The CPU path is the reference: it is itself
+//! tested against mlx-lm and llama.cpp (crates/trit/tests).
+//!
+//! Needs an NVIDIA GPU, so every test is `#[ignore]` (CI has none). Run on a GPU machine:
+//!     cargo test --release -p trit-cuda --test gpu_vs_cpu -- --ignored --test-threads 1
+//! (or the carried test binary with `--ignored --test-threads 1`). Without a driver each test
+//! prints why it is skipped.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use trit::format::testgen::{generate, OutFormat, Preset, TokenizerAssets};
+use trit::kernels::{self, KernelLevel};
+use trit::model::{Logits, Model};
+use trit_cuda::{load_model, CudaOptions};
+
+fn gpu_missing() -> bool {
+    if !trit_cuda::device::driver_present() {
+        eprintln!("skipped: no CUDA driver (libcuda.so) on this machine");
+        return true;
+    }
+    false
+}
+
+/// ‖a − b‖ / ‖b‖ in f64.
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    assert!(a.iter().all(|v| v.is_finite()), "non-finite GPU logits");
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Pseudo-random prompt ids below `vocab`, different per seed.
+fn prompt(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % vocab as u64) as u32
+        })
+        .collect()
+}
+
+/// The kernel level is process-wide: tests that switch it take this lock.
+static LEVEL: Mutex<()> = Mutex::new(());
+
+/// Runs `tokens` as a prompt, then `steps` decode steps, on the GPU, on the CPU's int8 path and
+/// on the CPU's exact f32 reference (`KernelLevel::Reference`), all fed the reference's argmax.
+/// Returns the worst relative logit error against the reference of (GPU, CPU int8).
+fn compare(path: &Path, tokens: &[u32], steps: usize, ctx: usize) -> (f64, f64) {
+    let _lock = LEVEL.lock().unwrap_or_else(|e| e.into_inner());
+    let files = trit::format::open(path).unwrap();
+    let cpu = Model::load(&files, 2).unwrap();
+    let gpu = load_model(&files, &CudaOptions::new(ctx)).unwrap();
+    let fast = kernels::level();
+    let (mut rc, mut cc, mut gc) = (cpu.new_cache(ctx), cpu.new_cache(ctx), gpu.new_cache(ctx));
+    let mut feed = tokens.to_vec();
+    let (mut worst_gpu, mut worst_cpu) = (0f64, 0f64);
+    for _ in 0..=steps {
+        kernels::set_level(KernelLevel::Reference).unwrap();
+        let want = cpu.forward(&feed, &mut rc, Logits::Last).unwrap();
+        kernels::set_level(fast).unwrap();
+        let int8 = cpu.forward(&feed, &mut cc, Logits::Last).unwrap();
+        let got = gpu.forward(&feed, &mut gc, Logits::Last).unwrap();
+        worst_gpu = worst_gpu.max(rel_err(&got, &want));
+        worst_cpu = worst_cpu.max(rel_err(&int8, &want));
+        feed = vec![argmax(&want)];
+    }
+    assert_eq!(gc.len(), rc.len());
+    (worst_gpu, worst_cpu)
+}
+
+/// The GPU quantizes activations to int8 like the CPU's fast path (not bit-identically: other
+/// summation order, an f16 KV cache), so its error against the exact reference must be of the
+/// CPU int8 path's size: at most twice it, plus 1e-3. A wrong index or formula gives errors
+/// near 1.
+fn check(what: &str, (gpu, cpu): (f64, f64)) {
+    eprintln!("{what}: relative logit error vs f32 reference: gpu {gpu:.2e}, cpu int8 {cpu:.2e}");
+    assert!(
+        gpu <= 2.0 * cpu + 1e-3 && gpu < 0.1,
+        "{what}: gpu {gpu} vs cpu int8 {cpu}"
+    );
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn generated_models_match_the_cpu_in_every_format() {
+    if gpu_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&str, &[&str]); 3] = [
+        (
+            "tiny",
+            &["q2_0", "pq2_0", "ptq1_0", "tq1_0", "tq2_0", "mlx", "f16"],
+        ),
+        ("tiny-untied-yarn", &["q2_0", "tq2_0"]),
+        ("tiny-llama", &["q2_0", "tq1_0"]),
+    ];
+    for (preset, formats) in cases {
+        let p = Preset::by_name(preset).unwrap();
+        let out = dir.path().join(preset);
+        let fmts: Vec<OutFormat> = formats
+            .iter()
+            .map(|f| OutFormat::parse(f).unwrap())
+            .collect();
+        generate(&p, 3, &out, &fmts, &TokenizerAssets::Placeholder).unwrap();
+        for f in &fmts {
+            let path = out.join(f.file_name());
+            let errs = compare(&path, &prompt(12, p.vocab, 1), 6, 64);
+            check(&format!("{preset} {}", f.file_name()), errs);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn long_prompt_crosses_attention_splits_and_all_logits_match() {
+    if gpu_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = Preset::by_name("tiny").unwrap();
+    generate(
+        &p,
+        5,
+        dir.path(),
+        &[OutFormat::parse("q2_0").unwrap()],
+        &TokenizerAssets::Placeholder,
+    )
+    .unwrap();
+    let path = dir.path().join("model-q2_0.gguf");
+    // 600 positions: three flash-decoding splits of 256.
+    check(
+        "tiny q2_0, 600-token prompt",
+        compare(&path, &prompt(600, p.vocab, 2), 4, 640),
+    );
+
+    // Logits::All: every position's logits, after a prefix already in the cache.
+    let files = trit::format::open(&path).unwrap();
+    let cpu = Model::load(&files, 2).unwrap();
+    let gpu = load_model(&files, &CudaOptions::new(64)).unwrap();
+    let (mut cc, mut gc) = (cpu.new_cache(64), gpu.new_cache(64));
+    let toks = prompt(9, p.vocab, 3);
+    cpu.forward(&toks[..4], &mut cc, Logits::Last).unwrap();
+    gpu.forward(&toks[..4], &mut gc, Logits::Last).unwrap();
+    let want = cpu.forward(&toks[4..], &mut cc, Logits::All).unwrap();
+    let got = gpu.forward(&toks[4..], &mut gc, Logits::All).unwrap();
+    assert_eq!(got.len(), 5 * p.vocab);
+    for (i, (g, w)) in got.chunks(p.vocab).zip(want.chunks(p.vocab)).enumerate() {
+        let e = rel_err(g, w);
+        assert!(e < 0.1, "position {i}: {e}");
+    }
+    // Rewinding (a shorter cache) recomputes from there: same logits as the first time.
+    gc.truncate(4);
+    let again = gpu.forward(&toks[4..], &mut gc, Logits::All).unwrap();
+    // Between two runs of the same GPU model on the same input only rounding may differ.
+    assert!(rel_err(&again, &got) < 1e-6);
+    // A context beyond what the GPU allocated is refused, not overrun.
+    let mut big = gpu.new_cache(65);
+    assert!(gpu.forward(&toks, &mut big, Logits::Last).is_err());
+}
+
+fn default_model() -> Option<PathBuf> {
+    let candidates = [
+        std::env::var("TRIT_TEST_MODEL").ok().map(PathBuf::from),
+        Some(PathBuf::from(
+            "models/default/smollm2-135m-ternary-q2_0.gguf",
+        )),
+        Some(PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../models/default/smollm2-135m-ternary-q2_0.gguf"
+        ))),
+    ];
+    candidates.into_iter().flatten().find(|p| p.exists())
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn default_model_logits_and_greedy_tokens_match_the_cpu() {
+    if gpu_missing() {
+        return;
+    }
+    let Some(path) = default_model() else {
+        panic!("default model not found (run from the repository root or set TRIT_TEST_MODEL)");
+    };
+    let files = trit::format::open(&path).unwrap();
+    let tok = trit::tokenizer::Tokenizer::from_source(&files.tokenizer).unwrap();
+    let ids = tok.encode("The capital of France is", true).unwrap();
+    check("default model", compare(&path, &ids, 8, 256));
+    // Greedy decoding: each device feeds back its own argmax. The two int8 paths round
+    // differently, so where the CPU's best two tokens are within 0.2 logits of each other the
+    // GPU may pick the other one; there the runs part ways and the comparison stops.
+    let run = |m: &Model| -> (Vec<u32>, Vec<Vec<f32>>) {
+        let mut c = m.new_cache(256);
+        let mut logits = m.forward(&ids, &mut c, Logits::Last).unwrap();
+        let (mut out, mut all) = (Vec::new(), Vec::new());
+        for _ in 0..16 {
+            let t = argmax(&logits);
+            out.push(t);
+            all.push(logits.clone());
+            logits = m.forward(&[t], &mut c, Logits::Last).unwrap();
+        }
+        (out, all)
+    };
+    let (cpu, cpu_logits) = run(&Model::load(&files, 2).unwrap());
+    let (gpu, _) = run(&load_model(&files, &CudaOptions::new(256)).unwrap());
+    eprintln!("greedy cpu {cpu:?}\ngreedy gpu {gpu:?}");
+    let same = cpu.iter().zip(&gpu).take_while(|(a, b)| a == b).count();
+    if same < cpu.len() {
+        let l = &cpu_logits[same];
+        let gap = l[cpu[same] as usize] - l[gpu[same] as usize];
+        eprintln!("tokens differ at step {same}: cpu logit gap {gap}");
+        assert!(same >= 8 && gap < 0.2, "step {same}: gap {gap}");
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn gemv_kernel_matches_its_cpu_emulation_for_every_variant() {
+    if gpu_missing() {
+        return;
+    }
+    use trit::quant::ternary::{encode_matrix, GgmlTernary};
+    use trit::quant::GgmlType;
+    use trit_cuda::repack::{gemv_reference, pack, quantize_activations};
+    let gpu = trit_cuda::device::Gpu::open(0).unwrap();
+    // 8256 columns: 129 blocks, 5 lane-steps (so 1, 2 and 4 warps per row group all run, with
+    // a partial last step); 37 rows: the last group of every R is partial.
+    let (rows, cols) = (37, 8256);
+    let codes: Vec<u8> = prompt(rows * cols, 3, 7).iter().map(|&c| c as u8).collect();
+    let scales: Vec<f32> = prompt(rows * cols / 64, 1000, 8)
+        .iter()
+        .map(|&v| half::f16::from_f32(0.01 + v as f32 * 1e-4).to_f32())
+        .collect();
+    let bytes = encode_matrix(GgmlType::Q2_0, rows, cols, &codes, &scales).unwrap();
+    let m = pack(&[&GgmlTernary::new(GgmlType::Q2_0, &bytes, rows, cols).unwrap()]).unwrap();
+    let x: Vec<f32> = prompt(cols, 20001, 9)
+        .iter()
+        .map(|&v| v as f32 / 10000.0 - 1.0)
+        .collect();
+    let (q, meta) = quantize_activations(&x);
+    let want = gemv_reference(&m, &q, &meta);
+    for r in [2, 4, 8] {
+        for split in [1, 2, 4] {
+            let got = trit_cuda::gemv::ternary_gemv_once(&gpu, &m, &q, &meta, r, split).unwrap();
+            let err = rel_err(&got, &want);
+            assert!(err < 1e-5, "R={r} split={split}: {err}");
+        }
+    }
+}
