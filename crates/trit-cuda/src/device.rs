@@ -335,3 +335,41 @@ pub fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
     let (p, _sync) = s.device_ptr(stream);
     p
 }
+
+/// What `trit doctor` reports about one GPU: found without compiling any kernel.
+#[derive(Debug, Clone)]
+pub struct GpuInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub total_bytes: usize,
+    pub free_bytes: usize,
+}
+
+/// The driver version (e.g. 13000 for CUDA 13.0) and every visible GPU, or the reason
+/// there is none. Never panics: a missing driver library is an `Err` with a sentence.
+pub fn probe() -> std::result::Result<(i32, Vec<GpuInfo>), String> {
+    if !driver_present() {
+        return Err("no NVIDIA driver library (libcuda.so) on this machine".into());
+    }
+    let count = CudaContext::device_count().map_err(|e| format!("cuInit failed: {e:?}"))?;
+    let mut version = 0i32;
+    // SAFETY: the driver library is present (checked above) and initialised by
+    // device_count; the call writes one int.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) };
+    let mut gpus = Vec::new();
+    for ordinal in 0..count.max(0) as usize {
+        let ctx = CudaContext::new(ordinal).map_err(|e| format!("opening GPU {ordinal}: {e:?}"))?;
+        let (free_bytes, total_bytes) = ctx
+            .mem_get_info()
+            .map_err(|e| format!("reading GPU {ordinal}'s memory: {e:?}"))?;
+        gpus.push(GpuInfo {
+            ordinal,
+            name: ctx.name().unwrap_or_else(|_| "NVIDIA GPU".into()),
+            compute_capability: ctx.compute_capability().unwrap_or((0, 0)),
+            total_bytes,
+            free_bytes,
+        });
+    }
+    Ok((version, gpus))
+}

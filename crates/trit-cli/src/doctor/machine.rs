@@ -105,10 +105,57 @@ fn cpu_features() -> Vec<&'static str> {
     v
 }
 
-/// The GPU section. The CUDA backend (`crates/trit-cuda`, feature `cuda`) fills this in
-/// with device name, driver, memory and the models that fit on the GPU.
+/// The GPU section: without the `cuda` feature, why there is none.
+#[cfg(not(feature = "cuda"))]
 fn gpu_report() -> Value {
     json!({"available": false, "reason": "not built with the cuda feature"})
+}
+
+/// The GPU section: driver version, each GPU with its memory, and which known models fit
+/// on it (the GPU keeps its KV cache in f16: half the CPU's bytes per token).
+#[cfg(feature = "cuda")]
+fn gpu_report() -> Value {
+    match trit_cuda::device::probe() {
+        Err(reason) => json!({"available": false, "reason": reason}),
+        Ok((_, gpus)) if gpus.is_empty() => {
+            json!({"available": false, "reason": "the NVIDIA driver sees no GPU"})
+        }
+        Ok((driver, gpus)) => {
+            let gpus: Vec<Value> = gpus
+                .iter()
+                .map(|g| {
+                    let fits: Vec<Value> = MODELS
+                        .iter()
+                        .filter(|m| m.state_bytes == 0) // the GPU backend runs dense models
+                        .map(|m| {
+                            let ctx = fit_gpu(m, g.free_bytes as u64);
+                            json!({"model": m.name, "format": m.format, "fits": ctx.is_some(),
+                                   "context_that_fits": ctx})
+                        })
+                        .collect();
+                    json!({"ordinal": g.ordinal, "name": g.name,
+                           "compute_capability": format!("{}.{}", g.compute_capability.0,
+                                                         g.compute_capability.1),
+                           "total_bytes": g.total_bytes, "free_bytes": g.free_bytes,
+                           "models": fits})
+                })
+                .collect();
+            json!({"available": true,
+                   "reason": format!("{} GPU(s), CUDA driver {}.{}", gpus.len(),
+                                     driver / 1000, driver % 1000 / 10),
+                   "devices": gpus})
+        }
+    }
+}
+
+/// The largest context that fits on a GPU with `free` bytes beside the weights.
+#[cfg(feature = "cuda")]
+fn fit_gpu(m: &KnownModel, free: u64) -> Option<usize> {
+    let kv_per_token =
+        trit::model::KvCache::bytes_for(m.kv_layers, m.kv_heads * m.head_dim, 1) as u64 / 2;
+    let fixed = m.weight_bytes + (512 << 20);
+    let ctx = (free.checked_sub(fixed)? / kv_per_token).min(m.max_ctx as u64) as usize;
+    (ctx >= 512).then_some(ctx)
 }
 
 /// The largest context (capped at the model's) that fits beside the weights, or None.
@@ -192,6 +239,23 @@ pub fn print(r: &Value) {
         "GPU:     {}",
         r["gpu"]["reason"].as_str().unwrap_or("available")
     );
+    for g in r["gpu"]["devices"].as_array().into_iter().flatten() {
+        println!(
+            "  [{}] {} (compute {}), {} total, {} free",
+            g["ordinal"],
+            g["name"].as_str().unwrap_or("?"),
+            g["compute_capability"].as_str().unwrap_or("?"),
+            gb(g["total_bytes"].as_u64().unwrap_or(0)),
+            gb(g["free_bytes"].as_u64().unwrap_or(0))
+        );
+        for m in g["models"].as_array().into_iter().flatten() {
+            let fits = match m["context_that_fits"].as_u64() {
+                Some(c) => format!("✓ up to {c} tokens"),
+                None => "✗ does not fit".into(),
+            };
+            println!("      {:<22} {fits}", m["model"].as_str().unwrap_or("?"));
+        }
+    }
     println!(
         "Models that fit in available memory ({}):",
         r["assumptions"].as_str().unwrap_or("")
