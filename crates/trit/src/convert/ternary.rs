@@ -244,6 +244,19 @@ pub fn reblock(m: &TernaryMatrix, group: usize, trits: bool) -> Result<Reblocked
                     f16::from_f64(s).to_f32()
                 };
                 o.scales.push(scale);
+                if reason.is_none() {
+                    // Exact: codes unchanged, no error; only the tensor's norm and non-zero
+                    // count (the denominators of the relative errors) need updating.
+                    for j in slices {
+                        let s = s_in[j] as f64;
+                        for &q in &codes_in[j * SLICE..(j + 1) * SLICE] {
+                            let t = q as f64 - 1.0;
+                            o.norm2 += s * s * t * t;
+                            o.nonzero += usize::from(q != 1 && s != 0.0);
+                        }
+                    }
+                    continue;
+                }
                 for j in slices {
                     for k in j * SLICE..(j + 1) * SLICE {
                         let q = codes_in[k];
