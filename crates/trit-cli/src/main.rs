@@ -29,6 +29,8 @@ enum Command {
     Bench(cmd::bench::BenchArgs),
     /// OpenAI-compatible HTTP server with continuous batching and prefix reuse.
     Serve(cmd::serve::ServeArgs),
+    /// Repack between ternary formats losslessly, or ternarize a full-precision model.
+    Convert(cmd::convert::ConvertArgs),
 }
 
 fn main() {
@@ -40,6 +42,7 @@ fn main() {
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Serve(a) => cmd::serve::run(a),
+        Command::Convert(a) => cmd::convert::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

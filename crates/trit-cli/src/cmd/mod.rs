@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod chat;
+pub mod convert;
 pub mod info;
 pub mod perplexity;
 pub mod run;
@@ -34,6 +35,10 @@ pub struct ModelArgs {
         env = "TRIT_ARG_CTX_SIZE"
     )]
     pub ctx: Option<usize>,
+    /// LoRA adapter folder (mlx-lm `adapters.safetensors` or PEFT `adapter_model.safetensors`),
+    /// applied in full precision beside the ternary weights.
+    #[arg(long, env = "TRIT_ADAPTER")]
+    pub adapter: Option<PathBuf>,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -162,7 +167,14 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     let threads = args
         .threads
         .unwrap_or_else(trit::threadpool::default_threads);
-    let model = Arc::new(Model::load(&files, threads)?);
+    let model =
+        Model::load_with_adapter(&files, threads, args.adapter.as_deref()).with_context(|| {
+            match &args.adapter {
+                Some(a) => format!("loading adapter {}", a.display()),
+                None => "loading the model".into(),
+            }
+        })?;
+    let model = Arc::new(model);
     let n_ctx = args.ctx.unwrap_or(files.config.max_ctx.min(4096));
     if n_ctx == 0 {
         bail!("--ctx must be at least 1");
