@@ -17,6 +17,9 @@ use trit::kernels::{set_level, KernelLevel};
 use trit::model::lora::LoraAdapter;
 use trit::model::Model;
 
+/// Named f32 tensors with their shapes, as written into a safetensors file.
+type Tensors = Vec<(String, Vec<usize>, Vec<f32>)>;
+
 fn fixtures() -> PathBuf {
     common::repo_root().join("tests/fixtures/lora")
 }
@@ -68,7 +71,7 @@ fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     t
 }
 
-fn write_tensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
+fn write_tensors(path: &Path, tensors: &Tensors) {
     let specs: Vec<TensorSpec> = tensors
         .iter()
         .map(|(n, s, _)| TensorSpec {
@@ -161,12 +164,7 @@ fn adapter_logits_match_mlx_lm_in_both_layouts() {
 
 /// Copies the mlx-lm fixture adapter into `dir/name`, with `edit` applied to its config and
 /// `tensors` replacing the safetensors file when given.
-fn variant(
-    dir: &Path,
-    name: &str,
-    edit: impl Fn(&mut Value),
-    tensors: Option<Vec<(String, Vec<usize>, Vec<f32>)>>,
-) -> PathBuf {
+fn variant(dir: &Path, name: &str, edit: impl Fn(&mut Value), tensors: Option<Tensors>) -> PathBuf {
     let out = dir.join(name);
     std::fs::create_dir_all(&out).unwrap();
     let src = fixtures().join("mlx_adapter");
