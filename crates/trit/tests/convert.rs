@@ -317,3 +317,40 @@ fn bad_requests_get_clear_errors() {
     let msg = run(&src, &src, "gguf-tq2", false).unwrap_err().to_string();
     assert!(msg.contains("input path"), "{msg}");
 }
+
+/// Qwen3.5 hybrids (Gated DeltaNet + gated attention) re-pack between GGUF block types with
+/// every extra tensor (conv, A, dt, α/β) carried as is; folders are refused with the reason.
+/// The generator's GGUF reorders `ssm_out`'s input columns into llama.cpp's V-head order,
+/// which splits its 256-scale groups: only Q2_0 (g64) holds it exactly, so a 128-group target
+/// is a real lossy case.
+#[test]
+fn hybrid_gguf_converts_between_block_types_only() {
+    use trit::format::testgen::hybrid::{generate as gen_hybrid, HybridPreset};
+    set_level(KernelLevel::Reference).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let p = HybridPreset::by_name("tiny-qwen35").unwrap();
+    let q2 = OutFormat::Gguf(GgmlType::Q2_0);
+    gen_hybrid(&p, 0, dir.path(), &[q2], &TokenizerAssets::Placeholder).unwrap();
+    let src = dir.path().join(q2.file_name());
+    let out = dir.path().join("converted.gguf");
+    assert!(!run(&src, &out, "gguf-q2", false).unwrap().lossy);
+    assert_same_tensors(&out, &src, "tiny-qwen35 Q2_0 → Q2_0");
+    let msg = run(&src, &out, "gguf-pq2", false).unwrap_err().to_string();
+    assert!(
+        msg.contains("ssm_out") && msg.contains("different scales"),
+        "{msg}"
+    );
+    let report = run(&src, &out, "gguf-pq2", true).unwrap();
+    assert!(report.lossy);
+    let files = trit::format::open(&out).unwrap();
+    let m = Arc::new(Model::load(&files, 2).unwrap());
+    let l = Session::new(m, 16).prefill(&[1, 2, 3]).unwrap();
+    assert!(l.iter().all(|x| x.is_finite()));
+    let msg = run(&src, &dir.path().join("mlx"), "mlx", false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("qwen35") && msg.contains("GGUF block types only"),
+        "{msg}"
+    );
+}

@@ -331,7 +331,13 @@ mod tests {
 
     #[test]
     fn equal_scales_reblock_exactly_and_different_ones_are_located() {
-        let m = matrix(vec![0.5, 0.5, 0.25, 0.25], 256, |i| if i % 2 == 0 { 0 } else { 2 });
+        let m = matrix(vec![0.5, 0.5, 0.25, 0.25], 256, |i| {
+            if i % 2 == 0 {
+                0
+            } else {
+                2
+            }
+        });
         let r = reblock(&m, 128, true).unwrap();
         assert!(r.first_lossy.is_none());
         assert_eq!(r.scales, [0.5, 0.25]);
