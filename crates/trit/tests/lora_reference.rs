@@ -13,7 +13,7 @@ use trit::engine::Session;
 use trit::format::safetensors::{self, SafetensorsFile, TensorSpec};
 use trit::format::testgen::{generate, OutFormat, Preset, TokenizerAssets};
 use trit::format::Dtype;
-use trit::kernels::{set_level, KernelLevel};
+use trit::kernels::{best_level, set_level, KernelLevel};
 use trit::model::lora::LoraAdapter;
 use trit::model::Model;
 
@@ -148,6 +148,14 @@ fn adapter_logits_match_mlx_lm_in_both_layouts() {
     let base = logits(&model, None, &prompt).unwrap();
     let base_sampled: Vec<f32> = (0..sampled.len()).map(|i| base[i * step]).collect();
     assert!(common::max_abs_diff(&base_sampled, &sampled) > 0.1);
+
+    // The int8 fast kernels with the f32 side path stay as close to mlx-lm as without it.
+    set_level(best_level()).unwrap();
+    let fast = logits(&model, Some(&adapter), &prompt).unwrap();
+    set_level(KernelLevel::Reference).unwrap();
+    let fast_sampled: Vec<f32> = (0..sampled.len()).map(|i| fast[i * step]).collect();
+    assert!(common::cosine(&fast_sampled, &sampled) > 0.999);
+    assert!(common::max_abs_diff(&fast_sampled, &sampled) < 0.25);
 
     let dir = tempfile::tempdir().unwrap();
     for rslora in [false, true] {
