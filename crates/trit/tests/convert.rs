@@ -256,6 +256,7 @@ fn lossy_conversions_are_refused_with_their_location_or_reported() {
         assert!(msg.contains(want), "missing '{want}' in: {msg}");
     }
     assert!(!out.exists(), "nothing is written on refusal");
+    assert!(!dir.path().join("out.gguf.partial").exists());
     // PQ2_0 and MLX keep 128-groups and code 3: lossless.
     assert!(!run(&edited, &out, "gguf-q2", false).unwrap().lossy);
     let msg = run(&edited, &out, "gguf-ptq1", false)

@@ -20,7 +20,7 @@ use crate::format::gguf_write::GgufWriter;
 use crate::format::{self, Dtype, ModelFiles, TensorData, TensorView, TokenizerSource};
 use crate::quant::{self, GgmlType, HalfKind};
 use crate::{Error, Result};
-use output::{OutData, OutTensor};
+use output::OutData;
 use std::path::Path;
 pub use ternary::{ErrorStats, TernaryMatrix};
 
@@ -292,9 +292,104 @@ pub fn convert(
     convert_files(&files, input, output, opts, None, progress)
 }
 
-/// Ternarizes a tensor that is not packed yet (`quantize`), or `None` to leave it alone.
-type Ternarize<'a> =
-    &'a dyn Fn(&str, &TensorView<'_>) -> Result<Option<(TernaryMatrix, ErrorStats)>>;
+/// What `quantize` ternarizes: `applies` says which tensors (known before any is encoded, so
+/// the output can be laid out first), `run` ternarizes one.
+pub(crate) struct Quantizer<'a> {
+    pub applies: &'a dyn Fn(&str) -> bool,
+    pub run: &'a dyn Fn(&str, &TensorView<'_>) -> Result<(TernaryMatrix, ErrorStats)>,
+}
+
+/// Whether a tensor is written as ternary.
+fn is_ternary(view: &TensorView<'_>, quantizer: Option<&Quantizer<'_>>) -> bool {
+    quantizer.is_some_and(|q| (q.applies)(&view.name))
+        || matches!(view.data, TensorData::Ggml { ty, .. } if ty.is_ternary())
+        || matches!(view.data, TensorData::Mlx { bits: 2, .. })
+}
+
+/// The GGUF type a non-ternary tensor gets (the rule of `convert_plain`, without its data).
+fn gguf_plain_type(view: &TensorView<'_>) -> Result<GgmlType> {
+    Ok(match view.data {
+        TensorData::Ggml { ty, .. } => ty,
+        TensorData::F16(_) | TensorData::BF16(_) if view.shape.len() <= 1 => GgmlType::F32,
+        TensorData::F16(_) => GgmlType::F16,
+        TensorData::BF16(_) => GgmlType::BF16,
+        TensorData::F32(_) => GgmlType::F32,
+        TensorData::Mlx { .. } => return Err(dense_values(view).unwrap_err()),
+    })
+}
+
+/// The safetensors dtype a non-ternary tensor gets in an MLX folder (reads F32/block data to
+/// find the narrowest exact type).
+fn mlx_plain_dtype(view: &TensorView<'_>) -> Result<Dtype> {
+    Ok(match view.data {
+        TensorData::F16(_) => Dtype::F16,
+        TensorData::BF16(_) => Dtype::BF16,
+        _ => match exact_plain(&dense_values(view)?) {
+            OutData::Plain { dtype, .. } => dtype,
+            _ => unreachable!("exact_plain gives plain data"),
+        },
+    })
+}
+
+/// Encodes the tensors of one conversion, one at a time and in the order asked for.
+struct Encoder<'a> {
+    files: &'a ModelFiles,
+    opts: &'a ConvertOptions,
+    quantizer: Option<&'a Quantizer<'a>>,
+    crosses: bool,
+    reports: Vec<TensorReport>,
+    lossy: bool,
+    bytes: u64,
+}
+
+impl Encoder<'_> {
+    fn encode(&mut self, name: &str) -> Result<OutData> {
+        let files = self.files;
+        let to_gguf = matches!(self.opts.target, Target::Gguf(_));
+        let view = files.weights.require(name)?;
+        let from = view.data.kind_name();
+        let made = match self.quantizer {
+            Some(q) if (q.applies)(name) => Some((q.run)(name, &view)?),
+            _ => None,
+        };
+        let ternary = match made {
+            Some((m, stats)) => Some((m, Some(stats))),
+            None => TernaryMatrix::read_packed(&view)?.map(|m| (m, None)),
+        };
+        let (data, error) = match ternary {
+            Some((mut m, quantized)) => {
+                if self.crosses {
+                    if let Some(p) = qk_perm(&files.config, name, m.rows, to_gguf) {
+                        m = m.permute_rows(&p);
+                    }
+                }
+                let (d, s) = convert_ternary(name, &m, self.opts.target, self.opts.allow_lossy)?;
+                self.lossy |= s.lossy_blocks > 0;
+                // A quantized tensor's error is the quantization's; its packing is exact.
+                (d, Some(quantized.unwrap_or(s)))
+            }
+            None => {
+                if self.crosses && qk_perm(&files.config, name, view.rows(), to_gguf).is_some() {
+                    return Err(Error::Unsupported(format!(
+                        "tensor '{name}': a non-ternary llama Q/K projection can not be \
+                         re-ordered between GGUF and folder conventions"
+                    )));
+                }
+                (convert_plain(&view, self.opts.target)?, None)
+            }
+        };
+        files.weights.release(name);
+        self.bytes += data.bytes() as u64;
+        self.reports.push(TensorReport {
+            name: name.to_string(),
+            shape: view.shape.clone(),
+            from,
+            to: data.kind_name(),
+            error,
+        });
+        Ok(data)
+    }
+}
 
 /// The conversion of opened `files` (their folder or file at `input`).
 fn convert_files(
@@ -302,7 +397,7 @@ fn convert_files(
     input: &Path,
     output: &Path,
     opts: &ConvertOptions,
-    ternarize: Option<Ternarize<'_>>,
+    quantizer: Option<&Quantizer<'_>>,
     progress: Progress<'_>,
 ) -> Result<ConvertReport> {
     let same = input.canonicalize().ok();
@@ -336,83 +431,62 @@ fn convert_files(
         SourceKind::Gguf(f) => names = f.tensors().iter().map(|t| t.name.clone()).collect(),
         SourceKind::Folder => names.sort_by_key(|n| order_key(n)),
     }
-    let mut tensors = Vec::with_capacity(names.len());
-    let mut reports = Vec::with_capacity(names.len());
-    let mut lossy = false;
-    for (i, name) in names.iter().enumerate() {
-        progress(i, names.len(), name);
+    // Lay the output out first (every tensor's type and size), then encode and write one
+    // tensor at a time: memory stays near one tensor, not the whole model.
+    let mut layout = Vec::with_capacity(names.len());
+    for name in &names {
         let view = files.weights.require(name)?;
-        let from = view.data.kind_name();
-        let made = match ternarize {
-            Some(f) => f(name, &view)?,
-            None => None,
+        let ternary = is_ternary(&view, quantizer);
+        let plain = match (opts.target, ternary) {
+            (_, true) => None,
+            (Target::Gguf(_), false) => Some(output::Layout::Gguf(gguf_plain_type(&view)?)),
+            (Target::Mlx, false) => Some(output::Layout::Mlx(mlx_plain_dtype(&view)?)),
         };
-        let ternary = match made {
-            Some((m, stats)) => Some((m, Some(stats))),
-            None => TernaryMatrix::read_packed(&view)?.map(|m| (m, None)),
-        };
-        let (data, error) = match ternary {
-            Some((mut m, quantized)) => {
-                if crosses {
-                    if let Some(p) = qk_perm(&files.config, name, m.rows, to_gguf) {
-                        m = m.permute_rows(&p);
-                    }
-                }
-                let (d, s) = convert_ternary(name, &m, opts.target, opts.allow_lossy)?;
-                lossy |= s.lossy_blocks > 0;
-                // A quantized tensor's error is the quantization's; its packing is exact.
-                (d, Some(quantized.unwrap_or(s)))
-            }
-            None => {
-                if crosses && qk_perm(&files.config, name, view.rows(), to_gguf).is_some() {
-                    return Err(Error::Unsupported(format!(
-                        "tensor '{name}': a non-ternary llama Q/K projection can not be \
-                         re-ordered between GGUF and folder conventions"
-                    )));
-                }
-                (convert_plain(&view, opts.target)?, None)
-            }
-        };
-        files.weights.release(name);
-        reports.push(TensorReport {
+        layout.push(output::Planned {
             name: name.clone(),
             shape: view.shape.clone(),
-            from,
-            to: data.kind_name(),
-            error,
-        });
-        tensors.push(OutTensor {
-            name: name.clone(),
-            shape: view.shape.clone(),
-            data,
+            plain,
         });
     }
-    progress(names.len(), names.len(), "writing");
-    let bytes_written: u64 = tensors.iter().map(|t| t.data.bytes() as u64).sum();
+    let mut enc = Encoder {
+        files,
+        opts,
+        quantizer,
+        crosses,
+        reports: Vec::with_capacity(names.len()),
+        lossy: false,
+        bytes: 0,
+    };
+    let total = names.len();
+    let mut next = |i: usize| {
+        progress(i, total, &names[i]);
+        enc.encode(&names[i])
+    };
     match opts.target {
-        Target::Gguf(_) => {
+        Target::Gguf(ty) => {
             let mut w = GgufWriter::new();
             match kind {
                 SourceKind::Gguf(f) => meta::copy_gguf_metadata(f, &mut w)?,
                 SourceKind::Folder => meta::gguf_metadata_from_folder(files, input, &mut w)?,
             }
-            output::write_gguf(w, tensors, output)?;
+            output::write_gguf(&w, &layout, ty, output, &mut next)?;
         }
         Target::Mlx => {
             std::fs::create_dir_all(output).map_err(|e| Error::io(output, e))?;
-            output::write_mlx_weights(&tensors, output)?;
+            output::write_mlx_weights(&layout, output, &mut next)?;
             match kind {
                 SourceKind::Gguf(_) => meta::folder_files_from_gguf(files, output)?,
                 SourceKind::Folder => meta::copy_folder_files(input, output)?,
             }
         }
     }
+    progress(total, total, "done");
     Ok(ConvertReport {
         source_format: files.format_name.clone(),
         target: opts.target.name(),
-        tensors: reports,
-        lossy,
-        bytes_written,
+        tensors: enc.reports,
+        lossy: enc.lossy,
+        bytes_written: enc.bytes,
     })
 }
 

@@ -10,13 +10,25 @@ use crate::{Error, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// One tensor ready to be written, under its canonical (GGUF) name.
-pub struct OutTensor {
+/// A tensor's place in the output, decided before it is encoded.
+pub struct Planned {
+    /// Canonical (GGUF) name.
     pub name: String,
     /// Outermost first (`[out, in]`).
     pub shape: Vec<usize>,
-    pub data: OutData,
+    /// `None` for ternary tensors (the target's encoding), else the plain encoding.
+    pub plain: Option<Layout>,
 }
+
+/// How a non-ternary tensor is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    Gguf(GgmlType),
+    Mlx(Dtype),
+}
+
+/// Produces tensor `i`'s encoded data (called once per tensor, in order).
+pub type Next<'a> = &'a mut dyn FnMut(usize) -> Result<OutData>;
 
 pub enum OutData {
     /// A ggml block type (ternary or not).
@@ -52,31 +64,71 @@ impl OutData {
     }
 }
 
-/// Adds the tensors to a writer that already holds the metadata, then writes the file.
-pub fn write_gguf(mut w: GgufWriter, tensors: Vec<OutTensor>, path: &Path) -> Result<()> {
-    for t in tensors {
-        let (ty, bytes) = match t.data {
-            OutData::Ggml { ty, bytes } => (ty, bytes),
-            OutData::Plain { dtype, bytes } => {
-                let ty = match dtype {
-                    Dtype::F32 => GgmlType::F32,
-                    Dtype::F16 => GgmlType::F16,
-                    Dtype::BF16 => GgmlType::BF16,
-                    other => {
-                        return Err(Error::Unsupported(format!(
-                            "tensor '{}': dtype {} has no GGUF type",
-                            t.name,
-                            other.name()
-                        )))
-                    }
-                };
-                (ty, bytes)
+/// The GGUF type of `data`, as written.
+fn gguf_type(name: &str, data: &OutData) -> Result<GgmlType> {
+    Ok(match data {
+        OutData::Ggml { ty, .. } => *ty,
+        OutData::Plain { dtype, .. } => match dtype {
+            Dtype::F32 => GgmlType::F32,
+            Dtype::F16 => GgmlType::F16,
+            Dtype::BF16 => GgmlType::BF16,
+            other => {
+                return Err(Error::Unsupported(format!(
+                    "tensor '{name}': dtype {} has no GGUF type",
+                    other.name()
+                )))
             }
-            OutData::Mlx { .. } => unreachable!("MLX tensors are encoded for folders only"),
-        };
-        w.add_tensor(t.name, &t.shape, ty, bytes)?;
+        },
+        OutData::Mlx { .. } => unreachable!("MLX tensors are encoded for folders only"),
+    })
+}
+
+/// Writes one GGUF file: `w`'s metadata, the tensors of `layout` (ternary ones as `ternary`),
+/// their data from `next`. Written to `<path>.partial` and renamed when complete, so a refused
+/// or failed conversion leaves no file behind.
+pub fn write_gguf(
+    w: &GgufWriter,
+    layout: &[Planned],
+    ternary: GgmlType,
+    path: &Path,
+    next: Next<'_>,
+) -> Result<()> {
+    let infos: Vec<(String, Vec<usize>, GgmlType)> = layout
+        .iter()
+        .map(|p| {
+            let ty = match p.plain {
+                Some(Layout::Gguf(ty)) => ty,
+                _ => ternary,
+            };
+            (p.name.clone(), p.shape.clone(), ty)
+        })
+        .collect();
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = std::path::PathBuf::from(partial);
+    let result = w.write_streaming(&partial, &infos, |i| {
+        let data = next(i)?;
+        let ty = gguf_type(&infos[i].0, &data)?;
+        if ty != infos[i].2 {
+            return Err(Error::Format(format!(
+                "tensor '{}' was planned as {} but encoded as {}",
+                infos[i].0,
+                infos[i].2.name(),
+                ty.name()
+            )));
+        }
+        Ok(match data {
+            OutData::Ggml { bytes, .. } | OutData::Plain { bytes, .. } => bytes,
+            OutData::Mlx { .. } => unreachable!("checked by gguf_type"),
+        })
+    });
+    match result {
+        Ok(()) => std::fs::rename(&partial, path).map_err(|e| Error::io(path, e)),
+        Err(e) => {
+            let _ = std::fs::remove_file(&partial);
+            Err(e)
+        }
     }
-    w.write_file(path)
 }
 
 /// The Hugging Face tensor name of a canonical weight (`blk.0.attn_q.weight` →
@@ -93,45 +145,46 @@ pub fn hf_module(canonical: &str) -> Result<String> {
         })
 }
 
-/// Writes `model.safetensors` of an MLX folder (`{"format": "mlx"}` metadata, as mlx-lm does).
-pub fn write_mlx_weights(tensors: &[OutTensor], dir: &Path) -> Result<()> {
+/// Writes `model.safetensors` of an MLX folder (`{"format": "mlx"}` metadata, as mlx-lm
+/// does), encoding each tensor when its first part is written; removed again on failure.
+pub fn write_mlx_weights(layout: &[Planned], dir: &Path, next: Next<'_>) -> Result<()> {
     let mut specs = Vec::new();
-    let mut parts: Vec<&[u8]> = Vec::new();
-    for t in tensors {
-        let module = hf_module(&t.name)?;
-        match &t.data {
-            OutData::Mlx {
-                codes,
-                scales,
-                biases,
-            } => {
-                let (rows, cols) = (t.shape[0], t.shape[1]);
+    // spec index → (tensor index, part: 0 = weight/codes, 1 = scales, 2 = biases)
+    let mut owners = Vec::new();
+    for (i, p) in layout.iter().enumerate() {
+        let module = hf_module(&p.name)?;
+        match p.plain {
+            None => {
+                let (rows, cols) = (p.shape[0], p.shape[1]);
                 let groups = vec![rows, cols / 128];
-                for (suffix, dtype, shape, bytes) in [
-                    ("weight", Dtype::U32, vec![rows, cols / 16], codes),
-                    ("scales", Dtype::F16, groups.clone(), scales),
-                    ("biases", Dtype::F16, groups, biases),
-                ] {
+                for (part, (suffix, dtype, shape)) in [
+                    ("weight", Dtype::U32, vec![rows, cols / 16]),
+                    ("scales", Dtype::F16, groups.clone()),
+                    ("biases", Dtype::F16, groups),
+                ]
+                .into_iter()
+                .enumerate()
+                {
                     specs.push(TensorSpec {
                         name: format!("{module}.{suffix}"),
                         dtype,
                         shape,
                     });
-                    parts.push(bytes);
+                    owners.push((i, part));
                 }
             }
-            OutData::Plain { dtype, bytes } => {
+            Some(Layout::Mlx(dtype)) => {
                 specs.push(TensorSpec {
                     name: format!("{module}.weight"),
-                    dtype: *dtype,
-                    shape: t.shape.clone(),
+                    dtype,
+                    shape: p.shape.clone(),
                 });
-                parts.push(bytes);
+                owners.push((i, 0));
             }
-            OutData::Ggml { ty, .. } => {
+            Some(Layout::Gguf(ty)) => {
                 return Err(Error::Unsupported(format!(
                     "tensor '{}': {} blocks can not be stored in an MLX folder",
-                    t.name,
+                    p.name,
                     ty.name()
                 )))
             }
@@ -139,7 +192,44 @@ pub fn write_mlx_weights(tensors: &[OutTensor], dir: &Path) -> Result<()> {
     }
     let path = dir.join("model.safetensors");
     let meta = BTreeMap::from([("format".to_string(), "mlx".to_string())]);
-    safetensors::write(&path, &meta, &specs, |i, out| {
-        out.write_all(parts[i]).map_err(|e| Error::io(&path, e))
-    })
+    // The scales and biases of the ternary tensor being written, until their turn comes.
+    let mut pending: Vec<Vec<u8>> = Vec::new();
+    let result = safetensors::write(&path, &meta, &specs, |s, out| {
+        let (i, part) = owners[s];
+        let bytes = if part == 0 {
+            match next(i)? {
+                OutData::Mlx {
+                    codes,
+                    scales,
+                    biases,
+                } => {
+                    pending = vec![biases, scales];
+                    codes
+                }
+                OutData::Plain { bytes, .. } => bytes,
+                OutData::Ggml { ty, .. } => {
+                    return Err(Error::Unsupported(format!(
+                        "tensor '{}': {} blocks can not be stored in an MLX folder",
+                        layout[i].name,
+                        ty.name()
+                    )))
+                }
+            }
+        } else {
+            pending.pop().expect("scales and biases follow their codes")
+        };
+        if bytes.len() != specs[s].n_bytes() {
+            return Err(Error::Format(format!(
+                "tensor '{}' was planned as {} bytes but encoded as {}",
+                specs[s].name,
+                specs[s].n_bytes(),
+                bytes.len()
+            )));
+        }
+        out.write_all(&bytes).map_err(|e| Error::io(&path, e))
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_file(&path);
+    }
+    result
 }

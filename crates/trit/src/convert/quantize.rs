@@ -265,17 +265,17 @@ pub fn quantize(
             opts.target.name()
         )));
     }
-    let ternarize =
-        |name: &str, view: &TensorView<'_>| -> Result<Option<(TernaryMatrix, ErrorStats)>> {
-            if !is_projection(name) {
-                return Ok(None);
-            }
-            let mut w = super::dense_values(view)?;
-            if let Some(delta) = adapter.and_then(|a| a.delta(name)) {
-                w.iter_mut().zip(&delta).for_each(|(x, d)| *x += d);
-            }
-            absmean(name, &w, view.rows(), view.cols(), group).map(Some)
-        };
+    let run = |name: &str, view: &TensorView<'_>| -> Result<(TernaryMatrix, ErrorStats)> {
+        let mut w = super::dense_values(view)?;
+        if let Some(delta) = adapter.and_then(|a| a.delta(name)) {
+            w.iter_mut().zip(&delta).for_each(|(x, d)| *x += d);
+        }
+        absmean(name, &w, view.rows(), view.cols(), group)
+    };
+    let quantizer = super::Quantizer {
+        applies: &is_projection,
+        run: &run,
+    };
     let convert_opts = ConvertOptions {
         target: opts.target,
         allow_lossy: false,
@@ -285,7 +285,7 @@ pub fn quantize(
         input,
         output,
         &convert_opts,
-        Some(&ternarize),
+        Some(&quantizer),
         progress,
     )
 }
