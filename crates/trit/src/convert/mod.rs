@@ -292,11 +292,14 @@ pub fn convert(
     convert_files(&files, input, output, opts, None, progress)
 }
 
+/// Ternarizes one full-precision tensor, returning the matrix and its quantization error.
+type TernarizeFn<'a> = &'a dyn Fn(&str, &TensorView<'_>) -> Result<(TernaryMatrix, ErrorStats)>;
+
 /// What `quantize` ternarizes: `applies` says which tensors (known before any is encoded, so
 /// the output can be laid out first), `run` ternarizes one.
 pub(crate) struct Quantizer<'a> {
     pub applies: &'a dyn Fn(&str) -> bool,
-    pub run: &'a dyn Fn(&str, &TensorView<'_>) -> Result<(TernaryMatrix, ErrorStats)>,
+    pub run: TernarizeFn<'a>,
 }
 
 /// Whether a tensor is written as ternary.
