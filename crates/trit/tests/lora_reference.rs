@@ -243,6 +243,23 @@ fn adapters_that_do_not_fit_are_refused_clearly() {
         &variant(dir.path(), "deep", |_| {}, Some(as_list(&deep))),
     );
     assert!(msg.contains("layer 6") && msg.contains("4 layers"), "{msg}");
+    // Layers 0 and 1 while num_layers = 2 adapts the last two (2 and 3) of 4.
+    let mut early = BTreeMap::new();
+    for (n, t) in &all {
+        early.insert(
+            n.replace("layers.3.", "layers.1.")
+                .replace("layers.2.", "layers.0."),
+            t.clone(),
+        );
+    }
+    let msg = load_err(
+        &model,
+        &variant(dir.path(), "early", |_| {}, Some(as_list(&early))),
+    );
+    assert!(
+        msg.contains("layer 0") && msg.contains("layers 2..4"),
+        "{msg}"
+    );
     // A module trit does not know, and a leaf that is not a LoRA matrix.
     let mut odd = all.clone();
     odd.insert(

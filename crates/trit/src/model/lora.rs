@@ -72,6 +72,8 @@ pub struct LoraAdapter {
     pub pairs: BTreeMap<String, LoraPair>,
     /// `"mlx-lm"` or `"PEFT"`, for messages.
     pub layout: &'static str,
+    /// mlx-lm's `num_layers`: only the last N blocks may be adapted (`None`: any block).
+    pub num_layers: Option<usize>,
 }
 
 /// Projections an adapter may target, HF module suffix → canonical suffix.
@@ -350,6 +352,7 @@ impl LoraAdapter {
         Ok(LoraAdapter {
             pairs: pairs.into_iter().map(|(k, (_, p))| (k, p)).collect(),
             layout,
+            num_layers: num_layers.filter(|&n| n > 0).map(|n| n as usize),
         })
     }
 
@@ -371,6 +374,17 @@ impl LoraAdapter {
                     "{} adapter: '{name}' is for layer {layer} but the model has {} layers",
                     self.layout, cfg.n_layers
                 )));
+            }
+            if let Some(n) = self.num_layers.filter(|&n| n < cfg.n_layers) {
+                if layer < cfg.n_layers - n {
+                    return Err(Error::Config(format!(
+                        "{} adapter: '{name}' is for layer {layer}, but num_layers = {n} adapts \
+                         only layers {}..{} of this model (mlx-lm would refuse it too)",
+                        self.layout,
+                        cfg.n_layers - n,
+                        cfg.n_layers
+                    )));
+                }
             }
             let (out, inp) = match sub.strip_suffix(".weight").unwrap_or(sub) {
                 "attn_q" => (q, d),
