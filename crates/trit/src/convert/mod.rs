@@ -476,11 +476,12 @@ fn convert_files(
         }
         Target::Mlx => {
             std::fs::create_dir_all(output).map_err(|e| Error::io(output, e))?;
-            output::write_mlx_weights(&layout, output, &mut next)?;
+            // Side files first: a tokenizer that can not be carried fails before the weights.
             match kind {
                 SourceKind::Gguf(_) => meta::folder_files_from_gguf(files, output)?,
                 SourceKind::Folder => meta::copy_folder_files(input, output)?,
             }
+            output::write_mlx_weights(&layout, output, &mut next)?;
         }
     }
     progress(total, total, "done");
