@@ -156,19 +156,21 @@ fn print_summary(r: &ConvertReport, a: &ConvertArgs, secs: f64) {
     } else {
         eprintln!("LOSSY conversion (--allow-lossy); error introduced per tensor:");
     }
+    let first = if a.quantize { "groups" } else { "lossy blocks" };
     eprintln!(
         "  {:<32} {:>12} {:>10} {:>10} {:>10}",
-        "tensor", "lossy blocks", "max rel", "mean rel", "‖ΔW‖/‖W‖"
+        "tensor", first, "max rel", "mean rel", "‖ΔW‖/‖W‖"
     );
     for t in changed {
         let e = t.error.as_ref().expect("filtered");
+        let count = if a.quantize {
+            e.blocks.to_string()
+        } else {
+            format!("{}/{}", e.lossy_blocks, e.blocks)
+        };
         eprintln!(
             "  {:<32} {:>12} {:>10.4} {:>10.4} {:>10.4}",
-            t.name,
-            format!("{}/{}", e.lossy_blocks, e.blocks),
-            e.max_rel,
-            e.mean_rel,
-            e.rel_fro
+            t.name, count, e.max_rel, e.mean_rel, e.rel_fro
         );
     }
 }
