@@ -7,6 +7,8 @@ ChatML prompt of tools/ref_models.py with llama.cpp (llama-cpp-python 0.3.36) an
 the same converted file, and compares the last-position logits. llama.cpp quantizes activations
 (Q8_K for TQ*, Q8_0 for Q2_0), so expect max |Δ| of a few tenths, not 1e-4 (tools/README.md).
 PQ2_0/PTQ1_0 are PrismML-fork types that stock llama.cpp refuses; they are not checked here.
+Also: the TQ1_0 file converted back to an MLX folder must load in mlx-lm 0.32.2 with logits,
+tokenization and chat template equal to the original MLX folder's (`mlx_lm_reload`).
 
   CARGO_TARGET_DIR=target /work/main/.cache/venv/bin/python tools/check_convert_llamacpp.py
 """
@@ -42,6 +44,24 @@ def trit_logits(model, out):
     return np.fromfile(out, dtype="<f4")
 
 
+def mlx_reload(src, folder):
+    import mlx.core as mx
+    from mlx_lm import load
+
+    text = "Hello wörld 12345 <think>x</think>"
+    out = {}
+    for name, path in [("original", src), ("converted", folder)]:
+        model, tok = load(path)
+        model.set_dtype(mx.float32)
+        logits = np.array(model(mx.array([PROMPT_IDS]))[0, -1].astype(mx.float32))
+        chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                       add_generation_prompt=True)
+        out[name] = (logits, tok.encode(text), chat)
+    (a, ta, ca), (b, tb, cb) = out["original"], out["converted"]
+    return {"max_abs_diff": float(np.abs(a - b).max()), "tokens_equal": ta == tb,
+            "chat_template_equal": ca == cb}
+
+
 def main():
     cache = default_cache()
     src = os.path.join(cache, "refmodels", "tiny", "mlx")
@@ -72,11 +92,19 @@ def main():
             }
             results["targets"][t] = r
             print(t, json.dumps(r))
+        back = os.path.join(tmp, "back-mlx")
+        subprocess.run([trit_bin(), "convert", os.path.join(tmp, "tiny-gguf-tq1.gguf"), back,
+                        "--to", "mlx", "--quiet"], check=True)
+        results["mlx_lm_reload"] = mlx_reload(src, back)
+        print("mlx_lm_reload", json.dumps(results["mlx_lm_reload"]))
     out = os.path.join(REPO, "tests", "fixtures", "convert", "llama_cpp_check.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     dump_json(results, out)
     bad = [t for t, r in results["targets"].items()
            if not (r["argmax_equal"] and r["correlation"] > 0.99)]
+    reload = results["mlx_lm_reload"]
+    if reload["max_abs_diff"] != 0.0 or not reload["tokens_equal"]:
+        bad.append("mlx_lm_reload")
     if bad:
         sys.exit(f"llama.cpp disagrees with trit on {bad}")
 
