@@ -35,6 +35,8 @@ enum Command {
     Pull(cmd::pull::PullArgs),
     /// Check a model download for missing/truncated/corrupt files, or report this machine.
     Doctor(cmd::doctor::DoctorArgs),
+    /// Repack between ternary formats losslessly, or ternarize a full-precision model.
+    Convert(cmd::convert::ConvertArgs),
 }
 
 fn main() {
@@ -48,6 +50,7 @@ fn main() {
         Command::Serve(a) => cmd::serve::run(a),
         Command::Pull(a) => cmd::pull::run(a),
         Command::Doctor(a) => cmd::doctor::run(a),
+        Command::Convert(a) => cmd::convert::run(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -5,6 +5,7 @@
 //! sampler (`sample`) → text (`tokenizer`, `chat`), driven by `engine`.
 
 pub mod chat;
+pub mod convert;
 pub mod engine;
 pub mod error;
 pub mod format;

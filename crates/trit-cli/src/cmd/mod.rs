@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod chat;
+pub mod convert;
 pub mod doctor;
 pub mod info;
 pub mod perplexity;
@@ -40,6 +41,10 @@ pub struct ModelArgs {
     /// Where the model runs: cpu, or cuda (an NVIDIA GPU; needs a build with `--features cuda`).
     #[arg(long, value_enum, default_value_t = Device::Cpu, env = "TRIT_DEVICE")]
     pub device: Device,
+    /// LoRA adapter folder (mlx-lm `adapters.safetensors` or PEFT `adapter_model.safetensors`),
+    /// applied in full precision beside the ternary weights.
+    #[arg(long, env = "TRIT_ADAPTER")]
+    pub adapter: Option<PathBuf>,
 }
 
 /// Where a model runs. Never falls back from one to the other silently.
@@ -55,10 +60,20 @@ pub fn load_model(
     threads: usize,
     device: Device,
     n_ctx: usize,
+    adapter: Option<&std::path::Path>,
 ) -> Result<Model> {
-    match device {
-        Device::Cpu => Ok(Model::load(files, threads)?),
-        Device::Cuda => cuda_model(files, n_ctx),
+    match (device, adapter) {
+        (Device::Cpu, _) => Ok(
+            Model::load_with_adapter(files, threads, adapter).with_context(|| match adapter {
+                Some(a) => format!("loading adapter {}", a.display()),
+                None => "loading the model".into(),
+            })?,
+        ),
+        (Device::Cuda, Some(_)) => bail!(
+            "--adapter with --device cuda: LoRA side paths run on the CPU only; use --device cpu \
+             or fuse the adapter with `trit convert --quantize --adapter`"
+        ),
+        (Device::Cuda, None) => cuda_model(files, n_ctx),
     }
 }
 
@@ -207,7 +222,13 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     if n_ctx == 0 {
         bail!("--ctx must be at least 1");
     }
-    let model = Arc::new(load_model(&files, threads, args.device, n_ctx)?);
+    let model = Arc::new(load_model(
+        &files,
+        threads,
+        args.device,
+        n_ctx,
+        args.adapter.as_deref(),
+    )?);
     Ok(Loaded {
         files,
         model,

@@ -222,7 +222,7 @@ pub(super) fn module_of(tensor: &str) -> Result<Option<(String, String)>> {
     }
 }
 
-fn read_json(path: &Path) -> Result<Option<Value>> {
+pub(crate) fn read_json(path: &Path) -> Result<Option<Value>> {
     match std::fs::read_to_string(path) {
         Ok(text) => serde_json::from_str(&text)
             .map(Some)
@@ -322,7 +322,10 @@ pub(super) fn open_folder(dir: &Path, options: OpenOptions) -> Result<ModelFiles
 
 /// `tokenizer_config.json`'s `chat_template` (a string, or a list of named templates of which
 /// "default" is used), else a `chat_template.jinja` file beside it.
-fn chat_template(dir: &Path, tokenizer_config: Option<&Value>) -> Result<Option<String>> {
+pub(crate) fn chat_template(
+    dir: &Path,
+    tokenizer_config: Option<&Value>,
+) -> Result<Option<String>> {
     match tokenizer_config.and_then(|t| t.get("chat_template")) {
         Some(Value::String(s)) => return Ok(Some(s.clone())),
         Some(Value::Array(list)) => {
@@ -345,7 +348,7 @@ fn chat_template(dir: &Path, tokenizer_config: Option<&Value>) -> Result<Option<
     }
 }
 
-fn generation_defaults(g: Option<&Value>) -> GenerationDefaults {
+pub(crate) fn generation_defaults(g: Option<&Value>) -> GenerationDefaults {
     let Some(g) = g else {
         return GenerationDefaults {
             source: "none".into(),

@@ -186,6 +186,83 @@ impl GgufWriter {
         out
     }
 
+    /// Writes the metadata and then `tensors` (name, shape outermost first, type) whose bytes
+    /// `fill(i)` produces one at a time, so a converter holds one tensor, not the whole file.
+    /// `fill` must return exactly the tensor's size. The writer itself must hold no tensors.
+    pub fn write_streaming(
+        &self,
+        path: impl AsRef<Path>,
+        tensors: &[(String, Vec<usize>, GgmlType)],
+        mut fill: impl FnMut(usize) -> Result<Vec<u8>>,
+    ) -> Result<()> {
+        use std::io::Write;
+        let path = path.as_ref();
+        if !self.tensors.is_empty() {
+            return Err(Error::InvalidArgument(
+                "write_streaming: the writer already holds tensors".into(),
+            ));
+        }
+        let size = |shape: &[usize], ty: GgmlType| {
+            let row = shape.last().copied().unwrap_or(1);
+            let rows: usize = shape.iter().rev().skip(1).product();
+            ty.row_bytes(row) * rows
+        };
+        let mut head = Vec::new();
+        head.extend_from_slice(GGUF_MAGIC);
+        head.extend_from_slice(&3u32.to_le_bytes());
+        head.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+        head.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
+        for (k, v) in &self.metadata {
+            put_string(&mut head, k.as_bytes());
+            head.extend_from_slice(&v.type_id().to_le_bytes());
+            put_value(&mut head, v);
+        }
+        let mut offset = 0u64;
+        for (name, shape, ty) in tensors {
+            if shape.len() > MAX_DIMS || shape.last().copied().unwrap_or(1) % ty.block_size() != 0 {
+                return Err(Error::InvalidArgument(format!(
+                    "tensor '{name}': shape {shape:?} does not fit {}",
+                    ty.name()
+                )));
+            }
+            put_string(&mut head, name.as_bytes());
+            head.extend_from_slice(&(shape.len() as u32).to_le_bytes());
+            for &d in shape.iter().rev() {
+                head.extend_from_slice(&(d as u64).to_le_bytes());
+            }
+            head.extend_from_slice(&ty.id().to_le_bytes());
+            head.extend_from_slice(&offset.to_le_bytes());
+            offset = pad(offset + size(shape, *ty) as u64, self.alignment);
+        }
+        let file = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
+        let mut out = std::io::BufWriter::new(file);
+        let io = |e| Error::io(path, e);
+        let mut at = head.len() as u64;
+        out.write_all(&head).map_err(io)?;
+        let zeros = vec![0u8; self.alignment as usize];
+        let pad_to = |out: &mut std::io::BufWriter<std::fs::File>, at: &mut u64| {
+            let n = (pad(*at, self.alignment) - *at) as usize;
+            *at += n as u64;
+            out.write_all(&zeros[..n])
+        };
+        for (i, (name, shape, ty)) in tensors.iter().enumerate() {
+            pad_to(&mut out, &mut at).map_err(io)?;
+            let bytes = fill(i)?;
+            if bytes.len() != size(shape, *ty) {
+                return Err(Error::InvalidArgument(format!(
+                    "tensor '{name}' ({} {shape:?}) needs {} bytes, got {}",
+                    ty.name(),
+                    size(shape, *ty),
+                    bytes.len()
+                )));
+            }
+            out.write_all(&bytes).map_err(io)?;
+            at += bytes.len() as u64;
+        }
+        pad_to(&mut out, &mut at).map_err(io)?;
+        out.flush().map_err(io)
+    }
+
     pub fn write_file(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         std::fs::write(path, self.to_bytes()).map_err(|e| Error::io(path, e))
@@ -422,6 +499,32 @@ mod tests {
             .is_err());
         assert!(w.set_alignment(48).is_err());
         assert!(w.add("general.alignment", 64u32).is_err());
+    }
+
+    #[test]
+    fn streaming_writes_the_same_bytes() {
+        let (codes, scales) = codes_and_scales(3, 256);
+        let mut meta = GgufWriter::new();
+        meta.add("general.architecture", "qwen3").unwrap();
+        let mut whole = GgufWriter::new();
+        whole.add("general.architecture", "qwen3").unwrap();
+        whole
+            .add_ternary("t", GgmlType::TQ1_0, 3, 256, &codes, &scales)
+            .unwrap();
+        whole.add_f32("n", &[3], &[1.0, 2.0, 3.0]).unwrap();
+        let t = quant::ternary::encode_matrix(GgmlType::TQ1_0, 3, 256, &codes, &scales).unwrap();
+        let n = quant::float::encode_f32(&[1.0, 2.0, 3.0]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.gguf");
+        let infos = [
+            ("t".to_string(), vec![3, 256], GgmlType::TQ1_0),
+            ("n".to_string(), vec![3], GgmlType::F32),
+        ];
+        meta.write_streaming(&path, &infos, |i| Ok([&t, &n][i].clone()))
+            .unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), whole.to_bytes());
+        let short = meta.write_streaming(&path, &infos, |_| Ok(vec![0; 3]));
+        assert!(short.unwrap_err().to_string().contains("needs"));
     }
 
     #[test]

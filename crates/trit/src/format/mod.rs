@@ -6,7 +6,7 @@
 
 pub mod config;
 mod config_hybrid;
-mod folder;
+pub(crate) mod folder;
 pub mod gguf;
 pub mod gguf_source;
 pub mod gguf_write;

@@ -67,6 +67,10 @@ pub fn parse_header(what: &str, bytes: &[u8], file_len: u64) -> Result<Header> {
     let mut header = Header::default();
     for (name, entry) in entries {
         if name == "__metadata__" {
+            // mx.save_safetensors writes `null` when there is no metadata.
+            if entry.is_null() {
+                continue;
+            }
             let Value::Object(meta) = entry else {
                 return Err(bad("__metadata__ is not an object".into()));
             };

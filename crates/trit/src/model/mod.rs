@@ -4,6 +4,7 @@ pub mod attention;
 pub mod gated_delta;
 pub mod kv_cache;
 pub mod llama;
+pub mod lora;
 pub mod qwen3;
 pub mod qwen35;
 pub mod recurrent;
@@ -77,6 +78,35 @@ impl Model {
         Model {
             net: Net::External(net),
             pool: ThreadPool::new(1),
+        }
+    }
+
+    /// `load`, then the LoRA adapter folder at `adapter` (mlx-lm or PEFT layout), if any:
+    /// the one entry point every command uses, so `--adapter` means the same everywhere.
+    pub fn load_with_adapter(
+        files: &ModelFiles,
+        threads: usize,
+        adapter: Option<&std::path::Path>,
+    ) -> Result<Self> {
+        let mut model = Self::load(files, threads)?;
+        if let Some(dir) = adapter {
+            model.set_adapter(&lora::LoraAdapter::load(dir)?)?;
+        }
+        Ok(model)
+    }
+
+    /// Adds a LoRA adapter's side paths (dense llama/qwen3 models).
+    pub fn set_adapter(&mut self, adapter: &lora::LoraAdapter) -> Result<()> {
+        match &mut self.net {
+            Net::Dense(n) => n.set_adapter(adapter),
+            Net::Hybrid(_) => Err(crate::Error::Unsupported(
+                "LoRA adapters on qwen35 hybrid models (trit applies them to llama/qwen3)".into(),
+            )),
+            Net::External(_) => Err(crate::Error::Unsupported(
+                "LoRA adapters on a GPU model (run the adapter with --device cpu, or fuse it \
+                 with `trit convert --quantize --adapter`)"
+                    .into(),
+            )),
         }
     }
 

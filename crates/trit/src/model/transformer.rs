@@ -37,6 +37,8 @@ pub struct Block {
     gate: Linear,
     up: Linear,
     down: Linear,
+    /// LoRA side paths (`Transformer::set_adapter`), computed in f32 beside the matmuls.
+    lora: Option<Box<super::lora::BlockLora>>,
 }
 
 pub struct Transformer {
@@ -78,6 +80,7 @@ impl Transformer {
                 gate: linear(src, &name("ffn_gate"), cfg.ffn, d)?,
                 up: linear(src, &name("ffn_up"), cfg.ffn, d)?,
                 down: linear(src, &name("ffn_down"), d, cfg.ffn)?,
+                lora: None,
             });
         }
         let final_norm = vector(src, "output_norm.weight", d)?;
@@ -100,6 +103,15 @@ impl Transformer {
             head,
             rope,
         })
+    }
+
+    /// Applies a LoRA adapter to every block it names (replacing any earlier one).
+    pub fn set_adapter(&mut self, adapter: &super::lora::LoraAdapter) -> Result<()> {
+        adapter.check(&self.config)?;
+        for (i, b) in self.blocks.iter_mut().enumerate() {
+            b.lora = adapter.block(i).map(Box::new);
+        }
+        Ok(())
     }
 
     fn block_bytes(&self) -> usize {
@@ -218,6 +230,9 @@ impl Transformer {
             matmul(pool, Op::MatQ, &b.q, &xq, &mut q);
             matmul(pool, Op::MatK, &b.k, &xq, &mut k);
             matmul(pool, Op::MatV, &b.v, &xq, &mut v);
+            if let Some(l) = &b.lora {
+                l.attn_in(&x, &b.attn_norm, c.norm_eps, [&mut q, &mut k, &mut v]);
+            }
             if b.q_norm.is_some() || b.k_norm.is_some() {
                 let _p = profile::start(Op::Norm, 0);
                 for (qk, w) in [(&mut q, &b.q_norm), (&mut k, &b.k_norm)] {
@@ -258,6 +273,9 @@ impl Transformer {
             drop(probe);
             quantize(pool, &mut xq, &att, n, &b.o);
             matmul(pool, Op::MatO, &b.o, &xq, &mut h);
+            if let Some(l) = &b.lora {
+                l.o_from(&att, &mut h);
+            }
             residual(&mut x, &h);
 
             // The MLP in chunks of tokens: its two ffn-wide buffers are the largest scratch of
@@ -272,6 +290,9 @@ impl Transformer {
                 drop(probe);
                 matmul(pool, Op::MatGate, &b.gate, &xq, g);
                 matmul(pool, Op::MatUp, &b.up, &xq, u);
+                if let Some(l) = &b.lora {
+                    l.mlp_in(rows, &b.ffn_norm, c.norm_eps, [&mut *g, &mut *u]);
+                }
                 let probe = profile::start(Op::SwiGlu, 0);
                 ops::silu_mul_on(pool, g, u, c.ffn);
                 drop(probe);
@@ -283,6 +304,9 @@ impl Transformer {
                     &xq,
                     &mut h[t0 * d..(t0 + m) * d],
                 );
+                if let Some(l) = &b.lora {
+                    l.down_from(g, &mut h[t0 * d..(t0 + m) * d]);
+                }
             }
             residual(&mut x, &h);
         }

@@ -23,7 +23,7 @@ use tokenizers::DecoderWrapper;
 
 pub use gguf_vocab::{token_type, GgufVocab};
 pub use hf_config::TokenizerConfig;
-pub use pretokenize::PreTokenizerSpec;
+pub use pretokenize::{pre_name_for_regexes, PreTokenizerSpec};
 pub use stream::StreamDecoder;
 
 use crate::{Error, Result};

@@ -103,6 +103,27 @@ const KNOWN: &[(&[&str], PreTokenizerSpec)] = &[
     ),
 ];
 
+/// The `tokenizer.ggml.pre` name whose regexes equal a Hugging Face tokenizer's `Split`
+/// patterns (in order), for writing GGUF metadata from a `tokenizer.json`. HF spells the
+/// contractions case-insensitively (`(?i:'s|…)`); llama.cpp's spelling is expanded first.
+pub fn pre_name_for_regexes(regexes: &[String]) -> Option<&'static str> {
+    const HF_CONTRACTIONS: &str = "(?i:'s|'t|'re|'ve|'m|'ll|'d)";
+    const EXPANDED: &str = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])";
+    let canon: Vec<String> = regexes
+        .iter()
+        .map(|r| r.replace(HF_CONTRACTIONS, EXPANDED))
+        .collect();
+    KNOWN
+        .iter()
+        .find(|(_, spec)| {
+            spec.regexes
+                .iter()
+                .copied()
+                .eq(canon.iter().map(String::as_str))
+        })
+        .map(|(names, _)| names[0])
+}
+
 impl PreTokenizerSpec {
     /// The spec for a `tokenizer.ggml.pre` value; `None` (key absent) means llama.cpp's default.
     pub fn for_pre(pre: Option<&str>) -> Result<PreTokenizerSpec> {
