@@ -112,6 +112,11 @@ impl KvCache {
         self.recurrent.as_mut()
     }
 
+    /// The recurrent state at `len()` (hybrid models), e.g. to keep a copy for prefix reuse.
+    pub fn recurrent(&self) -> Option<&RecurrentState> {
+        self.recurrent.as_ref()
+    }
+
     /// Whether `truncate` may keep fewer positions than asked (a recurrent state is present).
     pub fn has_recurrent(&self) -> bool {
         self.recurrent.is_some()
@@ -159,6 +164,22 @@ impl KvCache {
     pub fn map_prefix(&mut self, blocks: Vec<Arc<KvBlock>>, len: usize) {
         debug_assert!(self.len == 0 && len <= blocks.len() * BLOCK_TOKENS);
         debug_assert!(self.recurrent.is_none(), "a recurrent state is not shared");
+        self.release_from(0);
+        self.blocks = blocks;
+        self.len = len;
+    }
+
+    /// Starts an empty hybrid cache at position `len`: attention keys/values from `blocks` (shared,
+    /// as in [`map_prefix`](Self::map_prefix)) and a copy of `state`, the recurrent state after
+    /// the same `len` tokens. The caller guarantees that both belong to the same token prefix.
+    pub fn resume(&mut self, blocks: Vec<Arc<KvBlock>>, len: usize, state: &RecurrentState) {
+        debug_assert!(self.len == 0 && len <= blocks.len() * BLOCK_TOKENS);
+        let r = self
+            .recurrent
+            .as_mut()
+            .expect("resume is for caches with a recurrent state");
+        r.clone_from(state);
+        self.snapshot = None;
         self.release_from(0);
         self.blocks = blocks;
         self.len = len;
