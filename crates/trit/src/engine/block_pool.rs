@@ -535,6 +535,47 @@ mod tests {
     }
 
     #[test]
+    fn saved_states_need_their_blocks_match_exactly_and_are_evicted_first() {
+        let p = pool(4);
+        let t = tokens(100, 3);
+        let mut a = cache(&p);
+        feed(&mut a, &t);
+        let mut state = RecurrentState::new(2, 3, 250);
+        state.layers[1].ssm.fill(0.5);
+        // One budget unit (2,024 bytes ≤ one 4,096-byte block).
+        p.save_state(&t[..90], &state);
+        assert_eq!(p.stats().states, 0, "its blocks are not in the index yet");
+        p.register(&mut a, &t, true);
+        p.save_state(&t[..90], &state);
+        assert_eq!((p.stats().states, p.stats().state_blocks), (1, 1));
+        drop(a);
+        let mut follow = t[..90].to_vec();
+        follow.extend([1, 2]);
+        let (blocks, n, found) = p.lookup_state(&follow, follow.len() - 1).unwrap();
+        assert_eq!((blocks.len(), n), (2, 90));
+        assert_eq!(found, state);
+        assert!(Arc::ptr_eq(&blocks[1], &p.lookup(&t, 99).0[1]));
+        drop(blocks);
+        // No state at a position that only part of the prompt shares, nor beyond the limit.
+        assert!(p.lookup_state(&t[..89], 88).is_none());
+        assert!(p.lookup_state(&follow, 89).is_none());
+        // 2 cached blocks + the state fill 3 of 4 units: a sequence taking 3 blocks evicts the
+        // state first (older than its blocks), then the tail block.
+        let mut b = cache(&p);
+        feed(&mut b, &tokens(130, 1000));
+        let s = p.stats();
+        assert_eq!((s.states, s.state_blocks, s.cached, s.used), (0, 0, 1, 3));
+        assert!(p.lookup_state(&follow, 91).is_none());
+        drop(b);
+        // A state bigger than the whole budget is never kept.
+        let mut c = cache(&p);
+        feed(&mut c, &t);
+        p.register(&mut c, &t, true);
+        p.save_state(&t, &RecurrentState::new(2, 3, 4 * 1024));
+        assert_eq!(p.stats().states, 0);
+    }
+
+    #[test]
     fn the_same_block_computed_twice_is_kept_once() {
         let p = pool(8);
         let t = tokens(64, 5);

@@ -19,7 +19,9 @@
 //! Hybrid models (Qwen3.5) also carry the recurrent state of their linear-attention layers
 //! here. That state cannot be truncated, so the cache keeps one snapshot (`checkpoint`);
 //! `truncate(n)` to a point before the end rolls back to the snapshot when it lies at or
-//! before `n`, else to the empty state, and the caller re-evaluates from `len()`.
+//! before `n`, else to the empty state, and the caller re-evaluates from `len()`. The serving
+//! scheduler instead keeps copies of the state in its block pool and starts a new cache from one
+//! (`resume`).
 
 use super::recurrent::RecurrentState;
 use crate::kernels::attn::KEY_BLOCK;
