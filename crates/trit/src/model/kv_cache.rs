@@ -419,6 +419,23 @@ mod tests {
     }
 
     #[test]
+    fn resume_starts_from_shared_blocks_and_a_state_copy() {
+        let mut a = KvCache::new(1, 2, 256).with_recurrent(RecurrentState::new(1, 3, 4));
+        fill(&mut a, 70, 1.0);
+        let mut saved = RecurrentState::new(1, 3, 4);
+        saved.layers[0].ssm.fill(3.0);
+        let mut b = KvCache::new(1, 2, 256).with_recurrent(RecurrentState::new(1, 3, 4));
+        b.resume(a.blocks().to_vec(), 66, &saved);
+        assert_eq!(b.len(), 66);
+        assert_eq!(b.recurrent(), Some(&saved));
+        fill(&mut b, 1, 9.0);
+        assert_eq!(b.key_row(0, 65), &[1.0; 2]);
+        assert_eq!(b.key_row(0, 66), &[9.0; 2]);
+        assert_eq!(a.key_row(0, 66), &[1.0; 2], "the shared block was copied");
+        assert!(Arc::ptr_eq(&a.blocks()[0], &b.blocks()[0]));
+    }
+
+    #[test]
     fn recurrent_state_rolls_back_to_its_snapshot() {
         let mut c = KvCache::new(1, 2, 16).with_recurrent(RecurrentState::new(1, 3, 4));
         let fill = |c: &mut KvCache, n: usize, v: f32| {
