@@ -9,10 +9,17 @@
 //! only by the index is *cached*: reusable, and evicted least recently used first (with the
 //! part of the trie below it) when a sequence needs a block and the budget is spent.
 //!
-//! Only attention keys/values are shared. A hybrid model's recurrent state at a block
-//! boundary is not kept, so the scheduler neither looks up nor registers hybrid caches.
+//! Hybrid models (Qwen3.5) also need the recurrent state of their linear-attention layers,
+//! which exists only at the positions where somebody kept a copy. The pool stores such copies
+//! next to the trie ([`save_state`](BlockPool::save_state)): a state after exactly the tokens
+//! `t[..p]`, anchored on the trie entry that holds position `p − 1`. Its bytes count against
+//! the same budget (in block units, rounded up) and it is evicted least recently used like a
+//! block; evicting the blocks it stands on drops it too (a state without its keys/values is
+//! useless). [`lookup_state`](BlockPool::lookup_state) finds the longest saved prefix of a
+//! prompt and returns its blocks and state together.
 
 use crate::model::kv_cache::{BlockSource, KvBlock, KvCache, BLOCK_TOKENS};
+use crate::model::recurrent::RecurrentState;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -37,6 +44,20 @@ struct Inner {
     children: HashMap<u64, Vec<u64>>,
     next_id: u64,
     tick: u64,
+    /// Saved recurrent states of hybrid sequences, by id (ids shared with `entries`).
+    states: HashMap<u64, SavedState>,
+    /// Budget units (blocks) the saved states take.
+    state_units: usize,
+}
+
+/// A hybrid sequence's recurrent state after exactly `tokens`.
+struct SavedState {
+    tokens: Vec<u32>,
+    /// The trie entry holding position `tokens.len() − 1`.
+    anchor: u64,
+    state: RecurrentState,
+    units: usize,
+    last_used: u64,
 }
 
 /// One cached block: its tokens (all `BLOCK_TOKENS`, or fewer for the tail of a sequence).
@@ -59,6 +80,10 @@ pub struct BlockStats {
     /// Positions per block and bytes per block.
     pub block_tokens: usize,
     pub block_bytes: usize,
+    /// Saved recurrent states of hybrid sequences (reusable, evictable) and the blocks of
+    /// budget they take.
+    pub states: usize,
+    pub state_blocks: usize,
 }
 
 impl BlockPool {
@@ -104,6 +129,8 @@ impl BlockPool {
             cached,
             block_tokens: BLOCK_TOKENS,
             block_bytes: KvBlock::bytes_for(self.n_layers, self.row),
+            states: g.states.len(),
+            state_blocks: g.state_units,
         }
     }
 
@@ -111,38 +138,97 @@ impl BlockPool {
     /// many positions of them match. Marks them used.
     pub fn lookup(&self, prompt: &[u32], limit: usize) -> (Vec<Arc<KvBlock>>, usize) {
         let mut g = self.lock();
-        let prompt = &prompt[..limit.min(prompt.len())];
-        let (mut parent, mut matched, mut path) = (ROOT, 0, Vec::new());
-        while matched < prompt.len() {
-            let rest = &prompt[matched..];
-            let best = g.children.get(&parent).and_then(|kids| {
-                kids.iter()
-                    .map(|id| (*id, common_prefix(&g.entries[id].tokens, rest)))
-                    .max_by_key(|&(_, n)| n)
-            });
-            let Some((id, n)) = best.filter(|&(_, n)| n > 0) else {
-                break;
-            };
-            path.push(id);
-            matched += n;
-            if n < BLOCK_TOKENS {
-                break; // the match ends inside this block
-            }
-            parent = id;
-        }
-        // Deeper blocks get older ticks, so eviction takes the ends of chains first.
-        g.tick += path.len() as u64;
-        let base = g.tick;
-        let blocks = path
+        let (path, matched) = g.walk(&prompt[..limit.min(prompt.len())]);
+        (g.touch(&path), matched)
+    }
+
+    /// For a hybrid model: the longest saved state whose tokens are a prefix of `prompt` of at
+    /// most `limit` tokens, with the blocks holding those positions — `(blocks, len, state)`.
+    /// Marks them used. `None` when there is none: a prompt that shares only part of a saved
+    /// prefix cannot start from it (the recurrent state exists only at the saved position),
+    /// so it is computed from the start.
+    pub fn lookup_state(
+        &self,
+        prompt: &[u32],
+        limit: usize,
+    ) -> Option<(Vec<Arc<KvBlock>>, usize, RecurrentState)> {
+        let mut g = self.lock();
+        let limit = limit.min(prompt.len());
+        let (id, len) = g
+            .states
             .iter()
-            .enumerate()
-            .map(|(depth, id)| {
-                let e = g.entries.get_mut(id).expect("on the path");
-                e.last_used = base - depth as u64;
-                e.block.clone()
-            })
-            .collect();
-        (blocks, matched)
+            .filter(|(_, s)| s.tokens.len() <= limit && prompt.starts_with(&s.tokens))
+            .map(|(&id, s)| (id, s.tokens.len()))
+            .max_by_key(|&(_, len)| len)?;
+        let (path, matched) = g.walk(&prompt[..len]);
+        if matched < len {
+            // Cannot happen (evicting its blocks drops the state), but never map a short prefix.
+            g.drop_state(id);
+            return None;
+        }
+        let blocks = g.touch(&path);
+        // As when saved: older than its deepest block.
+        let last_used = g.tick - path.len() as u64;
+        let saved = g.states.get_mut(&id).expect("found above");
+        saved.last_used = last_used;
+        Some((blocks, len, saved.state.clone()))
+    }
+
+    /// Keeps a copy of a hybrid sequence's recurrent `state` after exactly `tokens`, whose
+    /// keys/values must already be in the index (`register`); otherwise, or when the budget
+    /// has no room even after evicting what is cached, nothing is kept.
+    pub fn save_state(&self, tokens: &[u32], state: &RecurrentState) {
+        if tokens.is_empty() {
+            return;
+        }
+        let block_bytes = KvBlock::bytes_for(self.n_layers, self.row).max(1);
+        let units = state.bytes().div_ceil(block_bytes).max(1);
+        let mut g = self.lock();
+        let tick = g.tick;
+        if let Some(s) = g.states.values_mut().find(|s| s.tokens == tokens) {
+            s.last_used = tick;
+            return;
+        }
+        let (path, matched) = g.walk(tokens);
+        let Some(&anchor) = path.last().filter(|_| matched == tokens.len()) else {
+            return;
+        };
+        // Blocks that sequences hold cannot make room: give up before evicting anything.
+        let cached = g
+            .entries
+            .values()
+            .filter(|e| Arc::strong_count(&e.block) == 1)
+            .count();
+        if g.allocated - g.free.len() - cached + units > self.max_blocks {
+            return;
+        }
+        // Its own blocks become the most recent, so making room does not evict them first.
+        g.touch(&path);
+        while g.allocated + g.state_units + units > self.max_blocks {
+            if g.free.pop().is_some() {
+                g.allocated -= 1;
+            } else if !g.evict_one() {
+                return;
+            }
+        }
+        if !g.entries.contains_key(&anchor) {
+            return; // the budget is so small that making room evicted its own blocks
+        }
+        let id = g.next_id;
+        g.next_id += 1;
+        // Older than its deepest block: the state (the bigger part) goes first.
+        let last_used = g.tick - path.len() as u64;
+        g.state_units += units;
+        g.states.insert(
+            id,
+            SavedState {
+                tokens: tokens.to_vec(),
+                anchor,
+                state: state.clone(),
+                units,
+                last_used,
+            },
+        );
     }
 
     /// Adds the blocks of `cache` holding `tokens` (its first `tokens.len()` positions) to the
@@ -169,6 +255,7 @@ impl BlockPool {
             let last_used = base - i as u64;
             let kids = g.children.get(&parent).cloned().unwrap_or_default();
             let mut found = None;
+            let mut superseded_tails = Vec::new();
             for id in kids {
                 let e = &g.entries[&id];
                 let covers = e.tokens.starts_with(chunk);
@@ -184,8 +271,8 @@ impl BlockPool {
                     break;
                 }
                 if superseded && !covers {
-                    // A cached shorter tail that ours extends: ours replaces it.
-                    g.remove_subtree(id);
+                    // A cached shorter tail that ours extends: ours replaces it (below).
+                    superseded_tails.push(id);
                 }
             }
             let id = match found {
@@ -206,6 +293,13 @@ impl BlockPool {
                     id
                 }
             };
+            for old in superseded_tails {
+                // Saved states standing on the old tail stand on ours (same positions).
+                for st in g.states.values_mut().filter(|st| st.anchor == old) {
+                    st.anchor = id;
+                }
+                g.remove_subtree(old);
+            }
             if let Some(e) = g.entries.get_mut(&id) {
                 e.last_used = e.last_used.max(last_used);
             }
@@ -222,12 +316,66 @@ impl BlockPool {
 }
 
 impl Inner {
-    /// Drops entry `id` and everything below it; blocks nobody else holds become free.
+    /// The trie entries holding the longest cached prefix of `tokens`, and its length.
+    fn walk(&self, tokens: &[u32]) -> (Vec<u64>, usize) {
+        let (mut parent, mut matched, mut path) = (ROOT, 0, Vec::new());
+        while matched < tokens.len() {
+            let rest = &tokens[matched..];
+            let best = self.children.get(&parent).and_then(|kids| {
+                kids.iter()
+                    .map(|id| (*id, common_prefix(&self.entries[id].tokens, rest)))
+                    .max_by_key(|&(_, n)| n)
+            });
+            let Some((id, n)) = best.filter(|&(_, n)| n > 0) else {
+                break;
+            };
+            path.push(id);
+            matched += n;
+            if n < BLOCK_TOKENS {
+                break; // the match ends inside this block
+            }
+            parent = id;
+        }
+        (path, matched)
+    }
+
+    /// Marks the entries of `path` used and returns their blocks. Deeper blocks get older
+    /// ticks, so eviction takes the ends of chains first.
+    fn touch(&mut self, path: &[u64]) -> Vec<Arc<KvBlock>> {
+        self.tick += path.len() as u64;
+        let base = self.tick;
+        path.iter()
+            .enumerate()
+            .map(|(depth, id)| {
+                let e = self.entries.get_mut(id).expect("on the path");
+                e.last_used = base - depth as u64;
+                e.block.clone()
+            })
+            .collect()
+    }
+
+    fn drop_state(&mut self, id: u64) {
+        if let Some(s) = self.states.remove(&id) {
+            self.state_units -= s.units;
+        }
+    }
+
+    /// Drops entry `id` and everything below it (and the states standing on them); blocks
+    /// nobody else holds become free.
     fn remove_subtree(&mut self, id: u64) {
         let mut stack = vec![id];
         while let Some(id) = stack.pop() {
             if let Some(kids) = self.children.remove(&id) {
                 stack.extend(kids);
+            }
+            let orphans: Vec<u64> = self
+                .states
+                .iter()
+                .filter(|(_, s)| s.anchor == id)
+                .map(|(&sid, _)| sid)
+                .collect();
+            for sid in orphans {
+                self.drop_state(sid);
             }
             if let Some(e) = self.entries.remove(&id) {
                 if let Some(sib) = self.children.get_mut(&e.parent) {
@@ -240,21 +388,27 @@ impl Inner {
         }
     }
 
-    /// Evicts the least recently used block held only by the index (with its subtree).
+    /// Evicts the least recently used of: a block held only by the index (with its subtree),
+    /// a saved recurrent state.
     fn evict_one(&mut self) -> bool {
-        let victim = self
+        let block = self
             .entries
             .iter()
             .filter(|(_, e)| Arc::strong_count(&e.block) == 1)
             .min_by_key(|(_, e)| e.last_used)
-            .map(|(&id, _)| id);
-        match victim {
-            Some(id) => {
-                self.remove_subtree(id);
-                true
-            }
-            None => false,
+            .map(|(&id, e)| (e.last_used, id));
+        let state = self
+            .states
+            .iter()
+            .min_by_key(|(_, s)| s.last_used)
+            .map(|(&id, s)| (s.last_used, id));
+        match (block, state) {
+            (Some((b, _)), Some((s, id))) if s <= b => self.drop_state(id),
+            (None, Some((_, id))) => self.drop_state(id),
+            (Some((_, id)), _) => self.remove_subtree(id),
+            (None, None) => return false,
         }
+        true
     }
 }
 
@@ -268,7 +422,7 @@ impl BlockSource for BlockPool {
         if let Some(b) = g.free.pop() {
             return b;
         }
-        if g.allocated >= self.max_blocks && g.evict_one() {
+        while g.allocated + g.state_units >= self.max_blocks && g.evict_one() {
             if let Some(b) = g.free.pop() {
                 return b;
             }
@@ -279,7 +433,7 @@ impl BlockSource for BlockPool {
 
     fn give_back(&self, block: KvBlock) {
         let mut g = self.lock();
-        if g.allocated > self.max_blocks {
+        if g.allocated + g.state_units > self.max_blocks {
             // Over budget (see `take`): release the memory.
             g.allocated -= 1;
         } else {
@@ -378,6 +532,47 @@ mod tests {
         assert_eq!(p.lookup(&t, 99).1, 0);
         drop(b);
         assert_eq!(p.stats().used, 0);
+    }
+
+    #[test]
+    fn saved_states_need_their_blocks_match_exactly_and_are_evicted_first() {
+        let p = pool(4);
+        let t = tokens(100, 3);
+        let mut a = cache(&p);
+        feed(&mut a, &t);
+        let mut state = RecurrentState::new(2, 3, 250);
+        state.layers[1].ssm.fill(0.5);
+        // One budget unit (2,024 bytes ≤ one 4,096-byte block).
+        p.save_state(&t[..90], &state);
+        assert_eq!(p.stats().states, 0, "its blocks are not in the index yet");
+        p.register(&mut a, &t, true);
+        p.save_state(&t[..90], &state);
+        assert_eq!((p.stats().states, p.stats().state_blocks), (1, 1));
+        drop(a);
+        let mut follow = t[..90].to_vec();
+        follow.extend([1, 2]);
+        let (blocks, n, found) = p.lookup_state(&follow, follow.len() - 1).unwrap();
+        assert_eq!((blocks.len(), n), (2, 90));
+        assert_eq!(found, state);
+        assert!(Arc::ptr_eq(&blocks[1], &p.lookup(&t, 99).0[1]));
+        drop(blocks);
+        // No state at a position that only part of the prompt shares, nor beyond the limit.
+        assert!(p.lookup_state(&t[..89], 88).is_none());
+        assert!(p.lookup_state(&follow, 89).is_none());
+        // 2 cached blocks + the state fill 3 of 4 units: a sequence taking 3 blocks evicts the
+        // state first (older than its blocks), then the tail block.
+        let mut b = cache(&p);
+        feed(&mut b, &tokens(130, 1000));
+        let s = p.stats();
+        assert_eq!((s.states, s.state_blocks, s.cached, s.used), (0, 0, 1, 3));
+        assert!(p.lookup_state(&follow, 91).is_none());
+        drop(b);
+        // A state bigger than the whole budget is never kept.
+        let mut c = cache(&p);
+        feed(&mut c, &t);
+        p.register(&mut c, &t, true);
+        p.save_state(&t, &RecurrentState::new(2, 3, 4 * 1024));
+        assert_eq!(p.stats().states, 0);
     }
 
     #[test]

@@ -11,13 +11,28 @@
 //! never fit gets an error. Full blocks are entered into the pool's prefix index as they fill
 //! (a finished sequence's partial last block too), and a new prompt maps the cached blocks it
 //! starts with instead of computing them, so a multi-turn chat re-sent as full history only
-//! computes the new turn. Hybrid models keep their recurrent state per sequence and share
-//! nothing (the state at a block boundary is not kept): they recompute.
+//! computes the new turn.
+//!
+//! Hybrid models (Qwen3.5) also need the recurrent state of their Gated DeltaNet layers at the
+//! position where reuse starts, and that state exists only where a copy was kept. A finished
+//! hybrid sequence registers its blocks and saves two states in the pool
+//! ([`BlockPool::save_state`]): one at its *turn start* — the prompt's last `<|im_start|>`, i.e.
+//! before the generation prompt (without one, before the prompt's last token) — and one at its
+//! end (prompt + reply). A new hybrid prompt resumes from the longest saved state that is an
+//! exact prefix of it; otherwise it is computed from the start (attention blocks alone are of
+//! no use without the state at the same position). Why the turn start: Qwen3.5's template
+//! re-renders an earlier assistant turn as `<|im_start|>assistant\n` + answer, without the
+//! `<think>…</think>` block the generation prompt and the reply contained, so a follow-up
+//! turn sent as full history diverges right after the previous prompt's last `<|im_start|>`
+//! and the end-of-reply state does not match; the turn-start state does, and only the
+//! previous reply and the new turn are computed. The end state serves continuations that
+//! repeat the reply's tokens exactly (completions, templates that keep past reasoning).
 
 use super::block_pool::{BlockPool, BlockStats};
 use super::generate::{FinishReason, GenerateOptions};
 use super::sequence::{Decoding, TokenLogprob};
 use crate::model::kv_cache::{BlockSource, BLOCK_TOKENS};
+use crate::model::recurrent::RecurrentState;
 use crate::model::{BatchSeq, KvCache, Logits, Model};
 use crate::tokenizer::Tokenizer;
 use crate::Error;
@@ -30,6 +45,20 @@ use std::time::Instant;
 /// Prompt tokens evaluated per step over all sequences, so decoding sequences keep their
 /// pace while a long prompt is being read.
 const PREFILL_BUDGET: usize = 512;
+
+/// The token that opens a chat turn in ChatML templates (Qwen3.5's).
+const TURN_START: &str = "<|im_start|>";
+
+/// Where a hybrid sequence keeps a copy of its recurrent state while reading `prompt`: before
+/// the last `turn_start` token (the generation prompt), else before the last prompt token.
+/// 0: nowhere.
+fn prompt_checkpoint(prompt: &[u32], turn_start: Option<u32>) -> usize {
+    let turn = turn_start.and_then(|t| prompt.iter().rposition(|&x| x == t));
+    match turn {
+        Some(at) if at > 0 => at,
+        _ => prompt.len().saturating_sub(1),
+    }
+}
 
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
@@ -129,6 +158,19 @@ impl Scheduler {
         tokenizer: Arc<Tokenizer>,
         config: SchedulerConfig,
     ) -> std::io::Result<Self> {
+        let turn_start = tokenizer.token_id(TURN_START);
+        Self::start_with_turn_start(model, tokenizer, config, turn_start)
+    }
+
+    /// As [`start`](Self::start), with the token that opens a chat turn given explicitly
+    /// (hybrid models save their recurrent state before its last occurrence in a prompt; see
+    /// the module documentation). `start` uses the tokenizer's `<|im_start|>`.
+    pub fn start_with_turn_start(
+        model: Arc<Model>,
+        tokenizer: Arc<Tokenizer>,
+        config: SchedulerConfig,
+        turn_start: Option<u32>,
+    ) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel();
         let waiting = Arc::new(AtomicUsize::new(0));
         let shape = model.new_cache(0);
@@ -149,6 +191,7 @@ impl Scheduler {
             waiting: waiting.clone(),
             stats: stats.clone(),
             n_ctx: config.n_ctx,
+            turn_start,
         };
         std::thread::Builder::new()
             .name("trit-scheduler".into())
@@ -200,6 +243,10 @@ struct Running {
     next: Option<u32>,
     started: Instant,
     prompt_secs: f64,
+    /// Hybrid models: the prompt position whose recurrent state is kept (0: none), and the
+    /// copy once the prompt has been read that far.
+    checkpoint_at: usize,
+    checkpoint: Option<RecurrentState>,
 }
 
 struct Worker {
@@ -217,6 +264,7 @@ struct Worker {
     waiting: Arc<AtomicUsize>,
     stats: Arc<Mutex<SchedulerStats>>,
     n_ctx: usize,
+    turn_start: Option<u32>,
 }
 
 impl Worker {
@@ -299,12 +347,27 @@ impl Worker {
             let pool: Arc<dyn BlockSource> = self.pool.clone();
             let mut cache = self.model.new_cache(self.n_ctx).with_source(pool);
             let mut common = 0;
+            let (mut checkpoint_at, mut checkpoint) = (0, None);
+            // The last prompt token is always evaluated: its logits give the first token.
             if !cache.has_recurrent() {
-                // The last prompt token is always evaluated: its logits give the first token.
-                let (blocks, n) = self.pool.lookup(&req.prompt, req.prompt.len() - 1);
+                let (blocks, n) = self.pool.lookup(&req.prompt, n - 1);
                 if n > 0 {
                     cache.map_prefix(blocks, n);
                     common = n;
+                }
+            } else {
+                let at = prompt_checkpoint(&req.prompt, self.turn_start);
+                if let Some((blocks, len, state)) = self.pool.lookup_state(&req.prompt, n - 1) {
+                    cache.resume(blocks, len, &state);
+                    common = len;
+                    if len == at {
+                        // Resuming at this prompt's own checkpoint (a regenerated reply): the
+                        // state is saved again at the end, as recent as the new ones.
+                        checkpoint = Some(state);
+                    }
+                }
+                if at >= common && at > 0 {
+                    checkpoint_at = at;
                 }
             }
             if !(req.sink)(SeqEvent::Prompt {
@@ -329,6 +392,8 @@ impl Worker {
                 next: None,
                 started: Instant::now(),
                 prompt_secs: 0.0,
+                checkpoint_at,
+                checkpoint,
             });
         }
     }
@@ -341,7 +406,11 @@ impl Worker {
         let mut feeds: Vec<Vec<u32>> = Vec::with_capacity(self.running.len());
         for r in &self.running {
             let feed = if r.prompt_done < r.req.prompt.len() {
-                let take = (r.req.prompt.len() - r.prompt_done).min(budget);
+                let mut take = (r.req.prompt.len() - r.prompt_done).min(budget);
+                if r.prompt_done < r.checkpoint_at {
+                    // The chunk ends at the checkpoint, so the state there can be copied.
+                    take = take.min(r.checkpoint_at - r.prompt_done);
+                }
                 budget -= take;
                 r.req.prompt[r.prompt_done..r.prompt_done + take].to_vec()
             } else {
@@ -388,6 +457,9 @@ impl Worker {
             }
             let mut logits = outputs.next().unwrap_or_default();
             r.tokens.extend_from_slice(feed);
+            if r.checkpoint_at > 0 && r.tokens.len() == r.checkpoint_at {
+                r.checkpoint = r.cache.recurrent().cloned();
+            }
             if !r.cache.has_recurrent()
                 && r.tokens.len() / BLOCK_TOKENS > (r.tokens.len() - feed.len()) / BLOCK_TOKENS
             {
@@ -451,8 +523,15 @@ impl Worker {
     /// Ends a sequence: its blocks go to the prefix index (so a follow-up can reuse them) or
     /// back to the pool, its quota is released and its listener gets the summary.
     fn retire(&mut self, mut r: Running, finish: FinishReason) {
-        if !r.cache.has_recurrent() {
-            self.pool.register(&mut r.cache, &r.tokens, true);
+        self.pool.register(&mut r.cache, &r.tokens, true);
+        if let Some(end) = r.cache.recurrent() {
+            // Hybrid: the blocks are useful only with the state at the same position. The
+            // turn-start state goes last, so under a tight budget it is the one that stays
+            // (every chat follow-up can use it).
+            self.pool.save_state(&r.tokens, end);
+            if let Some(state) = &r.checkpoint {
+                self.pool.save_state(&r.tokens[..r.checkpoint_at], state);
+            }
         }
         self.reserved_blocks -= r.quota;
         let Running {
@@ -465,6 +544,8 @@ impl Worker {
             ..
         } = r;
         drop(cache);
+        // The gauges include this sequence's release before its listener hears it is done.
+        self.publish(|_| {});
         finish_sequence(req, &decoding, cached_tokens, started, prompt_secs, finish);
     }
 

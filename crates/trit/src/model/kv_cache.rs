@@ -19,7 +19,9 @@
 //! Hybrid models (Qwen3.5) also carry the recurrent state of their linear-attention layers
 //! here. That state cannot be truncated, so the cache keeps one snapshot (`checkpoint`);
 //! `truncate(n)` to a point before the end rolls back to the snapshot when it lies at or
-//! before `n`, else to the empty state, and the caller re-evaluates from `len()`.
+//! before `n`, else to the empty state, and the caller re-evaluates from `len()`. The serving
+//! scheduler instead keeps copies of the state in its block pool and starts a new cache from one
+//! (`resume`).
 
 use super::recurrent::RecurrentState;
 use crate::kernels::attn::KEY_BLOCK;
@@ -112,6 +114,11 @@ impl KvCache {
         self.recurrent.as_mut()
     }
 
+    /// The recurrent state at `len()` (hybrid models), e.g. to keep a copy for prefix reuse.
+    pub fn recurrent(&self) -> Option<&RecurrentState> {
+        self.recurrent.as_ref()
+    }
+
     /// Whether `truncate` may keep fewer positions than asked (a recurrent state is present).
     pub fn has_recurrent(&self) -> bool {
         self.recurrent.is_some()
@@ -159,6 +166,22 @@ impl KvCache {
     pub fn map_prefix(&mut self, blocks: Vec<Arc<KvBlock>>, len: usize) {
         debug_assert!(self.len == 0 && len <= blocks.len() * BLOCK_TOKENS);
         debug_assert!(self.recurrent.is_none(), "a recurrent state is not shared");
+        self.release_from(0);
+        self.blocks = blocks;
+        self.len = len;
+    }
+
+    /// Starts an empty hybrid cache at position `len`: attention keys/values from `blocks` (shared,
+    /// as in [`map_prefix`](Self::map_prefix)) and a copy of `state`, the recurrent state after
+    /// the same `len` tokens. The caller guarantees that both belong to the same token prefix.
+    pub fn resume(&mut self, blocks: Vec<Arc<KvBlock>>, len: usize, state: &RecurrentState) {
+        debug_assert!(self.len == 0 && len <= blocks.len() * BLOCK_TOKENS);
+        let r = self
+            .recurrent
+            .as_mut()
+            .expect("resume is for caches with a recurrent state");
+        r.clone_from(state);
+        self.snapshot = None;
         self.release_from(0);
         self.blocks = blocks;
         self.len = len;
@@ -393,6 +416,23 @@ mod tests {
         assert_eq!(*src.returned.lock().unwrap(), 1);
         drop(b);
         assert_eq!(*src.returned.lock().unwrap(), 3);
+    }
+
+    #[test]
+    fn resume_starts_from_shared_blocks_and_a_state_copy() {
+        let mut a = KvCache::new(1, 2, 256).with_recurrent(RecurrentState::new(1, 3, 4));
+        fill(&mut a, 70, 1.0);
+        let mut saved = RecurrentState::new(1, 3, 4);
+        saved.layers[0].ssm.fill(3.0);
+        let mut b = KvCache::new(1, 2, 256).with_recurrent(RecurrentState::new(1, 3, 4));
+        b.resume(a.blocks().to_vec(), 66, &saved);
+        assert_eq!(b.len(), 66);
+        assert_eq!(b.recurrent(), Some(&saved));
+        fill(&mut b, 1, 9.0);
+        assert_eq!(b.key_row(0, 65), &[1.0; 2]);
+        assert_eq!(b.key_row(0, 66), &[9.0; 2]);
+        assert_eq!(a.key_row(0, 66), &[1.0; 2], "the shared block was copied");
+        assert!(Arc::ptr_eq(&a.blocks()[0], &b.blocks()[0]));
     }
 
     #[test]
