@@ -501,11 +501,8 @@ impl Worker {
                 finished.push((i, finish));
             }
         }
-        // Highest index first, so the indices still point at the same sequences.
-        for (i, finish) in finished.into_iter().rev() {
-            let r = self.running.swap_remove(i);
-            self.retire(r, finish);
-        }
+        // Counters first: a listener told "done" (in `retire`) must already see this step
+        // counted, or a reader of the stats right after the summary sees stale totals.
         self.publish(|st| {
             st.n_decode_total += 1;
             st.prompt_tokens_total += prompt_rows;
@@ -518,6 +515,11 @@ impl Worker {
                 st.tokens_predicted_seconds_total += secs;
             }
         });
+        // Highest index first, so the indices still point at the same sequences.
+        for (i, finish) in finished.into_iter().rev() {
+            let r = self.running.swap_remove(i);
+            self.retire(r, finish);
+        }
     }
 
     /// Ends a sequence: its blocks go to the prefix index (so a follow-up can reuse them) or
