@@ -53,7 +53,9 @@
 mod act;
 pub mod attn;
 mod avx2;
+mod avx2_small;
 mod avx512;
+mod avx512_small;
 pub mod delta_rule;
 mod dense;
 pub mod hadamard;
@@ -62,12 +64,15 @@ pub mod peak;
 pub(crate) mod pool;
 mod portable;
 pub mod scalar;
+mod small_m;
 mod ternary;
 #[cfg(test)]
 mod ternary_tests;
 
 pub use act::ActQ8;
 pub use dense::DenseMatrix;
+#[doc(hidden)]
+pub use small_m::set_small_m_enabled;
 pub use ternary::TernaryMatrix;
 
 use crate::threadpool::ThreadPool;
