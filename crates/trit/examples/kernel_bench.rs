@@ -2,7 +2,10 @@
 //!
 //! `cargo run --release -p trit --example kernel_bench -- [--threads N] [--level L] [--quick]`
 //! (`--step [--rounds R] [--rows 1,8]`: only the 1.7B decode step, levels and row counts
-//! alternating round by round; `--n N`: tokens of the multi-row column, default 64)
+//! alternating round by round; `--n N`: tokens of the multi-row column, default 64;
+//! `--no-small-m`: 2..=16 rows through the prefill GEMM instead of the small-M kernels;
+//! `--scale-group G`: one weight scale per G blocks of 64 columns (default 1);
+//! `--cpu-time`: time on-CPU seconds of the calling thread, for `--threads 1` on a busy machine)
 //!
 //! Prints, per kernel level:
 //! - decode (n = 1) GB/s of repacked weight bytes for 2048×2048, 6144×2048, 2048×6144 and
@@ -44,11 +47,16 @@ impl TernaryRows for Random {
             *c = (s % 3) as u8;
         }
         // Multiples of 2^-10: exact in f16, like the scales of every real ternary file.
+        let group = SCALE_GROUP.load(std::sync::atomic::Ordering::Relaxed);
         for (i, sc) in scales.iter_mut().enumerate() {
-            *sc = (10 + (i + r) % 7) as f32 / 1024.0;
+            *sc = (10 + (i / group + r) % 7) as f32 / 1024.0;
         }
     }
 }
+
+/// 64-column blocks per weight scale of the random matrices (`--scale-group`: 1 as Q2_0, 2 as
+/// PQ2_0, 4 as TQ2_0/TQ1_0).
+static SCALE_GROUP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
 
 fn matrix(rows: usize, cols: usize, seed: u64) -> TernaryMatrix {
     TernaryMatrix::from_rows(&Random { rows, cols, seed }).expect("repack")
@@ -60,16 +68,35 @@ fn input(n: usize, cols: usize) -> Vec<f32> {
         .collect()
 }
 
+/// Whether `time_per_call` counts this thread's on-CPU time instead of wall time
+/// (`--cpu-time`, meaningful with `--threads 1`: on a shared machine it leaves out the time
+/// other processes held the core).
+static CPU_TIME: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Seconds this thread has run on a CPU (Linux schedstat), or wall time with `--cpu-time` off.
+fn now_s(wall: Instant) -> f64 {
+    if CPU_TIME.load(std::sync::atomic::Ordering::Relaxed) {
+        if let Some(ns) = std::fs::read_to_string("/proc/thread-self/schedstat")
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        {
+            return ns as f64 / 1e9;
+        }
+    }
+    wall.elapsed().as_secs_f64()
+}
+
 /// Runs `f` until `min_s` seconds have passed (after one warm-up call); seconds per call.
 fn time_per_call(min_s: f64, mut f: impl FnMut()) -> f64 {
     f();
-    let start = Instant::now();
+    let wall = Instant::now();
+    let start = now_s(wall);
     let mut calls = 0u64;
-    while start.elapsed().as_secs_f64() < min_s || calls < 3 {
+    while now_s(wall) - start < min_s || calls < 3 {
         f();
         calls += 1;
     }
-    start.elapsed().as_secs_f64() / calls as f64
+    (now_s(wall) - start) / calls as f64
 }
 
 fn memory_read_gbs(pool: &ThreadPool, min_s: f64) -> f64 {
@@ -115,6 +142,17 @@ fn main() {
     let min_s = if quick { 0.3 } else { 1.0 };
     let multi: usize = arg("--n").map(|v| v.parse().expect("--n")).unwrap_or(64);
     let pool = ThreadPool::new(threads);
+    if let Some(g) = arg("--scale-group") {
+        let g: usize = g.parse().expect("--scale-group");
+        SCALE_GROUP.store(g.max(1), std::sync::atomic::Ordering::Relaxed);
+    }
+    if args.iter().any(|a| a == "--cpu-time") {
+        CPU_TIME.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+    if args.iter().any(|a| a == "--no-small-m") {
+        // The shape table's multi-row column through the prefill GEMM instead.
+        kernels::set_small_m_enabled(false);
+    }
     println!("threads: {threads}, best level: {}", kernels::best_level());
     if args.iter().any(|a| a == "--step") {
         let rounds = arg("--rounds").and_then(|v| v.parse().ok()).unwrap_or(5);
