@@ -9,9 +9,9 @@
 //! Token ids are random (seeded); each sequence first holds DEPTH tokens (untimed). The stream
 //! counts are measured in turn, REPS rounds, so background load hits all of them alike; the
 //! table shows the median and the best round (a shared machine only ever slows a run down).
-//! The last columns count the raw steps' on-CPU time of all the process's threads instead of
-//! wall time (divided by the thread count): on a machine shared with other busy processes
-//! that is close to what the threads would reach on cores of their own.
+//! The last columns time the raw steps by the calling thread's on-CPU time instead of wall
+//! time: on a machine shared with other busy processes that is close to what the threads would
+//! reach on cores of their own (see `raw_forward`).
 
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -75,29 +75,21 @@ fn random_tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-/// On-CPU seconds of every thread of this process so far (Linux schedstat; 0 elsewhere).
-fn process_cpu_s() -> f64 {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0.0;
-    };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum::<u64>() as f64
+/// On-CPU seconds of the calling thread so far (Linux schedstat; 0 elsewhere).
+fn thread_cpu_s() -> f64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(0) as f64
         / 1e9
 }
 
 /// Tokens/s of all sequences together over `steps` batched single-token steps, by wall time
-/// and by on-CPU time of the process divided by `threads` (what the threads would take on
-/// cores of their own: on a shared machine it leaves out the time other processes held them).
-fn raw_forward(
-    model: &Model,
-    streams: usize,
-    steps: usize,
-    depth: usize,
-    threads: usize,
-) -> (f64, f64) {
+/// and by the calling thread's on-CPU time. The calling thread runs its share of every
+/// parallel job plus everything serial, and waits (spinning, then parked) only for the pool,
+/// so on cores of its own its on-CPU time is the wall time; on a machine shared with other
+/// busy processes it leaves out the time they held the core.
+fn raw_forward(model: &Model, streams: usize, steps: usize, depth: usize) -> (f64, f64) {
     let vocab = model.config().vocab;
     let mut caches: Vec<_> = (0..streams)
         .map(|_| model.new_cache(depth + steps + 1))
@@ -123,12 +115,12 @@ fn raw_forward(
         model.forward_batch(&mut batch).unwrap();
     };
     step(0); // warm-up
-    let (t0, cpu0) = (Instant::now(), process_cpu_s());
+    let (t0, cpu0) = (Instant::now(), thread_cpu_s());
     for s in 1..=steps {
         step(s);
     }
     let tokens = (streams * steps) as f64;
-    let cpu = (process_cpu_s() - cpu0) / threads as f64;
+    let cpu = thread_cpu_s() - cpu0;
     (tokens / t0.elapsed().as_secs_f64(), tokens / cpu.max(1e-9))
 }
 
@@ -230,7 +222,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut samples = vec![Vec::new(); a.streams.len()];
     for _ in 0..a.reps {
         for (i, &n) in a.streams.iter().enumerate() {
-            let (raw, raw_cpu) = raw_forward(&model, n, a.steps, a.depth, a.threads);
+            let (raw, raw_cpu) = raw_forward(&model, n, a.steps, a.depth);
             let sch = scheduler(model.clone(), tok.clone(), n, a.steps, a.depth);
             let rows = one_sequence_rows(&model, n, a.steps, a.depth);
             samples[i].push((raw, sch, rows, raw_cpu));
@@ -241,7 +233,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         v.sort_by(f64::total_cmp);
         (v[v.len() / 2], v[v.len() - 1])
     };
-    println!("| streams | forward_batch t/s median (best) | × vs first | scheduler t/s median (best) | × vs first | one sequence, same rows per call t/s | forward_batch t/s per on-CPU time median (best) | × vs first |");
+    println!("| streams | forward_batch t/s median (best) | × vs first | scheduler t/s median (best) | × vs first | one sequence, same rows per call t/s | forward_batch t/s per on-CPU s of the calling thread median (best) | × vs first |");
     println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let mut base = None;
     for (n, s) in a.streams.iter().zip(&samples) {
