@@ -24,6 +24,9 @@
 //! - Prefill shifts each bit pair down once and reuses the unpacked codes for up to 8 tokens
 //!   (tile reuse): the weight tile (≤ 24 KiB for 6144 columns) stays in L1 across token groups
 //!   and every weight byte is read from memory once per call.
+//! - 2..=16 activation rows (batched decode) take the small-M path (`small_m.rs`): the rows are
+//!   re-laid out once per quantization so one pointer feeds every row's broadcasts, and each
+//!   block is unpacked once for all rows (AVX-512, AVX2 and portable variants).
 //! - AVX2 uses the same bytes as two 8-row halves (`vpmaddubsw` + `vpmaddwd`, int16 partials
 //!   summed over a whole block: 16 × 2 × 3 × 127 < 2^15, so no saturation); the portable kernel
 //!   unpacks a block to bytes and uses plain integer loops that LLVM vectorizes (NEON included).
