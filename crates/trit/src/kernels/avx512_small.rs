@@ -1,6 +1,6 @@
 //! AVX-512 VNNI small-M kernel (2..=16 rows, see `kernels/small_m.rs`): each code chunk is
 //! unpacked once (3 shifts, 4 masks) and multiplied against up to 8 rows whose 4-byte
-//! activation groups come from the panel at fixed offsets of one pointer. 8 integer + 16 float
+//! activation groups come from the panel at fixed offsets of one pointer. 8 integer + 8 float
 //! accumulators, the unpacked code registers and constants fit the 32 zmm registers.
 #![cfg(target_arch = "x86_64")]
 
@@ -96,46 +96,41 @@ unsafe fn rows<const T: usize, const F16: bool>(
     let d = p.d.as_ptr().add(g * blocks * PANEL_ROWS);
     let mask = _mm512_set1_epi8(0x03);
     let mut facc = [_mm512_setzero_ps(); T];
-    // Blocks sharing one weight scale (1, 2 or 4): their `d·dot` terms are summed first and
-    // the 16 row scales applied once per group, which saves one float multiply per row and
-    // block on the pipes `vpdpbusd` needs.
-    let per_group = 1usize << m.scale_shift();
-    for (gi, b0) in (0..blocks).step_by(per_group).enumerate() {
-        let mut gacc = [_mm512_setzero_ps(); T];
-        for b in b0..(b0 + per_group).min(blocks) {
-            let cb = codes.add(b * TILE_BLOCK_BYTES);
-            let pf = cb.wrapping_add(PREFETCH_BYTES);
-            for l in 0..TILE_BLOCK_BYTES / 64 {
-                _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(64 * l).cast());
-            }
-            let xb = qs.add(b * PANEL_BLOCK_BYTES);
-            let (sb, db) = (neg_sums.add(b * PANEL_ROWS), d.add(b * PANEL_ROWS));
-            // Σ (code − 1)·q = Σ code·q − Σ q: start from −Σq.
-            let mut acc: [__m512i; T] = std::array::from_fn(|t| _mm512_set1_epi32(*sb.add(t)));
-            for c4 in 0..4 {
-                let w = _mm512_load_si512(cb.add(64 * c4).cast());
-                let c = [
-                    _mm512_and_si512(w, mask),
-                    _mm512_and_si512(_mm512_srli_epi16::<2>(w), mask),
-                    _mm512_and_si512(_mm512_srli_epi16::<4>(w), mask),
-                    _mm512_and_si512(_mm512_srli_epi16::<6>(w), mask),
-                ];
-                for (s, cs) in c.iter().enumerate() {
-                    // Quad 4·c4 + s of the block: the 4-byte groups of rows 0..T are adjacent.
-                    let xq4 = xb.add((4 * c4 + s) * PANEL_ROWS * 4);
-                    for (t, a) in acc.iter_mut().enumerate() {
-                        let xv = _mm512_set1_epi32(std::ptr::read_unaligned(xq4.add(4 * t).cast()));
-                        *a = _mm512_dpbusd_epi32(*a, *cs, xv);
-                    }
+    for b in 0..blocks {
+        let cb = codes.add(b * TILE_BLOCK_BYTES);
+        let pf = cb.wrapping_add(PREFETCH_BYTES);
+        for l in 0..TILE_BLOCK_BYTES / 64 {
+            _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(64 * l).cast());
+        }
+        let xb = qs.add(b * PANEL_BLOCK_BYTES);
+        let (sb, db) = (neg_sums.add(b * PANEL_ROWS), d.add(b * PANEL_ROWS));
+        // Σ (code − 1)·q = Σ code·q − Σ q: start from −Σq.
+        let mut acc: [__m512i; T] = std::array::from_fn(|t| _mm512_set1_epi32(*sb.add(t)));
+        for c4 in 0..4 {
+            let w = _mm512_load_si512(cb.add(64 * c4).cast());
+            let c = [
+                _mm512_and_si512(w, mask),
+                _mm512_and_si512(_mm512_srli_epi16::<2>(w), mask),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(w), mask),
+                _mm512_and_si512(_mm512_srli_epi16::<6>(w), mask),
+            ];
+            for (s, cs) in c.iter().enumerate() {
+                // Quad 4·c4 + s of the block: the 4-byte groups of rows 0..T are adjacent.
+                let xq4 = xb.add((4 * c4 + s) * PANEL_ROWS * 4);
+                for (t, a) in acc.iter_mut().enumerate() {
+                    let xv = _mm512_set1_epi32(std::ptr::read_unaligned(xq4.add(4 * t).cast()));
+                    *a = _mm512_dpbusd_epi32(*a, *cs, xv);
                 }
             }
-            for (t, (a, g)) in acc.iter().zip(gacc.iter_mut()).enumerate() {
-                *g = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*a), _mm512_set1_ps(*db.add(t)), *g);
-            }
         }
-        let ws = load_scales::<F16>(scales, gi);
-        for (g, f) in gacc.iter().zip(facc.iter_mut()) {
-            *f = _mm512_fmadd_ps(*g, ws, *f);
+        // The float steps exactly as the matvec and prefill kernels take them (exact integer
+        // dot, then `fma(dot, s_w·d, acc)` per block): a row's result does not depend on how
+        // many rows share the call, so a sequence decodes the same alone or in any batch.
+        // (Summing `d·dot` over a weight-scale group first saved ~3 % but broke that.)
+        let ws = load_scales::<F16>(scales, b >> m.scale_shift());
+        for (t, (a, f)) in acc.iter().zip(facc.iter_mut()).enumerate() {
+            let scale = _mm512_mul_ps(ws, _mm512_set1_ps(*db.add(t)));
+            *f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*a), scale, *f);
         }
     }
     for (f, r) in facc.iter().zip(res.iter_mut()) {
