@@ -21,6 +21,8 @@ pub struct ActQ8 {
     pub(crate) sums: Vec<i32>,
     /// The unquantized input (`n × cols`).
     pub(crate) exact: Vec<f32>,
+    /// The same int8 rows in the small-M kernels' layout, built when 2..=16 rows are quantized.
+    pub(crate) panel: super::small_m::Panel,
 }
 
 impl ActQ8 {
@@ -35,6 +37,7 @@ impl ActQ8 {
             d: Vec::new(),
             sums: Vec::new(),
             exact: Vec::new(),
+            panel: Default::default(),
         }
     }
 
@@ -70,6 +73,13 @@ impl ActQ8 {
         self.fill_rows(pool, &x[..n * cols], &|xr, r| {
             r.quantize_row(|b, out| out.copy_from_slice(&xr[b * ACT_BLOCK..][..ACT_BLOCK]))
         });
+        self.build_panel();
+    }
+
+    /// Re-lays the quantized rows out for the small-M kernels (a no-op outside 2..=16 rows).
+    fn build_panel(&mut self) {
+        let (n, cols) = (self.n, self.cols);
+        self.panel.build(n, cols, &self.qs, &self.d, &self.sums);
     }
 
     /// Re-fills `self` with `rms_norm(x_t)·w` quantized, for each of the `n` rows `x_t` of
@@ -109,6 +119,7 @@ impl ActQ8 {
                 r.quantize_row(norm);
             }
         });
+        self.build_panel();
     }
 
     /// Runs `f` on every input row of `x` with the matching output rows, in chunks of

@@ -24,6 +24,9 @@
 //! - Prefill shifts each bit pair down once and reuses the unpacked codes for up to 8 tokens
 //!   (tile reuse): the weight tile (≤ 24 KiB for 6144 columns) stays in L1 across token groups
 //!   and every weight byte is read from memory once per call.
+//! - 2..=16 activation rows (batched decode) take the small-M path (`small_m.rs`): the rows are
+//!   re-laid out once per quantization so one pointer feeds every row's broadcasts, and each
+//!   block is unpacked once for all rows (AVX-512, AVX2 and portable variants).
 //! - AVX2 uses the same bytes as two 8-row halves (`vpmaddubsw` + `vpmaddwd`, int16 partials
 //!   summed over a whole block: 16 × 2 × 3 × 127 < 2^15, so no saturation); the portable kernel
 //!   unpacks a block to bytes and uses plain integer loops that LLVM vectorizes (NEON included).
@@ -53,7 +56,9 @@
 mod act;
 pub mod attn;
 mod avx2;
+mod avx2_small;
 mod avx512;
+mod avx512_small;
 pub mod delta_rule;
 mod dense;
 pub mod hadamard;
@@ -62,12 +67,15 @@ pub mod peak;
 pub(crate) mod pool;
 mod portable;
 pub mod scalar;
+mod small_m;
 mod ternary;
 #[cfg(test)]
 mod ternary_tests;
 
 pub use act::ActQ8;
 pub use dense::DenseMatrix;
+#[doc(hidden)]
+pub use small_m::set_small_m_enabled;
 pub use ternary::TernaryMatrix;
 
 use crate::threadpool::ThreadPool;
@@ -384,8 +392,11 @@ pub fn par_items<C: Send>(pool: &ThreadPool, items: Vec<C>, f: &(dyn Fn(C) + Syn
     });
 }
 
-/// Token rows per parallel piece of the element-wise prefill ops (below this, one thread).
-pub(crate) const PAR_ROWS: usize = 16;
+/// Token rows per parallel piece of the element-wise ops (activation quantization, SwiGLU);
+/// fewer than two pieces run on one thread. 4 rows (8–24 K elements on the 1.7B shape) keep a
+/// batched decode step of 8 sequences on both cores: with 16, its 113 quantizations and 28
+/// SwiGLUs per step ran on one thread while the other spun.
+pub(crate) const PAR_ROWS: usize = 4;
 
 #[cfg(test)]
 mod tests {

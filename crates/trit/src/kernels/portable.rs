@@ -1,19 +1,34 @@
 //! Portable integer kernel: unpacks one tile-block (16 rows × 64 columns) to bytes, then plain
 //! i8 × i8 → i32 dot products that LLVM vectorizes for the target (SSE2 `pmaddwd`, NEON
 //! `smlal`, or `sdot` where the target has dotprod; codes 0..=3 are valid as i8). The unpacked
-//! block and its 16 scales are reused for up to `GROUP` tokens, and the per-row float work is
-//! a 16-lane loop.
+//! block and its 16 scales are reused for up to 8 tokens (all of them on the small-M path), and
+//! the per-row float work is a 16-lane loop.
 
 use super::act::ActQ8;
+use super::small_m::SMALL_M_MAX;
 use super::ternary::{token_blocks, TernaryMatrix, BLOCK, TILE_BLOCK_BYTES, TILE_ROWS};
 use super::OutPtr;
 use std::ops::Range;
 
-/// Tokens sharing one unpacked block.
-const GROUP: usize = 8;
-
-/// Computes the rows of `tiles` for every token of `xq` and stores them through `out`.
+/// Computes the rows of `tiles` for every token of `xq` and stores them through `out`; each
+/// unpacked block is shared by up to 8 tokens.
 pub(crate) fn ternary_tiles(m: &TernaryMatrix, tiles: Range<usize>, xq: &ActQ8, out: OutPtr) {
+    tiles_grouped::<8>(m, tiles, xq, out)
+}
+
+/// The small-M path (2..=`SMALL_M_MAX` rows, see `kernels/small_m.rs`): every block is
+/// unpacked once for all rows.
+pub(crate) fn small_m_tiles(m: &TernaryMatrix, tiles: Range<usize>, xq: &ActQ8, out: OutPtr) {
+    tiles_grouped::<SMALL_M_MAX>(m, tiles, xq, out)
+}
+
+/// `GROUP` tokens share one unpacked block.
+fn tiles_grouped<const GROUP: usize>(
+    m: &TernaryMatrix,
+    tiles: Range<usize>,
+    xq: &ActQ8,
+    out: OutPtr,
+) {
     let (cols, blocks) = (m.cols(), m.blocks());
     let mut unpacked = [[0i8; BLOCK]; TILE_ROWS];
     for tokens in token_blocks(xq.n, m.cols(), GROUP) {

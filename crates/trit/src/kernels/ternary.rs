@@ -291,11 +291,25 @@ impl TernaryMatrix {
         }
         let out = OutPtr::new(y);
         let tile_bytes = self.blocks * (TILE_BLOCK_BYTES + TILE_ROWS * 2);
+        // One row: the matvec of each level; 2..=16 rows with their panel built: the small-M
+        // kernels (`kernels/small_m.rs`); more: the prefill GEMM.
+        let small = super::small_m::applies(xq);
         super::for_each_chunk(pool, self.tiles, tile_bytes, &|tiles| match level {
+            KernelLevel::Portable if small => super::portable::small_m_tiles(self, tiles, xq, out),
             KernelLevel::Portable => super::portable::ternary_tiles(self, tiles, xq, out),
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `or_supported` checked avx2, fma and f16c.
+            KernelLevel::Avx2 if small => unsafe {
+                super::avx2_small::ternary_tiles(self, tiles, xq, out)
+            },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `or_supported` checked avx2, fma and f16c.
             KernelLevel::Avx2 => unsafe { super::avx2::ternary_tiles(self, tiles, xq, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `or_supported` checked avx512f, avx512bw and avx512vnni.
+            KernelLevel::Avx512 if small => unsafe {
+                super::avx512_small::ternary_tiles(self, tiles, xq, out)
+            },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `or_supported` checked avx512f, avx512bw and avx512vnni.
             KernelLevel::Avx512 => unsafe { super::avx512::ternary_tiles(self, tiles, xq, out) },

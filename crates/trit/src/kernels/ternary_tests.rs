@@ -110,7 +110,7 @@ fn activations(n: usize, cols: usize, seed: u64) -> Vec<f32> {
 
 const SHAPES_ROWS: [usize; 3] = [1, 17, 45];
 const SHAPES_COLS: [usize; 4] = [64, 192, 576, 2048];
-const SHAPES_N: [usize; 3] = [1, 3, 17];
+const SHAPES_N: [usize; 4] = [1, 3, 8, 17];
 
 #[test]
 fn repack_round_trips_codes_and_scales() {
@@ -336,6 +336,94 @@ fn several_token_blocks_match_the_int8_model() {
                     (got - want).abs() <= tol,
                     "{l} t={t} r={r}: {got} vs {want}"
                 );
+            }
+        }
+    }
+}
+
+/// Small-M shapes (2..=16 rows: `kernels/small_m.rs`) at every integer level, with values
+/// chosen so that every float step is exact: unit weight scales, integer activations in
+/// [-127, 127] with ±127 in every block (so d = 1 and q = x). The kernels' outputs must then
+/// equal the integer dot products `Σ (code − 1)·q` exactly — as the int8 model computes them —
+/// for every row count, including partial 8-row groups and rows past the tile.
+#[test]
+fn small_m_kernels_give_the_exact_integer_dot_products() {
+    let pool = ThreadPool::new(2);
+    for (rows, cols) in [(17, 192), (40, 576)] {
+        let mut src = RandomRows::new(rows, cols, rows as u64, false);
+        src.scales
+            .iter_mut()
+            .for_each(|s| *s = if *s < 0.0 { -1.0 } else { 1.0 });
+        let m = TernaryMatrix::from_rows(&src).unwrap();
+        for n in [2, 3, 7, 8, 9, 16] {
+            let mut rng = Rng((n * cols) as u64);
+            let mut x: Vec<f32> = (0..n * cols)
+                .map(|_| (rng.next() % 255) as f32 - 127.0)
+                .collect();
+            for (i, blk) in x.chunks_exact_mut(64).enumerate() {
+                blk[i % 64] = if i % 3 == 0 { -127.0 } else { 127.0 };
+            }
+            let xq = ActQ8::quantize(&x, n, cols);
+            assert!(super::small_m::applies(&xq));
+            assert!(xq.d.iter().all(|&d| d == 1.0));
+            // The integer dot products, from the source rows directly.
+            let want: Vec<f32> = (0..n * rows)
+                .map(|i| {
+                    let (t, r) = (i / rows, i % rows);
+                    (0..cols)
+                        .map(|k| src.weight(r, k) as f64 * x[t * cols + k] as f64)
+                        .sum::<f64>() as f32
+                })
+                .collect();
+            let model: Vec<f32> = ternary_matmul_int8_model(&m, &xq)
+                .iter()
+                .map(|&v| v as f32)
+                .collect();
+            assert_eq!(model, want, "int8 model {rows}x{cols} n={n}");
+            for l in KernelLevel::available() {
+                if l == KernelLevel::Reference {
+                    continue;
+                }
+                let mut y = vec![f32::NAN; n * rows];
+                m.matmul_q8_at(l, &pool, &xq, &mut y);
+                assert_eq!(y, want, "{l} {rows}x{cols} n={n}");
+            }
+        }
+    }
+}
+
+/// Batch invariance: at every level, each row's result is bit-identical whether it is
+/// multiplied alone (matvec), with 2..=16 other rows (small-M) or in a long prefill (GEMM), so a
+/// sequence decodes the same tokens alone or batched with any others (sampling included).
+#[test]
+fn a_rows_result_does_not_depend_on_the_other_rows_of_the_call() {
+    let pool = ThreadPool::new(2);
+    for group in [1, 4] {
+        let (rows, cols) = (33, 512);
+        let src = RandomRows::new(rows, cols, 21 + group as u64, false).grouped(group);
+        let m = TernaryMatrix::from_rows(&src).unwrap();
+        let x = activations(20, cols, 22);
+        for l in KernelLevel::available() {
+            if l == KernelLevel::Reference {
+                continue;
+            }
+            let alone: Vec<Vec<f32>> = (0..20)
+                .map(|t| {
+                    let mut y = vec![f32::NAN; rows];
+                    m.matmul_at(l, &pool, &x[t * cols..(t + 1) * cols], 1, &mut y);
+                    y
+                })
+                .collect();
+            for n in [2, 8, 11, 16, 20] {
+                let mut y = vec![f32::NAN; n * rows];
+                m.matmul_at(l, &pool, &x[..n * cols], n, &mut y);
+                for t in 0..n {
+                    assert_eq!(
+                        y[t * rows..(t + 1) * rows],
+                        alone[t][..],
+                        "{l} group {group}: row {t} of {n}"
+                    );
+                }
             }
         }
     }
