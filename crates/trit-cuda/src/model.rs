@@ -2,9 +2,10 @@
 //! (embedding → every layer → final norm → LM head) replayed from a CUDA graph.
 //!
 //! The graph reads the position from a device-side counter that its last kernel increments,
-//! and the token from a device array indexed by that position; so a prefill of n tokens is
-//! one upload of the ids and n graph launches, and a decode step is a 4-byte upload, one
-//! launch and the logits copied back. Two graphs are captured: with and without the LM head
+//! and the token from a device array indexed by that position; a decode step is a 4-byte
+//! upload, one launch and the logits copied back. Prompts of more than one token go through
+//! the batched prefill (`prefill.rs`) instead, unless it is switched off (then n graph
+//! launches). Two graphs are captured: with and without the LM head
 //! (prompt tokens whose logits nobody reads skip it).
 
 use crate::device::{ptr, Arg, Gpu};
