@@ -13,15 +13,17 @@ use std::sync::Arc;
 use trit::{Error, Result};
 
 /// Every kernel source, compiled as one program (`common.cuh` first: shared helpers).
-pub const SOURCES: [(&str, &str); 4] = [
+pub const SOURCES: [(&str, &str); 5] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("gemv.cu", include_str!("kernels/gemv.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
+    ("prefill.cu", include_str!("kernels/prefill.cu")),
 ];
 
-/// Kernels the decode step launches (all must exist in the compiled module).
-pub const KERNELS: [&str; 28] = [
+/// Kernels the decode step and the batched prefill launch (all must exist in the compiled
+/// module).
+pub const KERNELS: [&str; 39] = [
     "ternary_gemv_r2_s1_f16",
     "ternary_gemv_r2_s2_f16",
     "ternary_gemv_r2_s4_f16",
@@ -50,6 +52,17 @@ pub const KERNELS: [&str; 28] = [
     "advance_position",
     "attn_decode",
     "rms_norm_quant_v4",
+    "ternary_gemm_f16",
+    "ternary_gemm_f32",
+    "rope_append_batch",
+    "attn_prefill_e1",
+    "attn_prefill_e2",
+    "attn_prefill_e3",
+    "attn_prefill_e4",
+    "attn_prefill_e5",
+    "attn_prefill_e6",
+    "attn_prefill_e7",
+    "attn_prefill_e8",
 ];
 
 /// The program text NVRTC compiles.
@@ -145,6 +158,9 @@ pub struct Gpu {
     pub stream: Arc<CudaStream>,
     pub name: String,
     pub sm_count: u32,
+    /// Compute capability (major, minor); the prefill GEMM's int8 tensor-core
+    /// instructions need 8.0 or newer.
+    pub compute_capability: (i32, i32),
     /// Launch with programmatic dependent launch (sm_90+, unless TRIT_CUDA_PDL=0).
     pub pdl: bool,
     funcs: HashMap<&'static str, CudaFunction>,
@@ -201,6 +217,7 @@ impl Gpu {
             stream,
             name,
             sm_count,
+            compute_capability: (major, minor),
             pdl,
             funcs,
         })

@@ -118,3 +118,101 @@ pub fn ternary_gemv_once(
     s.clone_dtoh(&y)
         .map_err(|e| cuda_err("copying the GEMV result", e))
 }
+
+/// Tokens and rows of one thread block of the prefill GEMM (`GM_TOKS`, `GM_ROWS` in
+/// prefill.cu).
+const GEMM_TOKS: usize = 64;
+const GEMM_ROWS: usize = 128;
+
+/// `Y (+)= X·Wᵀ` for `ntok` tokens: `q`/`meta` hold each token's int8 activations (`cols`
+/// values, `cols / 64` pairs per token, token after token), `y` gets `rows` values per token.
+/// Int8 tensor cores: compute capability 8.0 or newer.
+pub fn launch_ternary_gemm(
+    gpu: &Gpu,
+    m: &TernaryArgs,
+    ntok: usize,
+    q: u64,
+    meta: u64,
+    y: u64,
+    accumulate: bool,
+) -> Result<()> {
+    if gpu.compute_capability.0 < 8 {
+        return Err(Error::Unsupported(
+            "CUDA: the prefill GEMM needs int8 tensor cores (compute capability 8.0+)".into(),
+        ));
+    }
+    let kernel = if m.f16 {
+        "ternary_gemm_f16"
+    } else {
+        "ternary_gemm_f32"
+    };
+    gpu.launch(
+        kernel,
+        (
+            ntok.div_ceil(GEMM_TOKS) as u32,
+            m.rows.div_ceil(GEMM_ROWS) as u32,
+        ),
+        256,
+        &[
+            Arg::Ptr(m.codes),
+            Arg::Ptr(m.scales),
+            Arg::I32(m.rows as i32),
+            Arg::I32((m.cols / 64) as i32),
+            Arg::I32(ntok as i32),
+            Arg::Ptr(q),
+            Arg::Ptr(meta),
+            Arg::Ptr(y),
+            Arg::I32(accumulate as i32),
+        ],
+    )
+}
+
+/// Runs one prefill GEMM on the GPU for `q.len() / m.cols` tokens; returns `rows` values per
+/// token (the GPU tests compare it with `repack::gemv_reference` of each token).
+pub fn ternary_gemm_once(
+    gpu: &Gpu,
+    m: &PackedTernary,
+    q: &[i8],
+    meta: &[(f32, f32)],
+) -> Result<Vec<f32>> {
+    if m.cols == 0 || !q.len().is_multiple_of(m.cols) || meta.len() * 64 != q.len() {
+        return Err(Error::InvalidArgument(
+            "activations are not whole rows of the matrix's width".into(),
+        ));
+    }
+    let ntok = q.len() / m.cols;
+    let s = &gpu.stream;
+    let codes = gpu.upload(&m.codes)?;
+    let (scales16, scales32) = match &m.scales {
+        PackedScales::F16(v) => (Some(gpu.upload(v)?), None),
+        PackedScales::F32(v) => (None, Some(gpu.upload(v)?)),
+    };
+    let q8: Vec<u8> = q.iter().map(|v| *v as u8).collect();
+    let qd = gpu.upload(&q8)?;
+    let flat: Vec<f32> = meta.iter().flat_map(|(a, b)| [*a, *b]).collect();
+    let md = gpu.upload(&flat)?;
+    let y = gpu.upload(&vec![f32::NAN; m.rows * ntok])?;
+    let args = TernaryArgs {
+        rows: m.rows,
+        cols: m.cols,
+        codes: ptr(&codes, s),
+        scales: scales16
+            .as_ref()
+            .map(|v| ptr(v, s))
+            .or(scales32.as_ref().map(|v| ptr(v, s)))
+            .unwrap_or(0),
+        f16: scales16.is_some(),
+    };
+    launch_ternary_gemm(
+        gpu,
+        &args,
+        ntok,
+        ptr(&qd, s),
+        ptr(&md, s),
+        ptr(&y, s),
+        false,
+    )?;
+    gpu.sync()?;
+    s.clone_dtoh(&y)
+        .map_err(|e| cuda_err("copying the GEMM result", e))
+}

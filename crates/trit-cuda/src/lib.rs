@@ -9,12 +9,16 @@
 //! What runs on the GPU: the whole decode step (embedding lookup, fused RMSNorm + int8
 //! quantization, ternary GEMV with dp4a over a 2-bit layout, QK-norm + RoPE + KV append,
 //! flash-decoding attention over an f16 cache, SwiGLU + quantization, residual adds fused into
-//! the GEMV, LM head), captured once in a CUDA graph and replayed per token. Prompts run
-//! through the same step token by token (no batched prefill kernel yet).
+//! the GEMV, LM head), captured once in a CUDA graph and replayed per token. Prompts of more
+//! than one token take the batched prefill (`prefill.rs`): chunks of up to 512 tokens per
+//! layer, the matrix products as an int8 tensor-core GEMM over the same 2-bit layout, causal
+//! attention over the cache for the chunk's query rows, the LM head only where logits are
+//! asked for.
 
 pub mod device;
 pub mod gemv;
 pub mod model;
+mod prefill;
 pub mod repack;
 pub mod weights;
 

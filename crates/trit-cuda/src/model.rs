@@ -2,13 +2,15 @@
 //! (embedding → every layer → final norm → LM head) replayed from a CUDA graph.
 //!
 //! The graph reads the position from a device-side counter that its last kernel increments,
-//! and the token from a device array indexed by that position; so a prefill of n tokens is
-//! one upload of the ids and n graph launches, and a decode step is a 4-byte upload, one
-//! launch and the logits copied back. Two graphs are captured: with and without the LM head
+//! and the token from a device array indexed by that position; a decode step is a 4-byte
+//! upload, one launch and the logits copied back. Prompts of more than one token go through
+//! the batched prefill (`prefill.rs`) instead, unless it is switched off (then n graph
+//! launches). Two graphs are captured: with and without the LM head
 //! (prompt tokens whose logits nobody reads skip it).
 
 use crate::device::{ptr, Arg, Gpu};
 use crate::gemv::{launch_ternary, TernaryArgs};
+use crate::prefill::PrefillBuffers;
 use crate::weights::{self, DevMatrix, DevScales, DevWeights};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice, PinnedHostSlice};
@@ -23,9 +25,9 @@ use trit::{Error, Result};
 const ATT_SPLIT: usize = 64;
 
 /// Device buffers of one decode step, and the KV cache.
-struct Buffers {
-    toks: CudaSlice<i32>,
-    step: CudaSlice<i32>,
+pub(crate) struct Buffers {
+    pub(crate) toks: CudaSlice<i32>,
+    pub(crate) step: CudaSlice<i32>,
     x: CudaSlice<f32>,
     xn: CudaSlice<f32>,
     xq: CudaSlice<i8>,
@@ -38,12 +40,12 @@ struct Buffers {
     part_ml: CudaSlice<f32>,
     /// Per head: splits of the current step done (the last one merges; reset to 0 by it).
     counters: CudaSlice<u32>,
-    logits: CudaSlice<f32>,
+    pub(crate) logits: CudaSlice<f32>,
     /// Page-locked copy target (a pageable copy of 600 KB costs tens of microseconds more).
     host_logits: PinnedHostSlice<f32>,
-    cos_sin: CudaSlice<f32>,
-    k_cache: Vec<CudaSlice<u16>>,
-    v_cache: Vec<CudaSlice<u16>>,
+    pub(crate) cos_sin: CudaSlice<f32>,
+    pub(crate) k_cache: Vec<CudaSlice<u16>>,
+    pub(crate) v_cache: Vec<CudaSlice<u16>>,
 }
 
 /// A graph is used only under the model's mutex.
@@ -52,10 +54,12 @@ struct Graph(CudaGraph);
 // which the `Mutex` in `CudaModel` serializes.
 unsafe impl Send for Graph {}
 
-struct State {
-    gpu: Gpu,
-    w: DevWeights,
-    b: Buffers,
+pub(crate) struct State {
+    pub(crate) gpu: Gpu,
+    pub(crate) w: DevWeights,
+    pub(crate) b: Buffers,
+    /// Chunk activations of the batched prefill, allocated on the first prompt.
+    pub(crate) prefill: Option<PrefillBuffers>,
     /// (with head, without head), captured on first use.
     graphs: Option<(Graph, Graph)>,
     /// The device counter's value when known (None after an error).
@@ -63,8 +67,10 @@ struct State {
 }
 
 pub struct CudaModel {
-    config: ModelConfig,
-    ctx: usize,
+    pub(crate) config: ModelConfig,
+    pub(crate) ctx: usize,
+    /// Prompts of several tokens take the batched prefill (else token by token).
+    pub(crate) prefill: bool,
     n_splits: usize,
     rows_per_warp: Option<usize>,
     max_split: usize,
@@ -87,11 +93,13 @@ pub struct CudaOptions {
     pub rows_per_warp: Option<usize>,
     /// Most warps that share one row group of the ternary GEMV (1, 2 or 4).
     pub max_split: usize,
+    /// Run prompts of several tokens through the batched prefill (compute capability 8.0+).
+    pub prefill: bool,
 }
 
 impl CudaOptions {
     /// Defaults, overridable by TRIT_CUDA_GRAPH=0, TRIT_CUDA_ROWS_PER_WARP=2|4|8,
-    /// TRIT_CUDA_MAX_SPLIT=1|2|4, TRIT_CUDA_PDL=0 and TRIT_CUDA_DEVICE=N.
+    /// TRIT_CUDA_MAX_SPLIT=1|2|4, TRIT_CUDA_PDL=0, TRIT_CUDA_PREFILL=0 and TRIT_CUDA_DEVICE=N.
     pub fn new(ctx: usize) -> Self {
         let env = |k: &str| std::env::var(k).ok();
         CudaOptions {
@@ -104,6 +112,7 @@ impl CudaOptions {
             max_split: env("TRIT_CUDA_MAX_SPLIT")
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(4),
+            prefill: env("TRIT_CUDA_PREFILL").is_none_or(|v| v != "0"),
         }
     }
 }
@@ -162,6 +171,7 @@ impl CudaModel {
         let (weight_bytes, bytes_per_token) = (w.weight_bytes(), w.bytes_per_token());
         Ok(CudaModel {
             ctx: opts.ctx,
+            prefill: opts.prefill,
             n_splits,
             rows_per_warp: opts.rows_per_warp,
             max_split: opts.max_split,
@@ -174,6 +184,7 @@ impl CudaModel {
                 gpu,
                 w,
                 b,
+                prefill: None,
                 graphs: None,
                 device_pos: None,
             }),
@@ -237,14 +248,21 @@ impl Buffers {
 
 /// Where a matrix product reads its input: f32 values (dense matrices) and their int8 blocks
 /// (ternary matrices).
-struct Input {
-    f32: u64,
-    q: u64,
-    meta: u64,
+pub(crate) struct Input {
+    pub(crate) f32: u64,
+    pub(crate) q: u64,
+    pub(crate) meta: u64,
 }
 
 impl CudaModel {
-    fn gemv(&self, st: &State, m: &DevMatrix, inp: &Input, y: u64, accumulate: bool) -> Result<()> {
+    pub(crate) fn gemv(
+        &self,
+        st: &State,
+        m: &DevMatrix,
+        inp: &Input,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<()> {
         let s = &st.gpu.stream;
         let acc = Arg::I32(accumulate as i32);
         match m {
@@ -502,6 +520,10 @@ impl CudaModel {
             }
         }
         st.device_pos = None;
+        if self.use_prefill(st, tokens.len()) {
+            // The prefill moves the device position itself; the next decode step re-uploads it.
+            return self.prefill_locked(st, tokens, pos0, which);
+        }
         let mut out = Vec::new();
         for i in 0..tokens.len() {
             let want = which == Logits::All || i + 1 == tokens.len();
@@ -519,7 +541,7 @@ impl CudaModel {
         Ok(out)
     }
 
-    fn read_logits(&self, st: &mut State) -> Result<Vec<f32>> {
+    pub(crate) fn read_logits(&self, st: &mut State) -> Result<Vec<f32>> {
         let b = &mut st.b;
         st.gpu
             .stream

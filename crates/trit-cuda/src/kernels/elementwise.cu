@@ -7,14 +7,16 @@
 __device__ __forceinline__ float load_scale_any(const half_bits* s, size_t i) { return h2f(s[i]); }
 __device__ __forceinline__ float load_scale_any(const float* s, size_t i) { return s[i]; }
 
-// x = row `toks[pos]` of a ternary matrix (codes in the GEMV layout, see gemv.cu).
+// x = row `toks[pos]` of a ternary matrix (codes in the GEMV layout, see gemv.cu). A prefill
+// launches gridDim.y = T: block row y embeds the token at pos + y into row y of x.
 template <typename S>
 __device__ __forceinline__ void embed_ternary(const unsigned* __restrict__ codes,
                                               const S* __restrict__ scales, int nb,
                                               const int* toks, const int* step, float* x) {
     pdl_launch_dependents();
     pdl_wait();
-    const int tok = toks[step[0]];
+    const int tok = toks[step[0] + blockIdx.y];
+    x += (size_t)blockIdx.y * nb * QBLOCK;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= nb * QBLOCK) return;
     const int b = c / QBLOCK, in = c % QBLOCK;
@@ -37,18 +39,24 @@ extern "C" __global__ void embed_dense(const float* w, int cols, const int* toks
                                        const int* step, float* x) {
     pdl_launch_dependents();
     pdl_wait();
-    const int tok = toks[step[0]];
+    const int tok = toks[step[0] + blockIdx.y];
+    x += (size_t)blockIdx.y * cols;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c < cols) x[c] = w[(size_t)tok * cols + c];
 }
 
-// xn = RMSNorm(x) · w; then, when d is a multiple of 64, its int8 blocks. One thread block.
+// xn = RMSNorm(x) · w; then, when d is a multiple of 64, its int8 blocks. One thread block per
+// row: a prefill launches gridDim.y = T rows of d values each.
 extern "C" __global__ void rms_norm_quant(const float* __restrict__ x, const float* __restrict__ w,
                                           float eps, int d, float* __restrict__ xn, i8* q,
                                           float2* meta) {
     __shared__ float scratch[32];
     pdl_launch_dependents();
     pdl_wait();
+    x += (size_t)blockIdx.y * d;
+    xn += (size_t)blockIdx.y * d;
+    q += (size_t)blockIdx.y * d;
+    meta += (size_t)blockIdx.y * (d / QBLOCK);
     float ss = 0.0f;
     for (int i = threadIdx.x; i < d; i += blockDim.x) ss += x[i] * x[i];
     ss = block_sum(ss, scratch);
@@ -71,6 +79,10 @@ extern "C" __global__ void rms_norm_quant_v4(const float* __restrict__ x,
     __shared__ float scratch[32];
     pdl_launch_dependents();
     pdl_wait();
+    x += (size_t)blockIdx.y * d;
+    xn += (size_t)blockIdx.y * d;
+    q += (size_t)blockIdx.y * d;
+    meta += (size_t)blockIdx.y * (d / QBLOCK);
     const int n4 = d / 4;
     float4 v[2];
     float ss = 0.0f;
@@ -138,6 +150,11 @@ extern "C" __global__ void silu_mul_quant(const float* __restrict__ gu, int ffn,
                                           float* __restrict__ h, i8* q, float2* meta) {
     pdl_launch_dependents();
     pdl_wait();
+    // Row blockIdx.y of a prefill's T rows (ffn a multiple of 64 there).
+    gu += (size_t)blockIdx.y * 2 * ffn;
+    h += (size_t)blockIdx.y * ffn;
+    q += (size_t)blockIdx.y * ffn;
+    meta += (size_t)blockIdx.y * (ffn / QBLOCK);
     const int b = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
     const int lane = threadIdx.x & 31;
     const int i0 = b * QBLOCK + lane, i1 = i0 + 32;

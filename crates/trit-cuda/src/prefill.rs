@@ -1,0 +1,353 @@
+//! Batched prefill: a prompt runs through each layer in chunks of up to `PREFILL_CHUNK`
+//! tokens, so every weight tile is read once per chunk instead of once per token. The
+//! matrix products are the int8 tensor-core GEMM (`kernels/prefill.cu`); norms, SwiGLU and
+//! quantization are the decode kernels launched with one block row per token; QK-norm, RoPE
+//! and the KV append run for the chunk's positions, then causal attention over the cache. The
+//! LM head runs only for the tokens whose logits are asked for (the last one for
+//! `Logits::Last`).
+
+use crate::device::{ptr, Arg, Gpu};
+use crate::gemv::{launch_ternary_gemm, TernaryArgs};
+use crate::model::{CudaModel, Input, State};
+use crate::weights::{DevMatrix, DevScales};
+use cudarc::driver::CudaSlice;
+use trit::format::config::{ModelConfig, RopeStyle};
+use trit::model::Logits;
+use trit::Result;
+
+/// Most tokens one prefill pass carries through a layer (bounds the activation buffers:
+/// about 100 MB for the 8B shape).
+pub(crate) const PREFILL_CHUNK: usize = 512;
+
+/// Query tokens per attention block (`ATT_QT` in prefill.cu).
+const ATT_QT: usize = 8;
+
+/// Activations of one chunk, token after token.
+pub(crate) struct PrefillBuffers {
+    chunk: usize,
+    x: CudaSlice<f32>,
+    xn: CudaSlice<f32>,
+    xq: CudaSlice<i8>,
+    xm: CudaSlice<f32>,
+    qkv: CudaSlice<f32>,
+    qr: CudaSlice<f32>,
+    att: CudaSlice<f32>,
+    gu: CudaSlice<f32>,
+    h: CudaSlice<f32>,
+}
+
+impl PrefillBuffers {
+    pub(crate) fn new(gpu: &Gpu, c: &ModelConfig, chunk: usize) -> Result<PrefillBuffers> {
+        let (d, hd) = (c.hidden, c.head_dim);
+        let (nq, nkv) = (c.n_heads * hd, c.n_kv_heads * hd);
+        let widest = d.max(nq).max(c.ffn);
+        Ok(PrefillBuffers {
+            chunk,
+            x: gpu.zeros(chunk * d)?,
+            xn: gpu.zeros(chunk * d)?,
+            xq: gpu.zeros(chunk * widest)?,
+            xm: gpu.zeros(chunk * (2 * widest / 64 + 2))?,
+            qkv: gpu.zeros(chunk * (nq + 2 * nkv))?,
+            qr: gpu.zeros(chunk * nq)?,
+            att: gpu.zeros(chunk * nq)?,
+            gu: gpu.zeros(chunk * 2 * c.ffn)?,
+            h: gpu.zeros(chunk * c.ffn)?,
+        })
+    }
+}
+
+impl CudaModel {
+    /// Whether a prompt of `n` tokens takes the batched path: more than one token, a GPU with
+    /// int8 tensor cores, and not switched off by TRIT_CUDA_PREFILL=0.
+    pub(crate) fn use_prefill(&self, st: &State, n: usize) -> bool {
+        n > 1 && self.prefill && st.gpu.compute_capability.0 >= 8
+    }
+
+    /// `y (+)= m · rows` for `ntok` token rows of `inp`.
+    fn matmul(
+        &self,
+        st: &State,
+        m: &DevMatrix,
+        inp: &Input,
+        ntok: usize,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<()> {
+        let s = &st.gpu.stream;
+        match m {
+            DevMatrix::Ternary {
+                rows,
+                cols,
+                codes,
+                scales,
+            } => {
+                let args = TernaryArgs {
+                    rows: *rows,
+                    cols: *cols,
+                    codes: ptr(codes, s),
+                    scales: match scales {
+                        DevScales::F16(v) => ptr(v, s),
+                        DevScales::F32(v) => ptr(v, s),
+                    },
+                    f16: matches!(scales, DevScales::F16(_)),
+                };
+                launch_ternary_gemm(&st.gpu, &args, ntok, inp.q, inp.meta, y, accumulate)
+            }
+            // Dense matrices (f16/f32 checkpoints) keep the exact f32 path: one product per
+            // token, rows of the chunk addressed by offset.
+            DevMatrix::Dense { rows, cols, .. } => {
+                for t in 0..ntok {
+                    let row_in = Input {
+                        f32: inp.f32 + (t * cols * 4) as u64,
+                        q: 0,
+                        meta: 0,
+                    };
+                    self.gemv(st, m, &row_in, y + (t * rows * 4) as u64, accumulate)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Runs `tokens` (already uploaded to the token array at `pos0`) through the model in
+    /// chunks; returns the logits `which` asks for.
+    pub(crate) fn prefill_locked(
+        &self,
+        st: &mut State,
+        tokens: &[u32],
+        pos0: usize,
+        which: Logits,
+    ) -> Result<Vec<f32>> {
+        if st.prefill.is_none() {
+            let chunk = PREFILL_CHUNK.min(self.ctx);
+            st.prefill = Some(PrefillBuffers::new(&st.gpu, &self.config, chunk)?);
+        }
+        let chunk = st.prefill.as_ref().map_or(1, |p| p.chunk);
+        let mut out = Vec::new();
+        let mut done = 0;
+        while done < tokens.len() {
+            let n = chunk.min(tokens.len() - done);
+            let last_chunk = done + n == tokens.len();
+            self.prefill_chunk(st, pos0 + done, n)?;
+            let heads: Vec<usize> = match which {
+                Logits::All => (0..n).collect(),
+                Logits::Last if last_chunk => vec![n - 1],
+                Logits::Last => Vec::new(),
+            };
+            for t in heads {
+                self.head_of_row(st, t)?;
+                out.extend(self.read_logits(st)?);
+            }
+            done += n;
+        }
+        st.gpu.sync()?;
+        Ok(out)
+    }
+
+    /// Every layer for `n` tokens at positions `pos..pos + n`; leaves the final hidden states
+    /// in the chunk's `x`.
+    fn prefill_chunk(&self, st: &mut State, pos: usize, n: usize) -> Result<()> {
+        {
+            let s = st.gpu.stream.clone();
+            s.memcpy_htod(&[pos as i32, 0], &mut st.b.step)
+                .map_err(|e| crate::device::cuda_err("setting the position", e))?;
+        }
+        let st: &State = st;
+        let c = &self.config;
+        let pb = st.prefill.as_ref().expect("allocated by prefill_locked");
+        let (g, b, s) = (&st.gpu, &st.b, &st.gpu.stream);
+        let p = |x: &CudaSlice<f32>| ptr(x, s);
+        let hd = c.head_dim;
+        let nq = c.n_heads * hd;
+        let step = ptr(&b.step, s);
+        let toks = ptr(&b.toks, s);
+        let (xq, xm) = (ptr(&pb.xq, s), p(&pb.xm));
+        let nt = n as u32;
+        match &st.w.embed {
+            DevMatrix::Ternary {
+                cols,
+                codes,
+                scales,
+                ..
+            } => {
+                let (sp, k) = match scales {
+                    DevScales::F16(v) => (ptr(v, s), "embed_ternary_f16"),
+                    DevScales::F32(v) => (ptr(v, s), "embed_ternary_f32"),
+                };
+                g.launch(
+                    k,
+                    (cols.div_ceil(256) as u32, nt),
+                    256,
+                    &[
+                        Arg::Ptr(ptr(codes, s)),
+                        Arg::Ptr(sp),
+                        Arg::I32((cols / 64) as i32),
+                        Arg::Ptr(toks),
+                        Arg::Ptr(step),
+                        Arg::Ptr(p(&pb.x)),
+                    ],
+                )?;
+            }
+            DevMatrix::Dense { cols, w, .. } => g.launch(
+                "embed_dense",
+                (cols.div_ceil(256) as u32, nt),
+                256,
+                &[
+                    Arg::Ptr(p(w)),
+                    Arg::I32(*cols as i32),
+                    Arg::Ptr(toks),
+                    Arg::Ptr(step),
+                    Arg::Ptr(p(&pb.x)),
+                ],
+            )?,
+        }
+        let normed = Input {
+            f32: p(&pb.xn),
+            q: xq,
+            meta: xm,
+        };
+        let scale = 1.0 / (hd as f32).sqrt();
+        let attn_kernel = attn_prefill_kernel(hd);
+        for (li, blk) in st.w.blocks.iter().enumerate() {
+            self.norm_rows(st, &blk.attn_norm, p(&pb.x), n)?;
+            self.matmul(st, &blk.qkv, &normed, n, p(&pb.qkv), false)?;
+            let opt = |v: &Option<CudaSlice<f32>>| v.as_ref().map_or(0, p);
+            let (kc, vc) = (ptr(&b.k_cache[li], s), ptr(&b.v_cache[li], s));
+            g.launch(
+                "rope_append_batch",
+                ((c.n_heads + c.n_kv_heads) as u32, nt),
+                128,
+                &[
+                    Arg::Ptr(p(&pb.qkv)),
+                    Arg::Ptr(opt(&blk.q_norm)),
+                    Arg::Ptr(opt(&blk.k_norm)),
+                    Arg::F32(c.norm_eps),
+                    Arg::Ptr(p(&b.cos_sin)),
+                    Arg::Ptr(step),
+                    Arg::I32(c.n_heads as i32),
+                    Arg::I32(c.n_kv_heads as i32),
+                    Arg::I32(hd as i32),
+                    Arg::I32((c.rope_style == RopeStyle::Adjacent) as i32),
+                    Arg::Ptr(kc),
+                    Arg::Ptr(vc),
+                    Arg::I32(self.ctx as i32),
+                    Arg::F32(scale),
+                    Arg::Ptr(p(&pb.qr)),
+                ],
+            )?;
+            g.launch(
+                attn_kernel,
+                (c.n_heads as u32, n.div_ceil(ATT_QT) as u32),
+                128,
+                &[
+                    Arg::Ptr(p(&pb.qr)),
+                    Arg::Ptr(kc),
+                    Arg::Ptr(vc),
+                    Arg::Ptr(step),
+                    Arg::I32(n as i32),
+                    Arg::I32(c.n_heads as i32),
+                    Arg::I32(c.n_kv_heads as i32),
+                    Arg::I32(self.ctx as i32),
+                    Arg::Ptr(p(&pb.att)),
+                ],
+            )?;
+            if nq.is_multiple_of(64) {
+                // The chunk's rows are contiguous, so its blocks are one flat vector.
+                g.launch(
+                    "quantize_vec",
+                    ((n * nq / 64).div_ceil(4) as u32, 1),
+                    128,
+                    &[
+                        Arg::Ptr(p(&pb.att)),
+                        Arg::I32((n * nq) as i32),
+                        Arg::Ptr(xq),
+                        Arg::Ptr(xm),
+                    ],
+                )?;
+            }
+            let att_in = Input {
+                f32: p(&pb.att),
+                q: xq,
+                meta: xm,
+            };
+            self.matmul(st, &blk.o, &att_in, n, p(&pb.x), true)?;
+            self.norm_rows(st, &blk.ffn_norm, p(&pb.x), n)?;
+            self.matmul(st, &blk.gate_up, &normed, n, p(&pb.gu), false)?;
+            g.launch(
+                "silu_mul_quant",
+                (c.ffn.div_ceil(64).div_ceil(4) as u32, nt),
+                128,
+                &[
+                    Arg::Ptr(p(&pb.gu)),
+                    Arg::I32(c.ffn as i32),
+                    Arg::Ptr(p(&pb.h)),
+                    Arg::Ptr(xq),
+                    Arg::Ptr(xm),
+                ],
+            )?;
+            let h_in = Input {
+                f32: p(&pb.h),
+                q: xq,
+                meta: xm,
+            };
+            self.matmul(st, &blk.down, &h_in, n, p(&pb.x), true)?;
+        }
+        Ok(())
+    }
+
+    /// RMSNorm + int8 quantization of `n` rows of `hidden` values starting at `x`, into the
+    /// chunk's `xn`/`xq`/`xm` (row after row).
+    fn norm_rows(&self, st: &State, w: &CudaSlice<f32>, x: u64, n: usize) -> Result<()> {
+        let s = &st.gpu.stream;
+        let pb = st.prefill.as_ref().expect("allocated by prefill_locked");
+        let d = self.config.hidden;
+        let vectorized = d.is_multiple_of(64) && d <= 8192;
+        st.gpu.launch(
+            if vectorized {
+                "rms_norm_quant_v4"
+            } else {
+                "rms_norm_quant"
+            },
+            (1, n as u32),
+            1024,
+            &[
+                Arg::Ptr(x),
+                Arg::Ptr(ptr(w, s)),
+                Arg::F32(self.config.norm_eps),
+                Arg::I32(d as i32),
+                Arg::Ptr(ptr(&pb.xn, s)),
+                Arg::Ptr(ptr(&pb.xq, s)),
+                Arg::Ptr(ptr(&pb.xm, s)),
+            ],
+        )
+    }
+
+    /// Final norm and LM head of the chunk's row `t` into the logits buffer.
+    fn head_of_row(&self, st: &State, t: usize) -> Result<()> {
+        let s = &st.gpu.stream;
+        let pb = st.prefill.as_ref().expect("allocated by prefill_locked");
+        let x = ptr(&pb.x, s) + (t * self.config.hidden * 4) as u64;
+        self.norm_rows(st, &st.w.final_norm, x, 1)?;
+        let normed = Input {
+            f32: ptr(&pb.xn, s),
+            q: ptr(&pb.xq, s),
+            meta: ptr(&pb.xm, s),
+        };
+        self.gemv(st, st.w.head(), &normed, ptr(&st.b.logits, s), false)
+    }
+}
+
+/// The attention kernel for `hd`-wide heads (a multiple of 32 up to 256, checked at load).
+fn attn_prefill_kernel(hd: usize) -> &'static str {
+    const NAMES: [&str; 8] = [
+        "attn_prefill_e1",
+        "attn_prefill_e2",
+        "attn_prefill_e3",
+        "attn_prefill_e4",
+        "attn_prefill_e5",
+        "attn_prefill_e6",
+        "attn_prefill_e7",
+        "attn_prefill_e8",
+    ];
+    NAMES[(hd / 32).clamp(1, 8) - 1]
+}
