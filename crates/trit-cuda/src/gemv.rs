@@ -4,6 +4,8 @@
 
 use crate::device::{cuda_err, ptr, Arg, Gpu};
 use crate::repack::{PackedScales, PackedTernary};
+use crate::weights::DevScales;
+use cudarc::driver::{CudaSlice, CudaStream};
 use trit::{Error, Result};
 
 /// Device addresses and shape of a ternary matrix.
@@ -14,6 +16,74 @@ pub struct TernaryArgs {
     pub scales: u64,
     /// Scales are f16 (else f32).
     pub f16: bool,
+}
+
+impl TernaryArgs {
+    /// The arguments of a matrix resident on the GPU.
+    pub fn new(
+        rows: usize,
+        cols: usize,
+        codes: &CudaSlice<u32>,
+        scales: &DevScales,
+        s: &CudaStream,
+    ) -> Self {
+        let (scales, f16) = match scales {
+            DevScales::F16(v) => (ptr(v, s), true),
+            DevScales::F32(v) => (ptr(v, s), false),
+        };
+        TernaryArgs {
+            rows,
+            cols,
+            codes: ptr(codes, s),
+            scales,
+            f16,
+        }
+    }
+}
+
+/// One test case uploaded for a single kernel run: the packed matrix, the int8 activations
+/// with their per-64 `(d, d·Σq)`, and a NaN-poisoned output (a value the kernel skips stays
+/// NaN and fails the comparison).
+struct OneShot {
+    codes: CudaSlice<u32>,
+    scales: DevScales,
+    q: CudaSlice<u8>,
+    meta: CudaSlice<f32>,
+    y: CudaSlice<f32>,
+}
+
+impl OneShot {
+    fn upload(
+        gpu: &Gpu,
+        m: &PackedTernary,
+        q: &[i8],
+        meta: &[(f32, f32)],
+        outputs: usize,
+    ) -> Result<Self> {
+        let q8: Vec<u8> = q.iter().map(|v| *v as u8).collect();
+        let flat: Vec<f32> = meta.iter().flat_map(|(a, b)| [*a, *b]).collect();
+        Ok(OneShot {
+            codes: gpu.upload(&m.codes)?,
+            scales: match &m.scales {
+                PackedScales::F16(v) => DevScales::F16(gpu.upload(v)?),
+                PackedScales::F32(v) => DevScales::F32(gpu.upload(v)?),
+            },
+            q: gpu.upload(&q8)?,
+            meta: gpu.upload(&flat)?,
+            y: gpu.upload(&vec![f32::NAN; outputs])?,
+        })
+    }
+
+    fn args(&self, m: &PackedTernary, s: &CudaStream) -> TernaryArgs {
+        TernaryArgs::new(m.rows, m.cols, &self.codes, &self.scales, s)
+    }
+
+    fn result(&self, gpu: &Gpu, what: &str) -> Result<Vec<f32>> {
+        gpu.sync()?;
+        gpu.stream
+            .clone_dtoh(&self.y)
+            .map_err(|e| cuda_err(&format!("copying the {what} result"), e))
+    }
 }
 
 /// `y (+)= W·x` for int8 activations `q`/`meta` (device addresses). `r`: rows per warp;
@@ -82,41 +152,18 @@ pub fn ternary_gemv_once(
         ));
     }
     let s = &gpu.stream;
-    let codes = gpu.upload(&m.codes)?;
-    let (scales16, scales32) = match &m.scales {
-        PackedScales::F16(v) => (Some(gpu.upload(v)?), None),
-        PackedScales::F32(v) => (None, Some(gpu.upload(v)?)),
-    };
-    let q8: Vec<u8> = q.iter().map(|v| *v as u8).collect();
-    let qd = gpu.upload(&q8)?;
-    let flat: Vec<f32> = meta.iter().flat_map(|(a, b)| [*a, *b]).collect();
-    let md = gpu.upload(&flat)?;
-    // Poisoned output: a row the kernel skips stays NaN and fails the comparison.
-    let y = gpu.upload(&vec![f32::NAN; m.rows])?;
-    let args = TernaryArgs {
-        rows: m.rows,
-        cols: m.cols,
-        codes: ptr(&codes, s),
-        scales: scales16
-            .as_ref()
-            .map(|v| ptr(v, s))
-            .or(scales32.as_ref().map(|v| ptr(v, s)))
-            .unwrap_or(0),
-        f16: scales16.is_some(),
-    };
+    let c = OneShot::upload(gpu, m, q, meta, m.rows)?;
     launch_ternary(
         gpu,
-        &args,
-        ptr(&qd, s),
-        ptr(&md, s),
-        ptr(&y, s),
+        &c.args(m, s),
+        ptr(&c.q, s),
+        ptr(&c.meta, s),
+        ptr(&c.y, s),
         false,
         r,
         max_split,
     )?;
-    gpu.sync()?;
-    s.clone_dtoh(&y)
-        .map_err(|e| cuda_err("copying the GEMV result", e))
+    c.result(gpu, "GEMV")
 }
 
 /// Tokens and rows of one thread block of the prefill GEMM (`GM_TOKS`, `GM_ROWS` in
@@ -182,37 +229,15 @@ pub fn ternary_gemm_once(
     }
     let ntok = q.len() / m.cols;
     let s = &gpu.stream;
-    let codes = gpu.upload(&m.codes)?;
-    let (scales16, scales32) = match &m.scales {
-        PackedScales::F16(v) => (Some(gpu.upload(v)?), None),
-        PackedScales::F32(v) => (None, Some(gpu.upload(v)?)),
-    };
-    let q8: Vec<u8> = q.iter().map(|v| *v as u8).collect();
-    let qd = gpu.upload(&q8)?;
-    let flat: Vec<f32> = meta.iter().flat_map(|(a, b)| [*a, *b]).collect();
-    let md = gpu.upload(&flat)?;
-    let y = gpu.upload(&vec![f32::NAN; m.rows * ntok])?;
-    let args = TernaryArgs {
-        rows: m.rows,
-        cols: m.cols,
-        codes: ptr(&codes, s),
-        scales: scales16
-            .as_ref()
-            .map(|v| ptr(v, s))
-            .or(scales32.as_ref().map(|v| ptr(v, s)))
-            .unwrap_or(0),
-        f16: scales16.is_some(),
-    };
+    let c = OneShot::upload(gpu, m, q, meta, m.rows * ntok)?;
     launch_ternary_gemm(
         gpu,
-        &args,
+        &c.args(m, s),
         ntok,
-        ptr(&qd, s),
-        ptr(&md, s),
-        ptr(&y, s),
+        ptr(&c.q, s),
+        ptr(&c.meta, s),
+        ptr(&c.y, s),
         false,
     )?;
-    gpu.sync()?;
-    s.clone_dtoh(&y)
-        .map_err(|e| cuda_err("copying the GEMM result", e))
+    c.result(gpu, "GEMM")
 }

@@ -17,6 +17,7 @@
 
 pub mod device;
 pub mod gemv;
+mod launch;
 pub mod model;
 mod prefill;
 pub mod repack;

@@ -10,8 +10,9 @@
 
 use crate::device::{ptr, Arg, Gpu};
 use crate::gemv::{launch_ternary, TernaryArgs};
+use crate::launch;
 use crate::prefill::PrefillBuffers;
-use crate::weights::{self, DevMatrix, DevScales, DevWeights};
+use crate::weights::{self, DevMatrix, DevWeights};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice, PinnedHostSlice};
 use std::sync::Mutex;
@@ -273,16 +274,7 @@ impl CudaModel {
                 scales,
             } => {
                 let r = self.rows_per_warp.unwrap_or(DEFAULT_ROWS_PER_WARP);
-                let m = TernaryArgs {
-                    rows: *rows,
-                    cols: *cols,
-                    codes: ptr(codes, s),
-                    scales: match scales {
-                        DevScales::F16(v) => ptr(v, s),
-                        DevScales::F32(v) => ptr(v, s),
-                    },
-                    f16: matches!(scales, DevScales::F16(_)),
-                };
+                let m = TernaryArgs::new(*rows, *cols, codes, scales, s);
                 launch_ternary(
                     &st.gpu,
                     &m,
@@ -321,64 +313,14 @@ impl CudaModel {
         let toks = ptr(&b.toks, s);
         let (xq, xm) = (ptr(&b.xq, s), p(&b.xm));
         // Embedding row of the token at the current position.
-        match &st.w.embed {
-            DevMatrix::Ternary {
-                cols,
-                codes,
-                scales,
-                ..
-            } => {
-                let (sp, k) = match scales {
-                    DevScales::F16(v) => (ptr(v, s), "embed_ternary_f16"),
-                    DevScales::F32(v) => (ptr(v, s), "embed_ternary_f32"),
-                };
-                g.launch(
-                    k,
-                    (cols.div_ceil(256) as u32, 1),
-                    256,
-                    &[
-                        Arg::Ptr(ptr(codes, s)),
-                        Arg::Ptr(sp),
-                        Arg::I32((cols / 64) as i32),
-                        Arg::Ptr(toks),
-                        Arg::Ptr(step),
-                        Arg::Ptr(p(&b.x)),
-                    ],
-                )?;
-            }
-            DevMatrix::Dense { cols, w, .. } => g.launch(
-                "embed_dense",
-                (cols.div_ceil(256) as u32, 1),
-                256,
-                &[
-                    Arg::Ptr(p(w)),
-                    Arg::I32(*cols as i32),
-                    Arg::Ptr(toks),
-                    Arg::Ptr(step),
-                    Arg::Ptr(p(&b.x)),
-                ],
-            )?,
-        }
-        let norm = |w: &CudaSlice<f32>, n: usize, x: u64| -> Result<()> {
-            let vectorized = n.is_multiple_of(64) && n <= 8192;
-            g.launch(
-                if vectorized {
-                    "rms_norm_quant_v4"
-                } else {
-                    "rms_norm_quant"
-                },
-                (1, 1),
-                1024,
-                &[
-                    Arg::Ptr(x),
-                    Arg::Ptr(p(w)),
-                    Arg::F32(c.norm_eps),
-                    Arg::I32(n as i32),
-                    Arg::Ptr(p(&b.xn)),
-                    Arg::Ptr(xq),
-                    Arg::Ptr(xm),
-                ],
-            )
+        launch::embed(g, &st.w.embed, toks, step, p(&b.x), 1)?;
+        let qout = launch::QuantOut {
+            f32: p(&b.xn),
+            q: xq,
+            meta: xm,
+        };
+        let norm = |w: &CudaSlice<f32>, x: u64| -> Result<()> {
+            launch::rms_norm_quant(g, x, p(w), c.norm_eps, d, qout, 1)
         };
         let normed = Input {
             f32: p(&b.xn),
@@ -387,7 +329,7 @@ impl CudaModel {
         };
         let scale = 1.0 / (hd as f32).sqrt();
         for (li, blk) in st.w.blocks.iter().enumerate() {
-            norm(&blk.attn_norm, d, p(&b.x))?;
+            norm(&blk.attn_norm, p(&b.x))?;
             self.gemv(st, &blk.qkv, &normed, p(&b.qkv), false)?;
             let opt = |v: &Option<CudaSlice<f32>>| v.as_ref().map_or(0, p);
             let fused_quant = hd.is_multiple_of(64);
@@ -420,17 +362,7 @@ impl CudaModel {
                 ],
             )?;
             if !fused_quant && nq.is_multiple_of(64) {
-                g.launch(
-                    "quantize_vec",
-                    ((nq / 64).div_ceil(4) as u32, 1),
-                    128,
-                    &[
-                        Arg::Ptr(p(&b.att)),
-                        Arg::I32(nq as i32),
-                        Arg::Ptr(xq),
-                        Arg::Ptr(xm),
-                    ],
-                )?;
+                launch::quantize_vec(g, p(&b.att), nq, xq, xm)?;
             }
             let att_in = Input {
                 f32: p(&b.att),
@@ -438,20 +370,14 @@ impl CudaModel {
                 meta: xm,
             };
             self.gemv(st, &blk.o, &att_in, p(&b.x), true)?;
-            norm(&blk.ffn_norm, d, p(&b.x))?;
+            norm(&blk.ffn_norm, p(&b.x))?;
             self.gemv(st, &blk.gate_up, &normed, p(&b.gu), false)?;
-            g.launch(
-                "silu_mul_quant",
-                (c.ffn.div_ceil(64).div_ceil(4) as u32, 1),
-                128,
-                &[
-                    Arg::Ptr(p(&b.gu)),
-                    Arg::I32(c.ffn as i32),
-                    Arg::Ptr(p(&b.h)),
-                    Arg::Ptr(xq),
-                    Arg::Ptr(xm),
-                ],
-            )?;
+            let h_out = launch::QuantOut {
+                f32: p(&b.h),
+                q: xq,
+                meta: xm,
+            };
+            launch::silu_mul_quant(g, p(&b.gu), c.ffn, h_out, 1)?;
             let h_in = Input {
                 f32: p(&b.h),
                 q: xq,
@@ -460,7 +386,7 @@ impl CudaModel {
             self.gemv(st, &blk.down, &h_in, p(&b.x), true)?;
         }
         if with_head {
-            norm(&st.w.final_norm, d, p(&b.x))?;
+            norm(&st.w.final_norm, p(&b.x))?;
             self.gemv(st, st.w.head(), &normed, p(&b.logits), false)?;
         }
         g.launch("advance_position", (1, 1), 32, &[Arg::Ptr(step)])

@@ -8,8 +8,9 @@
 
 use crate::device::{ptr, Arg, Gpu};
 use crate::gemv::{launch_ternary_gemm, TernaryArgs};
+use crate::launch;
 use crate::model::{CudaModel, Input, State};
-use crate::weights::{DevMatrix, DevScales};
+use crate::weights::DevMatrix;
 use cudarc::driver::CudaSlice;
 use trit::format::config::{ModelConfig, RopeStyle};
 use trit::model::Logits;
@@ -81,16 +82,7 @@ impl CudaModel {
                 codes,
                 scales,
             } => {
-                let args = TernaryArgs {
-                    rows: *rows,
-                    cols: *cols,
-                    codes: ptr(codes, s),
-                    scales: match scales {
-                        DevScales::F16(v) => ptr(v, s),
-                        DevScales::F32(v) => ptr(v, s),
-                    },
-                    f16: matches!(scales, DevScales::F16(_)),
-                };
+                let args = TernaryArgs::new(*rows, *cols, codes, scales, s);
                 launch_ternary_gemm(&st.gpu, &args, ntok, inp.q, inp.meta, y, accumulate)
             }
             // Dense matrices (f16/f32 checkpoints) keep the exact f32 path: one product per
@@ -163,44 +155,7 @@ impl CudaModel {
         let toks = ptr(&b.toks, s);
         let (xq, xm) = (ptr(&pb.xq, s), p(&pb.xm));
         let nt = n as u32;
-        match &st.w.embed {
-            DevMatrix::Ternary {
-                cols,
-                codes,
-                scales,
-                ..
-            } => {
-                let (sp, k) = match scales {
-                    DevScales::F16(v) => (ptr(v, s), "embed_ternary_f16"),
-                    DevScales::F32(v) => (ptr(v, s), "embed_ternary_f32"),
-                };
-                g.launch(
-                    k,
-                    (cols.div_ceil(256) as u32, nt),
-                    256,
-                    &[
-                        Arg::Ptr(ptr(codes, s)),
-                        Arg::Ptr(sp),
-                        Arg::I32((cols / 64) as i32),
-                        Arg::Ptr(toks),
-                        Arg::Ptr(step),
-                        Arg::Ptr(p(&pb.x)),
-                    ],
-                )?;
-            }
-            DevMatrix::Dense { cols, w, .. } => g.launch(
-                "embed_dense",
-                (cols.div_ceil(256) as u32, nt),
-                256,
-                &[
-                    Arg::Ptr(p(w)),
-                    Arg::I32(*cols as i32),
-                    Arg::Ptr(toks),
-                    Arg::Ptr(step),
-                    Arg::Ptr(p(&pb.x)),
-                ],
-            )?,
-        }
+        launch::embed(g, &st.w.embed, toks, step, p(&pb.x), nt)?;
         let normed = Input {
             f32: p(&pb.xn),
             q: xq,
@@ -253,17 +208,7 @@ impl CudaModel {
             )?;
             if nq.is_multiple_of(64) {
                 // The chunk's rows are contiguous, so its blocks are one flat vector.
-                g.launch(
-                    "quantize_vec",
-                    ((n * nq / 64).div_ceil(4) as u32, 1),
-                    128,
-                    &[
-                        Arg::Ptr(p(&pb.att)),
-                        Arg::I32((n * nq) as i32),
-                        Arg::Ptr(xq),
-                        Arg::Ptr(xm),
-                    ],
-                )?;
+                launch::quantize_vec(g, p(&pb.att), n * nq, xq, xm)?;
             }
             let att_in = Input {
                 f32: p(&pb.att),
@@ -273,18 +218,12 @@ impl CudaModel {
             self.matmul(st, &blk.o, &att_in, n, p(&pb.x), true)?;
             self.norm_rows(st, &blk.ffn_norm, p(&pb.x), n)?;
             self.matmul(st, &blk.gate_up, &normed, n, p(&pb.gu), false)?;
-            g.launch(
-                "silu_mul_quant",
-                (c.ffn.div_ceil(64).div_ceil(4) as u32, nt),
-                128,
-                &[
-                    Arg::Ptr(p(&pb.gu)),
-                    Arg::I32(c.ffn as i32),
-                    Arg::Ptr(p(&pb.h)),
-                    Arg::Ptr(xq),
-                    Arg::Ptr(xm),
-                ],
-            )?;
+            let h_out = launch::QuantOut {
+                f32: p(&pb.h),
+                q: xq,
+                meta: xm,
+            };
+            launch::silu_mul_quant(g, p(&pb.gu), c.ffn, h_out, nt)?;
             let h_in = Input {
                 f32: p(&pb.h),
                 q: xq,
@@ -301,24 +240,19 @@ impl CudaModel {
         let s = &st.gpu.stream;
         let pb = st.prefill.as_ref().expect("allocated by prefill_locked");
         let d = self.config.hidden;
-        let vectorized = d.is_multiple_of(64) && d <= 8192;
-        st.gpu.launch(
-            if vectorized {
-                "rms_norm_quant_v4"
-            } else {
-                "rms_norm_quant"
-            },
-            (1, n as u32),
-            1024,
-            &[
-                Arg::Ptr(x),
-                Arg::Ptr(ptr(w, s)),
-                Arg::F32(self.config.norm_eps),
-                Arg::I32(d as i32),
-                Arg::Ptr(ptr(&pb.xn, s)),
-                Arg::Ptr(ptr(&pb.xq, s)),
-                Arg::Ptr(ptr(&pb.xm, s)),
-            ],
+        let out = launch::QuantOut {
+            f32: ptr(&pb.xn, s),
+            q: ptr(&pb.xq, s),
+            meta: ptr(&pb.xm, s),
+        };
+        launch::rms_norm_quant(
+            &st.gpu,
+            x,
+            ptr(w, s),
+            self.config.norm_eps,
+            d,
+            out,
+            n as u32,
         )
     }
 

@@ -1,0 +1,122 @@
+//! Launches of the element kernels that the decode step (one row) and the batched prefill
+//! (`rows` rows, one block row each) share, so both paths hand the kernels the same
+//! arguments.
+
+use crate::device::{ptr, Arg, Gpu};
+use crate::weights::{DevMatrix, DevScales};
+use trit::Result;
+
+/// Embedding rows of the tokens at `toks[step..step + rows]` into `out` (row after row).
+pub(crate) fn embed(
+    g: &Gpu,
+    m: &DevMatrix,
+    toks: u64,
+    step: u64,
+    out: u64,
+    rows: u32,
+) -> Result<()> {
+    let s = &g.stream;
+    match m {
+        DevMatrix::Ternary {
+            cols,
+            codes,
+            scales,
+            ..
+        } => {
+            let (sp, k) = match scales {
+                DevScales::F16(v) => (ptr(v, s), "embed_ternary_f16"),
+                DevScales::F32(v) => (ptr(v, s), "embed_ternary_f32"),
+            };
+            g.launch(
+                k,
+                (cols.div_ceil(256) as u32, rows),
+                256,
+                &[
+                    Arg::Ptr(ptr(codes, s)),
+                    Arg::Ptr(sp),
+                    Arg::I32((cols / 64) as i32),
+                    Arg::Ptr(toks),
+                    Arg::Ptr(step),
+                    Arg::Ptr(out),
+                ],
+            )
+        }
+        DevMatrix::Dense { cols, w, .. } => g.launch(
+            "embed_dense",
+            (cols.div_ceil(256) as u32, rows),
+            256,
+            &[
+                Arg::Ptr(ptr(w, s)),
+                Arg::I32(*cols as i32),
+                Arg::Ptr(toks),
+                Arg::Ptr(step),
+                Arg::Ptr(out),
+            ],
+        ),
+    }
+}
+
+/// Where a quantized activation goes: f32 copy, int8 values, per-block scale/sum metadata.
+#[derive(Clone, Copy)]
+pub(crate) struct QuantOut {
+    pub f32: u64,
+    pub q: u64,
+    pub meta: u64,
+}
+
+/// RMSNorm of `rows` rows of `d` values at `x` with weights `w`, quantized to int8.
+pub(crate) fn rms_norm_quant(
+    g: &Gpu,
+    x: u64,
+    w: u64,
+    eps: f32,
+    d: usize,
+    out: QuantOut,
+    rows: u32,
+) -> Result<()> {
+    let vectorized = d.is_multiple_of(64) && d <= 8192;
+    g.launch(
+        if vectorized {
+            "rms_norm_quant_v4"
+        } else {
+            "rms_norm_quant"
+        },
+        (1, rows),
+        1024,
+        &[
+            Arg::Ptr(x),
+            Arg::Ptr(w),
+            Arg::F32(eps),
+            Arg::I32(d as i32),
+            Arg::Ptr(out.f32),
+            Arg::Ptr(out.q),
+            Arg::Ptr(out.meta),
+        ],
+    )
+}
+
+/// int8 quantization of `n` contiguous values at `x` (64-value blocks).
+pub(crate) fn quantize_vec(g: &Gpu, x: u64, n: usize, q: u64, meta: u64) -> Result<()> {
+    g.launch(
+        "quantize_vec",
+        ((n / 64).div_ceil(4) as u32, 1),
+        128,
+        &[Arg::Ptr(x), Arg::I32(n as i32), Arg::Ptr(q), Arg::Ptr(meta)],
+    )
+}
+
+/// SwiGLU of `rows` rows of stacked gate‖up (`ffn` each) into `out` (f32 + int8).
+pub(crate) fn silu_mul_quant(g: &Gpu, gu: u64, ffn: usize, out: QuantOut, rows: u32) -> Result<()> {
+    g.launch(
+        "silu_mul_quant",
+        (ffn.div_ceil(64).div_ceil(4) as u32, rows),
+        128,
+        &[
+            Arg::Ptr(gu),
+            Arg::I32(ffn as i32),
+            Arg::Ptr(out.f32),
+            Arg::Ptr(out.q),
+            Arg::Ptr(out.meta),
+        ],
+    )
+}
