@@ -447,21 +447,7 @@ fn scheduler_runs_hybrid_models_like_alone() {
         }
     }
     let _restore = Restore;
-    use trit::format::testgen::hybrid::{generate as gen_model, HybridPreset};
-    use trit::format::testgen::{OutFormat, TokenizerAssets};
-    let dir = tempfile::tempdir().unwrap();
-    let preset = HybridPreset::by_name("tiny-qwen35").unwrap();
-    gen_model(
-        &preset,
-        0,
-        dir.path(),
-        &[OutFormat::Mlx],
-        &TokenizerAssets::Placeholder,
-    )
-    .unwrap();
-    let files = trit::format::open(&dir.path().join("mlx")).unwrap();
-    let tok = Arc::new(Tokenizer::from_source(&files.tokenizer).unwrap());
-    let model = Arc::new(Model::load(&files, 2).unwrap());
+    let (_dir, model, tok) = common::tiny_hybrid();
     let p1: Vec<u32> = (10..30).collect();
     let p2: Vec<u32> = (40..52).collect();
     // Shares p1's first 12 tokens, then diverges inside what the slot holds.

@@ -5,6 +5,8 @@
 //! Exact kernels: the scheduler and a session split a prompt into different forward calls, and
 //! int8 activations can flip a near-tie of this random model's logits.
 
+mod common;
+
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,25 +23,10 @@ use trit::tokenizer::Tokenizer;
 const TURN: u32 = 5;
 const END: u32 = 6;
 
-/// Token ids of the tiny model `tiny-qwen35` (8 layers: 6 Gated DeltaNet, 2 full attention).
+/// The tiny hybrid, run with the exact kernels.
 fn tiny_hybrid() -> (tempfile::TempDir, Arc<Model>, Arc<Tokenizer>) {
-    use trit::format::testgen::hybrid::{generate as gen_model, HybridPreset};
-    use trit::format::testgen::{OutFormat, TokenizerAssets};
     set_level(KernelLevel::Reference).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let preset = HybridPreset::by_name("tiny-qwen35").unwrap();
-    gen_model(
-        &preset,
-        0,
-        dir.path(),
-        &[OutFormat::Mlx],
-        &TokenizerAssets::Placeholder,
-    )
-    .unwrap();
-    let files = trit::format::open(&dir.path().join("mlx")).unwrap();
-    let tok = Arc::new(Tokenizer::from_source(&files.tokenizer).unwrap());
-    let model = Arc::new(Model::load(&files, 2).unwrap());
-    (dir, model, tok)
+    common::tiny_hybrid()
 }
 
 fn greedy(max_tokens: usize) -> GenerateOptions {

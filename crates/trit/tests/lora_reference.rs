@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use trit::engine::Session;
-use trit::format::safetensors::{self, SafetensorsFile, TensorSpec};
+use trit::format::safetensors::SafetensorsFile;
 use trit::format::testgen::{generate, OutFormat, Preset, TokenizerAssets};
 use trit::format::Dtype;
 use trit::kernels::{best_level, set_level, KernelLevel};
@@ -71,22 +71,6 @@ fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     t
 }
 
-fn write_tensors(path: &Path, tensors: &Tensors) {
-    let specs: Vec<TensorSpec> = tensors
-        .iter()
-        .map(|(n, s, _)| TensorSpec {
-            name: n.clone(),
-            dtype: Dtype::F32,
-            shape: s.clone(),
-        })
-        .collect();
-    safetensors::write(path, &BTreeMap::new(), &specs, |i, out| {
-        let bytes: Vec<u8> = tensors[i].2.iter().flat_map(|x| x.to_le_bytes()).collect();
-        out.write_all(&bytes).map_err(|e| trit::Error::io(path, e))
-    })
-    .unwrap();
-}
-
 /// The fixture adapter in PEFT's layout: `lora_A.weight` = `lora_a`ᵀ `[r, in]`,
 /// `lora_B.weight` = `lora_b`ᵀ `[out, r]`, scale from `lora_alpha` (and `use_rslora`).
 fn peft_copy(dir: &Path, rslora: bool) -> PathBuf {
@@ -102,7 +86,7 @@ fn peft_copy(dir: &Path, rslora: bool) -> PathBuf {
             transpose(&v, shape[0], shape[1]),
         ));
     }
-    write_tensors(&out.join("adapter_model.safetensors"), &tensors);
+    common::write_f32_safetensors(&out.join("adapter_model.safetensors"), &tensors);
     // scale 8 = alpha / r = 32 / 4, or alpha / sqrt(r) = 16 / 2 with rsLoRA.
     let config = json!({
         "peft_type": "LORA", "r": 4, "lora_alpha": if rslora { 16 } else { 32 },
@@ -181,7 +165,7 @@ fn variant(dir: &Path, name: &str, edit: impl Fn(&mut Value), tensors: Option<Te
     edit(&mut cfg);
     std::fs::write(out.join("adapter_config.json"), cfg.to_string()).unwrap();
     match tensors {
-        Some(t) => write_tensors(&out.join("adapters.safetensors"), &t),
+        Some(t) => common::write_f32_safetensors(&out.join("adapters.safetensors"), &t),
         None => {
             std::fs::copy(
                 src.join("adapters.safetensors"),

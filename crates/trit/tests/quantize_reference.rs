@@ -13,8 +13,6 @@ use std::sync::Arc;
 use trit::convert::quantize::{quantize, QuantizeOptions};
 use trit::convert::{ConvertReport, Target, TernaryMatrix};
 use trit::engine::Session;
-use trit::format::safetensors::{self, TensorSpec};
-use trit::format::Dtype;
 use trit::model::lora::LoraAdapter;
 use trit::model::Model;
 
@@ -41,22 +39,6 @@ fn weight(tensor: u64, rows: usize, cols: usize) -> Vec<f32> {
 fn fixture() -> Value {
     let p = common::repo_root().join("tests/fixtures/quantize/reference.json");
     serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
-}
-
-fn write_f32(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
-    let specs: Vec<TensorSpec> = tensors
-        .iter()
-        .map(|(n, s, _)| TensorSpec {
-            name: n.clone(),
-            dtype: Dtype::F32,
-            shape: s.clone(),
-        })
-        .collect();
-    safetensors::write(path, &BTreeMap::new(), &specs, |i, out| {
-        let bytes: Vec<u8> = tensors[i].2.iter().flat_map(|x| x.to_le_bytes()).collect();
-        out.write_all(&bytes).map_err(|e| trit::Error::io(path, e))
-    })
-    .unwrap();
 }
 
 /// The fixture's full-precision model as a Hugging Face folder (F32 safetensors).
@@ -90,7 +72,7 @@ fn full_precision_model(dir: &Path, fx: &Value) -> PathBuf {
     ] {
         tensors.push((name.to_string(), vec![n], vec![1.0; n]));
     }
-    write_f32(&out.join("model.safetensors"), &tensors);
+    common::write_f32_safetensors(&out.join("model.safetensors"), &tensors);
     let config = json!({
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 256,
         "num_hidden_layers": 1, "intermediate_size": 256, "num_attention_heads": 4,
@@ -217,7 +199,7 @@ fn peft_adapter(dir: &Path, b_value: impl Fn(usize) -> f32) -> PathBuf {
             (0..512).map(&b_value).collect(),
         ));
     }
-    write_f32(&out.join("adapter_model.safetensors"), &tensors);
+    common::write_f32_safetensors(&out.join("adapter_model.safetensors"), &tensors);
     let cfg = json!({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["q_proj", "down_proj"]});
     std::fs::write(out.join("adapter_config.json"), cfg.to_string()).unwrap();
     out

@@ -76,3 +76,47 @@ pub fn greedy_run(
     }
     (first, out)
 }
+
+/// Writes `(name, shape, values)` tensors as an F32 safetensors file (adapters and
+/// full-precision models built by the tests).
+pub fn write_f32_safetensors(path: &std::path::Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
+    use trit::format::safetensors::{self, TensorSpec};
+    let specs: Vec<TensorSpec> = tensors
+        .iter()
+        .map(|(n, s, _)| TensorSpec {
+            name: n.clone(),
+            dtype: trit::format::Dtype::F32,
+            shape: s.clone(),
+        })
+        .collect();
+    safetensors::write(path, &Default::default(), &specs, |i, out| {
+        let bytes: Vec<u8> = tensors[i].2.iter().flat_map(|x| x.to_le_bytes()).collect();
+        out.write_all(&bytes).map_err(|e| trit::Error::io(path, e))
+    })
+    .unwrap();
+}
+
+/// The tiny random hybrid `tiny-qwen35` (8 layers: 6 Gated DeltaNet, 2 full attention) as an
+/// MLX folder with the placeholder tokenizer, loaded; the folder lives as long as the TempDir.
+pub fn tiny_hybrid() -> (
+    tempfile::TempDir,
+    std::sync::Arc<trit::model::Model>,
+    std::sync::Arc<trit::tokenizer::Tokenizer>,
+) {
+    use trit::format::testgen::hybrid::{generate, HybridPreset};
+    use trit::format::testgen::{OutFormat, TokenizerAssets};
+    let dir = tempfile::tempdir().unwrap();
+    let preset = HybridPreset::by_name("tiny-qwen35").unwrap();
+    generate(
+        &preset,
+        0,
+        dir.path(),
+        &[OutFormat::Mlx],
+        &TokenizerAssets::Placeholder,
+    )
+    .unwrap();
+    let files = trit::format::open(&dir.path().join("mlx")).unwrap();
+    let tok = trit::tokenizer::Tokenizer::from_source(&files.tokenizer).unwrap();
+    let model = trit::model::Model::load(&files, 2).unwrap();
+    (dir, std::sync::Arc::new(model), std::sync::Arc::new(tok))
+}
