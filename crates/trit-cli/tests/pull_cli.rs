@@ -35,9 +35,15 @@ fn repo_files() -> Vec<HubFile> {
 }
 
 fn pull(hub: &FakeHub, cache: &Path, extra: &[&str]) -> Output {
+    pull_env(hub, cache, &[], extra)
+}
+
+/// `trit pull REPO extra…` against the fake hub, with extra environment variables.
+fn pull_env(hub: &FakeHub, cache: &Path, env: &[(&str, &str)], extra: &[&str]) -> Output {
     trit()
         .env("HF_ENDPOINT", &hub.endpoint)
         .env("HF_HUB_CACHE", cache)
+        .envs(env.iter().copied())
         .arg("pull")
         .arg(REPO)
         .args(extra)
@@ -102,13 +108,12 @@ fn pull_fills_the_standard_cache_layout_and_sends_the_token() {
     assert!(!out.status.success());
     assert!(text(&out).contains("HF_TOKEN"), "{}", text(&out));
 
-    let out = trit()
-        .env("HF_ENDPOINT", &hub.endpoint)
-        .env("HF_HUB_CACHE", cache.path())
-        .env("HF_TOKEN", "hf_secret")
-        .args(["pull", REPO, "--json"])
-        .output()
-        .unwrap();
+    let out = pull_env(
+        &hub,
+        cache.path(),
+        &[("HF_TOKEN", "hf_secret")],
+        &["--json"],
+    );
     assert!(out.status.success(), "{}", text(&out));
     assert_layout(cache.path(), &files);
     // The per-blob locks sit where Python keeps them, so both tools exclude each other.
@@ -149,13 +154,7 @@ fn pull_fills_the_standard_cache_layout_and_sends_the_token() {
 
     // A second pull finds every blob cached and downloads nothing.
     let before = hub.requests().len();
-    let out = trit()
-        .env("HF_ENDPOINT", &hub.endpoint)
-        .env("HF_HUB_CACHE", cache.path())
-        .env("HF_TOKEN", "hf_secret")
-        .args(["pull", REPO])
-        .output()
-        .unwrap();
+    let out = pull_env(&hub, cache.path(), &[("HF_TOKEN", "hf_secret")], &[]);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(hub.requests().len(), before + 1, "only the listing");
     assert!(String::from_utf8_lossy(&out.stdout).contains("cached"));
@@ -248,13 +247,7 @@ fn lfs_redirect_to_another_host_drops_the_token_and_keeps_the_range() {
     };
     let hub = FakeHub::start(REPO, files.clone(), faults);
     let cache = tempfile::tempdir().unwrap();
-    let out = trit()
-        .env("HF_ENDPOINT", &hub.endpoint)
-        .env("HF_HUB_CACHE", cache.path())
-        .env("HF_TOKEN", "hf_secret")
-        .args(["pull", REPO])
-        .output()
-        .unwrap();
+    let out = pull_env(&hub, cache.path(), &[("HF_TOKEN", "hf_secret")], &[]);
     assert!(out.status.success(), "{}", text(&out));
     assert_layout(cache.path(), &files);
     let seen = hub.downloads_of("model.safetensors");
@@ -291,13 +284,12 @@ fn stalled_transfer_times_out_and_resumes() {
     let hub = FakeHub::start(REPO, files.clone(), faults);
     let cache = tempfile::tempdir().unwrap();
     let started = std::time::Instant::now();
-    let out = trit()
-        .env("HF_ENDPOINT", &hub.endpoint)
-        .env("HF_HUB_CACHE", cache.path())
-        .env("HF_HUB_DOWNLOAD_TIMEOUT", "0.5")
-        .args(["pull", REPO])
-        .output()
-        .unwrap();
+    let out = pull_env(
+        &hub,
+        cache.path(),
+        &[("HF_HUB_DOWNLOAD_TIMEOUT", "0.5")],
+        &[],
+    );
     assert!(out.status.success(), "{}", text(&out));
     // Finished before the server's stall ended: the timeout, not the server, ended the read.
     assert!(started.elapsed() < common::fake_hub::STALL);
