@@ -224,18 +224,9 @@ mod tests {
         encode_matrix(ty, rows, cols, &codes, &scales).unwrap()
     }
 
-    const TYPES: [GgmlType; 6] = [
-        GgmlType::Q2_0,
-        GgmlType::Q2_0Legacy128,
-        GgmlType::PQ2_0,
-        GgmlType::PTQ1_0,
-        GgmlType::TQ1_0,
-        GgmlType::TQ2_0,
-    ];
-
     #[test]
     fn packed_rows_decode_to_the_reference_decoder_for_every_format() {
-        for (i, ty) in TYPES.into_iter().enumerate() {
+        for (i, ty) in GgmlType::TERNARY.into_iter().enumerate() {
             let (rows, cols) = (7, 512);
             let bytes = random_matrix(ty, rows, cols, i as u64 + 1);
             let src = GgmlTernary::new(ty, &bytes, rows, cols).unwrap();

@@ -396,14 +396,7 @@ mod tests {
 
         let (rows, cols) = (3, 256);
         let (codes, scales) = codes_and_scales(rows, cols);
-        let ternary = [
-            GgmlType::Q2_0,
-            GgmlType::Q2_0Legacy128,
-            GgmlType::PQ2_0,
-            GgmlType::PTQ1_0,
-            GgmlType::TQ1_0,
-            GgmlType::TQ2_0,
-        ];
+        let ternary = GgmlType::TERNARY;
         // One file per id-42 layout (a file holds one meaning of id 42).
         for (i, &ty) in ternary.iter().enumerate() {
             if ty == GgmlType::Q2_0Legacy128 {

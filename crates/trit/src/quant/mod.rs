@@ -157,17 +157,19 @@ impl GgmlType {
         }
     }
 
+    /// Every format whose values are exactly `s · t` with `t ∈ {-1,0,1}`.
+    pub const TERNARY: [GgmlType; 6] = [
+        Self::Q2_0,
+        Self::Q2_0Legacy128,
+        Self::PQ2_0,
+        Self::PTQ1_0,
+        Self::TQ1_0,
+        Self::TQ2_0,
+    ];
+
     /// Formats whose values are exactly `s · t` with `t ∈ {-1,0,1}` (ternary kernels).
     pub fn is_ternary(self) -> bool {
-        matches!(
-            self,
-            Self::TQ1_0
-                | Self::TQ2_0
-                | Self::Q2_0
-                | Self::Q2_0Legacy128
-                | Self::PQ2_0
-                | Self::PTQ1_0
-        )
+        Self::TERNARY.contains(&self)
     }
 
     /// Bytes of a row of `n` weights (n must be a multiple of the block size).

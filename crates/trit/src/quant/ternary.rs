@@ -191,14 +191,7 @@ mod tests {
     fn every_ternary_format_gives_the_same_rows() {
         let (rows, cols) = (5, 512);
         let (codes, scales) = random_matrix(rows, cols, 0x9E37_79B9_7F4A_7C15);
-        for ty in [
-            GgmlType::Q2_0,
-            GgmlType::Q2_0Legacy128,
-            GgmlType::PQ2_0,
-            GgmlType::PTQ1_0,
-            GgmlType::TQ1_0,
-            GgmlType::TQ2_0,
-        ] {
+        for ty in GgmlType::TERNARY {
             let bytes = encode_matrix(ty, rows, cols, &codes, &scales).unwrap();
             assert_eq!(bytes.len(), rows * ty.row_bytes(cols));
             let view = GgmlTernary::new(ty, &bytes, rows, cols).unwrap();
