@@ -23,7 +23,7 @@ pub const SOURCES: [(&str, &str); 5] = [
 
 /// Kernels the decode step and the batched prefill launch (all must exist in the compiled
 /// module).
-pub const KERNELS: [&str; 39] = [
+pub const KERNELS: &[&str] = &[
     "ternary_gemv_r2_s1_f16",
     "ternary_gemv_r2_s2_f16",
     "ternary_gemv_r2_s4_f16",
@@ -54,6 +54,8 @@ pub const KERNELS: [&str; 39] = [
     "rms_norm_quant_v4",
     "ternary_gemm_f16",
     "ternary_gemm_f32",
+    "ternary_gemm2_f16",
+    "ternary_gemm2_f32",
     "rope_append_batch",
     "attn_prefill_e1",
     "attn_prefill_e2",

@@ -161,6 +161,186 @@ ternary_gemm_f32(const uint4* codes, const float* scales, int rows, int nb, int 
     ternary_gemm<float>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate);
 }
 
+// ternary_gemm2: the same product and the same float steps per element as ternary_gemm, with
+// a deeper pipeline. ternary_gemm waits on its global loads once per 64-column block (one
+// block of look-ahead, a barrier per block), so a multiprocessor idles for most of each load's
+// latency. Here a stage is G2_KS blocks, copied with cp.async straight into shared memory
+// G2_STAGES - 1 stages ahead of the one being multiplied, one barrier per stage. Weight scales
+// (2 or 4 bytes, too small for cp.async) go through registers one stage ahead. Same tile:
+// 128 rows × 64 tokens per block of 8 warps, warp (wm, wn) 32 rows × 32 tokens.
+#define G2_KS 2
+#define G2_STAGES 3
+// Bytes per token row of a stage's activations: G2_KS × 64 + 16 of padding, so the 8 tokens
+// one mma reads (row stride 36 words) fall in distinct banks.
+#define G2_ASTRIDE (G2_KS * QBLOCK + 16)
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::); }
+// All but the newest `G2_STAGES - 2` committed groups have landed.
+__device__ __forceinline__ void cp_async_wait_stage() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(G2_STAGES - 2));
+}
+
+template <typename S>
+__device__ __forceinline__ void ternary_gemm2(const uint4* __restrict__ codes,
+                                              const S* __restrict__ scales, int rows, int nb,
+                                              int ntok, const i8* __restrict__ xq,
+                                              const float2* __restrict__ meta,
+                                              float* __restrict__ y, int accumulate) {
+    __shared__ uint4 sw[G2_STAGES][G2_KS][GM_ROWS];
+    __shared__ float ss[G2_STAGES][G2_KS][GM_ROWS];
+    __shared__ float2 sm[G2_STAGES][G2_KS][GM_TOKS];
+    __shared__ __align__(16) unsigned char sa[G2_STAGES][GM_TOKS * G2_ASTRIDE];
+    pdl_launch_dependents();
+    pdl_wait();
+    const int tok0 = blockIdx.x * GM_TOKS, row0 = blockIdx.y * GM_ROWS;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp & 3, wn = warp >> 2;
+    const int g = lane >> 2, t = lane & 3;
+    const size_t K = (size_t)nb * QBLOCK;
+    const int nst = (nb + G2_KS - 1) / G2_KS;
+
+    // Copies of one stage: weights (row, block) = (tid / G2_KS, tid % G2_KS) while
+    // tid < 128·G2_KS; activations in 16-byte pieces, token p / (4·G2_KS); meta (token,
+    // block) for tid < 64·G2_KS. Rows and tokens past the ends are clamped (never stored).
+    auto issue = [&](int st) {
+        const int buf = st % G2_STAGES, b0 = st * G2_KS;
+        if (tid < GM_ROWS * G2_KS) {
+            const int r = tid / G2_KS, kb = tid % G2_KS;
+            if (b0 + kb < nb)
+                cp_async16(&sw[buf][kb][r], codes + (size_t)min(row0 + r, rows - 1) * nb + b0 + kb);
+        }
+        for (int p = tid; p < GM_TOKS * G2_KS * 4; p += GM_THREADS) {
+            const int tk = p / (G2_KS * 4), kb = (p / 4) % G2_KS, piece = p % 4;
+            if (b0 + kb < nb)
+                cp_async16(sa[buf] + tk * G2_ASTRIDE + kb * QBLOCK + piece * 16,
+                           xq + (size_t)min(tok0 + tk, ntok - 1) * K + (size_t)(b0 + kb) * QBLOCK +
+                               piece * 16);
+        }
+        if (tid < GM_TOKS * G2_KS) {
+            const int tk = tid / G2_KS, kb = tid % G2_KS;
+            if (b0 + kb < nb)
+                cp_async8(&sm[buf][kb][tk], meta + (size_t)min(tok0 + tk, ntok - 1) * nb + b0 + kb);
+        }
+        cp_async_commit();
+    };
+    // Weight scales of row tid (tid < 128), one stage ahead in registers.
+    float psc[G2_KS];
+    auto load_scales = [&](int st) {
+        if (tid < GM_ROWS) {
+            const size_t base = (size_t)min(row0 + tid, rows - 1) * nb;
+#pragma unroll
+            for (int kb = 0; kb < G2_KS; kb++) {
+                const int b = st * G2_KS + kb;
+                psc[kb] = b < nb ? load_scale(scales, base + b) : 0.0f;
+            }
+        }
+    };
+
+    float acc[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.0f;
+
+#pragma unroll
+    for (int st = 0; st < G2_STAGES - 1; st++) {
+        if (st < nst) issue(st);
+        else cp_async_commit();  // empty group: keeps the count of groups per stage fixed
+    }
+    load_scales(0);
+    for (int st = 0; st < nst; st++) {
+        const int buf = st % G2_STAGES;
+        // ss[buf] was last read in stage st - G2_STAGES, before the last two barriers.
+        if (tid < GM_ROWS) {
+#pragma unroll
+            for (int kb = 0; kb < G2_KS; kb++) ss[buf][kb][tid] = psc[kb];
+        }
+        cp_async_wait_stage();
+        __syncthreads();
+        if (st + 1 < nst) load_scales(st + 1);
+        // The buffer of stage st + G2_STAGES - 1 was read in stage st - 1, finished by every
+        // thread at the barrier above.
+        if (st + G2_STAGES - 1 < nst) issue(st + G2_STAGES - 1);
+        else cp_async_commit();
+#pragma unroll
+        for (int kb = 0; kb < G2_KS; kb++) {
+            if (st * G2_KS + kb >= nb) break;
+            unsigned af[2][2][4];
+            float sr[2][2];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++) {
+                const int r = wm * 32 + mi * 16 + g;
+                const uint4 w0 = sw[buf][kb][r], w8 = sw[buf][kb][r + 8];
+                af[mi][0][0] = codes4(w0.x, t);
+                af[mi][0][1] = codes4(w8.x, t);
+                af[mi][0][2] = codes4(w0.y, t);
+                af[mi][0][3] = codes4(w8.y, t);
+                af[mi][1][0] = codes4(w0.z, t);
+                af[mi][1][1] = codes4(w8.z, t);
+                af[mi][1][2] = codes4(w0.w, t);
+                af[mi][1][3] = codes4(w8.w, t);
+                sr[mi][0] = ss[buf][kb][r];
+                sr[mi][1] = ss[buf][kb][r + 8];
+            }
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) {
+                const int tl = wn * 32 + ni * 8;
+                const unsigned* ap =
+                    (const unsigned*)(sa[buf] + (tl + g) * G2_ASTRIDE + kb * QBLOCK);
+                const unsigned b00 = ap[t], b01 = ap[4 + t], b10 = ap[8 + t], b11 = ap[12 + t];
+                const float2 m0 = sm[buf][kb][tl + 2 * t], m1 = sm[buf][kb][tl + 2 * t + 1];
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) {
+                    int c[4] = {0, 0, 0, 0};
+                    mma_u8s8(c, af[mi][0][0], af[mi][0][1], af[mi][0][2], af[mi][0][3], b00, b01);
+                    mma_u8s8(c, af[mi][1][0], af[mi][1][1], af[mi][1][2], af[mi][1][3], b10, b11);
+                    acc[mi][ni][0] += sr[mi][0] * (m0.x * (float)c[0] - m0.y);
+                    acc[mi][ni][1] += sr[mi][0] * (m1.x * (float)c[1] - m1.y);
+                    acc[mi][ni][2] += sr[mi][1] * (m0.x * (float)c[2] - m0.y);
+                    acc[mi][ni][3] += sr[mi][1] * (m1.x * (float)c[3] - m1.y);
+                }
+            }
+        }
+    }
+    cp_async_wait_all();
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int r = row0 + wm * 32 + mi * 16 + g + (c >= 2 ? 8 : 0);
+                const int tk = tok0 + wn * 32 + ni * 8 + 2 * t + (c & 1);
+                if (r < rows && tk < ntok) {
+                    float* o = y + (size_t)tk * rows + r;
+                    *o = accumulate ? *o + acc[mi][ni][c] : acc[mi][ni][c];
+                }
+            }
+}
+
+extern "C" __global__ void __launch_bounds__(GM_THREADS)
+ternary_gemm2_f16(const uint4* codes, const half_bits* scales, int rows, int nb, int ntok,
+                  const i8* xq, const float2* meta, float* y, int accumulate) {
+    ternary_gemm2<half_bits>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(GM_THREADS)
+ternary_gemm2_f32(const uint4* codes, const float* scales, int rows, int nb, int ntok,
+                  const i8* xq, const float2* meta, float* y, int accumulate) {
+    ternary_gemm2<float>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate);
+}
+
 // QK-norm + RoPE of T tokens at positions pos..pos+T-1 (pos = step[0]), one block per (head,
 // token): blocks of q heads write the rotated, pre-scaled q to qr[t][h][hd]; blocks of kv heads
 // append the rotated k and the v to the f16 cache at position pos + t.
