@@ -13,12 +13,13 @@ use std::sync::Arc;
 use trit::{Error, Result};
 
 /// Every kernel source, compiled as one program (`common.cuh` first: shared helpers).
-pub const SOURCES: [(&str, &str); 5] = [
+pub const SOURCES: &[(&str, &str)] = &[
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("gemv.cu", include_str!("kernels/gemv.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("prefill.cu", include_str!("kernels/prefill.cu")),
+    ("flash_prefill.cu", include_str!("kernels/flash_prefill.cu")),
 ];
 
 /// Kernels the decode step and the batched prefill launch (all must exist in the compiled
@@ -54,17 +55,15 @@ pub const KERNELS: &[&str] = &[
     "rms_norm_quant_v4",
     "ternary_gemm_f16",
     "ternary_gemm_f32",
-    "ternary_gemm2_f16",
-    "ternary_gemm2_f32",
     "rope_append_batch",
-    "attn_prefill_e1",
-    "attn_prefill_e2",
-    "attn_prefill_e3",
-    "attn_prefill_e4",
-    "attn_prefill_e5",
-    "attn_prefill_e6",
-    "attn_prefill_e7",
-    "attn_prefill_e8",
+    "flash_prefill_e1",
+    "flash_prefill_e2",
+    "flash_prefill_e3",
+    "flash_prefill_e4",
+    "flash_prefill_e5",
+    "flash_prefill_e6",
+    "flash_prefill_e7",
+    "flash_prefill_e8",
 ];
 
 /// The program text NVRTC compiles.

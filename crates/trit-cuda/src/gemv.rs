@@ -174,18 +174,6 @@ const GEMM_ROWS: usize = 128;
 /// `Y (+)= X·Wᵀ` for `ntok` tokens: `q`/`meta` hold each token's int8 activations (`cols`
 /// values, `cols / 64` pairs per token, token after token), `y` gets `rows` values per token.
 /// Int8 tensor cores: compute capability 8.0 or newer.
-/// Which prefill GEMM runs: 2 (cp.async pipeline, default) or 1 (the first version, kept
-/// to compare them on the GPU: TRIT_CUDA_GEMM=1).
-fn gemm_version() -> u32 {
-    static V: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        std::env::var("TRIT_CUDA_GEMM")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(2)
-    })
-}
-
 pub fn launch_ternary_gemm(
     gpu: &Gpu,
     m: &TernaryArgs,
@@ -200,11 +188,10 @@ pub fn launch_ternary_gemm(
             "CUDA: the prefill GEMM needs int8 tensor cores (compute capability 8.0+)".into(),
         ));
     }
-    let kernel = match (gemm_version(), m.f16) {
-        (1, true) => "ternary_gemm_f16",
-        (1, false) => "ternary_gemm_f32",
-        (_, true) => "ternary_gemm2_f16",
-        (_, false) => "ternary_gemm2_f32",
+    let kernel = if m.f16 {
+        "ternary_gemm_f16"
+    } else {
+        "ternary_gemm_f32"
     };
     gpu.launch(
         kernel,

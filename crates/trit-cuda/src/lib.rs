@@ -12,10 +12,11 @@
 //! the GEMV, LM head), captured once in a CUDA graph and replayed per token. Prompts of more
 //! than one token take the batched prefill (`prefill.rs`): chunks of up to 512 tokens per
 //! layer, the matrix products as an int8 tensor-core GEMM over the same 2-bit layout, causal
-//! attention over the cache for the chunk's query rows, the LM head only where logits are
-//! asked for.
+//! attention over the cache for the chunk's query rows on the tensor cores (`flash.rs`), the
+//! LM head only where logits are asked for.
 
 pub mod device;
+pub mod flash;
 pub mod gemv;
 mod launch;
 pub mod model;

@@ -7,6 +7,7 @@
 //! `Logits::Last`).
 
 use crate::device::{ptr, Arg, Gpu};
+use crate::flash::{attn_prefill_kernel, FLASH_QT};
 use crate::gemv::{launch_ternary_gemm, TernaryArgs};
 use crate::launch;
 use crate::model::{CudaModel, Input, State};
@@ -19,9 +20,6 @@ use trit::Result;
 /// Most tokens one prefill pass carries through a layer (bounds the activation buffers:
 /// about 100 MB for the 8B shape).
 pub(crate) const PREFILL_CHUNK: usize = 512;
-
-/// Query tokens per attention block (`ATT_QT` in prefill.cu).
-const ATT_QT: usize = 8;
 
 /// Activations of one chunk, token after token.
 pub(crate) struct PrefillBuffers {
@@ -192,7 +190,7 @@ impl CudaModel {
             )?;
             g.launch(
                 attn_kernel,
-                (c.n_heads as u32, n.div_ceil(ATT_QT) as u32),
+                (c.n_heads as u32, n.div_ceil(FLASH_QT) as u32),
                 128,
                 &[
                     Arg::Ptr(p(&pb.qr)),
@@ -269,19 +267,4 @@ impl CudaModel {
         };
         self.gemv(st, st.w.head(), &normed, ptr(&st.b.logits, s), false)
     }
-}
-
-/// The attention kernel for `hd`-wide heads (a multiple of 32 up to 256, checked at load).
-fn attn_prefill_kernel(hd: usize) -> &'static str {
-    const NAMES: [&str; 8] = [
-        "attn_prefill_e1",
-        "attn_prefill_e2",
-        "attn_prefill_e3",
-        "attn_prefill_e4",
-        "attn_prefill_e5",
-        "attn_prefill_e6",
-        "attn_prefill_e7",
-        "attn_prefill_e8",
-    ];
-    NAMES[(hd / 32).clamp(1, 8) - 1]
 }
