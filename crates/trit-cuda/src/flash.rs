@@ -36,16 +36,24 @@ pub struct AttnShape {
     pub ntok: usize,
 }
 
+/// The outputs of [`prefill_attention_once`].
+pub struct AttnOutput {
+    /// `ntok × n_heads × hd` values.
+    pub att: Vec<f32>,
+    /// Their int8 blocks (values, then (d, d·Σq) per 64) when `hd` is a multiple of 64 (the
+    /// kernel quantizes its output for the next product then).
+    pub quantized: Option<(Vec<i8>, Vec<(f32, f32)>)>,
+}
+
 /// Runs one prefill attention on the GPU: `q` holds `ntok × n_heads × hd` pre-scaled queries,
-/// `k`/`v` the f16 bits of `n_kv × ctx × hd` cache entries; returns `ntok × n_heads × hd`
-/// outputs.
+/// `k`/`v` the f16 bits of `n_kv × ctx × hd` cache entries.
 pub fn prefill_attention_once(
     gpu: &Gpu,
     sh: AttnShape,
     q: &[f32],
     k: &[u16],
     v: &[u16],
-) -> Result<Vec<f32>> {
+) -> Result<AttnOutput> {
     let cache = sh.n_kv * sh.ctx * sh.hd;
     if !sh.hd.is_multiple_of(32)
         || sh.hd > 256
@@ -64,6 +72,9 @@ pub fn prefill_attention_once(
     let (dq, dk, dv) = (gpu.upload(q)?, gpu.upload(k)?, gpu.upload(v)?);
     let step = gpu.upload(&[sh.pos0 as i32, 0])?;
     let out = gpu.upload(&vec![f32::NAN; q.len()])?;
+    let quant = sh.hd.is_multiple_of(64);
+    let xq = gpu.upload(&vec![0u8; q.len()])?;
+    let xm = gpu.upload(&vec![f32::NAN; q.len() / 64 * 2])?;
     gpu.launch(
         attn_prefill_kernel(sh.hd),
         (sh.n_heads as u32, sh.ntok.div_ceil(FLASH_QT) as u32),
@@ -78,9 +89,23 @@ pub fn prefill_attention_once(
             Arg::I32(sh.n_kv as i32),
             Arg::I32(sh.ctx as i32),
             Arg::Ptr(ptr(&out, s)),
+            Arg::Ptr(ptr(&xq, s)),
+            Arg::Ptr(ptr(&xm, s)),
+            Arg::I32(quant as i32),
         ],
     )?;
     gpu.sync()?;
-    s.clone_dtoh(&out)
-        .map_err(|e| cuda_err("copying the attention result", e))
+    let copy = |e| cuda_err("copying the attention result", e);
+    let att = s.clone_dtoh(&out).map_err(copy)?;
+    let quantized = if quant {
+        let q8 = s.clone_dtoh(&xq).map_err(copy)?;
+        let m = s.clone_dtoh(&xm).map_err(copy)?;
+        Some((
+            q8.into_iter().map(|b| b as i8).collect(),
+            m.chunks_exact(2).map(|p| (p[0], p[1])).collect(),
+        ))
+    } else {
+        None
+    };
+    Ok(AttnOutput { att, quantized })
 }

@@ -161,6 +161,8 @@ impl CudaModel {
         };
         let scale = 1.0 / (hd as f32).sqrt();
         let attn_kernel = attn_prefill_kernel(hd);
+        // Heads of whole 64-column blocks: the attention kernel quantizes its own output.
+        let fused_quant = hd.is_multiple_of(64);
         for (li, blk) in st.w.blocks.iter().enumerate() {
             self.norm_rows(st, &blk.attn_norm, p(&pb.x), n)?;
             self.matmul(st, &blk.qkv, &normed, n, p(&pb.qkv), false)?;
@@ -168,7 +170,7 @@ impl CudaModel {
             let (kc, vc) = (ptr(&b.k_cache[li], s), ptr(&b.v_cache[li], s));
             g.launch(
                 "rope_append_batch",
-                ((c.n_heads + c.n_kv_heads) as u32, nt),
+                ((c.n_heads + c.n_kv_heads).div_ceil(4) as u32, nt),
                 128,
                 &[
                     Arg::Ptr(p(&pb.qkv)),
@@ -202,9 +204,12 @@ impl CudaModel {
                     Arg::I32(c.n_kv_heads as i32),
                     Arg::I32(self.ctx as i32),
                     Arg::Ptr(p(&pb.att)),
+                    Arg::Ptr(xq),
+                    Arg::Ptr(xm),
+                    Arg::I32(fused_quant as i32),
                 ],
             )?;
-            if nq.is_multiple_of(64) {
+            if nq.is_multiple_of(64) && !fused_quant {
                 // The chunk's rows are contiguous, so its blocks are one flat vector.
                 launch::quantize_vec(g, p(&pb.att), n * nq, xq, xm)?;
             }

@@ -419,7 +419,7 @@ fn gemm_kernel_matches_its_cpu_emulation_on_ragged_shapes() {
 /// The prefill attention kernel (tensor cores, f16 inputs) against an f64 causal softmax
 /// attention, for every key-tile size (hd 64 and 128: 32-key tiles; 160 and 256:
 /// 16-key tiles), GQA, queries that start after earlier cache entries (a second chunk) and
-/// query counts that end inside a 64-query block.
+/// query counts that end inside a 64-query block; and its fused int8 quantization.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn prefill_attention_kernels_match_an_f64_reference() {
@@ -485,9 +485,17 @@ fn prefill_attention_kernels_match_an_f64_reference() {
             }
         }
         // f16 rounding of q and of the softmax weights: measured 2.2–3.2e-4 on the H200.
-        let got = prefill_attention_once(&gpu, sh, &q, &k, &v).unwrap();
-        let err = rel_err(&got, &want);
+        let out = prefill_attention_once(&gpu, sh, &q, &k, &v).unwrap();
+        let err = rel_err(&out.att, &want);
         eprintln!("attention {sh:?}: relative error {err:.2e}");
         assert!(err < 2e-3, "{sh:?}: {err}");
+        // Heads of whole 64-column blocks: the fused quantization equals the CPU's of the
+        // same values exactly.
+        assert_eq!(out.quantized.is_some(), hd % 64 == 0);
+        if let Some((q8, meta)) = out.quantized {
+            let (want_q, want_meta) = trit_cuda::repack::quantize_activations(&out.att);
+            assert!(q8 == want_q, "{sh:?}: int8 values differ");
+            assert!(meta == want_meta, "{sh:?}: block scales differ");
+        }
     }
 }

@@ -49,7 +49,8 @@ __device__ __forceinline__ void flash_prefill(const float* __restrict__ qr,
                                               const half_bits* __restrict__ kc,
                                               const half_bits* __restrict__ vc, const int* step,
                                               int ntok, int n_heads, int n_kv, int ctx,
-                                              float* __restrict__ att) {
+                                              float* __restrict__ att, i8* __restrict__ xq,
+                                              float2* __restrict__ xm, int quant) {
     constexpr int HD = 32 * E;
     constexpr int KCH = HD / 16;               // k-chunks of Q·Kᵀ
     constexpr int NT = HD / 8;                 // output n-tiles
@@ -198,13 +199,54 @@ __device__ __forceinline__ void flash_prefill(const float* __restrict__ qr,
     const float i0 = 1.0f / l0, i1 = 1.0f / l1;
 #pragma unroll
     for (int j = 0; j < NT; j++) {
+        o[j][0] *= i0;
+        o[j][1] *= i0;
+        o[j][2] *= i1;
+        o[j][3] *= i1;
         const int col = 8 * j + 2 * t;
         if (r0 < nq)
             *(float2*)(att + ((size_t)(t0 + r0) * n_heads + h) * HD + col) =
-                make_float2(o[j][0] * i0, o[j][1] * i0);
+                make_float2(o[j][0], o[j][1]);
         if (r1 < nq)
             *(float2*)(att + ((size_t)(t0 + r1) * n_heads + h) * HD + col) =
-                make_float2(o[j][2] * i1, o[j][3] * i1);
+                make_float2(o[j][2], o[j][3]);
+    }
+    // The o projection's int8 input, as quantize_vec would make it from `att` (the caller asks
+    // for it only when heads are whole 64-column blocks): a row's block is its quad's 4 lanes ×
+    // 8 n-tiles × 2 columns, so the block maximum and Σq are quad reductions.
+    if (quant) {
+#pragma unroll
+        for (int bb = 0; bb < HD / QBLOCK; bb++) {
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int r = half ? r1 : r0;
+                float amax = 0.0f;
+#pragma unroll
+                for (int j = 8 * bb; j < 8 * bb + 8; j++)
+                    amax = fmaxf(amax, fmaxf(fabsf(o[j][2 * half]), fabsf(o[j][2 * half + 1])));
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+                const bool live = amax > 0.0f && isfinite(amax);
+                const float inv = live ? 127.0f / amax : 0.0f;
+                const size_t base = ((size_t)(t0 + r) * n_heads + h) * HD + bb * QBLOCK;
+                float sum = 0.0f;
+#pragma unroll
+                for (int j = 8 * bb; j < 8 * bb + 8; j++) {
+                    const int qa = live ? __float2int_rn(o[j][2 * half] * inv) : 0;
+                    const int qb = live ? __float2int_rn(o[j][2 * half + 1] * inv) : 0;
+                    sum += (float)(qa + qb);
+                    if (r < nq) {
+                        const int col = 8 * (j - 8 * bb) + 2 * t;
+                        xq[base + col] = (i8)qa;
+                        xq[base + col + 1] = (i8)qb;
+                    }
+                }
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+                const float d = live ? amax / 127.0f : 0.0f;
+                if (r < nq && t == 0) xm[base / QBLOCK] = make_float2(d, d * sum);
+            }
+        }
     }
 }
 
@@ -213,8 +255,8 @@ __device__ __forceinline__ void flash_prefill(const float* __restrict__ qr,
     extern "C" __global__ void __launch_bounds__(FA_WARPS * 32)                               \
         flash_prefill_e##E(const float* qr, const half_bits* kc, const half_bits* vc,         \
                            const int* step, int ntok, int n_heads, int n_kv, int ctx,         \
-                           float* att) {                                                      \
-        flash_prefill<E>(qr, kc, vc, step, ntok, n_heads, n_kv, ctx, att);                    \
+                           float* att, i8* xq, float2* xm, int quant) {                       \
+        flash_prefill<E>(qr, kc, vc, step, ntok, n_heads, n_kv, ctx, att, xq, xm, quant);     \
     }
 FLASH_PREFILL(1)
 FLASH_PREFILL(2)
