@@ -220,6 +220,18 @@ ternary_gemm_f32(const uint4* codes, const float* scales, int rows, int nb, int 
                  const i8* xq, const float2* meta, float* y, int accumulate) {
     ternary_gemm<float, 2, 3>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate);
 }
+// The same with registers capped for three resident blocks per multiprocessor (24 warps, a
+// few spilled values) instead of two: TRIT_CUDA_GEMM_BLOCKS=3 (a trial knob).
+extern "C" __global__ void __launch_bounds__(GM_THREADS, 3)
+ternary_gemm_b3_f16(const uint4* codes, const half_bits* scales, int rows, int nb, int ntok,
+                    const i8* xq, const float2* meta, float* y, int accumulate) {
+    ternary_gemm<half_bits, 2, 3>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(GM_THREADS, 3)
+ternary_gemm_b3_f32(const uint4* codes, const float* scales, int rows, int nb, int ntok,
+                    const i8* xq, const float2* meta, float* y, int accumulate) {
+    ternary_gemm<float, 2, 3>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate);
+}
 // QK-norm + RoPE of T tokens at positions pos..pos+T-1 (pos = step[0]); one warp per (head,
 // token), four heads per block, block (x, t) = heads 4x..4x+3 of token t: warps of q heads
 // write the rotated, pre-scaled q to qr[t][h][hd]; warps of kv heads append the rotated k and
