@@ -23,7 +23,7 @@ pub const SOURCES: [(&str, &str); 5] = [
 
 /// Kernels the decode step and the batched prefill launch (all must exist in the compiled
 /// module).
-pub const KERNELS: [&str; 39] = [
+pub const KERNELS: [&str; 64] = [
     "ternary_gemv_r2_s1_f16",
     "ternary_gemv_r2_s2_f16",
     "ternary_gemv_r2_s4_f16",
@@ -63,6 +63,31 @@ pub const KERNELS: [&str; 39] = [
     "attn_prefill_e6",
     "attn_prefill_e7",
     "attn_prefill_e8",
+    "ternary_gemv_fused_r2_s1_f16",
+    "ternary_gemv_fused_r2_s2_f16",
+    "ternary_gemv_fused_r2_s4_f16",
+    "ternary_gemv_fused_r4_s1_f16",
+    "ternary_gemv_fused_r4_s2_f16",
+    "ternary_gemv_fused_r4_s4_f16",
+    "ternary_gemv_fused_r8_s1_f16",
+    "ternary_gemv_fused_r8_s2_f16",
+    "ternary_gemv_fused_r8_s4_f16",
+    "ternary_gemv_fused_r2_s1_f32",
+    "ternary_gemv_fused_r2_s2_f32",
+    "ternary_gemv_fused_r2_s4_f32",
+    "ternary_gemv_fused_r4_s1_f32",
+    "ternary_gemv_fused_r4_s2_f32",
+    "ternary_gemv_fused_r4_s4_f32",
+    "ternary_gemv_fused_r8_s1_f32",
+    "ternary_gemv_fused_r8_s2_f32",
+    "ternary_gemv_fused_r8_s4_f32",
+    "attn_decode_e1",
+    "attn_decode_e2",
+    "attn_decode_e3",
+    "attn_decode_e4",
+    "attn_decode_e5",
+    "attn_decode_e6",
+    "attn_decode_e7",
 ];
 
 /// The program text NVRTC compiles.

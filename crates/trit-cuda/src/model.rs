@@ -9,7 +9,9 @@
 //! (prompt tokens whose logits nobody reads skip it).
 
 use crate::device::{ptr, Arg, Gpu};
-use crate::gemv::{launch_ternary, TernaryArgs};
+use crate::gemv::{
+    fused_fits, launch_ternary, launch_ternary_fused, FusedInput, FusedOpts, TernaryArgs,
+};
 use crate::launch;
 use crate::prefill::PrefillBuffers;
 use crate::weights::{self, DevMatrix, DevWeights};
@@ -22,8 +24,11 @@ use trit::model::rope::Rope;
 use trit::model::{ExternalNet, KvCache, Logits, Model};
 use trit::{Error, Result};
 
-/// Positions per flash-decoding split (`ATT_SPLIT` in attention.cu).
-const ATT_SPLIT: usize = 64;
+/// Flash-decoding splits are multiples of this many positions (`DEC_CHUNK` in attention.cu).
+const ATT_CHUNK: usize = 32;
+/// Most splits (blocks) per head: the kernel spreads the current length over at most this
+/// many, so short contexts launch few busy blocks and long ones stay parallel.
+const ATT_MAX_SPLITS: usize = 16;
 
 /// Device buffers of one decode step, and the KV cache.
 pub(crate) struct Buffers {
@@ -76,6 +81,8 @@ pub struct CudaModel {
     rows_per_warp: Option<usize>,
     max_split: usize,
     use_graph: bool,
+    fused: bool,
+    prefetch: bool,
     weight_bytes: usize,
     bytes_per_token: usize,
     device_name: String,
@@ -96,11 +103,18 @@ pub struct CudaOptions {
     pub max_split: usize,
     /// Run prompts of several tokens through the batched prefill (compute capability 8.0+).
     pub prefill: bool,
+    /// Decode with the fused GEMVs (RMSNorm, quantization and SwiGLU inside the matrix
+    /// products: 4 kernels per layer besides attention, instead of 7) where a layer's
+    /// matrices are ternary and fit; else the separate kernels.
+    pub fused: bool,
+    /// The fused GEMV prefetches the weights of its next items into L2.
+    pub prefetch: bool,
 }
 
 impl CudaOptions {
     /// Defaults, overridable by TRIT_CUDA_GRAPH=0, TRIT_CUDA_ROWS_PER_WARP=2|4|8,
-    /// TRIT_CUDA_MAX_SPLIT=1|2|4, TRIT_CUDA_PDL=0, TRIT_CUDA_PREFILL=0 and TRIT_CUDA_DEVICE=N.
+    /// TRIT_CUDA_MAX_SPLIT=1|2|4, TRIT_CUDA_PDL=0, TRIT_CUDA_PREFILL=0, TRIT_CUDA_FUSED=0,
+    /// TRIT_CUDA_PREFETCH=0 and TRIT_CUDA_DEVICE=N.
     pub fn new(ctx: usize) -> Self {
         let env = |k: &str| std::env::var(k).ok();
         CudaOptions {
@@ -114,6 +128,8 @@ impl CudaOptions {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(4),
             prefill: env("TRIT_CUDA_PREFILL").is_none_or(|v| v != "0"),
+            fused: env("TRIT_CUDA_FUSED").is_none_or(|v| v != "0"),
+            prefetch: env("TRIT_CUDA_PREFETCH").is_none_or(|v| v != "0"),
         }
     }
 }
@@ -167,7 +183,7 @@ impl CudaModel {
         }
         let gpu = Gpu::open(opts.device)?;
         let w = weights::load(&gpu, &cfg, files.weights.as_ref())?;
-        let n_splits = opts.ctx.div_ceil(ATT_SPLIT);
+        let n_splits = opts.ctx.div_ceil(ATT_CHUNK).min(ATT_MAX_SPLITS);
         let b = Buffers::new(&gpu, &cfg, opts.ctx, n_splits)?;
         let (weight_bytes, bytes_per_token) = (w.weight_bytes(), w.bytes_per_token());
         Ok(CudaModel {
@@ -177,6 +193,8 @@ impl CudaModel {
             rows_per_warp: opts.rows_per_warp,
             max_split: opts.max_split,
             use_graph: opts.graph,
+            fused: opts.fused,
+            prefetch: opts.prefetch,
             weight_bytes,
             bytes_per_token,
             device_name: gpu.name.clone(),
@@ -302,6 +320,46 @@ impl CudaModel {
         }
     }
 
+    /// The fused GEMV's view of `m` when the decode step may use it for `m` (ternary, fits in
+    /// shared memory, fused kernels on); `None`: the separate kernels.
+    fn fused_args(&self, st: &State, m: &DevMatrix, glu: bool) -> Option<TernaryArgs> {
+        let r = self.rows_per_warp.unwrap_or(DEFAULT_ROWS_PER_WARP);
+        if !self.fused || ![2, 4, 8].contains(&r) {
+            return None;
+        }
+        match m {
+            DevMatrix::Ternary {
+                rows,
+                cols,
+                codes,
+                scales,
+            } => {
+                let a = TernaryArgs::new(*rows, *cols, codes, scales, &st.gpu.stream);
+                fused_fits(&a, glu).then_some(a)
+            }
+            DevMatrix::Dense { .. } => None,
+        }
+    }
+
+    fn fused_gemv(
+        &self,
+        st: &State,
+        m: &TernaryArgs,
+        input: FusedInput,
+        y: u64,
+        accumulate: bool,
+        glu: bool,
+    ) -> Result<()> {
+        let opts = FusedOpts {
+            r: self.rows_per_warp.unwrap_or(DEFAULT_ROWS_PER_WARP),
+            max_split: self.max_split,
+            accumulate,
+            glu,
+            prefetch: self.prefetch,
+        };
+        launch_ternary_fused(&st.gpu, m, input, y, opts)
+    }
+
     /// Enqueues one decode step (the position and token come from device memory).
     fn enqueue_step(&self, st: &State, with_head: bool) -> Result<()> {
         let c = &self.config;
@@ -328,15 +386,24 @@ impl CudaModel {
             meta: xm,
         };
         let scale = 1.0 / (hd as f32).sqrt();
+        let normed_x = |gamma: &CudaSlice<f32>| FusedInput::Norm {
+            x: p(&b.x),
+            gamma: p(gamma),
+            eps: c.norm_eps,
+        };
         for (li, blk) in st.w.blocks.iter().enumerate() {
-            norm(&blk.attn_norm, p(&b.x))?;
-            self.gemv(st, &blk.qkv, &normed, p(&b.qkv), false)?;
+            if let Some(m) = self.fused_args(st, &blk.qkv, false) {
+                self.fused_gemv(st, &m, normed_x(&blk.attn_norm), p(&b.qkv), false, false)?;
+            } else {
+                norm(&blk.attn_norm, p(&b.x))?;
+                self.gemv(st, &blk.qkv, &normed, p(&b.qkv), false)?;
+            }
             let opt = |v: &Option<CudaSlice<f32>>| v.as_ref().map_or(0, p);
             let fused_quant = hd.is_multiple_of(64);
             g.launch(
-                "attn_decode",
+                attn_decode_kernel(hd),
                 (c.n_heads as u32, self.n_splits as u32),
-                128,
+                256,
                 &[
                     Arg::Ptr(p(&b.qkv)),
                     Arg::Ptr(opt(&blk.q_norm)),
@@ -369,25 +436,57 @@ impl CudaModel {
                 q: xq,
                 meta: xm,
             };
-            self.gemv(st, &blk.o, &att_in, p(&b.x), true)?;
-            norm(&blk.ffn_norm, p(&b.x))?;
-            self.gemv(st, &blk.gate_up, &normed, p(&b.gu), false)?;
-            let h_out = launch::QuantOut {
-                f32: p(&b.h),
-                q: xq,
-                meta: xm,
+            match self.fused_args(st, &blk.o, false) {
+                Some(m) if nq.is_multiple_of(64) => {
+                    let input = FusedInput::Q { q: xq, meta: xm };
+                    self.fused_gemv(st, &m, input, p(&b.x), true, false)?;
+                }
+                _ => self.gemv(st, &blk.o, &att_in, p(&b.x), true)?,
+            }
+            // h = silu(gate)·up (f32), with its int8 blocks only where the down GEMV reads them.
+            let h_quantized = match self.fused_args(st, &blk.gate_up, true) {
+                Some(m) => {
+                    self.fused_gemv(st, &m, normed_x(&blk.ffn_norm), p(&b.h), false, true)?;
+                    false
+                }
+                None => {
+                    norm(&blk.ffn_norm, p(&b.x))?;
+                    self.gemv(st, &blk.gate_up, &normed, p(&b.gu), false)?;
+                    let h_out = launch::QuantOut {
+                        f32: p(&b.h),
+                        q: xq,
+                        meta: xm,
+                    };
+                    launch::silu_mul_quant(g, p(&b.gu), c.ffn, h_out, 1)?;
+                    true
+                }
             };
-            launch::silu_mul_quant(g, p(&b.gu), c.ffn, h_out, 1)?;
-            let h_in = Input {
-                f32: p(&b.h),
-                q: xq,
-                meta: xm,
-            };
-            self.gemv(st, &blk.down, &h_in, p(&b.x), true)?;
+            match self.fused_args(st, &blk.down, false) {
+                Some(m) => {
+                    let input = FusedInput::F32 { x: p(&b.h) };
+                    self.fused_gemv(st, &m, input, p(&b.x), true, false)?;
+                }
+                None => {
+                    if !h_quantized && c.ffn.is_multiple_of(64) {
+                        launch::quantize_vec(g, p(&b.h), c.ffn, xq, xm)?;
+                    }
+                    let h_in = Input {
+                        f32: p(&b.h),
+                        q: xq,
+                        meta: xm,
+                    };
+                    self.gemv(st, &blk.down, &h_in, p(&b.x), true)?;
+                }
+            }
         }
         if with_head {
-            norm(&st.w.final_norm, p(&b.x))?;
-            self.gemv(st, st.w.head(), &normed, p(&b.logits), false)?;
+            if let Some(m) = self.fused_args(st, st.w.head(), false) {
+                let input = normed_x(&st.w.final_norm);
+                self.fused_gemv(st, &m, input, p(&b.logits), false, false)?;
+            } else {
+                norm(&st.w.final_norm, p(&b.x))?;
+                self.gemv(st, st.w.head(), &normed, p(&b.logits), false)?;
+            }
         }
         g.launch("advance_position", (1, 1), 32, &[Arg::Ptr(step)])
     }
@@ -480,6 +579,22 @@ impl CudaModel {
             .map_err(|e| crate::device::cuda_err("reading pinned logits", e))?;
         Ok(v.to_vec())
     }
+}
+
+/// The decode attention kernel for `hd`-wide heads (a multiple of 32 up to 256, checked at
+/// load): `hd / 32` values per lane.
+fn attn_decode_kernel(hd: usize) -> &'static str {
+    const NAMES: [&str; 8] = [
+        "attn_decode_e1",
+        "attn_decode_e2",
+        "attn_decode_e3",
+        "attn_decode_e4",
+        "attn_decode_e5",
+        "attn_decode_e6",
+        "attn_decode_e7",
+        "attn_decode",
+    ];
+    NAMES[(hd / 32).clamp(1, 8) - 1]
 }
 
 /// Rows per warp of the ternary GEMV when not forced: 4. Measured on the H200, 8B shape,

@@ -264,6 +264,40 @@ fn gemv_kernel_matches_its_cpu_emulation_for_every_variant() {
             let got = trit_cuda::gemv::ternary_gemv_once(&gpu, &m, &q, &meta, r, split).unwrap();
             let err = rel_err(&got, &want);
             assert!(err < 1e-5, "R={r} split={split}: {err}");
+            let fused =
+                trit_cuda::gemv::ternary_gemv_fused_once(&gpu, &m, &q, &meta, r, split, false)
+                    .unwrap();
+            let err = rel_err(&fused, &want);
+            assert!(err < 1e-5, "fused R={r} split={split}: {err}");
+        }
+    }
+    // The fused SwiGLU epilogue: 74 rows = gate (37) ‖ up (37), so every R/2 leaves a partial
+    // last group; silu(gate)·up from the emulated products.
+    let (rows2, glu_cols) = (74, 8256);
+    let codes2: Vec<u8> = prompt(rows2 * glu_cols, 3, 17)
+        .iter()
+        .map(|&c| c as u8)
+        .collect();
+    let scales2: Vec<f32> = prompt(rows2 * glu_cols / 64, 1000, 18)
+        .iter()
+        .map(|&v| half::f16::from_f32(0.01 + v as f32 * 1e-4).to_f32())
+        .collect();
+    let bytes2 = encode_matrix(GgmlType::Q2_0, rows2, glu_cols, &codes2, &scales2).unwrap();
+    let gu = pack(&[&GgmlTernary::new(GgmlType::Q2_0, &bytes2, rows2, glu_cols).unwrap()]).unwrap();
+    let both = gemv_reference(&gu, &q, &meta);
+    let want_h: Vec<f32> = (0..rows2 / 2)
+        .map(|i| {
+            let g = both[i];
+            g / (1.0 + (-g).exp()) * both[rows2 / 2 + i]
+        })
+        .collect();
+    for r in [2, 4, 8] {
+        for split in [1, 4] {
+            let got =
+                trit_cuda::gemv::ternary_gemv_fused_once(&gpu, &gu, &q, &meta, r, split, true)
+                    .unwrap();
+            let err = rel_err(&got, &want_h);
+            assert!(err < 1e-5, "fused SwiGLU R={r} split={split}: {err}");
         }
     }
 }

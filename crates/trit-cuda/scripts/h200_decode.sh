@@ -1,0 +1,48 @@
+#!/bin/bash
+# The decode-speed GPU session (one device call): unpack the carried binaries (bins.tar.xz:
+# trit, trit_before, gpu_vs_cpu, gen_model), run the GPU tests while the 1.7B/8B-shaped random
+# models are generated, then `trit bench --device cuda -p 512 -n 128` side by side with the
+# binary before the change and with the fused kernels switched off, one step's kernels under
+# ncu (time per kernel) and the fused GEMVs' DRAM throughput. Summary printed last.
+# Usage (repository root of the device machine): bash .dev/gpu/gpudecode/h200_decode.sh [tests|bench]
+cd "$(dirname "$0")/../../.." || exit 1
+G=.dev/gpu/gpudecode
+OUT=${OUT:-/tmp/out}
+R=${REPS:-3}
+mkdir -p "$OUT" /tmp/bin /tmp/models
+tar -xJf $G/bins.tar.xz -C /tmp/bin || exit 1
+NVRTC_DIR=$(dirname "$(find /usr/local /opt /usr/lib \( -name 'libnvrtc.so' -o -name 'libnvrtc.so.13' -o -name 'libnvrtc.so.12' \) 2>/dev/null | head -1)")
+export LD_LIBRARY_PATH=$NVRTC_DIR:/usr/local/cuda/lib64:${LD_LIBRARY_PATH}
+export TRIT_CUDA_CACHE=/tmp/trit-cuda-cache
+S=$OUT/summary.txt; : > $S
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee -a $S
+( /tmp/bin/gen_model --preset 1.7b --out /tmp/models/1.7b --formats q2_0 > $OUT/gen17.log 2>&1 ) &
+( /tmp/bin/gen_model --preset 8b --out /tmp/models/8b --formats q2_0 > $OUT/gen8.log 2>&1 ) &
+if [ "$1" != bench ]; then
+  echo "== gpu_vs_cpu" | tee -a $S
+  timeout 150 /tmp/bin/gpu_vs_cpu --ignored --test-threads 1 --nocapture > $OUT/gputests.log 2>&1
+  echo "gpu tests rc=$?" | tee -a $S
+  grep -E "^test |relative logit|panicked|test result|greedy|differ" $OUT/gputests.log | cut -c1-220 | tee -a $S
+fi
+wait
+T=/tmp/bin/trit
+b() { timeout 60 "$@" 2>&1 | grep -E "\|.*(pp|tg)|rror" | tee -a $S; }
+for m in 8b 1.7b; do
+  M=/tmp/models/$m/model-q2_0.gguf
+  echo "== $m before (main)" | tee -a $S; b /tmp/bin/trit_before bench --device cuda -m $M -p 512 -n 128 -r $R
+  echo "== $m after" | tee -a $S; b $T bench --device cuda -m $M -p 512 -n 128 -r $R
+  echo "== $m after, TRIT_CUDA_FUSED=0" | tee -a $S; TRIT_CUDA_FUSED=0 b $T bench --device cuda -m $M -p 0 -n 128 -r $R
+done
+M=/tmp/models/8b/model-q2_0.gguf
+echo "== 8b after, TRIT_CUDA_PREFETCH=0" | tee -a $S; TRIT_CUDA_PREFETCH=0 b $T bench --device cuda -m $M -p 0 -n 128 -r $R
+echo "== 8b after, 8 rows per warp" | tee -a $S; TRIT_CUDA_ROWS_PER_WARP=8 b $T bench --device cuda -m $M -p 0 -n 128 -r $R
+echo "== ncu: one 8B step at position 0 (embed, layer 0, layer 1)" | tee -a $S
+TRIT_CUDA_GRAPH=0 timeout 60 ncu --clock-control none -s 0 -c 12 --metrics gpu__time_duration.sum \
+  $T bench --device cuda -m $M -p 0 -n 1 -r 1 --no-warmup > $OUT/ncu_all.txt 2>&1
+grep -E "^  [a-z_0-9]+ \(|gpu__time" $OUT/ncu_all.txt | paste - - | awk '{print $1, $2, $(NF)}' | tee -a $S
+echo "== ncu: fused GEMVs of layer 1 (8B)" | tee -a $S
+TRIT_CUDA_GRAPH=0 timeout 60 ncu --clock-control none -k regex:ternary_gemv_fused -s 4 -c 4 \
+  --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum.per_second,launch__registers_per_thread,launch__grid_size \
+  $T bench --device cuda -m $M -p 0 -n 1 -r 1 --no-warmup > $OUT/ncu.txt 2>&1
+grep -E "ternary_gemv|gpu__time|dram__|launch__|rror" $OUT/ncu.txt | head -40 | tee -a $S
+echo "================ SUMMARY"; cat $S
