@@ -8,7 +8,7 @@
 cd "$(dirname "$0")/../../.." || exit 1
 G=.dev/gpu/gpudecode
 OUT=${OUT:-/tmp/out}
-R=${REPS:-3}
+R=${REPS:-5}
 mkdir -p "$OUT" /tmp/bin /tmp/models
 tar -xJf $G/bins.tar.xz -C /tmp/bin || exit 1
 NVRTC_DIR=$(dirname "$(find /usr/local /opt /usr/lib \( -name 'libnvrtc.so' -o -name 'libnvrtc.so.13' -o -name 'libnvrtc.so.12' \) 2>/dev/null | head -1)")
@@ -23,6 +23,8 @@ if [ "$1" != bench ]; then
   timeout 150 /tmp/bin/gpu_vs_cpu --ignored --test-threads 1 --nocapture > $OUT/gputests.log 2>&1
   echo "gpu tests rc=$?" | tee -a $S
   grep -E "^test |relative logit|panicked|test result|greedy|differ" $OUT/gputests.log | cut -c1-220 | tee -a $S
+  TRIT_CUDA_GRAPH=0 timeout 100 /tmp/bin/gpu_vs_cpu --ignored --test-threads 1 > $OUT/gputests_nograph.log 2>&1
+  echo "gpu tests without graph rc=$?" | tee -a $S; grep -E "test result|panicked" $OUT/gputests_nograph.log | tee -a $S
 fi
 wait
 T=/tmp/bin/trit
@@ -34,8 +36,14 @@ for m in 8b 1.7b; do
   echo "== $m after, TRIT_CUDA_FUSED=0" | tee -a $S; TRIT_CUDA_FUSED=0 b $T bench --device cuda -m $M -p 0 -n 128 -r $R
 done
 M=/tmp/models/8b/model-q2_0.gguf
-echo "== 8b after, TRIT_CUDA_PREFETCH=0" | tee -a $S; TRIT_CUDA_PREFETCH=0 b $T bench --device cuda -m $M -p 0 -n 128 -r $R
-echo "== 8b after, 8 rows per warp" | tee -a $S; TRIT_CUDA_ROWS_PER_WARP=8 b $T bench --device cuda -m $M -p 0 -n 128 -r $R
+for v in TRIT_CUDA_ROWS_PER_WARP=2 TRIT_CUDA_ROWS_PER_WARP=8 TRIT_CUDA_MAX_SPLIT=1 TRIT_CUDA_MAX_SPLIT=2; do
+  for m in 8b 1.7b; do
+    echo "== $m after, $v" | tee -a $S; env $v timeout 60 $T bench --device cuda -m /tmp/models/$m/model-q2_0.gguf -p 0 -n 128 -r $R 2>&1 | grep -E "\|.*tg|rror" | tee -a $S
+  done
+done
+echo "== 8b at depth 3968: before, after" | tee -a $S
+b /tmp/bin/trit_before bench --device cuda -m $M -p 0 -n 128 -d 3968 -r 2
+b $T bench --device cuda -m $M -p 0 -n 128 -d 3968 -r 2
 echo "== ncu: one 8B step at position 0 (embed, layer 0, layer 1)" | tee -a $S
 TRIT_CUDA_GRAPH=0 timeout 60 ncu --clock-control none -s 0 -c 12 --metrics gpu__time_duration.sum \
   $T bench --device cuda -m $M -p 0 -n 1 -r 1 --no-warmup > $OUT/ncu_all.txt 2>&1

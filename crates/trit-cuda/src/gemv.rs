@@ -155,8 +155,6 @@ pub struct FusedOpts {
     pub accumulate: bool,
     /// `W` is gate‖up stacked: `y[i] = silu(gate_i·x)·(up_i·x)` for the `rows / 2` outputs.
     pub glu: bool,
-    /// Prefetch the next items' weights into L2.
-    pub prefetch: bool,
 }
 
 /// Whether the fused GEMV can run `m` (its input fits in shared memory; gate‖up has an even
@@ -218,7 +216,6 @@ pub fn launch_ternary_fused(
             Arg::Ptr(y),
             Arg::I32((o.accumulate && !o.glu) as i32),
             Arg::I32(o.glu as i32),
-            Arg::I32(o.prefetch as i32),
         ],
     )
 }
@@ -290,7 +287,6 @@ pub fn ternary_gemv_fused_once(
         max_split,
         accumulate: false,
         glu,
-        prefetch: true,
     };
     launch_ternary_fused(gpu, &c.args(m, s), input, ptr(&c.y, s), opts)?;
     c.result(gpu, "fused GEMV")

@@ -82,7 +82,6 @@ pub struct CudaModel {
     max_split: usize,
     use_graph: bool,
     fused: bool,
-    prefetch: bool,
     weight_bytes: usize,
     bytes_per_token: usize,
     device_name: String,
@@ -107,14 +106,12 @@ pub struct CudaOptions {
     /// products: 4 kernels per layer besides attention, instead of 7) where a layer's
     /// matrices are ternary and fit; else the separate kernels.
     pub fused: bool,
-    /// The fused GEMV prefetches the weights of its next items into L2.
-    pub prefetch: bool,
 }
 
 impl CudaOptions {
     /// Defaults, overridable by TRIT_CUDA_GRAPH=0, TRIT_CUDA_ROWS_PER_WARP=2|4|8,
-    /// TRIT_CUDA_MAX_SPLIT=1|2|4, TRIT_CUDA_PDL=0, TRIT_CUDA_PREFILL=0, TRIT_CUDA_FUSED=0,
-    /// TRIT_CUDA_PREFETCH=0 and TRIT_CUDA_DEVICE=N.
+    /// TRIT_CUDA_MAX_SPLIT=1|2|4, TRIT_CUDA_PDL=0, TRIT_CUDA_PREFILL=0, TRIT_CUDA_FUSED=0
+    /// and TRIT_CUDA_DEVICE=N.
     pub fn new(ctx: usize) -> Self {
         let env = |k: &str| std::env::var(k).ok();
         CudaOptions {
@@ -129,7 +126,6 @@ impl CudaOptions {
                 .unwrap_or(4),
             prefill: env("TRIT_CUDA_PREFILL").is_none_or(|v| v != "0"),
             fused: env("TRIT_CUDA_FUSED").is_none_or(|v| v != "0"),
-            prefetch: env("TRIT_CUDA_PREFETCH").is_none_or(|v| v != "0"),
         }
     }
 }
@@ -194,7 +190,6 @@ impl CudaModel {
             max_split: opts.max_split,
             use_graph: opts.graph,
             fused: opts.fused,
-            prefetch: opts.prefetch,
             weight_bytes,
             bytes_per_token,
             device_name: gpu.name.clone(),
@@ -355,7 +350,6 @@ impl CudaModel {
             max_split: self.max_split,
             accumulate,
             glu,
-            prefetch: self.prefetch,
         };
         launch_ternary_fused(&st.gpu, m, input, y, opts)
     }

@@ -229,8 +229,12 @@ extern "C" __global__ void dense_gemv(const float* __restrict__ w, int rows, int
 // gate‖up stacked (2·half rows) and a group's R rows are R/2 gate rows and the R/2 up rows of
 // the same outputs, so its epilogue writes silu(gate)·up (the weight layout is unchanged).
 //
-// Weights do not depend on the previous kernel: each warp loads its first item into registers
-// and (optionally) prefetches the next FG_AHEAD items into L2 before griddepcontrol.wait.
+// Each warp keeps two items' weights in flight: it loads item n + 2 before computing item n
+// (a warp of a small matrix has only 1–6 items, so the latency of each round trip, not the
+// loop, sets the time; one item in flight measured 522.6 tok/s on 8B against 610.8 for the
+// separate kernels). Weights do not depend on the previous kernel: items 0 and 1 are loaded
+// before griddepcontrol.wait, overlapping the prologue. (Prefetching further items into L2
+// with prefetch.global.L2 instead measured slower: 522.6 with, 538.0 without.)
 //
 // Shared layout: 16-byte chunk j of block b sits at chunk fg_chunk(b, j), so the 32 lanes of a
 // warp reading chunk j of 32 consecutive blocks hit distinct banks in each 8-lane phase.
@@ -241,13 +245,8 @@ extern "C" __global__ void dense_gemv(const float* __restrict__ w, int rows, int
 #define FG_IN_Q 0
 #define FG_IN_F32 1
 #define FG_IN_NORM 2
-#define FG_AHEAD 2
 
 __device__ __forceinline__ int fg_chunk(int b, int j) { return 4 * b + (j ^ ((b >> 1) & 3)); }
-
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
 
 // Barrier of one team of `warps` warps (ids 1..15; 0 is __syncthreads').
 __device__ __forceinline__ void team_barrier(int team, int warps) {
@@ -353,15 +352,6 @@ __device__ __forceinline__ void fg_load(WItem<R, S>& it, const uint4* __restrict
     }
 }
 
-template <int R>
-__device__ __forceinline__ void fg_prefetch(const uint4* __restrict__ codes, int rows, int half,
-                                            int glu, int nb, int g, int k, int lane) {
-    const int b = 32 * k + lane;
-    if (b >= nb) return;
-#pragma unroll
-    for (int i = 0; i < R; i++) prefetch_l2(codes + fg_row<R>(g, i, rows, half, glu) * nb + b);
-}
-
 // Stores the R sums of group g (every lane holds all of them).
 template <int R>
 __device__ __forceinline__ void fg_store(const float* v, int g, int rows, int half, int glu,
@@ -389,12 +379,17 @@ __device__ __forceinline__ void fg_store(const float* v, int g, int rows, int ha
     if (lane < H && r < half) y[r] = silu_mul(gate, up);
 }
 
+// Word c of a block's 16 bytes (c a compile-time constant after unrolling).
+__device__ __forceinline__ unsigned word_of(const uint4& w, int c) {
+    return c == 0 ? w.x : c == 1 ? w.y : c == 2 ? w.z : w.w;
+}
+
 template <int R, int SPLIT, typename S>
 __device__ __forceinline__ void ternary_gemv_fused(
     const uint4* __restrict__ codes, const S* __restrict__ scales, int rows, int nb, int mode,
     const float* __restrict__ x, const float* __restrict__ gamma, float eps,
     const uint4* __restrict__ q, const float2* __restrict__ meta, float* __restrict__ y,
-    int accumulate, int glu, int prefetch) {
+    int accumulate, int glu) {
     __shared__ uint4 xs[FG_MAX_COLS / 16];
     __shared__ float2 ms[FG_MAX_COLS / QBLOCK];
     __shared__ float scratch[32];
@@ -410,21 +405,23 @@ __device__ __forceinline__ void ternary_gemv_fused(
     const int g0 = blockIdx.x * TEAMS + team;
     const int mine = g0 < groups ? ((groups - 1 - g0) / stride + 1) * per : 0;
     pdl_launch_dependents();
-    WItem<R, S> cur, nxt;
-    // The warp's next items, as (group, lane-step): item n is step j = n % per of its
-    // (n / per)-th group.
-    int pg = g0, pj = 0;  // prefetch cursor
-    if (mine > 0) {
-        fg_load<R, S>(cur, codes, scales, rows, half, glu, nb, g0, sub, lane);
-        if (prefetch) {
-            for (int n = 1; n <= FG_AHEAD && n < mine; n++) {
-                if (++pj == per) {
-                    pj = 0;
-                    pg += stride;
-                }
-                fg_prefetch<R>(codes, rows, half, glu, nb, pg, sub + SPLIT * pj, lane);
-            }
+    // Item n of the warp is lane-step sub + SPLIT·(n % per) of group g0 + (n / per)·stride;
+    // (gl, jl) is the next item to load.
+    int gl = g0, jl = 0;
+    auto advance = [&](int& gg, int& jj) {
+        if (++jj == per) {
+            jj = 0;
+            gg += stride;
         }
+    };
+    WItem<R, S> cur, nx1, nx2;
+    if (mine > 0) {
+        fg_load<R, S>(cur, codes, scales, rows, half, glu, nb, gl, sub + SPLIT * jl, lane);
+        advance(gl, jl);
+    }
+    if (mine > 1) {
+        fg_load<R, S>(nx1, codes, scales, rows, half, glu, nb, gl, sub + SPLIT * jl, lane);
+        advance(gl, jl);
     }
     pdl_wait();
     fg_prologue(mode, nb, x, gamma, eps, q, meta, xs, ms, scratch);
@@ -434,33 +431,24 @@ __device__ __forceinline__ void ternary_gemv_fused(
     for (int i = 0; i < R; i++) acc[i] = 0.0f;
     int g = g0, j = 0;
     for (int n = 0; n < mine; n++) {
-        int g1 = g, j1 = j + 1;
-        if (j1 == per) {
-            j1 = 0;
-            g1 += stride;
-        }
-        if (n + 1 < mine) fg_load<R, S>(nxt, codes, scales, rows, half, glu, nb, g1, sub + SPLIT * j1, lane);
-        if (prefetch && n + 1 + FG_AHEAD < mine) {
-            if (++pj == per) {
-                pj = 0;
-                pg += stride;
-            }
-            fg_prefetch<R>(codes, rows, half, glu, nb, pg, sub + SPLIT * pj, lane);
+        if (n + 2 < mine) {
+            fg_load<R, S>(nx2, codes, scales, rows, half, glu, nb, gl, sub + SPLIT * jl, lane);
+            advance(gl, jl);
         }
         const int b = 32 * (sub + SPLIT * j) + lane;
         if (b < nb) {
-            uint4 a[4];
+            int d[R];
 #pragma unroll
-            for (int c = 0; c < 4; c++) a[c] = xs[fg_chunk(b, c)];
+            for (int i = 0; i < R; i++) d[i] = 0;
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const uint4 a = xs[fg_chunk(b, c)];
+#pragma unroll
+                for (int i = 0; i < R; i++) d[i] = dot_block_word(word_of(cur.w[i], c), a, d[i]);
+            }
             const float2 m = ms[b];
 #pragma unroll
-            for (int i = 0; i < R; i++) {
-                int d = dot_block_word(cur.w[i].x, a[0], 0);
-                d = dot_block_word(cur.w[i].y, a[1], d);
-                d = dot_block_word(cur.w[i].z, a[2], d);
-                d = dot_block_word(cur.w[i].w, a[3], d);
-                acc[i] += cur.s[i] * (m.x * (float)d - m.y);
-            }
+            for (int i = 0; i < R; i++) acc[i] += cur.s[i] * (m.x * (float)d[i] - m.y);
         }
         if (j == per - 1) {
             float v[R];
@@ -477,18 +465,18 @@ __device__ __forceinline__ void ternary_gemv_fused(
                 team_barrier(team, SPLIT);
 #pragma unroll
                 for (int i = 0; i < R; i++) {
-                    float s = 0.0f;
+                    float t = 0.0f;
 #pragma unroll
-                    for (int w = 0; w < SPLIT; w++) s += red[team * SPLIT + w][i];
-                    v[i] = s;
+                    for (int w = 0; w < SPLIT; w++) t += red[team * SPLIT + w][i];
+                    v[i] = t;
                 }
                 team_barrier(team, SPLIT);
             }
             if (sub == 0) fg_store<R>(v, g, rows, half, glu, y, accumulate, lane);
         }
-        cur = nxt;
-        g = g1;
-        j = j1;
+        cur = nx1;
+        nx1 = nx2;
+        advance(g, j);
     }
 }
 
@@ -497,9 +485,9 @@ __device__ __forceinline__ void ternary_gemv_fused(
         ternary_gemv_fused_r##R##_s##SPLIT##_##SN(                                             \
             const uint4* codes, const S* scales, int rows, int nb, int mode, const float* x,    \
             const float* gamma, float eps, const uint4* q, const float2* meta, float* y,        \
-            int accumulate, int glu, int prefetch) {                                           \
+            int accumulate, int glu) {                                                         \
         ternary_gemv_fused<R, SPLIT, S>(codes, scales, rows, nb, mode, x, gamma, eps, q, meta,  \
-                                        y, accumulate, glu, prefetch);                         \
+                                        y, accumulate, glu);                                   \
     }
 #define TERNARY_GEMV_FUSED_SPLITS(R, SN, S) \
     TERNARY_GEMV_FUSED(R, 1, SN, S) TERNARY_GEMV_FUSED(R, 2, SN, S) TERNARY_GEMV_FUSED(R, 4, SN, S)
