@@ -36,20 +36,24 @@ for m in 8b 1.7b; do
   echo "== $m after, TRIT_CUDA_FUSED=0" | tee -a $S; TRIT_CUDA_FUSED=0 b $T bench --device cuda -m $M -p 0 -n 128 -r $R
 done
 M=/tmp/models/8b/model-q2_0.gguf
-for v in TRIT_CUDA_ROWS_PER_WARP=2 TRIT_CUDA_ROWS_PER_WARP=8 TRIT_CUDA_MAX_SPLIT=1 TRIT_CUDA_MAX_SPLIT=2; do
+for v in TRIT_CUDA_ROWS_PER_WARP=2 TRIT_CUDA_ROWS_PER_WARP=8 TRIT_CUDA_MAX_SPLIT=1 TRIT_CUDA_MAX_SPLIT=2 \
+    TRIT_CUDA_FUSED=qkv,gate_up,down,head TRIT_CUDA_FUSED=qkv,gate_up,head TRIT_CUDA_FUSED=qkv,o,gate_up,head \
+    TRIT_CUDA_PDL=0; do
   for m in 8b 1.7b; do
     echo "== $m after, $v" | tee -a $S; env $v timeout 60 $T bench --device cuda -m /tmp/models/$m/model-q2_0.gguf -p 0 -n 128 -r $R 2>&1 | grep -E "\|.*tg|rror" | tee -a $S
   done
 done
-echo "== 8b at depth 3968: before, after" | tee -a $S
+echo "== 8b at depth 3968: before, after (16 splits), after with 8 and 32 splits" | tee -a $S
 b /tmp/bin/trit_before bench --device cuda -m $M -p 0 -n 128 -d 3968 -r 2
 b $T bench --device cuda -m $M -p 0 -n 128 -d 3968 -r 2
+TRIT_CUDA_ATT_SPLITS=8 b $T bench --device cuda -m $M -p 0 -n 128 -d 3968 -r 2
+TRIT_CUDA_ATT_SPLITS=32 b $T bench --device cuda -m $M -p 0 -n 128 -d 3968 -r 2
 echo "== ncu: one 8B step at position 0 (embed, layer 0, layer 1)" | tee -a $S
-TRIT_CUDA_GRAPH=0 timeout 60 ncu --clock-control none -s 0 -c 12 --metrics gpu__time_duration.sum \
+TRIT_CUDA_GRAPH=0 timeout 60 ncu --clock-control none --cache-control none -s 0 -c 12 --metrics gpu__time_duration.sum \
   $T bench --device cuda -m $M -p 0 -n 1 -r 1 --no-warmup > $OUT/ncu_all.txt 2>&1
 grep -E "^  [a-z_0-9]+ \(|gpu__time" $OUT/ncu_all.txt | paste - - | awk '{print $1, $2, $(NF)}' | tee -a $S
 echo "== ncu: fused GEMVs of layer 1 (8B)" | tee -a $S
-TRIT_CUDA_GRAPH=0 timeout 60 ncu --clock-control none -k regex:ternary_gemv_fused -s 4 -c 4 \
+TRIT_CUDA_GRAPH=0 timeout 60 ncu --clock-control none --cache-control none -k regex:ternary_gemv_fused -s 4 -c 4 \
   --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum.per_second,launch__registers_per_thread,launch__grid_size \
   $T bench --device cuda -m $M -p 0 -n 1 -r 1 --no-warmup > $OUT/ncu.txt 2>&1
 grep -E "ternary_gemv|gpu__time|dram__|launch__|rror" $OUT/ncu.txt | head -40 | tee -a $S

@@ -81,7 +81,7 @@ pub struct CudaModel {
     rows_per_warp: Option<usize>,
     max_split: usize,
     use_graph: bool,
-    fused: bool,
+    fused: FusedSet,
     weight_bytes: usize,
     bytes_per_token: usize,
     device_name: String,
@@ -102,16 +102,78 @@ pub struct CudaOptions {
     pub max_split: usize,
     /// Run prompts of several tokens through the batched prefill (compute capability 8.0+).
     pub prefill: bool,
-    /// Decode with the fused GEMVs (RMSNorm, quantization and SwiGLU inside the matrix
-    /// products: 4 kernels per layer besides attention, instead of 7) where a layer's
-    /// matrices are ternary and fit; else the separate kernels.
-    pub fused: bool,
+    /// The matrices the decode step runs through the fused GEMV (RMSNorm, quantization and
+    /// SwiGLU inside the matrix products: 4 kernels per layer besides attention, instead of
+    /// 7) where they are ternary and fit; the others take the separate kernels.
+    pub fused: FusedSet,
+    /// Most flash-decoding splits per head (1 to 64).
+    pub att_splits: usize,
+}
+
+/// Which matrices of the decode step take the fused GEMV.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FusedSet {
+    /// RMSNorm + q‖k‖v.
+    pub qkv: bool,
+    /// The attention output's projection (its int8 input comes from the attention kernel).
+    pub o: bool,
+    /// RMSNorm + gate‖up + SwiGLU.
+    pub gate_up: bool,
+    /// Quantization of the SwiGLU output + down.
+    pub down: bool,
+    /// Final RMSNorm + LM head.
+    pub head: bool,
+}
+
+impl FusedSet {
+    pub const ALL: FusedSet = FusedSet {
+        qkv: true,
+        o: true,
+        gate_up: true,
+        down: true,
+        head: true,
+    };
+    pub const NONE: FusedSet = FusedSet {
+        qkv: false,
+        o: false,
+        gate_up: false,
+        down: false,
+        head: false,
+    };
+
+    /// `1` (all), `0` (none) or a comma-separated list of `qkv`, `o`, `gate_up`, `down`, `head`.
+    pub fn parse(v: &str) -> Result<FusedSet> {
+        match v.trim() {
+            "1" | "" => return Ok(FusedSet::ALL),
+            "0" => return Ok(FusedSet::NONE),
+            _ => {}
+        }
+        let mut set = FusedSet::NONE;
+        for name in v.split(',').map(str::trim) {
+            let slot = match name {
+                "qkv" => &mut set.qkv,
+                "o" => &mut set.o,
+                "gate_up" => &mut set.gate_up,
+                "down" => &mut set.down,
+                "head" => &mut set.head,
+                other => {
+                    return Err(Error::InvalidArgument(format!(
+                        "TRIT_CUDA_FUSED: unknown matrix {other:?} (1, 0 or a list of qkv, o, \
+                         gate_up, down, head)"
+                    )))
+                }
+            };
+            *slot = true;
+        }
+        Ok(set)
+    }
 }
 
 impl CudaOptions {
     /// Defaults, overridable by TRIT_CUDA_GRAPH=0, TRIT_CUDA_ROWS_PER_WARP=2|4|8,
-    /// TRIT_CUDA_MAX_SPLIT=1|2|4, TRIT_CUDA_PDL=0, TRIT_CUDA_PREFILL=0, TRIT_CUDA_FUSED=0
-    /// and TRIT_CUDA_DEVICE=N.
+    /// TRIT_CUDA_MAX_SPLIT=1|2|4, TRIT_CUDA_PDL=0, TRIT_CUDA_PREFILL=0,
+    /// TRIT_CUDA_FUSED=0|1|list, TRIT_CUDA_ATT_SPLITS=N and TRIT_CUDA_DEVICE=N. An unreadable
+    /// TRIT_CUDA_FUSED is reported by `CudaModel::load`.
     pub fn new(ctx: usize) -> Self {
         let env = |k: &str| std::env::var(k).ok();
         CudaOptions {
@@ -125,7 +187,10 @@ impl CudaOptions {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(4),
             prefill: env("TRIT_CUDA_PREFILL").is_none_or(|v| v != "0"),
-            fused: env("TRIT_CUDA_FUSED").is_none_or(|v| v != "0"),
+            fused: FusedSet::ALL,
+            att_splits: env("TRIT_CUDA_ATT_SPLITS")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(ATT_MAX_SPLITS),
         }
     }
 }
@@ -177,9 +242,20 @@ impl CudaModel {
                 cfg.n_heads, cfg.n_kv_heads
             )));
         }
+        if !(1..=64).contains(&opts.att_splits) {
+            return Err(Error::InvalidArgument(format!(
+                "attention splits must be 1 to 64 (got {})",
+                opts.att_splits
+            )));
+        }
+        // The environment overrides the option (benchmarks switch it without a rebuild).
+        let fused = match std::env::var("TRIT_CUDA_FUSED") {
+            Ok(v) => FusedSet::parse(&v)?,
+            Err(_) => opts.fused,
+        };
         let gpu = Gpu::open(opts.device)?;
         let w = weights::load(&gpu, &cfg, files.weights.as_ref())?;
-        let n_splits = opts.ctx.div_ceil(ATT_CHUNK).min(ATT_MAX_SPLITS);
+        let n_splits = opts.ctx.div_ceil(ATT_CHUNK).min(opts.att_splits);
         let b = Buffers::new(&gpu, &cfg, opts.ctx, n_splits)?;
         let (weight_bytes, bytes_per_token) = (w.weight_bytes(), w.bytes_per_token());
         Ok(CudaModel {
@@ -189,7 +265,7 @@ impl CudaModel {
             rows_per_warp: opts.rows_per_warp,
             max_split: opts.max_split,
             use_graph: opts.graph,
-            fused: opts.fused,
+            fused,
             weight_bytes,
             bytes_per_token,
             device_name: gpu.name.clone(),
@@ -317,9 +393,9 @@ impl CudaModel {
 
     /// The fused GEMV's view of `m` when the decode step may use it for `m` (ternary, fits in
     /// shared memory, fused kernels on); `None`: the separate kernels.
-    fn fused_args(&self, st: &State, m: &DevMatrix, glu: bool) -> Option<TernaryArgs> {
+    fn fused_args(&self, st: &State, m: &DevMatrix, which: bool, glu: bool) -> Option<TernaryArgs> {
         let r = self.rows_per_warp.unwrap_or(DEFAULT_ROWS_PER_WARP);
-        if !self.fused || ![2, 4, 8].contains(&r) {
+        if !which || ![2, 4, 8].contains(&r) {
             return None;
         }
         match m {
@@ -386,7 +462,7 @@ impl CudaModel {
             eps: c.norm_eps,
         };
         for (li, blk) in st.w.blocks.iter().enumerate() {
-            if let Some(m) = self.fused_args(st, &blk.qkv, false) {
+            if let Some(m) = self.fused_args(st, &blk.qkv, self.fused.qkv, false) {
                 self.fused_gemv(st, &m, normed_x(&blk.attn_norm), p(&b.qkv), false, false)?;
             } else {
                 norm(&blk.attn_norm, p(&b.x))?;
@@ -430,7 +506,7 @@ impl CudaModel {
                 q: xq,
                 meta: xm,
             };
-            match self.fused_args(st, &blk.o, false) {
+            match self.fused_args(st, &blk.o, self.fused.o, false) {
                 Some(m) if nq.is_multiple_of(64) => {
                     let input = FusedInput::Q { q: xq, meta: xm };
                     self.fused_gemv(st, &m, input, p(&b.x), true, false)?;
@@ -438,7 +514,7 @@ impl CudaModel {
                 _ => self.gemv(st, &blk.o, &att_in, p(&b.x), true)?,
             }
             // h = silu(gate)·up (f32), with its int8 blocks only where the down GEMV reads them.
-            let h_quantized = match self.fused_args(st, &blk.gate_up, true) {
+            let h_quantized = match self.fused_args(st, &blk.gate_up, self.fused.gate_up, true) {
                 Some(m) => {
                     self.fused_gemv(st, &m, normed_x(&blk.ffn_norm), p(&b.h), false, true)?;
                     false
@@ -455,7 +531,7 @@ impl CudaModel {
                     true
                 }
             };
-            match self.fused_args(st, &blk.down, false) {
+            match self.fused_args(st, &blk.down, self.fused.down, false) {
                 Some(m) => {
                     let input = FusedInput::F32 { x: p(&b.h) };
                     self.fused_gemv(st, &m, input, p(&b.x), true, false)?;
@@ -474,7 +550,7 @@ impl CudaModel {
             }
         }
         if with_head {
-            if let Some(m) = self.fused_args(st, st.w.head(), false) {
+            if let Some(m) = self.fused_args(st, st.w.head(), self.fused.head, false) {
                 let input = normed_x(&st.w.final_norm);
                 self.fused_gemv(st, &m, input, p(&b.logits), false, false)?;
             } else {
@@ -629,5 +705,20 @@ impl ExternalNet for CudaModel {
 
     fn bytes_per_token(&self) -> usize {
         self.bytes_per_token
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FusedSet;
+
+    #[test]
+    fn fused_set_parses_all_none_and_lists_and_rejects_unknown_names() {
+        assert_eq!(FusedSet::parse("1").unwrap(), FusedSet::ALL);
+        assert_eq!(FusedSet::parse("0").unwrap(), FusedSet::NONE);
+        let some = FusedSet::parse("qkv, gate_up,head").unwrap();
+        assert!(some.qkv && some.gate_up && some.head && !some.o && !some.down);
+        let err = FusedSet::parse("qkv,ffn").unwrap_err().to_string();
+        assert!(err.contains("ffn"), "{err}");
     }
 }
