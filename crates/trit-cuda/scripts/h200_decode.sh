@@ -36,11 +36,13 @@ for m in 8b 1.7b; do
   echo "== $m after, TRIT_CUDA_FUSED=0" | tee -a $S; TRIT_CUDA_FUSED=0 b $T bench --device cuda -m $M -p 0 -n 128 -r $R
 done
 M=/tmp/models/8b/model-q2_0.gguf
-for v in TRIT_CUDA_ROWS_PER_WARP=2 TRIT_CUDA_ROWS_PER_WARP=8 TRIT_CUDA_MAX_SPLIT=1 TRIT_CUDA_MAX_SPLIT=2 \
-    TRIT_CUDA_FUSED=qkv,gate_up,down,head TRIT_CUDA_FUSED=qkv,gate_up,head TRIT_CUDA_FUSED=qkv,o,gate_up,head \
-    TRIT_CUDA_PDL=0; do
+# Variants of the new binary (':' joins several variables).
+for v in TRIT_CUDA_FUSED_WARPS=8:TRIT_CUDA_FUSED_BLOCKS=1 TRIT_CUDA_FUSED_WARPS=8:TRIT_CUDA_FUSED_BLOCKS=2 \
+    TRIT_CUDA_ROWS_PER_WARP=2 TRIT_CUDA_ROWS_PER_WARP=8 TRIT_CUDA_MAX_SPLIT=1 TRIT_CUDA_MAX_SPLIT=2 \
+    TRIT_CUDA_FUSED=qkv,gate_up,down,head TRIT_CUDA_FUSED=qkv,gate_up,head TRIT_CUDA_PDL=0 \
+    TRIT_CUDA_FUSED_WARPS=8:TRIT_CUDA_FUSED_BLOCKS=1:TRIT_CUDA_ROWS_PER_WARP=2; do
   for m in 8b 1.7b; do
-    echo "== $m after, $v" | tee -a $S; env $v timeout 60 $T bench --device cuda -m /tmp/models/$m/model-q2_0.gguf -p 0 -n 128 -r $R 2>&1 | grep -E "\|.*tg|rror" | tee -a $S
+    echo "== $m after, $v" | tee -a $S; env ${v//:/ } timeout 60 $T bench --device cuda -m /tmp/models/$m/model-q2_0.gguf -p 0 -n 128 -r $R 2>&1 | grep -E "\|.*tg|rror" | tee -a $S
   done
 done
 echo "== 8b at depth 3968: before, after (16 splits), after with 8 and 32 splits" | tee -a $S

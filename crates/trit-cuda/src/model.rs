@@ -82,6 +82,8 @@ pub struct CudaModel {
     max_split: usize,
     use_graph: bool,
     fused: FusedSet,
+    fused_warps: usize,
+    fused_blocks: u32,
     weight_bytes: usize,
     bytes_per_token: usize,
     device_name: String,
@@ -108,6 +110,10 @@ pub struct CudaOptions {
     pub fused: FusedSet,
     /// Most flash-decoding splits per head (1 to 64).
     pub att_splits: usize,
+    /// Warps per block of the fused GEMV (16 or 8).
+    pub fused_warps: usize,
+    /// Most fused-GEMV blocks per multiprocessor (1 or 2).
+    pub fused_blocks: u32,
 }
 
 /// Which matrices of the decode step take the fused GEMV.
@@ -172,7 +178,8 @@ impl FusedSet {
 impl CudaOptions {
     /// Defaults, overridable by TRIT_CUDA_GRAPH=0, TRIT_CUDA_ROWS_PER_WARP=2|4|8,
     /// TRIT_CUDA_MAX_SPLIT=1|2|4, TRIT_CUDA_PDL=0, TRIT_CUDA_PREFILL=0,
-    /// TRIT_CUDA_FUSED=0|1|list, TRIT_CUDA_ATT_SPLITS=N and TRIT_CUDA_DEVICE=N. An unreadable
+    /// TRIT_CUDA_FUSED=0|1|list, TRIT_CUDA_FUSED_WARPS=8|16, TRIT_CUDA_FUSED_BLOCKS=1|2,
+    /// TRIT_CUDA_ATT_SPLITS=N and TRIT_CUDA_DEVICE=N. An unreadable
     /// TRIT_CUDA_FUSED is reported by `CudaModel::load`.
     pub fn new(ctx: usize) -> Self {
         let env = |k: &str| std::env::var(k).ok();
@@ -191,6 +198,12 @@ impl CudaOptions {
             att_splits: env("TRIT_CUDA_ATT_SPLITS")
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(ATT_MAX_SPLITS),
+            fused_warps: env("TRIT_CUDA_FUSED_WARPS")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(16),
+            fused_blocks: env("TRIT_CUDA_FUSED_BLOCKS")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(2),
         }
     }
 }
@@ -248,6 +261,13 @@ impl CudaModel {
                 opts.att_splits
             )));
         }
+        if ![8, 16].contains(&opts.fused_warps) || ![1, 2].contains(&opts.fused_blocks) {
+            return Err(Error::InvalidArgument(format!(
+                "fused GEMV: warps per block must be 8 or 16 and blocks per multiprocessor 1 \
+                 or 2 (got {} and {})",
+                opts.fused_warps, opts.fused_blocks
+            )));
+        }
         // The environment overrides the option (benchmarks switch it without a rebuild).
         let fused = match std::env::var("TRIT_CUDA_FUSED") {
             Ok(v) => FusedSet::parse(&v)?,
@@ -266,6 +286,8 @@ impl CudaModel {
             max_split: opts.max_split,
             use_graph: opts.graph,
             fused,
+            fused_warps: opts.fused_warps,
+            fused_blocks: opts.fused_blocks,
             weight_bytes,
             bytes_per_token,
             device_name: gpu.name.clone(),
@@ -426,6 +448,8 @@ impl CudaModel {
             max_split: self.max_split,
             accumulate,
             glu,
+            warps: self.fused_warps,
+            blocks_per_sm: self.fused_blocks,
         };
         launch_ternary_fused(&st.gpu, m, input, y, opts)
     }

@@ -264,11 +264,14 @@ fn gemv_kernel_matches_its_cpu_emulation_for_every_variant() {
             let got = trit_cuda::gemv::ternary_gemv_once(&gpu, &m, &q, &meta, r, split).unwrap();
             let err = rel_err(&got, &want);
             assert!(err < 1e-5, "R={r} split={split}: {err}");
-            let fused =
-                trit_cuda::gemv::ternary_gemv_fused_once(&gpu, &m, &q, &meta, r, split, false)
-                    .unwrap();
-            let err = rel_err(&fused, &want);
-            assert!(err < 1e-5, "fused R={r} split={split}: {err}");
+            for warps in [16, 8] {
+                let fused = trit_cuda::gemv::ternary_gemv_fused_once(
+                    &gpu, &m, &q, &meta, r, split, false, warps,
+                )
+                .unwrap();
+                let err = rel_err(&fused, &want);
+                assert!(err < 1e-5, "fused R={r} split={split} warps={warps}: {err}");
+            }
         }
     }
     // The fused SwiGLU epilogue: 74 rows = gate (37) ‖ up (37), so every R/2 leaves a partial
@@ -293,9 +296,11 @@ fn gemv_kernel_matches_its_cpu_emulation_for_every_variant() {
         .collect();
     for r in [2, 4, 8] {
         for split in [1, 4] {
-            let got =
-                trit_cuda::gemv::ternary_gemv_fused_once(&gpu, &gu, &q, &meta, r, split, true)
-                    .unwrap();
+            let warps = if split == 1 { 8 } else { 16 };
+            let got = trit_cuda::gemv::ternary_gemv_fused_once(
+                &gpu, &gu, &q, &meta, r, split, true, warps,
+            )
+            .unwrap();
             let err = rel_err(&got, &want_h);
             assert!(err < 1e-5, "fused SwiGLU R={r} split={split}: {err}");
         }

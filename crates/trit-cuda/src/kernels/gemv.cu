@@ -218,8 +218,9 @@ extern "C" __global__ void dense_gemv(const float* __restrict__ w, int rows, int
 
 // ---- The fused decode GEMV: the input's preparation in the prologue, SwiGLU in the epilogue.
 //
-// One block of FG_WARPS warps per multiprocessor (two where they fit) first builds the int8
-// activations in shared memory: copied from the previous kernel's int8 blocks (FG_IN_Q),
+// A block of W warps (16, one block per multiprocessor; or 8, where two fit: one of this
+// kernel and, with programmatic dependent launch, one of the next kernel, which can then
+// load its first weights while this one runs) first builds the int8 activations in shared memory: copied from the previous kernel's int8 blocks (FG_IN_Q),
 // quantized from f32 values (FG_IN_F32: the SwiGLU output before the down projection), or
 // RMS-normalized and quantized from the residual stream (FG_IN_NORM). Every block computes
 // the norm's Σx² itself: 16–48 KB of L2 reads per block instead of a dependent kernel (its
@@ -239,8 +240,6 @@ extern "C" __global__ void dense_gemv(const float* __restrict__ w, int rows, int
 // Shared layout: 16-byte chunk j of block b sits at chunk fg_chunk(b, j), so the 32 lanes of a
 // warp reading chunk j of 32 consecutive blocks hit distinct banks in each 8-lane phase.
 
-#define FG_WARPS 16
-#define FG_THREADS (32 * FG_WARPS)
 #define FG_MAX_COLS 16384
 #define FG_IN_Q 0
 #define FG_IN_F32 1
@@ -253,44 +252,46 @@ __device__ __forceinline__ void team_barrier(int team, int warps) {
     asm volatile("bar.sync %0, %1;" ::"r"(team + 1), "r"(32 * warps) : "memory");
 }
 
-// The block's int8 activations and their (d, d·Σq) per 64 values, into xs / ms.
+// The block's int8 activations and their (d, d·Σq) per 64 values, into xs / ms (blockDim.x
+// threads, a multiple of 16).
 __device__ __forceinline__ void fg_prologue(int mode, int nb, const float* __restrict__ x,
                                             const float* __restrict__ gamma, float eps,
                                             const uint4* __restrict__ q,
                                             const float2* __restrict__ meta, uint4* xs,
                                             float2* ms, float* scratch) {
-    const int t = threadIdx.x;
+    const int t = threadIdx.x, T = blockDim.x;
     if (mode == FG_IN_Q) {
-        for (int c = t; c < 4 * nb; c += FG_THREADS) xs[fg_chunk(c >> 2, c & 3)] = q[c];
-        for (int b = t; b < nb; b += FG_THREADS) ms[b] = meta[b];
+        for (int c = t; c < 4 * nb; c += T) xs[fg_chunk(c >> 2, c & 3)] = q[c];
+        for (int b = t; b < nb; b += T) ms[b] = meta[b];
         return;
     }
-    constexpr int PER = FG_MAX_COLS / 4 / FG_THREADS;
     const int n4 = nb * 16;
     const float4* x4 = (const float4*)x;
-    float4 v[PER];
-    float ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < PER; k++) {
-        const int c = t + k * FG_THREADS;
-        v[k] = c < n4 ? x4[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
-    }
     float inv = 1.0f;
     if (mode == FG_IN_NORM) {
+        float ss = 0.0f;
+#pragma unroll 4
+        for (int c = t; c < n4; c += T) {
+            const float4 v = x4[c];
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
         ss = block_sum(ss, scratch);
         inv = 1.0f / sqrtf(ss / (float)(nb * QBLOCK) + eps);
     }
-    // 16 consecutive threads hold one 64-value block (FG_THREADS is a multiple of 16).
-#pragma unroll
-    for (int k = 0; k < PER; k++) {
-        if (k * FG_THREADS >= n4) break;  // uniform over the block
-        const int c = t + k * FG_THREADS;
-        float4 o = v[k];
-        if (mode == FG_IN_NORM && c < n4) {
-            const float4 g = ((const float4*)gamma)[c];
-            o = make_float4(v[k].x * inv * g.x, v[k].y * inv * g.y, v[k].z * inv * g.z,
-                            v[k].w * inv * g.w);
+    // 16 consecutive threads hold one 64-value block; the trip count is uniform.
+#pragma unroll 2
+    for (int c0 = 0; c0 < n4; c0 += T) {
+        const int c = c0 + t;
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (c < n4) {
+            const float4 v = x4[c];
+            if (mode == FG_IN_NORM) {
+                const float4 g = ((const float4*)gamma)[c];
+                o = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z,
+                                v.w * inv * g.w);
+            } else {
+                o = v;
+            }
         }
         float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
 #pragma unroll
@@ -384,7 +385,7 @@ __device__ __forceinline__ unsigned word_of(const uint4& w, int c) {
     return c == 0 ? w.x : c == 1 ? w.y : c == 2 ? w.z : w.w;
 }
 
-template <int R, int SPLIT, typename S>
+template <int W, int R, int SPLIT, typename S>
 __device__ __forceinline__ void ternary_gemv_fused(
     const uint4* __restrict__ codes, const S* __restrict__ scales, int rows, int nb, int mode,
     const float* __restrict__ x, const float* __restrict__ gamma, float eps,
@@ -393,8 +394,8 @@ __device__ __forceinline__ void ternary_gemv_fused(
     __shared__ uint4 xs[FG_MAX_COLS / 16];
     __shared__ float2 ms[FG_MAX_COLS / QBLOCK];
     __shared__ float scratch[32];
-    __shared__ float red[FG_WARPS][R];
-    constexpr int TEAMS = FG_WARPS / SPLIT;
+    __shared__ float red[W][R];
+    constexpr int TEAMS = W / SPLIT;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int team = warp / SPLIT, sub = warp % SPLIT;
     const int half = rows / 2;
@@ -480,20 +481,26 @@ __device__ __forceinline__ void ternary_gemv_fused(
     }
 }
 
-#define TERNARY_GEMV_FUSED(R, SPLIT, SN, S)                                                    \
-    extern "C" __global__ void __launch_bounds__(FG_THREADS, 1)                                \
-        ternary_gemv_fused_r##R##_s##SPLIT##_##SN(                                             \
+// ternary_gemv_fused_w{W}_r{R}_s{SPLIT}_{f16,f32}: W warps per block, at most 128 registers
+// per thread either way (W = 8 leaves room for a second block).
+#define TERNARY_GEMV_FUSED(W, MINB, R, SPLIT, SN, S)                                            \
+    extern "C" __global__ void __launch_bounds__(32 * W, MINB)                                 \
+        ternary_gemv_fused_w##W##_r##R##_s##SPLIT##_##SN(                                      \
             const uint4* codes, const S* scales, int rows, int nb, int mode, const float* x,    \
             const float* gamma, float eps, const uint4* q, const float2* meta, float* y,        \
             int accumulate, int glu) {                                                         \
-        ternary_gemv_fused<R, SPLIT, S>(codes, scales, rows, nb, mode, x, gamma, eps, q, meta,  \
-                                        y, accumulate, glu);                                   \
+        ternary_gemv_fused<W, R, SPLIT, S>(codes, scales, rows, nb, mode, x, gamma, eps, q,     \
+                                           meta, y, accumulate, glu);                          \
     }
-#define TERNARY_GEMV_FUSED_SPLITS(R, SN, S) \
-    TERNARY_GEMV_FUSED(R, 1, SN, S) TERNARY_GEMV_FUSED(R, 2, SN, S) TERNARY_GEMV_FUSED(R, 4, SN, S)
-TERNARY_GEMV_FUSED_SPLITS(2, f16, half_bits)
-TERNARY_GEMV_FUSED_SPLITS(4, f16, half_bits)
-TERNARY_GEMV_FUSED_SPLITS(8, f16, half_bits)
-TERNARY_GEMV_FUSED_SPLITS(2, f32, float)
-TERNARY_GEMV_FUSED_SPLITS(4, f32, float)
-TERNARY_GEMV_FUSED_SPLITS(8, f32, float)
+#define TERNARY_GEMV_FUSED_SPLITS(W, MINB, R, SN, S)                                  \
+    TERNARY_GEMV_FUSED(W, MINB, R, 1, SN, S) TERNARY_GEMV_FUSED(W, MINB, R, 2, SN, S) \
+    TERNARY_GEMV_FUSED(W, MINB, R, 4, SN, S)
+#define TERNARY_GEMV_FUSED_ALL(W, MINB)                  \
+    TERNARY_GEMV_FUSED_SPLITS(W, MINB, 2, f16, half_bits) \
+    TERNARY_GEMV_FUSED_SPLITS(W, MINB, 4, f16, half_bits) \
+    TERNARY_GEMV_FUSED_SPLITS(W, MINB, 8, f16, half_bits) \
+    TERNARY_GEMV_FUSED_SPLITS(W, MINB, 2, f32, float)     \
+    TERNARY_GEMV_FUSED_SPLITS(W, MINB, 4, f32, float)     \
+    TERNARY_GEMV_FUSED_SPLITS(W, MINB, 8, f32, float)
+TERNARY_GEMV_FUSED_ALL(16, 1)
+TERNARY_GEMV_FUSED_ALL(8, 2)
