@@ -23,8 +23,6 @@ if [ "$1" != bench ]; then
   timeout 150 /tmp/bin/gpu_vs_cpu --ignored --test-threads 1 --nocapture > $OUT/gputests.log 2>&1
   echo "gpu tests rc=$?" | tee -a $S
   grep -E "^test |relative logit|panicked|test result|greedy|differ" $OUT/gputests.log | cut -c1-220 | tee -a $S
-  TRIT_CUDA_GRAPH=0 timeout 100 /tmp/bin/gpu_vs_cpu --ignored --test-threads 1 > $OUT/gputests_nograph.log 2>&1
-  echo "gpu tests without graph rc=$?" | tee -a $S; grep -E "test result|panicked" $OUT/gputests_nograph.log | tee -a $S
 fi
 wait
 T=/tmp/bin/trit
@@ -59,4 +57,8 @@ TRIT_CUDA_GRAPH=0 timeout 60 ncu --clock-control none --cache-control none -k re
   --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum.per_second,launch__registers_per_thread,launch__grid_size \
   $T bench --device cuda -m $M -p 0 -n 1 -r 1 --no-warmup > $OUT/ncu.txt 2>&1
 grep -E "ternary_gemv|gpu__time|dram__|launch__|rror" $OUT/ncu.txt | head -40 | tee -a $S
+if [ "$1" != bench ]; then
+  TRIT_CUDA_GRAPH=0 timeout 60 /tmp/bin/gpu_vs_cpu --ignored --test-threads 1 > $OUT/gputests_nograph.log 2>&1
+  echo "gpu tests without graph rc=$?" | tee -a $S; grep -E "test result|panicked" $OUT/gputests_nograph.log | tee -a $S
+fi
 echo "================ SUMMARY"; cat $S
