@@ -130,6 +130,8 @@ pub fn launch_ternary(
 
 /// Widest input the fused GEMV holds in shared memory (`FG_MAX_COLS` in gemv.cu).
 pub const FUSED_MAX_COLS: usize = 16384;
+/// Warps of one fused-GEMV block (`FG_WARPS`).
+const FUSED_WARPS: usize = 16;
 
 /// What the fused GEMV (`ternary_gemv_fused_*` in gemv.cu) makes its int8 activations from.
 #[derive(Clone, Copy, Debug)]
@@ -153,11 +155,6 @@ pub struct FusedOpts {
     pub accumulate: bool,
     /// `W` is gate‖up stacked: `y[i] = silu(gate_i·x)·(up_i·x)` for the `rows / 2` outputs.
     pub glu: bool,
-    /// Warps per block (16 or 8).
-    pub warps: usize,
-    /// Most blocks per multiprocessor (1 or 2; fewer where they do not fit). One block of 8
-    /// warps leaves room for the next kernel's block to start early.
-    pub blocks_per_sm: u32,
 }
 
 /// Whether the fused GEMV can run `m` (its input fits in shared memory; gate‖up has an even
@@ -177,11 +174,10 @@ pub fn launch_ternary_fused(
     y: u64,
     o: FusedOpts,
 ) -> Result<()> {
-    if !fused_fits(m, o.glu) || ![2, 4, 8].contains(&o.r) || ![8, 16].contains(&o.warps) {
+    if !fused_fits(m, o.glu) || ![2, 4, 8].contains(&o.r) {
         return Err(Error::InvalidArgument(format!(
-            "fused GEMV: {} × {} matrix (glu {}) with {} rows per warp and {} warps per block \
-             is not supported",
-            m.rows, m.cols, o.glu, o.r, o.warps
+            "fused GEMV: {} × {} matrix (glu {}) with {} rows per warp is not supported",
+            m.rows, m.cols, o.glu, o.r
         )));
     }
     let steps = (m.cols / 64).div_ceil(32);
@@ -190,20 +186,15 @@ pub fn launch_ternary_fused(
         .find(|s| *s <= o.max_split && steps >= *s)
         .unwrap_or(1);
     let kind = if m.f16 { "f16" } else { "f32" };
-    let kernel = kernel_name(&format!(
-        "ternary_gemv_fused_w{}_r{}_s{split}_{kind}",
-        o.warps, o.r
-    ))?;
-    let threads = 32 * o.warps as u32;
+    let kernel = kernel_name(&format!("ternary_gemv_fused_r{}_s{split}_{kind}", o.r))?;
+    let threads = 32 * FUSED_WARPS as u32;
     let outputs_per_group = if o.glu { o.r / 2 } else { o.r };
     let groups = (if o.glu { m.rows / 2 } else { m.rows }).div_ceil(outputs_per_group);
-    let teams = o.warps / split;
+    let teams = FUSED_WARPS / split;
     let needed = groups.div_ceil(teams) as u32;
-    // Few blocks per multiprocessor: each block re-reads the whole input.
-    let per_sm = gpu
-        .resident_blocks(kernel, threads)?
-        .min(o.blocks_per_sm.max(1));
-    let resident = gpu.sm_count * per_sm;
+    // At most two blocks per multiprocessor (one where the registers allow no more): each
+    // block re-reads the whole input.
+    let resident = gpu.sm_count * gpu.resident_blocks(kernel, threads)?.min(2);
     let (mode, x, gamma, eps, q, meta) = match input {
         FusedInput::Q { q, meta } => (0, 0, 0, 0.0, q, meta),
         FusedInput::F32 { x } => (1, x, 0, 0.0, 0, 0),
@@ -272,7 +263,6 @@ pub fn ternary_gemv_once(
 /// Runs the fused GEMV once on int8 activations `q` (per-64 `(d, d·Σq)` in `meta`): `W·x`,
 /// or with `glu` the SwiGLU of `m`'s first `rows / 2` and last `rows / 2` rows. The GPU tests
 /// compare it with `repack::gemv_reference`.
-#[allow(clippy::too_many_arguments)]
 pub fn ternary_gemv_fused_once(
     gpu: &Gpu,
     m: &PackedTernary,
@@ -281,7 +271,6 @@ pub fn ternary_gemv_fused_once(
     r: usize,
     max_split: usize,
     glu: bool,
-    warps: usize,
 ) -> Result<Vec<f32>> {
     if q.len() != m.cols || meta.len() != m.blocks() {
         return Err(Error::InvalidArgument(
@@ -300,8 +289,6 @@ pub fn ternary_gemv_fused_once(
         max_split,
         accumulate: false,
         glu,
-        warps,
-        blocks_per_sm: 1,
     };
     launch_ternary_fused(gpu, &c.args(m, s), input, ptr(&c.y, s), opts)?;
     c.result(gpu, "fused GEMV")

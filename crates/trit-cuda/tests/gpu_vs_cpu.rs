@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use trit::format::testgen::{generate, OutFormat, Preset, TokenizerAssets};
 use trit::kernels::{self, KernelLevel};
 use trit::model::{Logits, Model};
-use trit_cuda::{load_model, CudaOptions};
+use trit_cuda::{load_model, CudaOptions, FusedSet};
 
 fn gpu_missing() -> bool {
     if !trit_cuda::device::driver_present() {
@@ -66,10 +66,16 @@ static LEVEL: Mutex<()> = Mutex::new(());
 /// on the CPU's exact f32 reference (`KernelLevel::Reference`), all fed the reference's argmax.
 /// Returns the worst relative logit error against the reference of (GPU, CPU int8).
 fn compare(path: &Path, tokens: &[u32], steps: usize, ctx: usize) -> (f64, f64) {
+    compare_with(path, tokens, steps, &CudaOptions::new(ctx))
+}
+
+/// `compare` with the GPU model loaded with `opts` (its context: `opts.ctx`).
+fn compare_with(path: &Path, tokens: &[u32], steps: usize, opts: &CudaOptions) -> (f64, f64) {
+    let ctx = opts.ctx;
     let _lock = LEVEL.lock().unwrap_or_else(|e| e.into_inner());
     let files = trit::format::open(path).unwrap();
     let cpu = Model::load(&files, 2).unwrap();
-    let gpu = load_model(&files, &CudaOptions::new(ctx)).unwrap();
+    let gpu = load_model(&files, opts).unwrap();
     let fast = kernels::level();
     let (mut rc, mut cc, mut gc) = (cpu.new_cache(ctx), cpu.new_cache(ctx), gpu.new_cache(ctx));
     let mut feed = tokens.to_vec();
@@ -148,7 +154,7 @@ fn long_prompt_crosses_attention_splits_and_all_logits_match() {
     )
     .unwrap();
     let path = dir.path().join("model-q2_0.gguf");
-    // 600 positions: three flash-decoding splits of 256.
+    // 600 positions: the decode steps spread them over 10 flash-decoding splits of 64.
     check(
         "tiny q2_0, 600-token prompt",
         compare(&path, &prompt(600, p.vocab, 2), 4, 640),
@@ -264,14 +270,11 @@ fn gemv_kernel_matches_its_cpu_emulation_for_every_variant() {
             let got = trit_cuda::gemv::ternary_gemv_once(&gpu, &m, &q, &meta, r, split).unwrap();
             let err = rel_err(&got, &want);
             assert!(err < 1e-5, "R={r} split={split}: {err}");
-            for warps in [16, 8] {
-                let fused = trit_cuda::gemv::ternary_gemv_fused_once(
-                    &gpu, &m, &q, &meta, r, split, false, warps,
-                )
-                .unwrap();
-                let err = rel_err(&fused, &want);
-                assert!(err < 1e-5, "fused R={r} split={split} warps={warps}: {err}");
-            }
+            let fused =
+                trit_cuda::gemv::ternary_gemv_fused_once(&gpu, &m, &q, &meta, r, split, false)
+                    .unwrap();
+            let err = rel_err(&fused, &want);
+            assert!(err < 1e-5, "fused R={r} split={split}: {err}");
         }
     }
     // The fused SwiGLU epilogue: 74 rows = gate (37) ‖ up (37), so every R/2 leaves a partial
@@ -296,11 +299,9 @@ fn gemv_kernel_matches_its_cpu_emulation_for_every_variant() {
         .collect();
     for r in [2, 4, 8] {
         for split in [1, 4] {
-            let warps = if split == 1 { 8 } else { 16 };
-            let got = trit_cuda::gemv::ternary_gemv_fused_once(
-                &gpu, &gu, &q, &meta, r, split, true, warps,
-            )
-            .unwrap();
+            let got =
+                trit_cuda::gemv::ternary_gemv_fused_once(&gpu, &gu, &q, &meta, r, split, true)
+                    .unwrap();
             let err = rel_err(&got, &want_h);
             assert!(err < 1e-5, "fused SwiGLU R={r} split={split}: {err}");
         }
@@ -448,6 +449,36 @@ fn gemm_kernel_matches_its_cpu_emulation_on_ragged_shapes() {
             }
             let err = rel_err(g, w);
             assert!(err < 1e-5, "{rows}x{cols}, {ntok} tokens, token {t}: {err}");
+        }
+    }
+}
+
+/// Every way the decode step can run its matrices (all through the fused GEMV, none, and the
+/// default mix) against the CPU: a 40-token prompt, then decode steps across two attention
+/// splits, on qwen3 (QK-norm) and llama.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn fused_and_separate_decode_kernels_match_the_cpu() {
+    if gpu_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for preset in ["tiny", "tiny-llama"] {
+        let p = Preset::by_name(preset).unwrap();
+        let out = dir.path().join(preset);
+        let q2 = OutFormat::parse("q2_0").unwrap();
+        generate(&p, 4, &out, &[q2], &TokenizerAssets::Placeholder).unwrap();
+        let path = out.join("model-q2_0.gguf");
+        let default = CudaOptions::new(128).fused;
+        for (name, set) in [
+            ("all fused", FusedSet::ALL),
+            ("none fused", FusedSet::NONE),
+            ("default", default),
+        ] {
+            let mut opts = CudaOptions::new(128);
+            opts.fused = set;
+            let errs = compare_with(&path, &prompt(40, p.vocab, 3), 8, &opts);
+            check(&format!("{preset} q2_0, {name}"), errs);
         }
     }
 }

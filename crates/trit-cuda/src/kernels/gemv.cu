@@ -218,13 +218,13 @@ extern "C" __global__ void dense_gemv(const float* __restrict__ w, int rows, int
 
 // ---- The fused decode GEMV: the input's preparation in the prologue, SwiGLU in the epilogue.
 //
-// A block of W warps (16, one block per multiprocessor; or 8, where two fit: one of this
-// kernel and, with programmatic dependent launch, one of the next kernel, which can then
-// load its first weights while this one runs) first builds the int8 activations in shared memory: copied from the previous kernel's int8 blocks (FG_IN_Q),
-// quantized from f32 values (FG_IN_F32: the SwiGLU output before the down projection), or
-// RMS-normalized and quantized from the residual stream (FG_IN_NORM). Every block computes
-// the norm's Σx² itself: 16–48 KB of L2 reads per block instead of a dependent kernel (its
-// launch, ramp and drain). The quantization is rms_norm_quant_v4's and quant_block_warp's
+// One block of FG_WARPS warps per multiprocessor (103 registers per thread leave room for no
+// second) first builds the int8 activations in shared memory: copied from the previous
+// kernel's int8 blocks (FG_IN_Q), quantized from f32 values (FG_IN_F32: the SwiGLU output
+// before the down projection), or RMS-normalized and quantized from the residual stream
+// (FG_IN_NORM). Every block computes the norm's Σx² itself: 16–48 KB of L2 reads per block
+// instead of a dependent kernel (its launch, ramp and drain). Which matrices use it is the
+// host's choice (model.rs, FusedSet): on the 8B shape o and down are faster on ternary_gemv. The quantization is rms_norm_quant_v4's and quant_block_warp's
 // (the CPU's ActQ8 formula). Then teams of SPLIT warps take row groups of R rows as
 // ternary_gemv does, reading the activations from shared memory. In GLU mode the matrix is
 // gate‖up stacked (2·half rows) and a group's R rows are R/2 gate rows and the R/2 up rows of
@@ -232,14 +232,15 @@ extern "C" __global__ void dense_gemv(const float* __restrict__ w, int rows, int
 //
 // Each warp keeps two items' weights in flight: it loads item n + 2 before computing item n
 // (a warp of a small matrix has only 1–6 items, so the latency of each round trip, not the
-// loop, sets the time; one item in flight measured 522.6 tok/s on 8B against 610.8 for the
-// separate kernels). Weights do not depend on the previous kernel: items 0 and 1 are loaded
+// loop, sets the time; 8B with every matrix fused against main in the same run: 0.93x with
+// one item in flight, 0.98x with two). Weights do not depend on the previous kernel: items 0 and 1 are loaded
 // before griddepcontrol.wait, overlapping the prologue. (Prefetching further items into L2
 // with prefetch.global.L2 instead measured slower: 522.6 with, 538.0 without.)
 //
 // Shared layout: 16-byte chunk j of block b sits at chunk fg_chunk(b, j), so the 32 lanes of a
 // warp reading chunk j of 32 consecutive blocks hit distinct banks in each 8-lane phase.
 
+#define FG_WARPS 16
 #define FG_MAX_COLS 16384
 #define FG_IN_Q 0
 #define FG_IN_F32 1
@@ -385,7 +386,7 @@ __device__ __forceinline__ unsigned word_of(const uint4& w, int c) {
     return c == 0 ? w.x : c == 1 ? w.y : c == 2 ? w.z : w.w;
 }
 
-template <int W, int R, int SPLIT, typename S>
+template <int R, int SPLIT, typename S>
 __device__ __forceinline__ void ternary_gemv_fused(
     const uint4* __restrict__ codes, const S* __restrict__ scales, int rows, int nb, int mode,
     const float* __restrict__ x, const float* __restrict__ gamma, float eps,
@@ -394,8 +395,8 @@ __device__ __forceinline__ void ternary_gemv_fused(
     __shared__ uint4 xs[FG_MAX_COLS / 16];
     __shared__ float2 ms[FG_MAX_COLS / QBLOCK];
     __shared__ float scratch[32];
-    __shared__ float red[W][R];
-    constexpr int TEAMS = W / SPLIT;
+    __shared__ float red[FG_WARPS][R];
+    constexpr int TEAMS = FG_WARPS / SPLIT;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int team = warp / SPLIT, sub = warp % SPLIT;
     const int half = rows / 2;
@@ -481,26 +482,24 @@ __device__ __forceinline__ void ternary_gemv_fused(
     }
 }
 
-// ternary_gemv_fused_w{W}_r{R}_s{SPLIT}_{f16,f32}: W warps per block, at most 128 registers
-// per thread either way (W = 8 leaves room for a second block).
-#define TERNARY_GEMV_FUSED(W, MINB, R, SPLIT, SN, S)                                            \
-    extern "C" __global__ void __launch_bounds__(32 * W, MINB)                                 \
-        ternary_gemv_fused_w##W##_r##R##_s##SPLIT##_##SN(                                      \
+// Blocks of 8 warps, two per multiprocessor (one of this kernel and, through programmatic
+// dependent launch, one of the next, which could then load its first weights early), measured
+// 370 tok/s on 8B against 545 for one block of 16 warps; two blocks of 8 warps of this
+// kernel, 523.
+#define TERNARY_GEMV_FUSED(R, SPLIT, SN, S)                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * FG_WARPS, 1)                             \
+        ternary_gemv_fused_r##R##_s##SPLIT##_##SN(                                             \
             const uint4* codes, const S* scales, int rows, int nb, int mode, const float* x,    \
             const float* gamma, float eps, const uint4* q, const float2* meta, float* y,        \
             int accumulate, int glu) {                                                         \
-        ternary_gemv_fused<W, R, SPLIT, S>(codes, scales, rows, nb, mode, x, gamma, eps, q,     \
-                                           meta, y, accumulate, glu);                          \
+        ternary_gemv_fused<R, SPLIT, S>(codes, scales, rows, nb, mode, x, gamma, eps, q, meta,  \
+                                        y, accumulate, glu);                                   \
     }
-#define TERNARY_GEMV_FUSED_SPLITS(W, MINB, R, SN, S)                                  \
-    TERNARY_GEMV_FUSED(W, MINB, R, 1, SN, S) TERNARY_GEMV_FUSED(W, MINB, R, 2, SN, S) \
-    TERNARY_GEMV_FUSED(W, MINB, R, 4, SN, S)
-#define TERNARY_GEMV_FUSED_ALL(W, MINB)                  \
-    TERNARY_GEMV_FUSED_SPLITS(W, MINB, 2, f16, half_bits) \
-    TERNARY_GEMV_FUSED_SPLITS(W, MINB, 4, f16, half_bits) \
-    TERNARY_GEMV_FUSED_SPLITS(W, MINB, 8, f16, half_bits) \
-    TERNARY_GEMV_FUSED_SPLITS(W, MINB, 2, f32, float)     \
-    TERNARY_GEMV_FUSED_SPLITS(W, MINB, 4, f32, float)     \
-    TERNARY_GEMV_FUSED_SPLITS(W, MINB, 8, f32, float)
-TERNARY_GEMV_FUSED_ALL(16, 1)
-TERNARY_GEMV_FUSED_ALL(8, 2)
+#define TERNARY_GEMV_FUSED_SPLITS(R, SN, S) \
+    TERNARY_GEMV_FUSED(R, 1, SN, S) TERNARY_GEMV_FUSED(R, 2, SN, S) TERNARY_GEMV_FUSED(R, 4, SN, S)
+TERNARY_GEMV_FUSED_SPLITS(2, f16, half_bits)
+TERNARY_GEMV_FUSED_SPLITS(4, f16, half_bits)
+TERNARY_GEMV_FUSED_SPLITS(8, f16, half_bits)
+TERNARY_GEMV_FUSED_SPLITS(2, f32, float)
+TERNARY_GEMV_FUSED_SPLITS(4, f32, float)
+TERNARY_GEMV_FUSED_SPLITS(8, f32, float)
