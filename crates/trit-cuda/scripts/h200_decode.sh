@@ -3,8 +3,11 @@
 # trit, trit_before, gpu_vs_cpu, gen_model), run the GPU tests while the 1.7B/8B-shaped random
 # models are generated, then `trit bench --device cuda -p 512 -n 128` side by side with the
 # binary before the change and with the fused kernels switched off, one step's kernels under
-# ncu (time per kernel) and the fused GEMVs' DRAM throughput. Summary printed last.
-# Usage (repository root of the device machine): bash .dev/gpu/gpudecode/h200_decode.sh [tests|bench]
+# ncu (time per kernel) and the fused GEMVs' DRAM throughput (every matrix fused). Summary
+# printed last.
+# Usage: copy this script and bins.tar.xz to .dev/gpu/gpudecode/ (ignored by git) of the checkout
+# the device call ships, carry that folder, and run from the repository root there:
+#   bash .dev/gpu/gpudecode/h200_decode.sh [bench]   (bench: skip the GPU tests)
 cd "$(dirname "$0")/../../.." || exit 1
 G=.dev/gpu/gpudecode
 OUT=${OUT:-/tmp/out}
@@ -35,10 +38,9 @@ for m in 8b 1.7b; do
 done
 M=/tmp/models/8b/model-q2_0.gguf
 # Variants of the new binary (':' joins several variables).
-for v in TRIT_CUDA_FUSED_WARPS=8:TRIT_CUDA_FUSED_BLOCKS=1 TRIT_CUDA_FUSED_WARPS=8:TRIT_CUDA_FUSED_BLOCKS=2 \
-    TRIT_CUDA_ROWS_PER_WARP=2 TRIT_CUDA_ROWS_PER_WARP=8 TRIT_CUDA_MAX_SPLIT=1 TRIT_CUDA_MAX_SPLIT=2 \
-    TRIT_CUDA_FUSED=qkv,gate_up,down,head TRIT_CUDA_FUSED=qkv,gate_up,head TRIT_CUDA_PDL=0 \
-    TRIT_CUDA_FUSED_WARPS=8:TRIT_CUDA_FUSED_BLOCKS=1:TRIT_CUDA_ROWS_PER_WARP=2; do
+for v in TRIT_CUDA_FUSED=1 TRIT_CUDA_FUSED=1:TRIT_CUDA_MAX_SPLIT=2 TRIT_CUDA_FUSED=1:TRIT_CUDA_ROWS_PER_WARP=2 \
+    TRIT_CUDA_FUSED=qkv,gate_up,down,head TRIT_CUDA_FUSED=qkv,o,gate_up,head TRIT_CUDA_MAX_SPLIT=2 \
+    TRIT_CUDA_ROWS_PER_WARP=2 TRIT_CUDA_PDL=0; do
   for m in 8b 1.7b; do
     echo "== $m after, $v" | tee -a $S; env ${v//:/ } timeout 60 $T bench --device cuda -m /tmp/models/$m/model-q2_0.gguf -p 0 -n 128 -r $R 2>&1 | grep -E "\|.*tg|rror" | tee -a $S
   done
@@ -49,11 +51,11 @@ b $T bench --device cuda -m $M -p 0 -n 128 -d 3968 -r 2
 TRIT_CUDA_ATT_SPLITS=8 b $T bench --device cuda -m $M -p 0 -n 128 -d 3968 -r 2
 TRIT_CUDA_ATT_SPLITS=32 b $T bench --device cuda -m $M -p 0 -n 128 -d 3968 -r 2
 echo "== ncu: one 8B step at position 0 (embed, layer 0, layer 1)" | tee -a $S
-TRIT_CUDA_GRAPH=0 timeout 60 ncu --clock-control none --cache-control none -s 0 -c 12 --metrics gpu__time_duration.sum \
+TRIT_CUDA_FUSED=1 TRIT_CUDA_GRAPH=0 timeout 60 ncu --clock-control none --cache-control none -s 0 -c 12 --metrics gpu__time_duration.sum \
   $T bench --device cuda -m $M -p 0 -n 1 -r 1 --no-warmup > $OUT/ncu_all.txt 2>&1
 grep -E "^  [a-z_0-9]+ \(|gpu__time" $OUT/ncu_all.txt | paste - - | awk '{print $1, $2, $(NF)}' | tee -a $S
 echo "== ncu: fused GEMVs of layer 1 (8B)" | tee -a $S
-TRIT_CUDA_GRAPH=0 timeout 60 ncu --clock-control none --cache-control none -k regex:ternary_gemv_fused -s 4 -c 4 \
+TRIT_CUDA_FUSED=1 TRIT_CUDA_GRAPH=0 timeout 60 ncu --clock-control none --cache-control none -k regex:ternary_gemv_fused -s 4 -c 4 \
   --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum.per_second,launch__registers_per_thread,launch__grid_size \
   $T bench --device cuda -m $M -p 0 -n 1 -r 1 --no-warmup > $OUT/ncu.txt 2>&1
 grep -E "ternary_gemv|gpu__time|dram__|launch__|rror" $OUT/ncu.txt | head -40 | tee -a $S
