@@ -24,4 +24,4 @@ mod prefill;
 pub mod repack;
 pub mod weights;
 
-pub use model::{load_model, CudaModel, CudaOptions};
+pub use model::{load_model, CudaModel, CudaOptions, FusedSet};

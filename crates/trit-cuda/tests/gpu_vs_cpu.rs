@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use trit::format::testgen::{generate, OutFormat, Preset, TokenizerAssets};
 use trit::kernels::{self, KernelLevel};
 use trit::model::{Logits, Model};
-use trit_cuda::{load_model, CudaOptions};
+use trit_cuda::{load_model, CudaOptions, FusedSet};
 
 fn gpu_missing() -> bool {
     if !trit_cuda::device::driver_present() {
@@ -66,10 +66,16 @@ static LEVEL: Mutex<()> = Mutex::new(());
 /// on the CPU's exact f32 reference (`KernelLevel::Reference`), all fed the reference's argmax.
 /// Returns the worst relative logit error against the reference of (GPU, CPU int8).
 fn compare(path: &Path, tokens: &[u32], steps: usize, ctx: usize) -> (f64, f64) {
+    compare_with(path, tokens, steps, &CudaOptions::new(ctx))
+}
+
+/// `compare` with the GPU model loaded with `opts` (its context: `opts.ctx`).
+fn compare_with(path: &Path, tokens: &[u32], steps: usize, opts: &CudaOptions) -> (f64, f64) {
+    let ctx = opts.ctx;
     let _lock = LEVEL.lock().unwrap_or_else(|e| e.into_inner());
     let files = trit::format::open(path).unwrap();
     let cpu = Model::load(&files, 2).unwrap();
-    let gpu = load_model(&files, &CudaOptions::new(ctx)).unwrap();
+    let gpu = load_model(&files, opts).unwrap();
     let fast = kernels::level();
     let (mut rc, mut cc, mut gc) = (cpu.new_cache(ctx), cpu.new_cache(ctx), gpu.new_cache(ctx));
     let mut feed = tokens.to_vec();
@@ -148,7 +154,7 @@ fn long_prompt_crosses_attention_splits_and_all_logits_match() {
     )
     .unwrap();
     let path = dir.path().join("model-q2_0.gguf");
-    // 600 positions: three flash-decoding splits of 256.
+    // 600 positions: the decode steps spread them over 10 flash-decoding splits of 64.
     check(
         "tiny q2_0, 600-token prompt",
         compare(&path, &prompt(600, p.vocab, 2), 4, 640),
@@ -264,6 +270,40 @@ fn gemv_kernel_matches_its_cpu_emulation_for_every_variant() {
             let got = trit_cuda::gemv::ternary_gemv_once(&gpu, &m, &q, &meta, r, split).unwrap();
             let err = rel_err(&got, &want);
             assert!(err < 1e-5, "R={r} split={split}: {err}");
+            let fused =
+                trit_cuda::gemv::ternary_gemv_fused_once(&gpu, &m, &q, &meta, r, split, false)
+                    .unwrap();
+            let err = rel_err(&fused, &want);
+            assert!(err < 1e-5, "fused R={r} split={split}: {err}");
+        }
+    }
+    // The fused SwiGLU epilogue: 74 rows = gate (37) ‖ up (37), so every R/2 leaves a partial
+    // last group; silu(gate)·up from the emulated products.
+    let (rows2, glu_cols) = (74, 8256);
+    let codes2: Vec<u8> = prompt(rows2 * glu_cols, 3, 17)
+        .iter()
+        .map(|&c| c as u8)
+        .collect();
+    let scales2: Vec<f32> = prompt(rows2 * glu_cols / 64, 1000, 18)
+        .iter()
+        .map(|&v| half::f16::from_f32(0.01 + v as f32 * 1e-4).to_f32())
+        .collect();
+    let bytes2 = encode_matrix(GgmlType::Q2_0, rows2, glu_cols, &codes2, &scales2).unwrap();
+    let gu = pack(&[&GgmlTernary::new(GgmlType::Q2_0, &bytes2, rows2, glu_cols).unwrap()]).unwrap();
+    let both = gemv_reference(&gu, &q, &meta);
+    let want_h: Vec<f32> = (0..rows2 / 2)
+        .map(|i| {
+            let g = both[i];
+            g / (1.0 + (-g).exp()) * both[rows2 / 2 + i]
+        })
+        .collect();
+    for r in [2, 4, 8] {
+        for split in [1, 4] {
+            let got =
+                trit_cuda::gemv::ternary_gemv_fused_once(&gpu, &gu, &q, &meta, r, split, true)
+                    .unwrap();
+            let err = rel_err(&got, &want_h);
+            assert!(err < 1e-5, "fused SwiGLU R={r} split={split}: {err}");
         }
     }
 }
@@ -496,6 +536,36 @@ fn prefill_attention_kernels_match_an_f64_reference() {
             let (want_q, want_meta) = trit_cuda::repack::quantize_activations(&out.att);
             assert!(q8 == want_q, "{sh:?}: int8 values differ");
             assert!(meta == want_meta, "{sh:?}: block scales differ");
+        }
+    }
+}
+
+/// Every way the decode step can run its matrices (all through the fused GEMV, none, and the
+/// default mix) against the CPU: a 40-token prompt, then decode steps across two attention
+/// splits, on qwen3 (QK-norm) and llama.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn fused_and_separate_decode_kernels_match_the_cpu() {
+    if gpu_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for preset in ["tiny", "tiny-llama"] {
+        let p = Preset::by_name(preset).unwrap();
+        let out = dir.path().join(preset);
+        let q2 = OutFormat::parse("q2_0").unwrap();
+        generate(&p, 4, &out, &[q2], &TokenizerAssets::Placeholder).unwrap();
+        let path = out.join("model-q2_0.gguf");
+        let default = CudaOptions::new(128).fused;
+        for (name, set) in [
+            ("all fused", FusedSet::ALL),
+            ("none fused", FusedSet::NONE),
+            ("default", default),
+        ] {
+            let mut opts = CudaOptions::new(128);
+            opts.fused = set;
+            let errs = compare_with(&path, &prompt(40, p.vocab, 3), 8, &opts);
+            check(&format!("{preset} q2_0, {name}"), errs);
         }
     }
 }
