@@ -13,17 +13,18 @@ use std::sync::Arc;
 use trit::{Error, Result};
 
 /// Every kernel source, compiled as one program (`common.cuh` first: shared helpers).
-pub const SOURCES: [(&str, &str); 5] = [
+pub const SOURCES: [(&str, &str); 6] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("gemv.cu", include_str!("kernels/gemv.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("prefill.cu", include_str!("kernels/prefill.cu")),
+    ("batch.cu", include_str!("kernels/batch.cu")),
 ];
 
 /// Kernels the decode step and the batched prefill launch (all must exist in the compiled
 /// module).
-pub const KERNELS: [&str; 39] = [
+pub const KERNELS: [&str; 48] = [
     "ternary_gemv_r2_s1_f16",
     "ternary_gemv_r2_s2_f16",
     "ternary_gemv_r2_s4_f16",
@@ -63,6 +64,15 @@ pub const KERNELS: [&str; 39] = [
     "attn_prefill_e6",
     "attn_prefill_e7",
     "attn_prefill_e8",
+    "rope_append_rows",
+    "attn_rows_e1",
+    "attn_rows_e2",
+    "attn_rows_e3",
+    "attn_rows_e4",
+    "attn_rows_e5",
+    "attn_rows_e6",
+    "attn_rows_e7",
+    "attn_rows_e8",
 ];
 
 /// The program text NVRTC compiles.
