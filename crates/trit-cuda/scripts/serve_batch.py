@@ -93,7 +93,7 @@ def main():
             print("ERROR", e)
         with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
             for line in r.read().decode().splitlines():
-                if line.startswith("trit") or line.startswith("llamacpp"):
+                if line.startswith("trit") and "_bucket" not in line:
                     print("metrics:", line)
         print("sample reply:", json.dumps(ok[0]["text"][:120]) if ok else None)
         return 0 if len(ok) == n and not errors else 1

@@ -7,16 +7,24 @@
 //!
 //! One `forward_batch` call: the prompt rows of each sequence go through the batched prefill
 //! (`prefill.rs`) writing into that sequence's slot; then every sequence that feeds one token
-//! runs as ONE step — B embedding rows, batched RMSNorm + int8 quantization, the prefill's
-//! tensor-core GEMM over B token rows (every weight read once for all), RoPE + KV append at
-//! each row's (slot, position), attention of each row over its own slot (`kernels/batch.cu`),
-//! and the LM head for the B rows. No CUDA graph: with B rows the launch cost is shared.
+//! runs as ONE step — B embedding rows, batched RMSNorm + int8 quantization, a tensor-core
+//! GEMM over the B token rows (every weight read once for all; `batch_gemm.rs`), RoPE + KV
+//! append at each row's (slot, position), attention of each row over its own slot
+//! (`kernels/batch.cu`), and the LM head for the B rows. No CUDA graph: with B rows the launch
+//! cost is shared.
 
+use crate::batch_gemm::launch_small_gemm;
 use crate::device::{cuda_err, ptr, Arg, Gpu};
+use crate::gemv::TernaryArgs;
 use crate::launch;
 use crate::model::{CudaModel, Input, State};
 use crate::prefill::KvTarget;
-use cudarc::driver::{CudaSlice, PinnedHostSlice};
+use crate::weights::DevMatrix;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaSlice, PinnedHostSlice};
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::time::Instant;
 use trit::format::config::{ModelConfig, RopeStyle};
 use trit::model::device_slot::SlotPool;
 use trit::model::{BatchSeq, Logits};
@@ -25,6 +33,24 @@ use trit::{Error, Result};
 /// Sequences one batched call carries at most, unless TRIT_CUDA_MAX_SEQS says otherwise: one
 /// GEMM token tile (64 rows), so a step's matrix products read the weights once.
 const DEFAULT_MAX_SEQS: usize = 64;
+
+/// Whether decode steps replay a CUDA graph per batch size (TRIT_CUDA_BATCH_GRAPH=0: launch
+/// kernel by kernel).
+fn use_graph() -> bool {
+    std::env::var("TRIT_CUDA_BATCH_GRAPH").map_or(true, |v| v != "0")
+}
+
+/// Ternary GEMM of the decode step: the small-batch kernel, or with TRIT_CUDA_BATCH_GEMM=prefill
+/// the prefill's (for comparison).
+fn use_small_gemm() -> bool {
+    std::env::var("TRIT_CUDA_BATCH_GEMM").map_or(true, |v| v != "prefill")
+}
+
+/// A captured decode step, used only under the model's mutex.
+struct StepGraph(CudaGraph);
+// SAFETY: the graph's handles are plain driver objects; every use goes through `State`, which
+// the model's `Mutex` serializes.
+unsafe impl Send for StepGraph {}
 
 /// `max_seqs` of a model being loaded: TRIT_CUDA_MAX_SEQS, else the default.
 pub(crate) fn max_seqs_from_env() -> usize {
@@ -69,6 +95,10 @@ pub(crate) struct BatchState {
     tab: CudaSlice<u64>,
     tab_host: Vec<u64>,
     bufs: RowBuffers,
+    /// Decode steps captured per number of rows (the row count is a launch argument; the
+    /// tokens, positions, slots and slot table are read from device memory, so one graph
+    /// serves every step of that size).
+    graphs: HashMap<usize, StepGraph>,
 }
 
 impl BatchState {
@@ -83,6 +113,7 @@ impl BatchState {
             kv: (0..max_seqs).map(|_| None).collect(),
             tab: gpu.upload(&tab_host)?,
             tab_host,
+            graphs: HashMap::new(),
             bufs: RowBuffers {
                 toks: gpu.zeros(n)?,
                 step: gpu.zeros(2)?,
@@ -263,8 +294,8 @@ impl CudaModel {
         }
         if !rows.is_empty() {
             let logits = self.decode_rows(st, &rows)?;
-            for (r, i) in row_of.into_iter().enumerate() {
-                out[i] = logits[r * c.vocab..(r + 1) * c.vocab].to_vec();
+            for (l, i) in logits.into_iter().zip(row_of) {
+                out[i] = l;
             }
         }
         for s in seqs.iter_mut() {
@@ -277,10 +308,14 @@ impl CudaModel {
         Ok(out)
     }
 
-    /// One decode step for `rows` (one token each); returns `rows.len()` × vocab logits.
-    fn decode_rows(&self, st: &mut State, rows: &[Row]) -> Result<Vec<f32>> {
+    /// One decode step for `rows` (one token each); returns each row's logits. With
+    /// TRIT_CUDA_BATCH_TIMING=1 it prints where the step's time goes (synchronizing between the
+    /// phases, so for looking only, not for measuring the total).
+    fn decode_rows(&self, st: &mut State, rows: &[Row]) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
         let n = rows.len();
+        let timing = std::env::var("TRIT_CUDA_BATCH_TIMING").is_ok_and(|v| v == "1");
+        let t0 = Instant::now();
         {
             let b = &mut st
                 .batch
@@ -308,7 +343,16 @@ impl CudaModel {
                 &mut b.row_slot,
             )?;
         }
-        self.enqueue_rows(st, n)?;
+        if timing {
+            st.gpu.sync()?;
+        }
+        let t1 = Instant::now();
+        self.run_rows(st, n)?;
+        let t2 = Instant::now();
+        if timing {
+            st.gpu.sync()?;
+        }
+        let t3 = Instant::now();
         let b = &mut st
             .batch
             .as_mut()
@@ -320,11 +364,85 @@ impl CudaModel {
             .memcpy_dtoh(&b.logits.slice(0..len), &mut b.host_logits)
             .map_err(|e| cuda_err("copying logits to the host", e))?;
         st.gpu.sync()?;
+        let t4 = Instant::now();
         let v = b
             .host_logits
             .as_slice()
             .map_err(|e| cuda_err("reading pinned logits", e))?;
-        Ok(v[..len].to_vec())
+        // One owned vector per sequence (the sampler takes it), copied out of the pinned
+        // buffer on several threads: B × vocab floats (19 MB for 32 rows of a 151,936-token
+        // vocabulary) is milliseconds on one core.
+        let out: Vec<Vec<f32>> = v[..len].par_chunks(c.vocab).map(|r| r.to_vec()).collect();
+        if timing {
+            let ms = |a: Instant, b: Instant| 1e3 * (b - a).as_secs_f64();
+            eprintln!(
+                "batched step, {n} rows: uploads {:.3} ms, enqueue {:.3} ms, GPU {:.3} ms, \
+                 logits to host {:.3} ms, host copies {:.3} ms",
+                ms(t0, t1),
+                ms(t1, t2),
+                ms(t2, t3),
+                ms(t3, t4),
+                ms(t4, Instant::now())
+            );
+        }
+        Ok(out)
+    }
+
+    /// Runs the step for `n` rows: its graph (captured on first use), or kernel by kernel.
+    fn run_rows(&self, st: &mut State, n: usize) -> Result<()> {
+        if !use_graph() {
+            return self.enqueue_rows(st, n);
+        }
+        let captured = st.batch.as_ref().is_some_and(|b| b.graphs.contains_key(&n));
+        if !captured {
+            let s = st.gpu.stream.clone();
+            s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(|e| cuda_err("starting graph capture", e))?;
+            let enq = self.enqueue_rows(st, n);
+            let graph = s.end_capture(CUgraphInstantiate_flags(0));
+            enq?;
+            let graph = match graph {
+                Ok(Some(g)) => g,
+                Ok(None) => {
+                    return Err(Error::Unsupported(
+                        "CUDA: graph capture recorded nothing".into(),
+                    ))
+                }
+                Err(e) => return Err(cuda_err("capturing the batched decode step", e)),
+            };
+            let batch = st.batch.as_mut().expect("created by forward_batch_gpu");
+            batch.graphs.insert(n, StepGraph(graph));
+        }
+        let batch = st.batch.as_ref().expect("created by forward_batch_gpu");
+        batch.graphs[&n]
+            .0
+            .launch()
+            .map_err(|e| cuda_err("launching the batched decode graph", e))
+    }
+
+    /// `y (+)= m · rows` for the `n` rows of a decode step: the small-batch GEMM for ternary
+    /// matrices, the prefill's per-token product for dense ones.
+    fn rows_matmul(
+        &self,
+        st: &State,
+        m: &DevMatrix,
+        inp: &Input,
+        n: usize,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<()> {
+        match m {
+            DevMatrix::Ternary {
+                rows,
+                cols,
+                codes,
+                scales,
+            } if use_small_gemm() => {
+                let args = TernaryArgs::new(*rows, *cols, codes, scales, &st.gpu.stream);
+                launch_small_gemm(&st.gpu, &args, n, inp.q, inp.meta, y, accumulate)
+            }
+            _ => self.matmul(st, m, inp, n, y, accumulate),
+        }
     }
 
     /// Enqueues every layer and the LM head for the first `n` rows of the row buffers.
@@ -364,7 +482,7 @@ impl CudaModel {
         let attn = attn_rows_kernel(hd);
         for (li, blk) in st.w.blocks.iter().enumerate() {
             norm(&blk.attn_norm)?;
-            self.matmul(st, &blk.qkv, &normed, n, p(&b.qkv), false)?;
+            self.rows_matmul(st, &blk.qkv, &normed, n, p(&b.qkv), false)?;
             let opt = |v: &Option<CudaSlice<f32>>| v.as_ref().map_or(0, p);
             g.launch(
                 "rope_append_rows",
@@ -416,9 +534,9 @@ impl CudaModel {
                 q: xq,
                 meta: xm,
             };
-            self.matmul(st, &blk.o, &att_in, n, p(&b.x), true)?;
+            self.rows_matmul(st, &blk.o, &att_in, n, p(&b.x), true)?;
             norm(&blk.ffn_norm)?;
-            self.matmul(st, &blk.gate_up, &normed, n, p(&b.gu), false)?;
+            self.rows_matmul(st, &blk.gate_up, &normed, n, p(&b.gu), false)?;
             let h_out = launch::QuantOut {
                 f32: p(&b.h),
                 q: xq,
@@ -430,10 +548,10 @@ impl CudaModel {
                 q: xq,
                 meta: xm,
             };
-            self.matmul(st, &blk.down, &h_in, n, p(&b.x), true)?;
+            self.rows_matmul(st, &blk.down, &h_in, n, p(&b.x), true)?;
         }
         norm(&st.w.final_norm)?;
-        self.matmul(st, st.w.head(), &normed, n, p(&b.logits), false)
+        self.rows_matmul(st, st.w.head(), &normed, n, p(&b.logits), false)
     }
 }
 

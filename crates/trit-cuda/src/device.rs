@@ -13,18 +13,19 @@ use std::sync::Arc;
 use trit::{Error, Result};
 
 /// Every kernel source, compiled as one program (`common.cuh` first: shared helpers).
-pub const SOURCES: [(&str, &str); 6] = [
+pub const SOURCES: [(&str, &str); 7] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("gemv.cu", include_str!("kernels/gemv.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("prefill.cu", include_str!("kernels/prefill.cu")),
     ("batch.cu", include_str!("kernels/batch.cu")),
+    ("batch_gemm.cu", include_str!("kernels/batch_gemm.cu")),
 ];
 
 /// Kernels the decode step and the batched prefill launch (all must exist in the compiled
 /// module).
-pub const KERNELS: [&str; 48] = [
+pub const KERNELS: [&str; 50] = [
     "ternary_gemv_r2_s1_f16",
     "ternary_gemv_r2_s2_f16",
     "ternary_gemv_r2_s4_f16",
@@ -73,6 +74,8 @@ pub const KERNELS: [&str; 48] = [
     "attn_rows_e6",
     "attn_rows_e7",
     "attn_rows_e8",
+    "ternary_gemm_small_f16",
+    "ternary_gemm_small_f32",
 ];
 
 /// The program text NVRTC compiles.

@@ -21,6 +21,7 @@
 //! token rows.
 
 mod batch;
+pub mod batch_gemm;
 pub mod device;
 pub mod gemv;
 mod launch;

@@ -163,8 +163,10 @@ fn batched_sequences_at_different_depths_match_each_alone_and_the_cpu() {
              (single GPU vs CPU {single_vs_cpu:.2e})"
         );
         // The same int8 products (GEMM vs GEMV compute the same integers) and the same f16
-        // cache: only the float summation order differs from the single path.
-        assert!(vs_single < 2e-3, "{preset}: batched vs single {vs_single}");
+        // cache; the float summation order differs, and on these random tiny models a flipped
+        // int8 rounding of an activation grows through the layers to ~2e-2 (the prefill and
+        // token-by-token paths differ as much). A wrong row, slot or position gives ~1.
+        assert!(vs_single < 0.1, "{preset}: batched vs single {vs_single}");
         // Against the CPU: as close as the single GPU path is.
         assert!(
             vs_cpu <= 2.0 * single_vs_cpu + 1e-3 && vs_cpu < 0.1,
@@ -281,9 +283,82 @@ fn thirty_two_sequences_decode_together_on_the_default_model() {
         "32 sequences: batched vs single GPU {vs_single:.2e}, batched vs CPU {vs_cpu:.2e} \
          (single GPU vs CPU {single_vs_cpu:.2e})"
     );
-    assert!(vs_single < 2e-3, "batched vs single {vs_single}");
+    // A real model amplifies rounding far less than the random tiny ones (GPU vs CPU 7e-3).
+    assert!(vs_single < 3e-2, "batched vs single {vs_single}");
     assert!(
         vs_cpu <= 2.0 * single_vs_cpu + 1e-3 && vs_cpu < 0.1,
         "batched vs cpu {vs_cpu} (single {single_vs_cpu})"
     );
+}
+
+/// The decode step's small-batch GEMM against the CPU emulation of its arithmetic
+/// (`repack::gemv_reference`, token by token) on ragged shapes: rows not a multiple of the
+/// 32-row tile, 1 to 65 tokens (partial 8-token tiles, a second 32-token tile), row lengths
+/// not a multiple of the 8 warps' 64-column share, a zero token; then accumulating onto y.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn small_batch_gemm_matches_its_cpu_emulation_on_ragged_shapes() {
+    if gpu_missing() {
+        return;
+    }
+    use trit::quant::ternary::{encode_matrix, GgmlTernary};
+    use trit::quant::GgmlType;
+    use trit_cuda::repack::{gemv_reference, pack, quantize_activations};
+    let gpu = trit_cuda::device::Gpu::open(0).unwrap();
+    for (i, (rows, cols, ntok)) in [
+        (37, 8256, 1),
+        (200, 128, 7),
+        (130, 640, 33),
+        (64, 4096, 65),
+        (300, 192, 12),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let seed = 300 + 10 * i as u64;
+        let codes: Vec<u8> = ids(rows * cols, 3, seed).iter().map(|&c| c as u8).collect();
+        let scales: Vec<f32> = ids(rows * cols / 64, 1000, seed + 1)
+            .iter()
+            .map(|&v| half::f16::from_f32(0.01 + v as f32 * 1e-4).to_f32())
+            .collect();
+        let bytes = encode_matrix(GgmlType::Q2_0, rows, cols, &codes, &scales).unwrap();
+        let m = pack(&[&GgmlTernary::new(GgmlType::Q2_0, &bytes, rows, cols).unwrap()]).unwrap();
+        let (mut q, mut meta, mut want) = (Vec::new(), Vec::new(), Vec::new());
+        for t in 0..ntok {
+            let x: Vec<f32> = ids(cols, 20001, seed + 2 + t as u64)
+                .iter()
+                .map(|&v| {
+                    if t == 3 {
+                        0.0
+                    } else {
+                        (v as f32 / 10000.0 - 1.0) * (1 + t % 5) as f32
+                    }
+                })
+                .collect();
+            let (tq, tm) = quantize_activations(&x);
+            want.extend(gemv_reference(&m, &tq, &tm));
+            q.extend(tq);
+            meta.extend(tm);
+        }
+        let got = trit_cuda::batch_gemm::small_gemm_once(&gpu, &m, &q, &meta, None).unwrap();
+        assert_eq!(got.len(), want.len());
+        for t in 0..ntok {
+            let (g, w) = (
+                &got[t * rows..(t + 1) * rows],
+                &want[t * rows..(t + 1) * rows],
+            );
+            if t == 3 {
+                assert!(g.iter().all(|v| *v == 0.0), "{rows}x{cols}: zero token");
+                continue;
+            }
+            let err = rel_err(g, w);
+            assert!(err < 1e-5, "{rows}x{cols}, {ntok} tokens, token {t}: {err}");
+        }
+        // Accumulating: y0 + W·x.
+        let y0: Vec<f32> = (0..ntok * rows).map(|k| (k % 7) as f32 - 3.0).collect();
+        let acc = trit_cuda::batch_gemm::small_gemm_once(&gpu, &m, &q, &meta, Some(&y0)).unwrap();
+        let sum: Vec<f32> = got.iter().zip(&y0).map(|(a, b)| a + b).collect();
+        assert!(rel_err(&acc, &sum) < 1e-6, "{rows}x{cols}: accumulate");
+    }
+    eprintln!("small-batch GEMM equals its CPU emulation on 5 ragged shapes");
 }
