@@ -6,7 +6,8 @@
 # cuda -p 0 -n 128` (batch 1, CUDA graph) and `batch_decode --batches 1,8,32,64`, a per-phase
 # timing of one batched step, the graph and the decode GEMM switched back (TRIT_CUDA_BATCH_GRAPH=0,
 # TRIT_CUDA_BATCH_GEMM=prefill) for the side by side, and 32 sequences at depth 1024 on 8B.
-# Usage (repository root of the device machine): bash .dev/gpu/gpubatch/h200_batch.sh
+# Usage (repository root of the device machine): bash .dev/gpu/gpubatch/h200_batch.sh [full]
+# (`full` also re-runs the single-path GPU tests that go through the refactored prefill).
 cd "$(dirname "$0")/../../.." || exit 1
 G=.dev/gpu/gpubatch
 OUT=${OUT:-/tmp/out}
@@ -51,10 +52,12 @@ for m in 8b 1.7b; do
 done
 echo "== 8b with the prefill GEMM for the decode step (TRIT_CUDA_BATCH_GEMM=prefill)" | tee -a $B
 TRIT_CUDA_BATCH_GEMM=prefill timeout 60 /tmp/bin/batch_decode /tmp/models/8b/model-q2_0.gguf --batches 1,32 --steps 64 2>&1 | grep batched | tee -a $B
-echo "== 8b deep contexts: batch_decode --batches 32 --prompt 1024 --steps 64" | tee -a $B
-timeout 90 /tmp/bin/batch_decode /tmp/models/8b/model-q2_0.gguf --batches 32 --prompt 1024 --steps 64 2>&1 | tee -a $B
-echo "== gpu_vs_cpu (single path through the refactored prefill)" | tee -a $S
-timeout 60 /tmp/bin/gpu_vs_cpu --ignored --test-threads 1 --nocapture default_model long_prompt > $OUT/gpu_vs_cpu.log 2>&1
-echo "gpu_vs_cpu rc=$?" | tee -a $S
-grep -E "^test |relative logit|panicked|test result|greedy" $OUT/gpu_vs_cpu.log | cut -c1-200 | tee -a $S
+echo "== 8b deep contexts: batch_decode --batches 32 --prompt 1024 --steps 32" | tee -a $B
+timeout 90 /tmp/bin/batch_decode /tmp/models/8b/model-q2_0.gguf --batches 32 --prompt 1024 --steps 32 2>&1 | tee -a $B
+if [ "$1" = full ]; then
+  echo "== gpu_vs_cpu (single path through the refactored prefill)" | tee -a $S
+  timeout 60 /tmp/bin/gpu_vs_cpu --ignored --test-threads 1 --nocapture default_model long_prompt > $OUT/gpu_vs_cpu.log 2>&1
+  echo "gpu_vs_cpu rc=$?" | tee -a $S
+  grep -E "^test |relative logit|panicked|test result|greedy" $OUT/gpu_vs_cpu.log | cut -c1-200 | tee -a $S
+fi
 echo "================ SUMMARY"; cat $S; cat $B

@@ -241,5 +241,9 @@ fn device_backend_runs_at_most_its_slots_without_prefix_reuse_and_returns_every_
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(pool.free_count(), 2);
-    assert_eq!(sched.stats().prefix_hits_total, 0);
+    let st = sched.stats();
+    assert_eq!(st.prefix_hits_total, 0);
+    // The budget is the two slots' worst case (256 positions = 4 blocks, +1 each), not bytes.
+    assert_eq!(st.kv_blocks.total, 2 * 5);
+    assert_eq!((st.kv_blocks.used, st.kv_blocks.cached), (0, 0));
 }
