@@ -34,9 +34,9 @@ enum Net {
 
 /// A network computed outside this crate (on a GPU), behind the same `Model` so sessions,
 /// generation, chat and the benchmark drive it unchanged. The caches it gets hold positions
-/// only (`KvCache` rows of width 0): the backend keeps keys and values in its own memory, so
-/// it serves one sequence at a time; `forward` runs `tokens` at positions `cache.len()..`
-/// and must `advance` the cache, like the CPU networks.
+/// only (`KvCache` rows of width 0): the backend keeps keys and values in its own memory;
+/// `forward` runs `tokens` at positions `cache.len()..` for one sequence at a time and must
+/// `advance` the cache, like the CPU networks.
 ///
 /// A backend that can also run several sequences together implements `forward_batch` and
 /// `max_sequences`: each sequence's keys/values then live in a device slot the cache owns
