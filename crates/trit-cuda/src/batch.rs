@@ -129,8 +129,10 @@ impl BatchState {
                 gu: gpu.zeros(n * 2 * c.ffn)?,
                 h: gpu.zeros(n * c.ffn)?,
                 logits: gpu.zeros(n * c.vocab)?,
+                // Plain page-locked memory: cudarc's `alloc_pinned` makes it write-combined,
+                // which the host reads uncached (B × vocab floats per step are read back).
                 // SAFETY: read only after the copy into it and a stream synchronize.
-                host_logits: unsafe { gpu.ctx.alloc_pinned::<f32>(n * c.vocab) }
+                host_logits: unsafe { gpu.ctx.alloc_pinned_with_flags::<f32>(n * c.vocab, 0) }
                     .map_err(|e| cuda_err("allocating pinned memory", e))?,
             },
         })
