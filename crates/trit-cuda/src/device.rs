@@ -20,6 +20,8 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("prefill.cu", include_str!("kernels/prefill.cu")),
     ("flash_prefill.cu", include_str!("kernels/flash_prefill.cu")),
+    ("batch.cu", include_str!("kernels/batch.cu")),
+    ("batch_gemm.cu", include_str!("kernels/batch_gemm.cu")),
 ];
 
 /// Kernels the decode step and the batched prefill launch (all must exist in the compiled
@@ -91,6 +93,17 @@ pub const KERNELS: &[&str] = &[
     "attn_decode_e5",
     "attn_decode_e6",
     "attn_decode_e7",
+    "rope_append_rows",
+    "attn_rows_e1",
+    "attn_rows_e2",
+    "attn_rows_e3",
+    "attn_rows_e4",
+    "attn_rows_e5",
+    "attn_rows_e6",
+    "attn_rows_e7",
+    "attn_rows_e8",
+    "ternary_gemm_small_f16",
+    "ternary_gemm_small_f32",
 ];
 
 /// The program text NVRTC compiles.

@@ -68,8 +68,10 @@ pub(crate) struct State {
     pub(crate) prefill: Option<PrefillBuffers>,
     /// (with head, without head), captured on first use.
     graphs: Option<(Graph, Graph)>,
-    /// The device counter's value when known (None after an error).
-    device_pos: Option<usize>,
+    /// The device counter's value when known (None after an error or a batched call).
+    pub(crate) device_pos: Option<usize>,
+    /// Slots and row buffers of the batched path (`batch.rs`), made on its first use.
+    pub(crate) batch: Option<crate::batch::BatchState>,
 }
 
 pub struct CudaModel {
@@ -85,7 +87,9 @@ pub struct CudaModel {
     weight_bytes: usize,
     bytes_per_token: usize,
     device_name: String,
-    state: Mutex<State>,
+    /// Sequences the batched path holds at once (KV slots; `batch.rs`).
+    pub(crate) max_seqs: usize,
+    pub(crate) state: Mutex<State>,
 }
 
 /// Options of `CudaModel::load`.
@@ -282,6 +286,7 @@ impl CudaModel {
             weight_bytes,
             bytes_per_token,
             device_name: gpu.name.clone(),
+            max_seqs: crate::batch::max_seqs_from_env(),
             config: cfg,
             state: Mutex::new(State {
                 gpu,
@@ -290,6 +295,7 @@ impl CudaModel {
                 prefill: None,
                 graphs: None,
                 device_pos: None,
+                batch: None,
             }),
         })
     }
@@ -718,6 +724,14 @@ impl ExternalNet for CudaModel {
 
     fn bytes_per_token(&self) -> usize {
         self.bytes_per_token
+    }
+
+    fn max_sequences(&self) -> usize {
+        self.max_seqs
+    }
+
+    fn forward_batch(&self, seqs: &mut [trit::model::BatchSeq<'_>]) -> Result<Vec<Vec<f32>>> {
+        self.forward_batch_gpu(seqs)
     }
 }
 

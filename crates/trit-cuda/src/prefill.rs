@@ -21,6 +21,15 @@ use trit::Result;
 /// about 100 MB for the 8B shape).
 pub(crate) const PREFILL_CHUNK: usize = 512;
 
+/// Where a prefill writes keys and values: per layer, the f16 key and value cache of one
+/// sequence (`[kv_head][ctx][head_dim]`), and its positions. The single-sequence state's cache,
+/// or one slot of the batched path (`batch.rs`).
+pub(crate) struct KvTarget {
+    pub(crate) k: Vec<u64>,
+    pub(crate) v: Vec<u64>,
+    pub(crate) ctx: usize,
+}
+
 /// Activations of one chunk, token after token.
 pub(crate) struct PrefillBuffers {
     chunk: usize,
@@ -63,7 +72,7 @@ impl CudaModel {
     }
 
     /// `y (+)= m · rows` for `ntok` token rows of `inp`.
-    fn matmul(
+    pub(crate) fn matmul(
         &self,
         st: &State,
         m: &DevMatrix,
@@ -100,13 +109,32 @@ impl CudaModel {
     }
 
     /// Runs `tokens` (already uploaded to the token array at `pos0`) through the model in
-    /// chunks; returns the logits `which` asks for.
+    /// chunks, keys and values into the single-sequence cache; returns the logits `which`
+    /// asks for.
     pub(crate) fn prefill_locked(
         &self,
         st: &mut State,
         tokens: &[u32],
         pos0: usize,
         which: Logits,
+    ) -> Result<Vec<f32>> {
+        let s = &st.gpu.stream;
+        let kv = KvTarget {
+            k: st.b.k_cache.iter().map(|c| ptr(c, s)).collect(),
+            v: st.b.v_cache.iter().map(|c| ptr(c, s)).collect(),
+            ctx: self.ctx,
+        };
+        self.prefill_into(st, tokens, pos0, which, &kv)
+    }
+
+    /// `prefill_locked` with keys and values going to `kv`.
+    pub(crate) fn prefill_into(
+        &self,
+        st: &mut State,
+        tokens: &[u32],
+        pos0: usize,
+        which: Logits,
+        kv: &KvTarget,
     ) -> Result<Vec<f32>> {
         if st.prefill.is_none() {
             let chunk = PREFILL_CHUNK.min(self.ctx);
@@ -118,7 +146,7 @@ impl CudaModel {
         while done < tokens.len() {
             let n = chunk.min(tokens.len() - done);
             let last_chunk = done + n == tokens.len();
-            self.prefill_chunk(st, pos0 + done, n)?;
+            self.prefill_chunk(st, pos0 + done, n, kv)?;
             let heads: Vec<usize> = match which {
                 Logits::All => (0..n).collect(),
                 Logits::Last if last_chunk => vec![n - 1],
@@ -136,7 +164,7 @@ impl CudaModel {
 
     /// Every layer for `n` tokens at positions `pos..pos + n`; leaves the final hidden states
     /// in the chunk's `x`.
-    fn prefill_chunk(&self, st: &mut State, pos: usize, n: usize) -> Result<()> {
+    fn prefill_chunk(&self, st: &mut State, pos: usize, n: usize, kv: &KvTarget) -> Result<()> {
         {
             let s = st.gpu.stream.clone();
             s.memcpy_htod(&[pos as i32, 0], &mut st.b.step)
@@ -167,7 +195,7 @@ impl CudaModel {
             self.norm_rows(st, &blk.attn_norm, p(&pb.x), n)?;
             self.matmul(st, &blk.qkv, &normed, n, p(&pb.qkv), false)?;
             let opt = |v: &Option<CudaSlice<f32>>| v.as_ref().map_or(0, p);
-            let (kc, vc) = (ptr(&b.k_cache[li], s), ptr(&b.v_cache[li], s));
+            let (kc, vc) = (kv.k[li], kv.v[li]);
             g.launch(
                 "rope_append_batch",
                 ((c.n_heads + c.n_kv_heads).div_ceil(4) as u32, nt),
@@ -185,7 +213,7 @@ impl CudaModel {
                     Arg::I32((c.rope_style == RopeStyle::Adjacent) as i32),
                     Arg::Ptr(kc),
                     Arg::Ptr(vc),
-                    Arg::I32(self.ctx as i32),
+                    Arg::I32(kv.ctx as i32),
                     Arg::F32(scale),
                     Arg::Ptr(p(&pb.qr)),
                 ],
@@ -202,7 +230,7 @@ impl CudaModel {
                     Arg::I32(n as i32),
                     Arg::I32(c.n_heads as i32),
                     Arg::I32(c.n_kv_heads as i32),
-                    Arg::I32(self.ctx as i32),
+                    Arg::I32(kv.ctx as i32),
                     Arg::Ptr(p(&pb.att)),
                     Arg::Ptr(xq),
                     Arg::Ptr(xm),
