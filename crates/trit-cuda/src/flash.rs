@@ -36,13 +36,16 @@ pub struct AttnShape {
     pub ntok: usize,
 }
 
+/// Int8 activation blocks: the values, then (d, d·Σq) per 64.
+pub type QuantizedBlocks = (Vec<i8>, Vec<(f32, f32)>);
+
 /// The outputs of [`prefill_attention_once`].
 pub struct AttnOutput {
     /// `ntok × n_heads × hd` values.
     pub att: Vec<f32>,
     /// Their int8 blocks (values, then (d, d·Σq) per 64) when `hd` is a multiple of 64 (the
     /// kernel quantizes its output for the next product then).
-    pub quantized: Option<(Vec<i8>, Vec<(f32, f32)>)>,
+    pub quantized: Option<QuantizedBlocks>,
 }
 
 /// Runs one prefill attention on the GPU: `q` holds `ntok × n_heads × hd` pre-scaled queries,
