@@ -13,17 +13,22 @@ use std::sync::Arc;
 use trit::{Error, Result};
 
 /// Every kernel source, compiled as one program (`common.cuh` first: shared helpers).
-pub const SOURCES: [(&str, &str); 5] = [
+pub const SOURCES: [(&str, &str); 7] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("gemv.cu", include_str!("kernels/gemv.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("prefill.cu", include_str!("kernels/prefill.cu")),
+    ("deltanet.cu", include_str!("kernels/deltanet.cu")),
+    (
+        "hybrid_attention.cu",
+        include_str!("kernels/hybrid_attention.cu"),
+    ),
 ];
 
 /// Kernels the decode step and the batched prefill launch (all must exist in the compiled
 /// module).
-pub const KERNELS: [&str; 39] = [
+pub const KERNELS: [&str; 44] = [
     "ternary_gemv_r2_s1_f16",
     "ternary_gemv_r2_s2_f16",
     "ternary_gemv_r2_s4_f16",
@@ -63,6 +68,11 @@ pub const KERNELS: [&str; 39] = [
     "attn_prefill_e6",
     "attn_prefill_e7",
     "attn_prefill_e8",
+    "deltanet_conv_silu",
+    "deltanet_recur",
+    "deltanet_gated_norm",
+    "hybrid_attn_prep",
+    "hybrid_attn_decode",
 ];
 
 /// The program text NVRTC compiles.

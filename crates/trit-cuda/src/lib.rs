@@ -17,6 +17,8 @@
 
 pub mod device;
 pub mod gemv;
+pub mod hybrid;
+mod hybrid_weights;
 mod launch;
 pub mod model;
 mod prefill;
