@@ -5,9 +5,10 @@
 //! Per-sequence state on the GPU: per DeltaNet layer the conv window (`(kernel − 1) ×
 //! conv_dim` f32) and the delta-rule state (`v_heads × v_dim × k_dim` f32); per
 //! full-attention layer an f16 KV cache. Prompts run token by token through the step (a
-//! batched hybrid prefill is not written yet). The recurrent state cannot be cut back, so a
-//! forward that starts anywhere but where the last one ended (or at 0, which resets it) is
-//! refused with an error rather than computed on a wrong state.
+//! batched hybrid prefill is not written yet). The recurrent state cannot be cut back: a
+//! forward that starts before where the last one ended (a chat turn reusing a prefix) zeroes
+//! it and replays the sequence's earlier tokens up to there (kept on the host), without the LM
+//! head.
 
 use crate::device::{ptr, Arg, Gpu};
 use crate::gemv::{launch_ternary, TernaryArgs};
@@ -74,8 +75,10 @@ struct State {
     graphs: Option<(Graph, Graph)>,
     /// The device position counter's value when known.
     device_pos: Option<usize>,
-    /// Tokens the recurrent state has consumed (None after an error: only a restart at 0).
+    /// Tokens the recurrent state has consumed (None after an error).
     seq_len: Option<usize>,
+    /// The sequence's tokens up to the last successful forward, replayed after a rewind.
+    history: Vec<u32>,
 }
 
 pub struct CudaHybrid {
@@ -175,6 +178,7 @@ impl CudaHybrid {
                 graphs: None,
                 device_pos: None,
                 seq_len: Some(0),
+                history: Vec::new(),
             }),
         })
     }
@@ -472,36 +476,43 @@ impl CudaHybrid {
         pos0: usize,
         which: Logits,
     ) -> Result<Vec<f32>> {
-        if st.seq_len != Some(pos0) {
-            if pos0 != 0 {
-                return Err(Error::Unsupported(format!(
-                    "CUDA hybrid: the recurrent state cannot go back to position {pos0} (it \
-                     holds {}); a hybrid model on the GPU continues a sequence or restarts it \
-                     from the beginning",
-                    st.seq_len
-                        .map_or("an unfinished step".to_string(), |n| format!("{n} tokens"))
+        // Continuing where the state is: just the new tokens. Anywhere else (a rewind, a
+        // restart, after an error): zero the state and replay the sequence's own earlier
+        // tokens up to pos0 without the LM head (the recurrent state cannot be cut back).
+        let (start, feed) = if st.seq_len == Some(pos0) {
+            (pos0, tokens.to_vec())
+        } else {
+            if pos0 > st.history.len() {
+                return Err(Error::InvalidArgument(format!(
+                    "CUDA hybrid: a cache at position {pos0}, but this GPU model has run only                      {} tokens of the sequence (it serves one sequence at a time)",
+                    st.history.len()
                 )));
             }
             Self::reset_state(st)?;
-        }
+            let mut f = st.history[..pos0].to_vec();
+            f.extend_from_slice(tokens);
+            (0, f)
+        };
+        let skip = feed.len() - tokens.len();
         st.seq_len = None;
-        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let ids: Vec<i32> = feed.iter().map(|&t| t as i32).collect();
         {
             let s = st.gpu.stream.clone();
-            let mut view = st.b.toks.slice_mut(pos0..pos0 + ids.len());
+            let mut view = st.b.toks.slice_mut(start..start + ids.len());
             s.memcpy_htod(&ids, &mut view)
                 .map_err(|e| crate::device::cuda_err("uploading token ids", e))?;
-            if st.device_pos != Some(pos0) {
-                s.memcpy_htod(&[pos0 as i32, 0], &mut st.b.step)
+            if st.device_pos != Some(start) {
+                s.memcpy_htod(&[start as i32, 0], &mut st.b.step)
                     .map_err(|e| crate::device::cuda_err("setting the position", e))?;
             }
         }
         st.device_pos = None;
         let mut out = Vec::new();
-        for i in 0..tokens.len() {
-            let want = which == Logits::All || i + 1 == tokens.len();
+        for i in 0..feed.len() {
+            let mine = i >= skip;
+            let want = mine && (which == Logits::All || i + 1 == feed.len());
             self.run_step(st, want)?;
-            if which == Logits::All {
+            if mine && which == Logits::All {
                 out.extend(self.read_logits(st)?);
             }
         }
@@ -511,6 +522,8 @@ impl CudaHybrid {
         st.gpu.sync()?;
         st.device_pos = Some(pos0 + tokens.len());
         st.seq_len = Some(pos0 + tokens.len());
+        st.history.truncate(pos0);
+        st.history.extend_from_slice(tokens);
         Ok(out)
     }
 

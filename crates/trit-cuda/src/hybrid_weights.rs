@@ -39,8 +39,8 @@ pub struct DevFullAttention {
 }
 
 pub enum DevMixer {
-    Linear(DevDeltaNet),
-    Full(DevFullAttention),
+    Linear(Box<DevDeltaNet>),
+    Full(Box<DevFullAttention>),
 }
 
 pub struct DevHybridLayer {
@@ -132,7 +132,7 @@ pub fn load(
             }
             drop(conv_view);
             n_lin += 1;
-            DevMixer::Linear(DevDeltaNet {
+            DevMixer::Linear(Box::new(DevDeltaNet {
                 qkvz: load_stacked(gpu, src, &[(w("attn_qkv"), cd, d), (w("attn_gate"), vw, d)])?,
                 ab: load_stacked(gpu, src, &[(w("ssm_alpha"), hv, d), (w("ssm_beta"), hv, d)])?,
                 conv: gpu.upload(&conv)?,
@@ -141,11 +141,11 @@ pub fn load(
                 norm: norm(gpu, src, &w("ssm_norm"), hy.v_dim)?,
                 out: load_stacked(gpu, src, &one(&w("ssm_out"), d, vw))?,
                 slot: n_lin - 1,
-            })
+            }))
         } else {
             let (nq, nkv) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
             n_full += 1;
-            DevMixer::Full(DevFullAttention {
+            DevMixer::Full(Box::new(DevFullAttention {
                 qkv: load_stacked(
                     gpu,
                     src,
@@ -159,7 +159,7 @@ pub fn load(
                 k_norm: norm(gpu, src, &w("attn_k_norm"), hd)?,
                 o: load_stacked(gpu, src, &one(&w("attn_output"), d, nq))?,
                 slot: n_full - 1,
-            })
+            }))
         };
         let post = trit::format::config::post_norm_name(src, i)?;
         layers.push(DevHybridLayer {

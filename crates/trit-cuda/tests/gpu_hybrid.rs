@@ -167,11 +167,12 @@ fn tiny_qwen35_greedy_tokens_match_the_cpu() {
 
 /// Logits::All returns every position's logits (each equal to the step-by-step ones), the
 /// graph and the kernel-by-kernel launch agree, a restart at position 0 resets the recurrent
-/// state (same logits again), and a rewind to the middle, which the state cannot do, is an
-/// error instead of wrong logits.
+/// state (same logits again), a rewind into the middle (a chat turn reusing a prefix) replays
+/// the prefix and gives the same logits as the first time, and a cache ahead of what the model
+/// has seen is refused.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
-fn all_logits_restart_and_refused_rewind() {
+fn all_logits_restart_and_rewind() {
     if gpu_missing() {
         return;
     }
@@ -180,10 +181,11 @@ fn all_logits_restart_and_refused_rewind() {
     let files = trit::format::open(&paths[0]).unwrap();
     let gpu = load_model(&files, &CudaOptions::new(64)).unwrap();
     let toks = prompt(10, p.vocab, 6);
+    let v = p.vocab;
     let mut c = gpu.new_cache(64);
     gpu.forward(&toks[..4], &mut c, Logits::Last).unwrap();
     let all = gpu.forward(&toks[4..], &mut c, Logits::All).unwrap();
-    assert_eq!(all.len(), 6 * p.vocab);
+    assert_eq!(all.len(), 6 * v);
 
     let mut opts = CudaOptions::new(64);
     opts.graph = false;
@@ -192,7 +194,7 @@ fn all_logits_restart_and_refused_rewind() {
     eager.forward(&toks[..4], &mut e, Logits::Last).unwrap();
     for (i, &t) in toks[4..].iter().enumerate() {
         let one = eager.forward(&[t], &mut e, Logits::Last).unwrap();
-        let err = rel_err(&one, &all[i * p.vocab..(i + 1) * p.vocab]);
+        let err = rel_err(&one, &all[i * v..(i + 1) * v]);
         assert!(err < 1e-6, "position {}: {err}", 4 + i);
     }
 
@@ -202,13 +204,20 @@ fn all_logits_restart_and_refused_rewind() {
     let again = gpu.forward(&toks[4..], &mut c, Logits::All).unwrap();
     assert!(rel_err(&again, &all) < 1e-6);
 
-    // Into the middle: refused, and the model still restarts cleanly afterwards.
+    // Into the middle: the first 5 tokens are replayed, positions 5.. come out as before.
     c.truncate(5);
-    let err = gpu.forward(&toks[5..], &mut c, Logits::Last).unwrap_err();
-    assert!(err.to_string().contains("cannot go back"), "{err}");
-    c.truncate(0);
-    let last = gpu.forward(&toks, &mut c, Logits::Last).unwrap();
-    assert!(rel_err(&last, &all[5 * p.vocab..]) < 1e-6);
+    let tail = gpu.forward(&toks[5..], &mut c, Logits::All).unwrap();
+    assert!(rel_err(&tail, &all[v..]) < 1e-6);
+    assert_eq!(c.len(), 10);
+
+    // A fresh model handed a cache that claims 3 positions it never ran: refused.
+    let fresh = load_model(&files, &CudaOptions::new(64)).unwrap();
+    let mut ahead = fresh.new_cache(64);
+    ahead.advance(3);
+    let err = fresh
+        .forward(&toks[..1], &mut ahead, Logits::Last)
+        .unwrap_err();
+    assert!(err.to_string().contains("one sequence at a time"), "{err}");
 }
 
 /// Hadamard-rotated packs are refused with the reason before any GPU work (runs everywhere).
