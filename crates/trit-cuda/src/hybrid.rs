@@ -575,3 +575,79 @@ impl ExternalNet for CudaHybrid {
         self.bytes_per_token
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trit::format::testgen::hybrid::{generate, HybridPreset};
+    use trit::format::testgen::{OutFormat, TokenizerAssets};
+
+    /// The generated tiny hybrid's config, as the loader reads it.
+    fn tiny_config() -> (ModelConfig, HybridConfig) {
+        let dir = tempfile::tempdir().unwrap();
+        let p = HybridPreset::by_name("tiny-qwen35").unwrap();
+        let f = OutFormat::parse("q2_0").unwrap();
+        generate(&p, 1, dir.path(), &[f], &TokenizerAssets::Placeholder).unwrap();
+        let files = trit::format::open(&dir.path().join(f.file_name())).unwrap();
+        let hy = files.config.hybrid.clone().unwrap();
+        (files.config, hy)
+    }
+
+    #[test]
+    fn shapes_the_kernels_cannot_run_are_refused_with_the_reason() {
+        let (c, hy) = tiny_config();
+        check_shapes(&c, &hy).unwrap();
+        let refused = |c: &ModelConfig, hy: &HybridConfig, needle: &str| {
+            let e = check_shapes(c, hy).unwrap_err().to_string();
+            assert!(e.contains(needle), "{e}");
+        };
+        refused(
+            &ModelConfig {
+                head_dim: 320,
+                ..c.clone()
+            },
+            &hy,
+            "head_dim",
+        );
+        refused(
+            &c,
+            &HybridConfig {
+                rotary_dim: 33,
+                ..hy.clone()
+            },
+            "rotary",
+        );
+        refused(
+            &c,
+            &HybridConfig {
+                k_dim: 48,
+                ..hy.clone()
+            },
+            "key dims",
+        );
+        refused(
+            &c,
+            &HybridConfig {
+                v_heads: 10,
+                ..hy.clone()
+            },
+            "key heads",
+        );
+        refused(
+            &ModelConfig {
+                n_kv_heads: 3,
+                ..c.clone()
+            },
+            &hy,
+            "kv heads",
+        );
+        refused(
+            &ModelConfig {
+                ffn: 520,
+                ..c.clone()
+            },
+            &hy,
+            "multiples of 64",
+        );
+    }
+}
