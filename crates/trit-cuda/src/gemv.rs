@@ -128,6 +128,100 @@ pub fn launch_ternary(
     )
 }
 
+/// Widest input the fused GEMV holds in shared memory (`FG_MAX_COLS` in gemv.cu).
+pub const FUSED_MAX_COLS: usize = 16384;
+/// Warps of one fused-GEMV block (`FG_WARPS`).
+const FUSED_WARPS: usize = 16;
+
+/// What the fused GEMV (`ternary_gemv_fused_*` in gemv.cu) makes its int8 activations from.
+#[derive(Clone, Copy, Debug)]
+pub enum FusedInput {
+    /// int8 blocks and their per-64 `(d, d·Σq)` written by the previous kernel.
+    Q { q: u64, meta: u64 },
+    /// f32 values, quantized in the prologue.
+    F32 { x: u64 },
+    /// The residual stream: RMSNorm with weights `gamma`, then quantized, in the prologue.
+    Norm { x: u64, gamma: u64, eps: f32 },
+}
+
+/// Launch options of the fused GEMV.
+#[derive(Clone, Copy, Debug)]
+pub struct FusedOpts {
+    /// Rows per warp (2, 4 or 8).
+    pub r: usize,
+    /// Most warps that share one row group (1, 2 or 4).
+    pub max_split: usize,
+    /// `y += W·x` instead of `y = W·x` (not with `glu`).
+    pub accumulate: bool,
+    /// `W` is gate‖up stacked: `y[i] = silu(gate_i·x)·(up_i·x)` for the `rows / 2` outputs.
+    pub glu: bool,
+}
+
+/// Whether the fused GEMV can run `m` (its input fits in shared memory; gate‖up has an even
+/// number of rows).
+pub fn fused_fits(m: &TernaryArgs, glu: bool) -> bool {
+    m.cols.is_multiple_of(64)
+        && m.cols > 0
+        && m.cols <= FUSED_MAX_COLS
+        && (!glu || m.rows.is_multiple_of(2))
+}
+
+/// `y (+)= W·x`, or SwiGLU of gate‖up, with the input prepared in the kernel's prologue.
+pub fn launch_ternary_fused(
+    gpu: &Gpu,
+    m: &TernaryArgs,
+    input: FusedInput,
+    y: u64,
+    o: FusedOpts,
+) -> Result<()> {
+    if !fused_fits(m, o.glu) || ![2, 4, 8].contains(&o.r) {
+        return Err(Error::InvalidArgument(format!(
+            "fused GEMV: {} × {} matrix (glu {}) with {} rows per warp is not supported",
+            m.rows, m.cols, o.glu, o.r
+        )));
+    }
+    let steps = (m.cols / 64).div_ceil(32);
+    let split = [4, 2]
+        .into_iter()
+        .find(|s| *s <= o.max_split && steps >= *s)
+        .unwrap_or(1);
+    let kind = if m.f16 { "f16" } else { "f32" };
+    let kernel = kernel_name(&format!("ternary_gemv_fused_r{}_s{split}_{kind}", o.r))?;
+    let threads = 32 * FUSED_WARPS as u32;
+    let outputs_per_group = if o.glu { o.r / 2 } else { o.r };
+    let groups = (if o.glu { m.rows / 2 } else { m.rows }).div_ceil(outputs_per_group);
+    let teams = FUSED_WARPS / split;
+    let needed = groups.div_ceil(teams) as u32;
+    // At most two blocks per multiprocessor (one where the registers allow no more): each
+    // block re-reads the whole input.
+    let resident = gpu.sm_count * gpu.resident_blocks(kernel, threads)?.min(2);
+    let (mode, x, gamma, eps, q, meta) = match input {
+        FusedInput::Q { q, meta } => (0, 0, 0, 0.0, q, meta),
+        FusedInput::F32 { x } => (1, x, 0, 0.0, 0, 0),
+        FusedInput::Norm { x, gamma, eps } => (2, x, gamma, eps, 0, 0),
+    };
+    gpu.launch(
+        kernel,
+        (needed.min(resident), 1),
+        threads,
+        &[
+            Arg::Ptr(m.codes),
+            Arg::Ptr(m.scales),
+            Arg::I32(m.rows as i32),
+            Arg::I32((m.cols / 64) as i32),
+            Arg::I32(mode),
+            Arg::Ptr(x),
+            Arg::Ptr(gamma),
+            Arg::F32(eps),
+            Arg::Ptr(q),
+            Arg::Ptr(meta),
+            Arg::Ptr(y),
+            Arg::I32((o.accumulate && !o.glu) as i32),
+            Arg::I32(o.glu as i32),
+        ],
+    )
+}
+
 /// The kernel names are static strings in `device::KERNELS`; map a formatted name onto them.
 fn kernel_name(name: &str) -> Result<&'static str> {
     crate::device::KERNELS
@@ -166,6 +260,40 @@ pub fn ternary_gemv_once(
     c.result(gpu, "GEMV")
 }
 
+/// Runs the fused GEMV once on int8 activations `q` (per-64 `(d, d·Σq)` in `meta`): `W·x`,
+/// or with `glu` the SwiGLU of `m`'s first `rows / 2` and last `rows / 2` rows. The GPU tests
+/// compare it with `repack::gemv_reference`.
+pub fn ternary_gemv_fused_once(
+    gpu: &Gpu,
+    m: &PackedTernary,
+    q: &[i8],
+    meta: &[(f32, f32)],
+    r: usize,
+    max_split: usize,
+    glu: bool,
+) -> Result<Vec<f32>> {
+    if q.len() != m.cols || meta.len() != m.blocks() {
+        return Err(Error::InvalidArgument(
+            "activation length differs from the matrix".into(),
+        ));
+    }
+    let s = &gpu.stream;
+    let outputs = if glu { m.rows / 2 } else { m.rows };
+    let c = OneShot::upload(gpu, m, q, meta, outputs)?;
+    let input = FusedInput::Q {
+        q: ptr(&c.q, s),
+        meta: ptr(&c.meta, s),
+    };
+    let opts = FusedOpts {
+        r,
+        max_split,
+        accumulate: false,
+        glu,
+    };
+    launch_ternary_fused(gpu, &c.args(m, s), input, ptr(&c.y, s), opts)?;
+    c.result(gpu, "fused GEMV")
+}
+
 /// Tokens and rows of one thread block of the prefill GEMM (`GM_TOKS`, `GM_ROWS` in
 /// prefill.cu).
 const GEMM_TOKS: usize = 64;
@@ -188,10 +316,12 @@ pub fn launch_ternary_gemm(
             "CUDA: the prefill GEMM needs int8 tensor cores (compute capability 8.0+)".into(),
         ));
     }
-    let kernel = if m.f16 {
-        "ternary_gemm_f16"
-    } else {
-        "ternary_gemm_f32"
+    let three = std::env::var("TRIT_CUDA_GEMM_BLOCKS").is_ok_and(|v| v == "3");
+    let kernel = match (m.f16, three) {
+        (true, false) => "ternary_gemm_f16",
+        (false, false) => "ternary_gemm_f32",
+        (true, true) => "ternary_gemm_b3_f16",
+        (false, true) => "ternary_gemm_b3_f32",
     };
     gpu.launch(
         kernel,

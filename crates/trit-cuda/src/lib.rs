@@ -12,10 +12,18 @@
 //! the GEMV, LM head), captured once in a CUDA graph and replayed per token. Prompts of more
 //! than one token take the batched prefill (`prefill.rs`): chunks of up to 512 tokens per
 //! layer, the matrix products as an int8 tensor-core GEMM over the same 2-bit layout, causal
-//! attention over the cache for the chunk's query rows, the LM head only where logits are
-//! asked for.
+//! attention over the cache for the chunk's query rows on the tensor cores (`flash.rs`), the
+//! LM head only where logits are asked for.
+//!
+//! Several sequences at once (the server's continuous batching) take the batched path
+//! (`batch.rs`): each sequence's keys/values in a GPU slot its cache owns, prompts through the
+//! batched prefill into the slot, and one decode step for all sequences with the GEMM over B
+//! token rows.
 
+mod batch;
+pub mod batch_gemm;
 pub mod device;
+pub mod flash;
 pub mod gemv;
 pub mod hybrid;
 mod hybrid_weights;
@@ -25,4 +33,4 @@ mod prefill;
 pub mod repack;
 pub mod weights;
 
-pub use model::{load_model, CudaModel, CudaOptions};
+pub use model::{load_model, CudaModel, CudaOptions, FusedSet};

@@ -7,6 +7,7 @@
 //! `Logits::Last`).
 
 use crate::device::{ptr, Arg, Gpu};
+use crate::flash::{attn_prefill_kernel, FLASH_QT};
 use crate::gemv::{launch_ternary_gemm, TernaryArgs};
 use crate::launch;
 use crate::model::{CudaModel, Input, State};
@@ -20,8 +21,14 @@ use trit::Result;
 /// about 100 MB for the 8B shape).
 pub(crate) const PREFILL_CHUNK: usize = 512;
 
-/// Query tokens per attention block (`ATT_QT` in prefill.cu).
-const ATT_QT: usize = 8;
+/// Where a prefill writes keys and values: per layer, the f16 key and value cache of one
+/// sequence (`[kv_head][ctx][head_dim]`), and its positions. The single-sequence state's cache,
+/// or one slot of the batched path (`batch.rs`).
+pub(crate) struct KvTarget {
+    pub(crate) k: Vec<u64>,
+    pub(crate) v: Vec<u64>,
+    pub(crate) ctx: usize,
+}
 
 /// Activations of one chunk, token after token.
 pub(crate) struct PrefillBuffers {
@@ -65,7 +72,7 @@ impl CudaModel {
     }
 
     /// `y (+)= m · rows` for `ntok` token rows of `inp`.
-    fn matmul(
+    pub(crate) fn matmul(
         &self,
         st: &State,
         m: &DevMatrix,
@@ -102,13 +109,32 @@ impl CudaModel {
     }
 
     /// Runs `tokens` (already uploaded to the token array at `pos0`) through the model in
-    /// chunks; returns the logits `which` asks for.
+    /// chunks, keys and values into the single-sequence cache; returns the logits `which`
+    /// asks for.
     pub(crate) fn prefill_locked(
         &self,
         st: &mut State,
         tokens: &[u32],
         pos0: usize,
         which: Logits,
+    ) -> Result<Vec<f32>> {
+        let s = &st.gpu.stream;
+        let kv = KvTarget {
+            k: st.b.k_cache.iter().map(|c| ptr(c, s)).collect(),
+            v: st.b.v_cache.iter().map(|c| ptr(c, s)).collect(),
+            ctx: self.ctx,
+        };
+        self.prefill_into(st, tokens, pos0, which, &kv)
+    }
+
+    /// `prefill_locked` with keys and values going to `kv`.
+    pub(crate) fn prefill_into(
+        &self,
+        st: &mut State,
+        tokens: &[u32],
+        pos0: usize,
+        which: Logits,
+        kv: &KvTarget,
     ) -> Result<Vec<f32>> {
         if st.prefill.is_none() {
             let chunk = PREFILL_CHUNK.min(self.ctx);
@@ -120,7 +146,7 @@ impl CudaModel {
         while done < tokens.len() {
             let n = chunk.min(tokens.len() - done);
             let last_chunk = done + n == tokens.len();
-            self.prefill_chunk(st, pos0 + done, n)?;
+            self.prefill_chunk(st, pos0 + done, n, kv)?;
             let heads: Vec<usize> = match which {
                 Logits::All => (0..n).collect(),
                 Logits::Last if last_chunk => vec![n - 1],
@@ -138,7 +164,7 @@ impl CudaModel {
 
     /// Every layer for `n` tokens at positions `pos..pos + n`; leaves the final hidden states
     /// in the chunk's `x`.
-    fn prefill_chunk(&self, st: &mut State, pos: usize, n: usize) -> Result<()> {
+    fn prefill_chunk(&self, st: &mut State, pos: usize, n: usize, kv: &KvTarget) -> Result<()> {
         {
             let s = st.gpu.stream.clone();
             s.memcpy_htod(&[pos as i32, 0], &mut st.b.step)
@@ -163,14 +189,16 @@ impl CudaModel {
         };
         let scale = 1.0 / (hd as f32).sqrt();
         let attn_kernel = attn_prefill_kernel(hd);
+        // Heads of whole 64-column blocks: the attention kernel quantizes its own output.
+        let fused_quant = hd.is_multiple_of(64);
         for (li, blk) in st.w.blocks.iter().enumerate() {
             self.norm_rows(st, &blk.attn_norm, p(&pb.x), n)?;
             self.matmul(st, &blk.qkv, &normed, n, p(&pb.qkv), false)?;
             let opt = |v: &Option<CudaSlice<f32>>| v.as_ref().map_or(0, p);
-            let (kc, vc) = (ptr(&b.k_cache[li], s), ptr(&b.v_cache[li], s));
+            let (kc, vc) = (kv.k[li], kv.v[li]);
             g.launch(
                 "rope_append_batch",
-                ((c.n_heads + c.n_kv_heads) as u32, nt),
+                ((c.n_heads + c.n_kv_heads).div_ceil(4) as u32, nt),
                 128,
                 &[
                     Arg::Ptr(p(&pb.qkv)),
@@ -185,14 +213,14 @@ impl CudaModel {
                     Arg::I32((c.rope_style == RopeStyle::Adjacent) as i32),
                     Arg::Ptr(kc),
                     Arg::Ptr(vc),
-                    Arg::I32(self.ctx as i32),
+                    Arg::I32(kv.ctx as i32),
                     Arg::F32(scale),
                     Arg::Ptr(p(&pb.qr)),
                 ],
             )?;
             g.launch(
                 attn_kernel,
-                (c.n_heads as u32, n.div_ceil(ATT_QT) as u32),
+                (c.n_heads as u32, n.div_ceil(FLASH_QT) as u32),
                 128,
                 &[
                     Arg::Ptr(p(&pb.qr)),
@@ -202,11 +230,14 @@ impl CudaModel {
                     Arg::I32(n as i32),
                     Arg::I32(c.n_heads as i32),
                     Arg::I32(c.n_kv_heads as i32),
-                    Arg::I32(self.ctx as i32),
+                    Arg::I32(kv.ctx as i32),
                     Arg::Ptr(p(&pb.att)),
+                    Arg::Ptr(xq),
+                    Arg::Ptr(xm),
+                    Arg::I32(fused_quant as i32),
                 ],
             )?;
-            if nq.is_multiple_of(64) {
+            if nq.is_multiple_of(64) && !fused_quant {
                 // The chunk's rows are contiguous, so its blocks are one flat vector.
                 launch::quantize_vec(g, p(&pb.att), n * nq, xq, xm)?;
             }
@@ -269,19 +300,4 @@ impl CudaModel {
         };
         self.gemv(st, st.w.head(), &normed, ptr(&st.b.logits, s), false)
     }
-}
-
-/// The attention kernel for `hd`-wide heads (a multiple of 32 up to 256, checked at load).
-fn attn_prefill_kernel(hd: usize) -> &'static str {
-    const NAMES: [&str; 8] = [
-        "attn_prefill_e1",
-        "attn_prefill_e2",
-        "attn_prefill_e3",
-        "attn_prefill_e4",
-        "attn_prefill_e5",
-        "attn_prefill_e6",
-        "attn_prefill_e7",
-        "attn_prefill_e8",
-    ];
-    NAMES[(hd / 32).clamp(1, 8) - 1]
 }

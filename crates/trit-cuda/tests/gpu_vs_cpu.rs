@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use trit::format::testgen::{generate, OutFormat, Preset, TokenizerAssets};
 use trit::kernels::{self, KernelLevel};
 use trit::model::{Logits, Model};
-use trit_cuda::{load_model, CudaOptions};
+use trit_cuda::{load_model, CudaOptions, FusedSet};
 
 fn gpu_missing() -> bool {
     if !trit_cuda::device::driver_present() {
@@ -66,10 +66,16 @@ static LEVEL: Mutex<()> = Mutex::new(());
 /// on the CPU's exact f32 reference (`KernelLevel::Reference`), all fed the reference's argmax.
 /// Returns the worst relative logit error against the reference of (GPU, CPU int8).
 fn compare(path: &Path, tokens: &[u32], steps: usize, ctx: usize) -> (f64, f64) {
+    compare_with(path, tokens, steps, &CudaOptions::new(ctx))
+}
+
+/// `compare` with the GPU model loaded with `opts` (its context: `opts.ctx`).
+fn compare_with(path: &Path, tokens: &[u32], steps: usize, opts: &CudaOptions) -> (f64, f64) {
+    let ctx = opts.ctx;
     let _lock = LEVEL.lock().unwrap_or_else(|e| e.into_inner());
     let files = trit::format::open(path).unwrap();
     let cpu = Model::load(&files, 2).unwrap();
-    let gpu = load_model(&files, &CudaOptions::new(ctx)).unwrap();
+    let gpu = load_model(&files, opts).unwrap();
     let fast = kernels::level();
     let (mut rc, mut cc, mut gc) = (cpu.new_cache(ctx), cpu.new_cache(ctx), gpu.new_cache(ctx));
     let mut feed = tokens.to_vec();
@@ -148,7 +154,7 @@ fn long_prompt_crosses_attention_splits_and_all_logits_match() {
     )
     .unwrap();
     let path = dir.path().join("model-q2_0.gguf");
-    // 600 positions: three flash-decoding splits of 256.
+    // 600 positions: the decode steps spread them over 10 flash-decoding splits of 64.
     check(
         "tiny q2_0, 600-token prompt",
         compare(&path, &prompt(600, p.vocab, 2), 4, 640),
@@ -264,6 +270,40 @@ fn gemv_kernel_matches_its_cpu_emulation_for_every_variant() {
             let got = trit_cuda::gemv::ternary_gemv_once(&gpu, &m, &q, &meta, r, split).unwrap();
             let err = rel_err(&got, &want);
             assert!(err < 1e-5, "R={r} split={split}: {err}");
+            let fused =
+                trit_cuda::gemv::ternary_gemv_fused_once(&gpu, &m, &q, &meta, r, split, false)
+                    .unwrap();
+            let err = rel_err(&fused, &want);
+            assert!(err < 1e-5, "fused R={r} split={split}: {err}");
+        }
+    }
+    // The fused SwiGLU epilogue: 74 rows = gate (37) ‖ up (37), so every R/2 leaves a partial
+    // last group; silu(gate)·up from the emulated products.
+    let (rows2, glu_cols) = (74, 8256);
+    let codes2: Vec<u8> = prompt(rows2 * glu_cols, 3, 17)
+        .iter()
+        .map(|&c| c as u8)
+        .collect();
+    let scales2: Vec<f32> = prompt(rows2 * glu_cols / 64, 1000, 18)
+        .iter()
+        .map(|&v| half::f16::from_f32(0.01 + v as f32 * 1e-4).to_f32())
+        .collect();
+    let bytes2 = encode_matrix(GgmlType::Q2_0, rows2, glu_cols, &codes2, &scales2).unwrap();
+    let gu = pack(&[&GgmlTernary::new(GgmlType::Q2_0, &bytes2, rows2, glu_cols).unwrap()]).unwrap();
+    let both = gemv_reference(&gu, &q, &meta);
+    let want_h: Vec<f32> = (0..rows2 / 2)
+        .map(|i| {
+            let g = both[i];
+            g / (1.0 + (-g).exp()) * both[rows2 / 2 + i]
+        })
+        .collect();
+    for r in [2, 4, 8] {
+        for split in [1, 4] {
+            let got =
+                trit_cuda::gemv::ternary_gemv_fused_once(&gpu, &gu, &q, &meta, r, split, true)
+                    .unwrap();
+            let err = rel_err(&got, &want_h);
+            assert!(err < 1e-5, "fused SwiGLU R={r} split={split}: {err}");
         }
     }
 }
@@ -347,7 +387,8 @@ fn prefill_equals_the_token_by_token_path_on_the_gpu() {
 
 /// The prefill GEMM equals the CPU emulation of the GEMV's arithmetic token by token, on
 /// ragged shapes: token counts not a multiple of the 64-token tile, rows not a multiple of
-/// the 128-row tile, rows shorter than one tile.
+/// the 128-row tile, rows shorter than one tile, column blocks not a multiple of a pipeline
+/// stage (8256 = 129 blocks).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn gemm_kernel_matches_its_cpu_emulation_on_ragged_shapes() {
@@ -396,19 +437,135 @@ fn gemm_kernel_matches_its_cpu_emulation_on_ragged_shapes() {
             q.extend(tq);
             meta.extend(tm);
         }
-        let got = trit_cuda::gemv::ternary_gemm_once(&gpu, &m, &q, &meta).unwrap();
-        assert_eq!(got.len(), want.len());
-        for t in 0..ntok {
-            let (g, w) = (
-                &got[t * rows..(t + 1) * rows],
-                &want[t * rows..(t + 1) * rows],
-            );
-            if t == 3 {
-                assert!(g.iter().all(|v| *v == 0.0), "{rows}x{cols}: zero token");
-                continue;
+        {
+            let got = trit_cuda::gemv::ternary_gemm_once(&gpu, &m, &q, &meta).unwrap();
+            assert_eq!(got.len(), want.len());
+            for t in 0..ntok {
+                let (g, w) = (
+                    &got[t * rows..(t + 1) * rows],
+                    &want[t * rows..(t + 1) * rows],
+                );
+                if t == 3 {
+                    assert!(g.iter().all(|v| *v == 0.0), "{rows}x{cols}: zero token");
+                    continue;
+                }
+                let err = rel_err(g, w);
+                assert!(err < 1e-5, "{rows}x{cols}, {ntok} tokens, token {t}: {err}");
             }
-            let err = rel_err(g, w);
-            assert!(err < 1e-5, "{rows}x{cols}, {ntok} tokens, token {t}: {err}");
+        }
+    }
+}
+
+/// The prefill attention kernel (tensor cores, f16 inputs) against an f64 causal softmax
+/// attention, for every key-tile size (hd 64 and 128: 32-key tiles; 160 and 256:
+/// 16-key tiles), GQA, queries that start after earlier cache entries (a second chunk) and
+/// query counts that end inside a 64-query block; and its fused int8 quantization.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn prefill_attention_kernels_match_an_f64_reference() {
+    if gpu_missing() {
+        return;
+    }
+    use trit_cuda::flash::{prefill_attention_once, AttnShape};
+    let gpu = trit_cuda::device::Gpu::open(0).unwrap();
+    let shapes = [
+        (64, 4, 2, 0, 7),
+        (128, 8, 2, 100, 130),
+        (128, 4, 4, 0, 64),
+        (160, 2, 1, 5, 65),
+        (256, 4, 2, 33, 70),
+    ];
+    for (i, (hd, n_heads, n_kv, pos0, ntok)) in shapes.into_iter().enumerate() {
+        let ctx = pos0 + ntok + 3;
+        let sh = AttnShape {
+            hd,
+            n_heads,
+            n_kv,
+            ctx,
+            pos0,
+            ntok,
+        };
+        let unit = |seed: u64, n: usize, scale: f32| -> Vec<f32> {
+            prompt(n, 20001, seed)
+                .iter()
+                .map(|&v| (v as f32 / 10000.0 - 1.0) * scale)
+                .collect()
+        };
+        // Queries pre-scaled by 1/√hd as rope_append_batch leaves them; keys spread wide
+        // enough that the softmax is far from uniform.
+        let q = unit(7 + i as u64, ntok * n_heads * hd, 3.0 / (hd as f32).sqrt());
+        let to_f16 = |v: Vec<f32>| -> Vec<u16> {
+            v.iter()
+                .map(|x| half::f16::from_f32(*x).to_bits())
+                .collect()
+        };
+        let k = to_f16(unit(8 + i as u64, n_kv * ctx * hd, 2.0));
+        let v = to_f16(unit(9 + i as u64, n_kv * ctx * hd, 1.0));
+        let kf = |j: usize| half::f16::from_bits(k[j]).to_f64();
+        let vf = |j: usize| half::f16::from_bits(v[j]).to_f64();
+        let mut want = vec![0f32; q.len()];
+        for t in 0..ntok {
+            for h in 0..n_heads {
+                let kvh = h / (n_heads / n_kv);
+                let qrow = &q[(t * n_heads + h) * hd..][..hd];
+                let keys = pos0 + t + 1;
+                let logits: Vec<f64> = (0..keys)
+                    .map(|p| {
+                        let base = (kvh * ctx + p) * hd;
+                        (0..hd).map(|e| qrow[e] as f64 * kf(base + e)).sum()
+                    })
+                    .collect();
+                let mx = logits.iter().cloned().fold(f64::MIN, f64::max);
+                let w: Vec<f64> = logits.iter().map(|l| (l - mx).exp()).collect();
+                let sum: f64 = w.iter().sum();
+                for e in 0..hd {
+                    let o: f64 = (0..keys).map(|p| w[p] * vf((kvh * ctx + p) * hd + e)).sum();
+                    want[(t * n_heads + h) * hd + e] = (o / sum) as f32;
+                }
+            }
+        }
+        // f16 rounding of q and of the softmax weights: measured 2.2–3.2e-4 on the H200.
+        let out = prefill_attention_once(&gpu, sh, &q, &k, &v).unwrap();
+        let err = rel_err(&out.att, &want);
+        eprintln!("attention {sh:?}: relative error {err:.2e}");
+        assert!(err < 2e-3, "{sh:?}: {err}");
+        // Heads of whole 64-column blocks: the fused quantization equals the CPU's of the
+        // same values exactly.
+        assert_eq!(out.quantized.is_some(), hd % 64 == 0);
+        if let Some((q8, meta)) = out.quantized {
+            let (want_q, want_meta) = trit_cuda::repack::quantize_activations(&out.att);
+            assert!(q8 == want_q, "{sh:?}: int8 values differ");
+            assert!(meta == want_meta, "{sh:?}: block scales differ");
+        }
+    }
+}
+
+/// Every way the decode step can run its matrices (all through the fused GEMV, none, and the
+/// default mix) against the CPU: a 40-token prompt, then decode steps across two attention
+/// splits, on qwen3 (QK-norm) and llama.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn fused_and_separate_decode_kernels_match_the_cpu() {
+    if gpu_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for preset in ["tiny", "tiny-llama"] {
+        let p = Preset::by_name(preset).unwrap();
+        let out = dir.path().join(preset);
+        let q2 = OutFormat::parse("q2_0").unwrap();
+        generate(&p, 4, &out, &[q2], &TokenizerAssets::Placeholder).unwrap();
+        let path = out.join("model-q2_0.gguf");
+        let default = CudaOptions::new(128).fused;
+        for (name, set) in [
+            ("all fused", FusedSet::ALL),
+            ("none fused", FusedSet::NONE),
+            ("default", default),
+        ] {
+            let mut opts = CudaOptions::new(128);
+            opts.fused = set;
+            let errs = compare_with(&path, &prompt(40, p.vocab, 3), 8, &opts);
+            check(&format!("{preset} q2_0, {name}"), errs);
         }
     }
 }

@@ -1,6 +1,8 @@
 //! Every kernel source compiles with NVRTC for Hopper (compute_90) and Ampere (compute_80) and
 //! defines every kernel the decode step launches. Needs only NVRTC (no GPU): skipped, with the
 //! reason printed, where the library is missing (CI); run it with NVRTC on LD_LIBRARY_PATH.
+//! With TRIT_PTX_DIR set, the PTX is also written there (`kernels-compute_90.ptx`, ...) so
+//! `ptxas -v` can show registers, spills and shared memory per kernel without a GPU.
 
 use trit_cuda::device::{compile, nvrtc_present, KERNELS};
 
@@ -12,6 +14,10 @@ fn kernels_compile_for_each_architecture() {
     }
     for arch in ["compute_90", "compute_80"] {
         let ptx = compile(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
+        if let Some(dir) = std::env::var_os("TRIT_PTX_DIR") {
+            let file = std::path::Path::new(&dir).join(format!("kernels-{arch}.ptx"));
+            std::fs::write(&file, &ptx).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        }
         for k in KERNELS.iter() {
             assert!(
                 ptx.contains(&format!(".entry {k}(")),

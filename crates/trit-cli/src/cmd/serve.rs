@@ -17,7 +17,8 @@ pub struct ServeArgs {
     pub host: String,
     #[arg(long, default_value_t = 8080, env = "TRIT_ARG_PORT")]
     pub port: u16,
-    /// Sequences decoded together at most (continuous batching).
+    /// Sequences decoded together at most (continuous batching). With --device cuda each one
+    /// holds a GPU KV slot for the full context (at most TRIT_CUDA_MAX_SEQS, default 64).
     #[arg(long, alias = "np", default_value_t = 4, env = "TRIT_ARG_N_PARALLEL")]
     pub parallel: usize,
     /// Requests allowed to wait for a place among the --parallel sequences; beyond that, 503 +
@@ -48,13 +49,17 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         a.model.model = a.path.take();
     }
     anyhow::ensure!(a.parallel >= 1, "--parallel must be at least 1");
-    if a.model.device == super::Device::Cuda {
-        anyhow::bail!(
-            "--device cuda is not available for serve yet (the GPU backend decodes one sequence \
-             at a time; the server batches several): use run, chat or bench, or serve on the cpu"
-        );
-    }
     let loaded = load(&a.model)?;
+    let on_gpu = a.model.device == super::Device::Cuda;
+    let slots = loaded.model.max_sequences();
+    if a.parallel > slots {
+        eprintln!(
+            "trit serve: warning: --parallel {} is more than the {slots} sequences the GPU holds \
+             at once (TRIT_CUDA_MAX_SEQS); running {slots} together, the rest wait in the queue",
+            a.parallel
+        );
+        a.parallel = slots;
+    }
     let model_id = a.alias.clone().unwrap_or_else(|| {
         let p = &loaded.files.path;
         p.file_stem()
@@ -69,7 +74,13 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         Some(mib) => mib << 20,
         None => a.parallel * per_sequence + (PREFIX_CACHE_MIB << 20),
     };
-    if kv_cache_bytes < per_sequence {
+    if on_gpu && a.kv_cache_mib.is_some() {
+        eprintln!(
+            "trit serve: warning: --kv-cache-mib is ignored with --device cuda (keys/values live \
+             in one GPU slot per --parallel sequence)"
+        );
+    }
+    if !on_gpu && kv_cache_bytes < per_sequence {
         eprintln!(
             "trit serve: warning: --kv-cache-mib {} holds less than one sequence at the full \
              context ({} MiB); requests must set max_tokens low enough to fit",
@@ -108,17 +119,23 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         .context("starting the async runtime")?;
     runtime.block_on(async move {
         let addr = format!("{}:{}", a.host, a.port);
+        let kv = if on_gpu {
+            "keys/values in GPU slots, no prefix reuse".to_string()
+        } else {
+            format!(
+                "KV cache {} MiB in blocks of {} tokens",
+                kv_cache_bytes >> 20,
+                trit::model::kv_cache::BLOCK_TOKENS
+            )
+        };
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         eprintln!(
-            "trit serve: {model_id} on http://{} (ctx {} per sequence, {} in parallel, KV cache \
-             {} MiB in blocks of {} tokens)",
+            "trit serve: {model_id} on http://{} (ctx {} per sequence, {} in parallel, {kv})",
             listener.local_addr()?,
             loaded.n_ctx,
             a.parallel,
-            kv_cache_bytes >> 20,
-            trit::model::kv_cache::BLOCK_TOKENS
         );
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;

@@ -3,9 +3,10 @@
 // adjacent pairs, YaRN included), the new k and v appended to the f16 cache, and
 // flash-decoding over the cache.
 //
-// Grid (n_heads, n_splits): block (h, s) attends q head h over positions
-// [s·ATT_SPLIT, (s+1)·ATT_SPLIT) ∩ [0, pos] and writes a partial softmax (max, sum,
-// unnormalized output). The last block of a head to finish (an atomic counter per head, reset
+// Grid (n_heads, n_splits): the len = pos + 1 positions are cut into `used` ≤ n_splits splits
+// of `chunk` positions (len / n_splits rounded up to a multiple of DEC_CHUNK, so a short
+// context takes few blocks and a long one all of them); block (h, s) attends q head h over
+// split s and writes a partial softmax (max, sum, unnormalized output). The last block of a head to finish (an atomic counter per head, reset
 // by that block) merges the partials and writes the head's output, with its int8 blocks.
 // Blocks whose split lies past the position exit at once; the geometry never changes with the
 // length, so one captured graph serves every position.
@@ -16,11 +17,17 @@
 //
 // Cache layout per layer: [kv_head][position][head_dim] f16.
 
-#define ATT_SPLIT 64
+// Threads of the prefill's attention kernels (prefill.cu).
 #define ATT_THREADS 128
 #define ATT_WARPS (ATT_THREADS / 32)
 #define MAX_HD 256
 #define MAX_E (MAX_HD / 32)
+// The decode kernel: DEC_WARPS warps per block, DEC_U positions per warp at a time, splits of
+// a multiple of DEC_CHUNK positions.
+#define DEC_THREADS 256
+#define DEC_WARPS (DEC_THREADS / 32)
+#define DEC_U 4
+#define DEC_CHUNK (DEC_WARPS * DEC_U)
 
 // RMSNorm (when `norm` is set) and rotation of the head vector `src` (hd floats) into `dst`
 // (shared memory), scaled by `scale`. All threads of the block take part.
@@ -59,24 +66,55 @@ __device__ void norm_rope(const float* src, const float* norm, float eps, const 
     __syncthreads();
 }
 
-extern "C" __global__ void __launch_bounds__(ATT_THREADS)
-attn_decode(const float* __restrict__ qkv, const float* q_norm, const float* k_norm, float eps,
-            const float2* __restrict__ cos_sin, const int* step, int n_heads, int n_kv, int hd,
-            int adjacent, half_bits* kc, half_bits* vc, int ctx, float scale, float* part_o,
-            float2* part_ml, unsigned* counters, float* att, i8* q, float2* meta, int quant) {
+// Loads E consecutive f16 values (E·2 bytes, aligned to it when E is even) as floats.
+template <int E>
+__device__ __forceinline__ void load_halves(const half_bits* p, float* out) {
+    if (E % 4 == 0) {
+#pragma unroll
+        for (int e = 0; e < E; e += 4) {
+            const uint2 v = *(const uint2*)(p + e);
+            out[e] = h2f((half_bits)(v.x & 0xffff));
+            out[e + 1] = h2f((half_bits)(v.x >> 16));
+            out[e + 2] = h2f((half_bits)(v.y & 0xffff));
+            out[e + 3] = h2f((half_bits)(v.y >> 16));
+        }
+    } else if (E % 2 == 0) {
+#pragma unroll
+        for (int e = 0; e < E; e += 2) {
+            const unsigned v = *(const unsigned*)(p + e);
+            out[e] = h2f((half_bits)(v & 0xffff));
+            out[e + 1] = h2f((half_bits)(v >> 16));
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < E; e++) out[e] = h2f(p[e]);
+    }
+}
+
+// E = head_dim / 32 values per lane. Each warp takes DEC_U consecutive positions at a time and
+// issues all their K and V loads before the first dot product, so a warp waits for memory
+// once per DEC_U positions, not once per position.
+template <int E>
+__device__ __forceinline__ void attn_decode_impl(
+    const float* __restrict__ qkv, const float* q_norm, const float* k_norm, float eps,
+    const float2* __restrict__ cos_sin, const int* step, int n_heads, int n_kv, int hd,
+    int adjacent, half_bits* kc, half_bits* vc, int ctx, float scale, float* part_o,
+    float2* part_ml, unsigned* counters, float* att, i8* q, float2* meta, int quant) {
     __shared__ float scratch[32];
     __shared__ float tmp[MAX_HD];
     __shared__ float qs[MAX_HD], kcur[MAX_HD], vcur[MAX_HD];
-    __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
-    __shared__ float sm_o[ATT_WARPS][MAX_HD];
+    __shared__ float sm_m[DEC_WARPS], sm_l[DEC_WARPS];
+    __shared__ float sm_o[DEC_WARPS][MAX_HD];
     __shared__ bool is_last;
     pdl_launch_dependents();
     pdl_wait();
     const int h = blockIdx.x, s = blockIdx.y, n_splits = gridDim.y;
     const int pos = step[0], len = pos + 1;
-    const int used = min((len + ATT_SPLIT - 1) / ATT_SPLIT, n_splits);
+    // Positions per split: len spread over the grid's splits, a multiple of DEC_CHUNK.
+    const int chunk = ((len + n_splits - 1) / n_splits + DEC_CHUNK - 1) / DEC_CHUNK * DEC_CHUNK;
+    const int used = (len + chunk - 1) / chunk;
     if (s >= used) return;
-    const int start = s * ATT_SPLIT, end = min(start + ATT_SPLIT, len);
+    const int start = s * chunk, end = min(start + chunk, len);
     const int group = n_heads / n_kv, kvh = h / group;
     const float2* cs = cos_sin + (size_t)pos * (hd / 2);
     const size_t kv_row = (size_t)kvh * ctx * hd;
@@ -98,62 +136,67 @@ attn_decode(const float* __restrict__ qkv, const float* q_norm, const float* k_n
     }
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int E = hd / 32;
-    float qv[MAX_E], acc[MAX_E];
+    float qv[E], acc[E];
 #pragma unroll
-    for (int e = 0; e < MAX_E; e++) {
-        qv[e] = e < E ? qs[lane * E + e] : 0.0f;
+    for (int e = 0; e < E; e++) {
+        qv[e] = qs[lane * E + e];
         acc[e] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (int p = start + warp; p < end; p += ATT_WARPS) {
-        float kv_k[MAX_E], kv_v[MAX_E];
-        if (p == pos) {
+    for (int p0 = start + warp * DEC_U; p0 < end; p0 += DEC_WARPS * DEC_U) {
+        float kk[DEC_U][E], vv[DEC_U][E];
 #pragma unroll
-            for (int e = 0; e < MAX_E; e++) {
-                kv_k[e] = e < E ? kcur[lane * E + e] : 0.0f;
-                kv_v[e] = e < E ? vcur[lane * E + e] : 0.0f;
-            }
-        } else {
-            const half_bits* kp = kc + kv_row + (size_t)p * hd + lane * E;
-            const half_bits* vp = vc + kv_row + (size_t)p * hd + lane * E;
+        for (int u = 0; u < DEC_U; u++) {
+            const int p = p0 + u;
+            if (p < end && p != pos) {
+                load_halves<E>(kc + kv_row + (size_t)p * hd + lane * E, kk[u]);
+                load_halves<E>(vc + kv_row + (size_t)p * hd + lane * E, vv[u]);
+            } else {
 #pragma unroll
-            for (int e = 0; e < MAX_E; e++) {
-                kv_k[e] = e < E ? h2f(kp[e]) : 0.0f;
-                kv_v[e] = e < E ? h2f(vp[e]) : 0.0f;
+                for (int e = 0; e < E; e++) {
+                    kk[u][e] = p == pos ? kcur[lane * E + e] : 0.0f;
+                    vv[u][e] = p == pos ? vcur[lane * E + e] : 0.0f;
+                }
             }
         }
-        float dot = 0.0f;
+        float dots[DEC_U];
 #pragma unroll
-        for (int e = 0; e < MAX_E; e++) dot += qv[e] * kv_k[e];
-        dot = warp_sum(dot);
-        const float m_new = fmaxf(m, dot);
-        const float corr = expf(m - m_new), pe = expf(dot - m_new);
-        l = l * corr + pe;
+        for (int u = 0; u < DEC_U; u++) {
+            float dot = 0.0f;
 #pragma unroll
-        for (int e = 0; e < MAX_E; e++) acc[e] = acc[e] * corr + pe * kv_v[e];
-        m = m_new;
+            for (int e = 0; e < E; e++) dot += qv[e] * kk[u][e];
+            dots[u] = warp_sum(dot);
+        }
+#pragma unroll
+        for (int u = 0; u < DEC_U; u++) {
+            if (p0 + u >= end) break;  // uniform over the warp
+            const float m_new = fmaxf(m, dots[u]);
+            const float corr = expf(m - m_new), pe = expf(dots[u] - m_new);
+            l = l * corr + pe;
+#pragma unroll
+            for (int e = 0; e < E; e++) acc[e] = acc[e] * corr + pe * vv[u][e];
+            m = m_new;
+        }
     }
     if (lane == 0) {
         sm_m[warp] = m;
         sm_l[warp] = l;
     }
 #pragma unroll
-    for (int e = 0; e < MAX_E; e++)
-        if (e < E) sm_o[warp][lane * E + e] = acc[e];
+    for (int e = 0; e < E; e++) sm_o[warp][lane * E + e] = acc[e];
     __syncthreads();
     float M = -INFINITY;
-    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm_m[w]);
+    for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, sm_m[w]);
     const size_t slot = (size_t)h * n_splits + s;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float o = 0.0f;
-        for (int w = 0; w < ATT_WARPS; w++)
+        for (int w = 0; w < DEC_WARPS; w++)
             if (sm_m[w] > -INFINITY) o += sm_o[w][i] * expf(sm_m[w] - M);
         part_o[slot * hd + i] = o;
     }
     if (threadIdx.x == 0) {
         float L = 0.0f;
-        for (int w = 0; w < ATT_WARPS; w++)
+        for (int w = 0; w < DEC_WARPS; w++)
             if (sm_m[w] > -INFINITY) L += sm_l[w] * expf(sm_m[w] - M);
         part_ml[slot] = make_float2(M, L);
     }
@@ -193,3 +236,23 @@ attn_decode(const float* __restrict__ qkv, const float* q_norm, const float* k_n
                          q + gb * QBLOCK, meta + gb);
     }
 }
+
+// attn_decode_e1 … e7 for head_dim 32 … 224; attn_decode for 256.
+#define ATTN_DECODE(NAME, E)                                                                    \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS) NAME(                             \
+        const float* qkv, const float* q_norm, const float* k_norm, float eps,                  \
+        const float2* cos_sin, const int* step, int n_heads, int n_kv, int hd, int adjacent,    \
+        half_bits* kc, half_bits* vc, int ctx, float scale, float* part_o, float2* part_ml,     \
+        unsigned* counters, float* att, i8* q, float2* meta, int quant) {                       \
+        attn_decode_impl<E>(qkv, q_norm, k_norm, eps, cos_sin, step, n_heads, n_kv, hd,        \
+                            adjacent, kc, vc, ctx, scale, part_o, part_ml, counters, att, q,   \
+                            meta, quant);                                                      \
+    }
+ATTN_DECODE(attn_decode_e1, 1)
+ATTN_DECODE(attn_decode_e2, 2)
+ATTN_DECODE(attn_decode_e3, 3)
+ATTN_DECODE(attn_decode_e4, 4)
+ATTN_DECODE(attn_decode_e5, 5)
+ATTN_DECODE(attn_decode_e6, 6)
+ATTN_DECODE(attn_decode_e7, 7)
+ATTN_DECODE(attn_decode, 8)

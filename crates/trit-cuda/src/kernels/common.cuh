@@ -62,6 +62,9 @@ __device__ __forceinline__ void quant_block_warp(float a, float b, i8* q, float2
     if (lane == 0) *meta = make_float2(d, d * s);
 }
 
+// SwiGLU of one gate/up pair (the CPU's silu(g)·u).
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
 // Programmatic dependent launch (Hopper): a kernel launched with the PDL attribute may start
 // while its predecessor still runs. Each kernel calls pdl_launch_dependents() first (its
 // successor may then be scheduled) and pdl_wait() before it touches anything a predecessor

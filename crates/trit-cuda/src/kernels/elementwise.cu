@@ -142,8 +142,6 @@ extern "C" __global__ void quantize_vec(const float* __restrict__ x, int n, i8* 
     quant_block_warp(v[lane], v[lane + 32], q + b * QBLOCK, meta + b);
 }
 
-__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
-
 // h = silu(gate) · up for gu = [gate (ffn) | up (ffn)], plus its int8 blocks when ffn is a
 // multiple of 64. One warp per 64 values.
 extern "C" __global__ void silu_mul_quant(const float* __restrict__ gu, int ffn,

@@ -215,3 +215,291 @@ extern "C" __global__ void dense_gemv(const float* __restrict__ w, int rows, int
         if (accumulate) y[row] += acc; else y[row] = acc;
     }
 }
+
+// ---- The fused decode GEMV: the input's preparation in the prologue, SwiGLU in the epilogue.
+//
+// One block of FG_WARPS warps per multiprocessor (103 registers per thread leave room for no
+// second) first builds the int8 activations in shared memory: copied from the previous
+// kernel's int8 blocks (FG_IN_Q), quantized from f32 values (FG_IN_F32: the SwiGLU output
+// before the down projection), or RMS-normalized and quantized from the residual stream
+// (FG_IN_NORM). Every block computes the norm's Σx² itself: 16–48 KB of L2 reads per block
+// instead of a dependent kernel (its launch, ramp and drain). Which matrices use it is the
+// host's choice (model.rs, FusedSet): on the 8B shape o and down are faster on ternary_gemv. The quantization is rms_norm_quant_v4's and quant_block_warp's
+// (the CPU's ActQ8 formula). Then teams of SPLIT warps take row groups of R rows as
+// ternary_gemv does, reading the activations from shared memory. In GLU mode the matrix is
+// gate‖up stacked (2·half rows) and a group's R rows are R/2 gate rows and the R/2 up rows of
+// the same outputs, so its epilogue writes silu(gate)·up (the weight layout is unchanged).
+//
+// Each warp keeps two items' weights in flight: it loads item n + 2 before computing item n
+// (a warp of a small matrix has only 1–6 items, so the latency of each round trip, not the
+// loop, sets the time; 8B with every matrix fused against main in the same run: 0.93x with
+// one item in flight, 0.98x with two). Weights do not depend on the previous kernel: items 0 and 1 are loaded
+// before griddepcontrol.wait, overlapping the prologue. (Prefetching further items into L2
+// with prefetch.global.L2 instead measured slower: 522.6 with, 538.0 without.)
+//
+// Shared layout: 16-byte chunk j of block b sits at chunk fg_chunk(b, j), so the 32 lanes of a
+// warp reading chunk j of 32 consecutive blocks hit distinct banks in each 8-lane phase.
+
+#define FG_WARPS 16
+#define FG_MAX_COLS 16384
+#define FG_IN_Q 0
+#define FG_IN_F32 1
+#define FG_IN_NORM 2
+
+__device__ __forceinline__ int fg_chunk(int b, int j) { return 4 * b + (j ^ ((b >> 1) & 3)); }
+
+// Barrier of one team of `warps` warps (ids 1..15; 0 is __syncthreads').
+__device__ __forceinline__ void team_barrier(int team, int warps) {
+    asm volatile("bar.sync %0, %1;" ::"r"(team + 1), "r"(32 * warps) : "memory");
+}
+
+// The block's int8 activations and their (d, d·Σq) per 64 values, into xs / ms (blockDim.x
+// threads, a multiple of 16).
+__device__ __forceinline__ void fg_prologue(int mode, int nb, const float* __restrict__ x,
+                                            const float* __restrict__ gamma, float eps,
+                                            const uint4* __restrict__ q,
+                                            const float2* __restrict__ meta, uint4* xs,
+                                            float2* ms, float* scratch) {
+    const int t = threadIdx.x, T = blockDim.x;
+    if (mode == FG_IN_Q) {
+        for (int c = t; c < 4 * nb; c += T) xs[fg_chunk(c >> 2, c & 3)] = q[c];
+        for (int b = t; b < nb; b += T) ms[b] = meta[b];
+        return;
+    }
+    const int n4 = nb * 16;
+    const float4* x4 = (const float4*)x;
+    float inv = 1.0f;
+    if (mode == FG_IN_NORM) {
+        float ss = 0.0f;
+#pragma unroll 4
+        for (int c = t; c < n4; c += T) {
+            const float4 v = x4[c];
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        ss = block_sum(ss, scratch);
+        inv = 1.0f / sqrtf(ss / (float)(nb * QBLOCK) + eps);
+    }
+    // 16 consecutive threads hold one 64-value block; the trip count is uniform.
+#pragma unroll 2
+    for (int c0 = 0; c0 < n4; c0 += T) {
+        const int c = c0 + t;
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (c < n4) {
+            const float4 v = x4[c];
+            if (mode == FG_IN_NORM) {
+                const float4 g = ((const float4*)gamma)[c];
+                o = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z,
+                                v.w * inv * g.w);
+            } else {
+                o = v;
+            }
+        }
+        float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
+#pragma unroll
+        for (int off = 8; off > 0; off >>= 1)
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+        int q0 = 0, q1 = 0, q2 = 0, q3 = 0;
+        float dq = 0.0f;
+        if (amax > 0.0f && isfinite(amax)) {
+            const float s = 127.0f / amax;
+            q0 = __float2int_rn(o.x * s);
+            q1 = __float2int_rn(o.y * s);
+            q2 = __float2int_rn(o.z * s);
+            q3 = __float2int_rn(o.w * s);
+            dq = amax / 127.0f;
+        }
+        float sum = (float)(q0 + q1 + q2 + q3);
+#pragma unroll
+        for (int off = 8; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        if (c < n4) {
+            const int b = c >> 4;
+            char4* dst = (char4*)(xs + fg_chunk(b, (c >> 2) & 3));
+            dst[c & 3] = make_char4((signed char)q0, (signed char)q1, (signed char)q2,
+                                    (signed char)q3);
+            if ((c & 15) == 0) ms[b] = make_float2(dq, dq * sum);
+        }
+    }
+}
+
+// Row of the matrix behind slot i of row group g (clamped: a partial group re-reads a valid
+// row and its result is not stored).
+template <int R>
+__device__ __forceinline__ size_t fg_row(int g, int i, int rows, int half, int glu) {
+    if (!glu) return (size_t)min(g * R + i, rows - 1);
+    constexpr int H = R / 2;
+    return i < H ? (size_t)min(g * H + i, half - 1) : (size_t)(half + min(g * H + i - H, half - 1));
+}
+
+template <int R, typename S>
+struct WItem {
+    uint4 w[R];
+    float s[R];
+};
+
+template <int R, typename S>
+__device__ __forceinline__ void fg_load(WItem<R, S>& it, const uint4* __restrict__ codes,
+                                        const S* __restrict__ scales, int rows, int half,
+                                        int glu, int nb, int g, int k, int lane) {
+    const int b = 32 * k + lane;
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        if (b < nb) {
+            const size_t at = fg_row<R>(g, i, rows, half, glu) * nb + b;
+            it.w[i] = load_stream(codes + at);
+            it.s[i] = load_scale(scales, at);
+        } else {
+            it.w[i] = make_uint4(0, 0, 0, 0);
+            it.s[i] = 0.0f;
+        }
+    }
+}
+
+// Stores the R sums of group g (every lane holds all of them).
+template <int R>
+__device__ __forceinline__ void fg_store(const float* v, int g, int rows, int half, int glu,
+                                         float* __restrict__ y, int accumulate, int lane) {
+    if (!glu) {
+        float val = 0.0f;
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            if (lane == i) val = v[i];
+        const int r = g * R + lane;
+        if (lane < R && r < rows) {
+            if (accumulate) y[r] += val; else y[r] = val;
+        }
+        return;
+    }
+    constexpr int H = R / 2;
+    float gate = 0.0f, up = 0.0f;
+#pragma unroll
+    for (int i = 0; i < H; i++)
+        if (lane == i) {
+            gate = v[i];
+            up = v[i + H];
+        }
+    const int r = g * H + lane;
+    if (lane < H && r < half) y[r] = silu_mul(gate, up);
+}
+
+// Word c of a block's 16 bytes (c a compile-time constant after unrolling).
+__device__ __forceinline__ unsigned word_of(const uint4& w, int c) {
+    return c == 0 ? w.x : c == 1 ? w.y : c == 2 ? w.z : w.w;
+}
+
+template <int R, int SPLIT, typename S>
+__device__ __forceinline__ void ternary_gemv_fused(
+    const uint4* __restrict__ codes, const S* __restrict__ scales, int rows, int nb, int mode,
+    const float* __restrict__ x, const float* __restrict__ gamma, float eps,
+    const uint4* __restrict__ q, const float2* __restrict__ meta, float* __restrict__ y,
+    int accumulate, int glu) {
+    __shared__ uint4 xs[FG_MAX_COLS / 16];
+    __shared__ float2 ms[FG_MAX_COLS / QBLOCK];
+    __shared__ float scratch[32];
+    __shared__ float red[FG_WARPS][R];
+    constexpr int TEAMS = FG_WARPS / SPLIT;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int team = warp / SPLIT, sub = warp % SPLIT;
+    const int half = rows / 2;
+    const int groups = glu ? (half + R / 2 - 1) / (R / 2) : (rows + R - 1) / R;
+    const int iters = (nb + 31) / 32;
+    const int per = (iters + SPLIT - 1) / SPLIT;  // items of each warp per group
+    const int stride = gridDim.x * TEAMS;
+    const int g0 = blockIdx.x * TEAMS + team;
+    const int mine = g0 < groups ? ((groups - 1 - g0) / stride + 1) * per : 0;
+    pdl_launch_dependents();
+    // Item n of the warp is lane-step sub + SPLIT·(n % per) of group g0 + (n / per)·stride;
+    // (gl, jl) is the next item to load.
+    int gl = g0, jl = 0;
+    auto advance = [&](int& gg, int& jj) {
+        if (++jj == per) {
+            jj = 0;
+            gg += stride;
+        }
+    };
+    WItem<R, S> cur, nx1, nx2;
+    if (mine > 0) {
+        fg_load<R, S>(cur, codes, scales, rows, half, glu, nb, gl, sub + SPLIT * jl, lane);
+        advance(gl, jl);
+    }
+    if (mine > 1) {
+        fg_load<R, S>(nx1, codes, scales, rows, half, glu, nb, gl, sub + SPLIT * jl, lane);
+        advance(gl, jl);
+    }
+    pdl_wait();
+    fg_prologue(mode, nb, x, gamma, eps, q, meta, xs, ms, scratch);
+    __syncthreads();
+    float acc[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) acc[i] = 0.0f;
+    int g = g0, j = 0;
+    for (int n = 0; n < mine; n++) {
+        if (n + 2 < mine) {
+            fg_load<R, S>(nx2, codes, scales, rows, half, glu, nb, gl, sub + SPLIT * jl, lane);
+            advance(gl, jl);
+        }
+        const int b = 32 * (sub + SPLIT * j) + lane;
+        if (b < nb) {
+            int d[R];
+#pragma unroll
+            for (int i = 0; i < R; i++) d[i] = 0;
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const uint4 a = xs[fg_chunk(b, c)];
+#pragma unroll
+                for (int i = 0; i < R; i++) d[i] = dot_block_word(word_of(cur.w[i], c), a, d[i]);
+            }
+            const float2 m = ms[b];
+#pragma unroll
+            for (int i = 0; i < R; i++) acc[i] += cur.s[i] * (m.x * (float)d[i] - m.y);
+        }
+        if (j == per - 1) {
+            float v[R];
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                v[i] = warp_sum(acc[i]);
+                acc[i] = 0.0f;
+            }
+            if (SPLIT > 1) {
+                if (lane == 0) {
+#pragma unroll
+                    for (int i = 0; i < R; i++) red[warp][i] = v[i];
+                }
+                team_barrier(team, SPLIT);
+#pragma unroll
+                for (int i = 0; i < R; i++) {
+                    float t = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < SPLIT; w++) t += red[team * SPLIT + w][i];
+                    v[i] = t;
+                }
+                team_barrier(team, SPLIT);
+            }
+            if (sub == 0) fg_store<R>(v, g, rows, half, glu, y, accumulate, lane);
+        }
+        cur = nx1;
+        nx1 = nx2;
+        advance(g, j);
+    }
+}
+
+// Blocks of 8 warps, two per multiprocessor (one of this kernel and, through programmatic
+// dependent launch, one of the next, which could then load its first weights early), measured
+// 370 tok/s on 8B against 545 for one block of 16 warps; two blocks of 8 warps of this
+// kernel, 523.
+#define TERNARY_GEMV_FUSED(R, SPLIT, SN, S)                                                    \
+    extern "C" __global__ void __launch_bounds__(32 * FG_WARPS, 1)                             \
+        ternary_gemv_fused_r##R##_s##SPLIT##_##SN(                                             \
+            const uint4* codes, const S* scales, int rows, int nb, int mode, const float* x,    \
+            const float* gamma, float eps, const uint4* q, const float2* meta, float* y,        \
+            int accumulate, int glu) {                                                         \
+        ternary_gemv_fused<R, SPLIT, S>(codes, scales, rows, nb, mode, x, gamma, eps, q, meta,  \
+                                        y, accumulate, glu);                                   \
+    }
+#define TERNARY_GEMV_FUSED_SPLITS(R, SN, S) \
+    TERNARY_GEMV_FUSED(R, 1, SN, S) TERNARY_GEMV_FUSED(R, 2, SN, S) TERNARY_GEMV_FUSED(R, 4, SN, S)
+TERNARY_GEMV_FUSED_SPLITS(2, f16, half_bits)
+TERNARY_GEMV_FUSED_SPLITS(4, f16, half_bits)
+TERNARY_GEMV_FUSED_SPLITS(8, f16, half_bits)
+TERNARY_GEMV_FUSED_SPLITS(2, f32, float)
+TERNARY_GEMV_FUSED_SPLITS(4, f32, float)
+TERNARY_GEMV_FUSED_SPLITS(8, f32, float)

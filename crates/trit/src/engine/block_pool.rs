@@ -90,7 +90,14 @@ impl BlockPool {
     /// A pool of at most `budget_bytes` of blocks for caches of `n_layers` × `row` floats per
     /// position (at least one block).
     pub fn new(n_layers: usize, row: usize, budget_bytes: usize) -> Arc<Self> {
-        let max_blocks = (budget_bytes / KvBlock::bytes_for(n_layers, row).max(1)).max(1);
+        let max_blocks = budget_bytes / KvBlock::bytes_for(n_layers, row).max(1);
+        Self::with_max_blocks(n_layers, row, max_blocks)
+    }
+
+    /// A pool of at most `max_blocks` blocks (at least one). For caches whose keys/values live
+    /// on a device (`row` 0: the blocks only count positions), the budget is in positions.
+    pub fn with_max_blocks(n_layers: usize, row: usize, max_blocks: usize) -> Arc<Self> {
+        let max_blocks = max_blocks.max(1);
         Arc::new(BlockPool {
             n_layers,
             row,

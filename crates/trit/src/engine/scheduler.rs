@@ -13,6 +13,12 @@
 //! starts with instead of computing them, so a multi-turn chat re-sent as full history only
 //! computes the new turn.
 //!
+//! A model on a device backend (the GPU) keeps each sequence's keys/values in one of a fixed
+//! number of device slots: at most that many sequences run (`parallel` is capped by
+//! [`Model::max_sequences`]; the rest wait in the queue), and there is no prefix reuse (a cached
+//! host block cannot fill a device slot; [`Model::shares_prefixes`]), so every prompt is
+//! computed in full.
+//!
 //! Hybrid models (Qwen3.5) also need the recurrent state of their Gated DeltaNet layers at the
 //! position where reuse starts, and that state exists only where a copy was kept. A finished
 //! hybrid sequence registers its blocks and saves two states in the pool
@@ -174,7 +180,16 @@ impl Scheduler {
         let (tx, rx) = mpsc::channel();
         let waiting = Arc::new(AtomicUsize::new(0));
         let shape = model.new_cache(0);
-        let pool = BlockPool::new(shape.n_layers(), shape.row(), config.kv_cache_bytes);
+        let parallel = config.parallel.clamp(1, model.max_sequences().max(1));
+        let share_prefixes = model.shares_prefixes();
+        let pool = if share_prefixes {
+            BlockPool::new(shape.n_layers(), shape.row(), config.kv_cache_bytes)
+        } else {
+            // A device backend's keys/values are in its slots, each for the full context: the
+            // budget is `parallel` sequences' worst case (counted in positions, no bytes here).
+            let per_sequence = BlockPool::blocks_for(config.n_ctx) + 1;
+            BlockPool::with_max_blocks(shape.n_layers(), shape.row(), parallel * per_sequence)
+        };
         let stats = Arc::new(Mutex::new(SchedulerStats {
             kv_blocks: pool.stats(),
             ..Default::default()
@@ -187,7 +202,8 @@ impl Scheduler {
             running: Vec::new(),
             pool,
             reserved_blocks: 0,
-            parallel: config.parallel.max(1),
+            parallel,
+            share_prefixes,
             waiting: waiting.clone(),
             stats: stats.clone(),
             n_ctx: config.n_ctx,
@@ -260,6 +276,8 @@ struct Worker {
     /// Sum of the running sequences' quotas (never above the pool's budget).
     reserved_blocks: usize,
     parallel: usize,
+    /// Whether prompts may map cached blocks of earlier requests (not on a device backend).
+    share_prefixes: bool,
     /// Submitted and not yet admitted (shared with `submit`).
     waiting: Arc<AtomicUsize>,
     stats: Arc<Mutex<SchedulerStats>>,
@@ -349,7 +367,9 @@ impl Worker {
             let mut common = 0;
             let (mut checkpoint_at, mut checkpoint) = (0, None);
             // The last prompt token is always evaluated: its logits give the first token.
-            if !cache.has_recurrent() {
+            if !self.share_prefixes {
+                // Computed in full (see the module documentation).
+            } else if !cache.has_recurrent() {
                 let (blocks, n) = self.pool.lookup(&req.prompt, n - 1);
                 if n > 0 {
                     cache.map_prefix(blocks, n);
@@ -460,7 +480,8 @@ impl Worker {
             if r.checkpoint_at > 0 && r.tokens.len() == r.checkpoint_at {
                 r.checkpoint = r.cache.recurrent().cloned();
             }
-            if !r.cache.has_recurrent()
+            if self.share_prefixes
+                && !r.cache.has_recurrent()
                 && r.tokens.len() / BLOCK_TOKENS > (r.tokens.len() - feed.len()) / BLOCK_TOKENS
             {
                 // A block filled up: others may share it from now on.
@@ -525,7 +546,9 @@ impl Worker {
     /// Ends a sequence: its blocks go to the prefix index (so a follow-up can reuse them) or
     /// back to the pool, its quota is released and its listener gets the summary.
     fn retire(&mut self, mut r: Running, finish: FinishReason) {
-        self.pool.register(&mut r.cache, &r.tokens, true);
+        if self.share_prefixes {
+            self.pool.register(&mut r.cache, &r.tokens, true);
+        }
         if let Some(end) = r.cache.recurrent() {
             // Hybrid: the blocks are useful only with the state at the same position. The
             // turn-start state goes last, so under a tight budget it is the one that stays

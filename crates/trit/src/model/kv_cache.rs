@@ -23,6 +23,7 @@
 //! scheduler instead keeps copies of the state in its block pool and starts a new cache from one
 //! (`resume`).
 
+use super::device_slot::DeviceSlot;
 use super::recurrent::RecurrentState;
 use crate::kernels::attn::KEY_BLOCK;
 use std::sync::Arc;
@@ -81,6 +82,9 @@ pub struct KvCache {
     recurrent: Option<RecurrentState>,
     /// Position and recurrent state of the last `checkpoint`.
     snapshot: Option<(usize, RecurrentState)>,
+    /// The device slot holding this sequence's keys/values when they live on a GPU (the cache
+    /// then holds positions only); returned to its pool when the cache is dropped.
+    device_slot: Option<DeviceSlot>,
 }
 
 impl KvCache {
@@ -95,7 +99,19 @@ impl KvCache {
             source: None,
             recurrent: None,
             snapshot: None,
+            device_slot: None,
         }
+    }
+
+    /// Hands this cache the device slot its keys/values live in (a device backend's batched
+    /// path does this on first use). A slot it held before goes back to its pool.
+    pub fn set_device_slot(&mut self, slot: DeviceSlot) {
+        self.device_slot = Some(slot);
+    }
+
+    /// The device slot holding this cache's keys/values, if they live on a device.
+    pub fn device_slot(&self) -> Option<&DeviceSlot> {
+        self.device_slot.as_ref()
     }
 
     /// Takes blocks from (and returns them to) `source` instead of allocating them.

@@ -1,6 +1,7 @@
 //! Models: config + named weights → a forward pass that fills the KV cache and returns logits.
 
 pub mod attention;
+pub mod device_slot;
 pub mod gated_delta;
 pub mod kv_cache;
 pub mod llama;
@@ -33,14 +34,34 @@ enum Net {
 
 /// A network computed outside this crate (on a GPU), behind the same `Model` so sessions,
 /// generation, chat and the benchmark drive it unchanged. The caches it gets hold positions
-/// only (`KvCache` rows of width 0): the backend keeps keys and values in its own memory, so
-/// it serves one sequence at a time; `forward` runs `tokens` at positions `cache.len()..`
-/// and must `advance` the cache, like the CPU networks.
+/// only (`KvCache` rows of width 0): the backend keeps keys and values in its own memory;
+/// `forward` runs `tokens` at positions `cache.len()..` for one sequence at a time and must
+/// `advance` the cache, like the CPU networks.
+///
+/// A backend that can also run several sequences together implements `forward_batch` and
+/// `max_sequences`: each sequence's keys/values then live in a device slot the cache owns
+/// ([`KvCache::device_slot`]), which the backend attaches on the sequence's first batched call.
 pub trait ExternalNet: Send + Sync {
     fn config(&self) -> &ModelConfig;
     fn forward(&self, tokens: &[u32], cache: &mut KvCache, which: Logits) -> Result<Vec<f32>>;
     fn weight_bytes(&self) -> usize;
     fn bytes_per_token(&self) -> usize;
+
+    /// Sequences one `forward_batch` call may carry (and that may own slots at once).
+    fn max_sequences(&self) -> usize {
+        1
+    }
+
+    /// Several sequences in one pass, logits in `seqs` order (as
+    /// [`Transformer::forward_batch`]). By default: one sequence, through `forward`.
+    fn forward_batch(&self, seqs: &mut [BatchSeq<'_>]) -> Result<Vec<Vec<f32>>> {
+        match seqs {
+            [s] => Ok(vec![self.forward(s.tokens, s.cache, s.logits)?]),
+            _ => Err(crate::Error::Unsupported(
+                "batched decoding on this device (one sequence at a time)".into(),
+            )),
+        }
+    }
 }
 
 /// A loaded model plus the worker pool its kernels run on.
@@ -135,7 +156,16 @@ impl Model {
         match &self.net {
             Net::Dense(n) => n.forward(&self.pool, tokens, cache, which),
             Net::Hybrid(n) => n.forward(&self.pool, tokens, cache, which),
-            Net::External(n) => n.forward(tokens, cache, which),
+            Net::External(n) => {
+                if cache.device_slot().is_some() {
+                    return Err(crate::Error::InvalidArgument(
+                        "this cache's keys/values live in a batched device slot; run it \
+                         through forward_batch"
+                            .into(),
+                    ));
+                }
+                n.forward(tokens, cache, which)
+            }
         }
     }
 
@@ -149,14 +179,33 @@ impl Model {
                 .iter_mut()
                 .map(|s| n.forward(&self.pool, s.tokens, s.cache, s.logits))
                 .collect(),
-            // One sequence at a time: the backend holds a single cache (see ExternalNet).
-            Net::External(n) => match seqs {
-                [s] => Ok(vec![n.forward(s.tokens, s.cache, s.logits)?]),
-                _ => Err(crate::Error::Unsupported(
-                    "batched decoding on this device (one sequence at a time)".into(),
-                )),
-            },
+            Net::External(n) => {
+                if seqs.len() > n.max_sequences() {
+                    return Err(crate::Error::InvalidArgument(format!(
+                        "{} sequences in one batch; this device runs at most {} together",
+                        seqs.len(),
+                        n.max_sequences()
+                    )));
+                }
+                n.forward_batch(seqs)
+            }
         }
+    }
+
+    /// Sequences `forward_batch` accepts at once (unbounded on the CPU; a device backend has
+    /// a fixed number of KV slots).
+    pub fn max_sequences(&self) -> usize {
+        match &self.net {
+            Net::External(n) => n.max_sequences(),
+            _ => usize::MAX,
+        }
+    }
+
+    /// Whether the caches' keys/values are host memory that sequences may share (the
+    /// scheduler's prefix reuse). Not for a device backend: its keys/values live in per-sequence
+    /// device slots, which a shared host block cannot fill.
+    pub fn shares_prefixes(&self) -> bool {
+        !matches!(self.net, Net::External(_))
     }
 
     pub fn weight_bytes(&self) -> usize {

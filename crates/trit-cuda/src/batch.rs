@@ -1,0 +1,573 @@
+//! Batched decoding: several sequences in one forward pass, for the server's continuous
+//! batching. Each sequence's keys and values live in a GPU *slot* (f16 caches of every layer
+//! for the model's full context), owned by its `KvCache` through a
+//! [`DeviceSlot`](trit::model::device_slot::DeviceSlot) that returns the slot when the cache
+//! is dropped. Slot memory is allocated when a slot is first used and kept for reuse, so memory
+//! follows the concurrency actually reached, up to `max_seqs` slots.
+//!
+//! One `forward_batch` call: the prompt rows of each sequence go through the batched prefill
+//! (`prefill.rs`) writing into that sequence's slot; then every sequence that feeds one token
+//! runs as ONE step — B embedding rows, batched RMSNorm + int8 quantization, a tensor-core
+//! GEMM over the B token rows (every weight read once for all; `batch_gemm.rs`), RoPE + KV
+//! append at each row's (slot, position), attention of each row over its own slot
+//! (`kernels/batch.cu`), and the LM head for the B rows. No CUDA graph: with B rows the launch
+//! cost is shared.
+
+use crate::batch_gemm::launch_small_gemm;
+use crate::device::{cuda_err, ptr, Arg, Gpu};
+use crate::gemv::TernaryArgs;
+use crate::launch;
+use crate::model::{CudaModel, Input, State};
+use crate::prefill::KvTarget;
+use crate::weights::DevMatrix;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaSlice, PinnedHostSlice};
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::time::Instant;
+use trit::format::config::{ModelConfig, RopeStyle};
+use trit::model::device_slot::SlotPool;
+use trit::model::{BatchSeq, Logits};
+use trit::{Error, Result};
+
+/// Sequences one batched call carries at most, unless TRIT_CUDA_MAX_SEQS says otherwise: one
+/// GEMM token tile (64 rows), so a step's matrix products read the weights once.
+const DEFAULT_MAX_SEQS: usize = 64;
+
+/// Whether decode steps replay a CUDA graph per batch size (TRIT_CUDA_BATCH_GRAPH=0: launch
+/// kernel by kernel).
+fn use_graph() -> bool {
+    std::env::var("TRIT_CUDA_BATCH_GRAPH").map_or(true, |v| v != "0")
+}
+
+/// Ternary GEMM of the decode step: the small-batch kernel, or with TRIT_CUDA_BATCH_GEMM=prefill
+/// the prefill's (for comparison).
+fn use_small_gemm() -> bool {
+    std::env::var("TRIT_CUDA_BATCH_GEMM").map_or(true, |v| v != "prefill")
+}
+
+/// A captured decode step, used only under the model's mutex.
+struct StepGraph(CudaGraph);
+// SAFETY: the graph's handles are plain driver objects; every use goes through `State`, which
+// the model's `Mutex` serializes.
+unsafe impl Send for StepGraph {}
+
+/// `max_seqs` of a model being loaded: TRIT_CUDA_MAX_SEQS, else the default.
+pub(crate) fn max_seqs_from_env() -> usize {
+    std::env::var("TRIT_CUDA_MAX_SEQS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n >= 1)
+        .unwrap_or(DEFAULT_MAX_SEQS)
+}
+
+/// Keys and values of one slot: per layer `[kv_head][ctx][head_dim]` f16.
+struct SlotKv {
+    k: Vec<CudaSlice<u16>>,
+    v: Vec<CudaSlice<u16>>,
+}
+
+/// Activations of one batched decode step, `rows` rows each.
+struct RowBuffers {
+    toks: CudaSlice<i32>,
+    /// Always {0, 0}: the embedding kernel reads `toks[step[0] + row]`.
+    step: CudaSlice<i32>,
+    row_pos: CudaSlice<i32>,
+    row_slot: CudaSlice<i32>,
+    x: CudaSlice<f32>,
+    xn: CudaSlice<f32>,
+    xq: CudaSlice<i8>,
+    xm: CudaSlice<f32>,
+    qkv: CudaSlice<f32>,
+    qr: CudaSlice<f32>,
+    att: CudaSlice<f32>,
+    gu: CudaSlice<f32>,
+    h: CudaSlice<f32>,
+    logits: CudaSlice<f32>,
+    host_logits: PinnedHostSlice<f32>,
+}
+
+/// The batched path's GPU state (inside the model's `State`, under its mutex).
+pub(crate) struct BatchState {
+    slots: SlotPool,
+    kv: Vec<Option<SlotKv>>,
+    /// `[slot][layer][keys, values]` device addresses (0 for a slot not allocated yet).
+    tab: CudaSlice<u64>,
+    tab_host: Vec<u64>,
+    bufs: RowBuffers,
+    /// Decode steps captured per number of rows (the row count is a launch argument; the
+    /// tokens, positions, slots and slot table are read from device memory, so one graph
+    /// serves every step of that size).
+    graphs: HashMap<usize, StepGraph>,
+}
+
+impl BatchState {
+    fn new(gpu: &Gpu, c: &ModelConfig, max_seqs: usize) -> Result<BatchState> {
+        let (d, hd) = (c.hidden, c.head_dim);
+        let (nq, nkv) = (c.n_heads * hd, c.n_kv_heads * hd);
+        let widest = d.max(nq).max(c.ffn);
+        let n = max_seqs;
+        let tab_host = vec![0u64; max_seqs * c.n_layers * 2];
+        Ok(BatchState {
+            slots: SlotPool::new(max_seqs),
+            kv: (0..max_seqs).map(|_| None).collect(),
+            tab: gpu.upload(&tab_host)?,
+            tab_host,
+            graphs: HashMap::new(),
+            bufs: RowBuffers {
+                toks: gpu.zeros(n)?,
+                step: gpu.zeros(2)?,
+                row_pos: gpu.zeros(n)?,
+                row_slot: gpu.zeros(n)?,
+                x: gpu.zeros(n * d)?,
+                xn: gpu.zeros(n * d)?,
+                xq: gpu.zeros(n * widest)?,
+                xm: gpu.zeros(n * (2 * widest / 64 + 2))?,
+                qkv: gpu.zeros(n * (nq + 2 * nkv))?,
+                qr: gpu.zeros(n * nq)?,
+                att: gpu.zeros(n * nq)?,
+                gu: gpu.zeros(n * 2 * c.ffn)?,
+                h: gpu.zeros(n * c.ffn)?,
+                logits: gpu.zeros(n * c.vocab)?,
+                // Plain page-locked memory: cudarc's `alloc_pinned` makes it write-combined,
+                // which the host reads uncached (B × vocab floats per step are read back).
+                // SAFETY: read only after the copy into it and a stream synchronize.
+                host_logits: unsafe { gpu.ctx.alloc_pinned_with_flags::<f32>(n * c.vocab, 0) }
+                    .map_err(|e| cuda_err("allocating pinned memory", e))?,
+            },
+        })
+    }
+
+    /// Allocates the caches of `slot` if this is its first use, and enters them in the table.
+    fn ensure_slot(&mut self, gpu: &Gpu, c: &ModelConfig, ctx: usize, slot: usize) -> Result<()> {
+        if self.kv[slot].is_some() {
+            return Ok(());
+        }
+        let n = c.n_kv_heads * c.head_dim * ctx;
+        let alloc =
+            || -> Result<Vec<CudaSlice<u16>>> { (0..c.n_layers).map(|_| gpu.zeros(n)).collect() };
+        let kv = SlotKv {
+            k: alloc()?,
+            v: alloc()?,
+        };
+        let s = &gpu.stream;
+        for li in 0..c.n_layers {
+            let at = (slot * c.n_layers + li) * 2;
+            self.tab_host[at] = ptr(&kv.k[li], s);
+            self.tab_host[at + 1] = ptr(&kv.v[li], s);
+        }
+        s.memcpy_htod(&self.tab_host, &mut self.tab)
+            .map_err(|e| cuda_err("uploading the slot table", e))?;
+        self.kv[slot] = Some(kv);
+        Ok(())
+    }
+
+    fn target(&self, gpu: &Gpu, slot: usize, ctx: usize) -> KvTarget {
+        let kv = self.kv[slot].as_ref().expect("allocated by ensure_slot");
+        let s = &gpu.stream;
+        KvTarget {
+            k: kv.k.iter().map(|c| ptr(c, s)).collect(),
+            v: kv.v.iter().map(|c| ptr(c, s)).collect(),
+            ctx,
+        }
+    }
+}
+
+/// One sequence of a batched decode step.
+struct Row {
+    slot: usize,
+    pos: usize,
+    token: u32,
+}
+
+impl CudaModel {
+    /// Slots that sequences may own at once (= the most sequences per batched call).
+    pub fn max_sequences(&self) -> usize {
+        self.max_seqs
+    }
+
+    /// Sets the number of slots (before the first batched call, which allocates them; at
+    /// least 1). The default: TRIT_CUDA_MAX_SEQS, else 64.
+    pub fn with_max_sequences(mut self, n: usize) -> Self {
+        let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        if st.batch.is_none() {
+            self.max_seqs = n.max(1);
+        }
+        self
+    }
+
+    /// Slots not owned by any cache (all of them before the first batched call).
+    pub fn free_slots(&self) -> usize {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.batch
+            .as_ref()
+            .map_or(self.max_seqs, |b| b.slots.free_count())
+    }
+
+    /// `ExternalNet::forward_batch` on the GPU (see the module documentation).
+    pub(crate) fn forward_batch_gpu(&self, seqs: &mut [BatchSeq<'_>]) -> Result<Vec<Vec<f32>>> {
+        let c = &self.config;
+        for s in seqs.iter() {
+            trit::model::check_input(s.tokens, s.cache, c.vocab)?;
+            if s.cache.capacity() > self.ctx {
+                return Err(Error::InvalidArgument(format!(
+                    "a {}-token context on a GPU model loaded for {} positions (load it with a \
+                     larger --ctx)",
+                    s.cache.capacity(),
+                    self.ctx
+                )));
+            }
+        }
+        let mut guard = self
+            .state
+            .lock()
+            .map_err(|_| Error::Unsupported("CUDA: an earlier step panicked".into()))?;
+        let st: &mut State = &mut guard;
+        if st.gpu.compute_capability.0 < 8 {
+            return Err(Error::Unsupported(
+                "CUDA: batched decoding needs int8 tensor cores (compute capability 8.0+)".into(),
+            ));
+        }
+        // The prefill below moves the single-sequence position counter.
+        st.device_pos = None;
+        if st.batch.is_none() {
+            st.batch = Some(BatchState::new(&st.gpu, c, self.max_seqs)?);
+        }
+        // Every sequence gets (or already owns) a slot of this model.
+        for s in seqs.iter_mut() {
+            let batch = st.batch.as_mut().expect("created above");
+            match s.cache.device_slot() {
+                Some(slot) if batch.slots.owns(slot) => {}
+                Some(_) => {
+                    return Err(Error::InvalidArgument(
+                        "a cache whose keys/values live on another GPU model".into(),
+                    ))
+                }
+                None if !s.cache.is_empty() => {
+                    return Err(Error::InvalidArgument(
+                        "a cache filled by the single-sequence GPU path cannot join a batch \
+                         (its keys/values are not in a batch slot)"
+                            .into(),
+                    ))
+                }
+                None => {
+                    let slot = batch.slots.take().ok_or_else(|| {
+                        Error::InvalidArgument(format!(
+                            "all {} GPU sequence slots are in use",
+                            self.max_seqs
+                        ))
+                    })?;
+                    s.cache.set_device_slot(slot);
+                }
+            }
+            let slot = s.cache.device_slot().expect("set above").index();
+            batch.ensure_slot(&st.gpu, c, self.ctx, slot)?;
+        }
+        let mut out: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];
+        let mut rows = Vec::new();
+        let mut row_of = Vec::new();
+        for (i, s) in seqs.iter().enumerate() {
+            let slot = s.cache.device_slot().expect("attached above").index();
+            let pos = s.cache.len();
+            if s.tokens.len() == 1 {
+                rows.push(Row {
+                    slot,
+                    pos,
+                    token: s.tokens[0],
+                });
+                row_of.push(i);
+                continue;
+            }
+            // A prompt: the batched prefill, keys/values into the slot.
+            let ids: Vec<i32> = s.tokens.iter().map(|&t| t as i32).collect();
+            {
+                let stream = st.gpu.stream.clone();
+                let mut view = st.b.toks.slice_mut(pos..pos + ids.len());
+                stream
+                    .memcpy_htod(&ids, &mut view)
+                    .map_err(|e| cuda_err("uploading token ids", e))?;
+            }
+            let kv = st
+                .batch
+                .as_ref()
+                .expect("created above")
+                .target(&st.gpu, slot, self.ctx);
+            out[i] = self.prefill_into(st, s.tokens, pos, s.logits, &kv)?;
+        }
+        if !rows.is_empty() {
+            let logits = self.decode_rows(st, &rows)?;
+            for (l, i) in logits.into_iter().zip(row_of) {
+                out[i] = l;
+            }
+        }
+        for s in seqs.iter_mut() {
+            s.cache.advance(s.tokens.len());
+        }
+        // `Logits::All` of a one-token feed is its one row, like `Last`.
+        debug_assert!(seqs.iter().zip(&out).all(
+            |(s, o)| o.len() % c.vocab == 0 && (s.logits == Logits::All || o.len() == c.vocab)
+        ));
+        Ok(out)
+    }
+
+    /// One decode step for `rows` (one token each); returns each row's logits. With
+    /// TRIT_CUDA_BATCH_TIMING=1 it prints where the step's time goes (synchronizing between the
+    /// phases, so for looking only, not for measuring the total).
+    fn decode_rows(&self, st: &mut State, rows: &[Row]) -> Result<Vec<Vec<f32>>> {
+        let c = &self.config;
+        let n = rows.len();
+        let timing = std::env::var("TRIT_CUDA_BATCH_TIMING").is_ok_and(|v| v == "1");
+        let t0 = Instant::now();
+        {
+            let b = &mut st
+                .batch
+                .as_mut()
+                .expect("created by forward_batch_gpu")
+                .bufs;
+            let s = st.gpu.stream.clone();
+            let up = |what: &str, v: Vec<i32>, dst: &mut CudaSlice<i32>| -> Result<()> {
+                let mut view = dst.slice_mut(0..v.len());
+                s.memcpy_htod(&v, &mut view).map_err(|e| cuda_err(what, e))
+            };
+            up(
+                "uploading tokens",
+                rows.iter().map(|r| r.token as i32).collect(),
+                &mut b.toks,
+            )?;
+            up(
+                "uploading positions",
+                rows.iter().map(|r| r.pos as i32).collect(),
+                &mut b.row_pos,
+            )?;
+            up(
+                "uploading slots",
+                rows.iter().map(|r| r.slot as i32).collect(),
+                &mut b.row_slot,
+            )?;
+        }
+        if timing {
+            st.gpu.sync()?;
+        }
+        let t1 = Instant::now();
+        self.run_rows(st, n)?;
+        let t2 = Instant::now();
+        if timing {
+            st.gpu.sync()?;
+        }
+        let t3 = Instant::now();
+        let b = &mut st
+            .batch
+            .as_mut()
+            .expect("created by forward_batch_gpu")
+            .bufs;
+        let len = n * c.vocab;
+        st.gpu
+            .stream
+            .memcpy_dtoh(&b.logits.slice(0..len), &mut b.host_logits)
+            .map_err(|e| cuda_err("copying logits to the host", e))?;
+        st.gpu.sync()?;
+        let t4 = Instant::now();
+        let v = b
+            .host_logits
+            .as_slice()
+            .map_err(|e| cuda_err("reading pinned logits", e))?;
+        // One owned vector per sequence (the sampler takes it), copied out of the pinned
+        // buffer on several threads: B × vocab floats (19 MB for 32 rows of a 151,936-token
+        // vocabulary) is milliseconds on one core.
+        let out: Vec<Vec<f32>> = v[..len].par_chunks(c.vocab).map(|r| r.to_vec()).collect();
+        if timing {
+            let ms = |a: Instant, b: Instant| 1e3 * (b - a).as_secs_f64();
+            eprintln!(
+                "batched step, {n} rows: uploads {:.3} ms, enqueue {:.3} ms, GPU {:.3} ms, \
+                 logits to host {:.3} ms, host copies {:.3} ms",
+                ms(t0, t1),
+                ms(t1, t2),
+                ms(t2, t3),
+                ms(t3, t4),
+                ms(t4, Instant::now())
+            );
+        }
+        Ok(out)
+    }
+
+    /// Runs the step for `n` rows: its graph (captured on first use), or kernel by kernel.
+    fn run_rows(&self, st: &mut State, n: usize) -> Result<()> {
+        if !use_graph() {
+            return self.enqueue_rows(st, n);
+        }
+        let captured = st.batch.as_ref().is_some_and(|b| b.graphs.contains_key(&n));
+        if !captured {
+            let s = st.gpu.stream.clone();
+            s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(|e| cuda_err("starting graph capture", e))?;
+            let enq = self.enqueue_rows(st, n);
+            let graph = s.end_capture(CUgraphInstantiate_flags(0));
+            enq?;
+            let graph = match graph {
+                Ok(Some(g)) => g,
+                Ok(None) => {
+                    return Err(Error::Unsupported(
+                        "CUDA: graph capture recorded nothing".into(),
+                    ))
+                }
+                Err(e) => return Err(cuda_err("capturing the batched decode step", e)),
+            };
+            let batch = st.batch.as_mut().expect("created by forward_batch_gpu");
+            batch.graphs.insert(n, StepGraph(graph));
+        }
+        let batch = st.batch.as_ref().expect("created by forward_batch_gpu");
+        batch.graphs[&n]
+            .0
+            .launch()
+            .map_err(|e| cuda_err("launching the batched decode graph", e))
+    }
+
+    /// `y (+)= m · rows` for the `n` rows of a decode step: the small-batch GEMM for ternary
+    /// matrices, the prefill's per-token product for dense ones.
+    fn rows_matmul(
+        &self,
+        st: &State,
+        m: &DevMatrix,
+        inp: &Input,
+        n: usize,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<()> {
+        match m {
+            DevMatrix::Ternary {
+                rows,
+                cols,
+                codes,
+                scales,
+            } if use_small_gemm() => {
+                let args = TernaryArgs::new(*rows, *cols, codes, scales, &st.gpu.stream);
+                launch_small_gemm(&st.gpu, &args, n, inp.q, inp.meta, y, accumulate)
+            }
+            _ => self.matmul(st, m, inp, n, y, accumulate),
+        }
+    }
+
+    /// Enqueues every layer and the LM head for the first `n` rows of the row buffers.
+    fn enqueue_rows(&self, st: &State, n: usize) -> Result<()> {
+        let c = &self.config;
+        let batch = st.batch.as_ref().expect("created by forward_batch_gpu");
+        let (g, b, s) = (&st.gpu, &batch.bufs, &st.gpu.stream);
+        let p = |x: &CudaSlice<f32>| ptr(x, s);
+        let (d, hd) = (c.hidden, c.head_dim);
+        let nq = c.n_heads * hd;
+        let (xq, xm) = (ptr(&b.xq, s), p(&b.xm));
+        let (row_pos, row_slot, tab) =
+            (ptr(&b.row_pos, s), ptr(&b.row_slot, s), ptr(&batch.tab, s));
+        let nt = n as u32;
+        launch::embed(
+            g,
+            &st.w.embed,
+            ptr(&b.toks, s),
+            ptr(&b.step, s),
+            p(&b.x),
+            nt,
+        )?;
+        let qout = launch::QuantOut {
+            f32: p(&b.xn),
+            q: xq,
+            meta: xm,
+        };
+        let norm = |w: &CudaSlice<f32>| -> Result<()> {
+            launch::rms_norm_quant(g, p(&b.x), p(w), c.norm_eps, d, qout, nt)
+        };
+        let normed = Input {
+            f32: p(&b.xn),
+            q: xq,
+            meta: xm,
+        };
+        let scale = 1.0 / (hd as f32).sqrt();
+        let attn = attn_rows_kernel(hd);
+        for (li, blk) in st.w.blocks.iter().enumerate() {
+            norm(&blk.attn_norm)?;
+            self.rows_matmul(st, &blk.qkv, &normed, n, p(&b.qkv), false)?;
+            let opt = |v: &Option<CudaSlice<f32>>| v.as_ref().map_or(0, p);
+            g.launch(
+                "rope_append_rows",
+                ((c.n_heads + c.n_kv_heads) as u32, nt),
+                128,
+                &[
+                    Arg::Ptr(p(&b.qkv)),
+                    Arg::Ptr(opt(&blk.q_norm)),
+                    Arg::Ptr(opt(&blk.k_norm)),
+                    Arg::F32(c.norm_eps),
+                    Arg::Ptr(p(&st.b.cos_sin)),
+                    Arg::Ptr(row_pos),
+                    Arg::Ptr(row_slot),
+                    Arg::Ptr(tab),
+                    Arg::I32(li as i32),
+                    Arg::I32(c.n_layers as i32),
+                    Arg::I32(c.n_heads as i32),
+                    Arg::I32(c.n_kv_heads as i32),
+                    Arg::I32(hd as i32),
+                    Arg::I32((c.rope_style == RopeStyle::Adjacent) as i32),
+                    Arg::I32(self.ctx as i32),
+                    Arg::F32(scale),
+                    Arg::Ptr(p(&b.qr)),
+                ],
+            )?;
+            g.launch(
+                attn,
+                (c.n_heads as u32, nt),
+                128,
+                &[
+                    Arg::Ptr(p(&b.qr)),
+                    Arg::Ptr(row_pos),
+                    Arg::Ptr(row_slot),
+                    Arg::Ptr(tab),
+                    Arg::I32(li as i32),
+                    Arg::I32(c.n_layers as i32),
+                    Arg::I32(c.n_heads as i32),
+                    Arg::I32(c.n_kv_heads as i32),
+                    Arg::I32(self.ctx as i32),
+                    Arg::Ptr(p(&b.att)),
+                ],
+            )?;
+            if nq.is_multiple_of(64) {
+                // The rows are contiguous, so their blocks are one flat vector.
+                launch::quantize_vec(g, p(&b.att), n * nq, xq, xm)?;
+            }
+            let att_in = Input {
+                f32: p(&b.att),
+                q: xq,
+                meta: xm,
+            };
+            self.rows_matmul(st, &blk.o, &att_in, n, p(&b.x), true)?;
+            norm(&blk.ffn_norm)?;
+            self.rows_matmul(st, &blk.gate_up, &normed, n, p(&b.gu), false)?;
+            let h_out = launch::QuantOut {
+                f32: p(&b.h),
+                q: xq,
+                meta: xm,
+            };
+            launch::silu_mul_quant(g, p(&b.gu), c.ffn, h_out, nt)?;
+            let h_in = Input {
+                f32: p(&b.h),
+                q: xq,
+                meta: xm,
+            };
+            self.rows_matmul(st, &blk.down, &h_in, n, p(&b.x), true)?;
+        }
+        norm(&st.w.final_norm)?;
+        self.rows_matmul(st, st.w.head(), &normed, n, p(&b.logits), false)
+    }
+}
+
+/// The attention kernel for `hd`-wide heads (a multiple of 32 up to 256, checked at load).
+fn attn_rows_kernel(hd: usize) -> &'static str {
+    const NAMES: [&str; 8] = [
+        "attn_rows_e1",
+        "attn_rows_e2",
+        "attn_rows_e3",
+        "attn_rows_e4",
+        "attn_rows_e5",
+        "attn_rows_e6",
+        "attn_rows_e7",
+        "attn_rows_e8",
+    ];
+    NAMES[(hd / 32).clamp(1, 8) - 1]
+}

@@ -1,0 +1,127 @@
+// Kernels of the batched decode step: B sequences, one token each, every row at its own
+// position in its own KV slot. The matrix products are the prefill's GEMM (B token rows); what
+// differs from a prefill is that rows are not consecutive positions of one cache, so the
+// position and the slot of each row come from `row_pos[r]` / `row_slot[r]`, and a slot's
+// caches from `kv_tab[(slot * n_layers + layer) * 2 + {0: keys, 1: values}]` (device
+// addresses of `[kv_head][ctx][head_dim]` f16 arrays).
+
+__device__ __forceinline__ half_bits* slot_cache(const unsigned long long* kv_tab, int slot,
+                                                  int layer, int n_layers, int values) {
+    return (half_bits*)kv_tab[((size_t)slot * n_layers + layer) * 2 + values];
+}
+
+// QK-norm + RoPE of row r at position row_pos[r], one block per (head, row): q heads write the
+// rotated, pre-scaled q to qr[r][h][hd]; kv heads append the rotated k and the v to the row's
+// slot at its position.
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+rope_append_rows(const float* __restrict__ qkv, const float* q_norm, const float* k_norm,
+                 float eps, const float2* __restrict__ cos_sin, const int* row_pos,
+                 const int* row_slot, const unsigned long long* kv_tab, int layer, int n_layers,
+                 int n_heads, int n_kv, int hd, int adjacent, int ctx, float scale, float* qr) {
+    __shared__ float scratch[32];
+    __shared__ float tmp[MAX_HD], out[MAX_HD];
+    pdl_launch_dependents();
+    pdl_wait();
+    const int h = blockIdx.x, r = blockIdx.y, pos = row_pos[r];
+    const int width = (n_heads + 2 * n_kv) * hd;
+    const float* row = qkv + (size_t)r * width;
+    const float2* cs = cos_sin + (size_t)pos * (hd / 2);
+    if (h < n_heads) {
+        norm_rope(row + (size_t)h * hd, q_norm, eps, cs, hd, adjacent, scale, tmp, out, scratch);
+        for (int i = threadIdx.x; i < hd; i += blockDim.x)
+            qr[((size_t)r * n_heads + h) * hd + i] = out[i];
+        return;
+    }
+    const int kvh = h - n_heads;
+    norm_rope(row + (size_t)(n_heads + kvh) * hd, k_norm, eps, cs, hd, adjacent, 1.0f, tmp, out,
+              scratch);
+    const float* v = row + (size_t)(n_heads + n_kv + kvh) * hd;
+    half_bits* kc = slot_cache(kv_tab, row_slot[r], layer, n_layers, 0);
+    half_bits* vc = slot_cache(kv_tab, row_slot[r], layer, n_layers, 1);
+    const size_t at = ((size_t)kvh * ctx + pos) * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        kc[at + i] = f2h(out[i]);
+        vc[at + i] = f2h(v[i]);
+    }
+}
+
+// Attention of row r's query (head h) over its slot's positions 0..row_pos[r], one block per
+// (head, row): each warp walks every ATT_WARPS-th position with an online softmax, then the
+// warps' partials are merged in shared memory. Output att[r][h][hd] (f32; the caller
+// quantizes it).
+template <int E>
+__device__ __forceinline__ void attn_rows(const float* __restrict__ qr, const int* row_pos,
+                                          const int* row_slot,
+                                          const unsigned long long* kv_tab, int layer,
+                                          int n_layers, int n_heads, int n_kv, int ctx,
+                                          float* __restrict__ att) {
+    __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
+    __shared__ float sm_o[ATT_WARPS][MAX_HD];
+    pdl_launch_dependents();
+    pdl_wait();
+    const int h = blockIdx.x, r = blockIdx.y;
+    const int end = row_pos[r] + 1;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int hd = 32 * E;
+    const int kvh = h / (n_heads / n_kv);
+    const size_t kv_row = (size_t)kvh * ctx * hd;
+    const half_bits* kc = slot_cache(kv_tab, row_slot[r], layer, n_layers, 0) + kv_row;
+    const half_bits* vc = slot_cache(kv_tab, row_slot[r], layer, n_layers, 1) + kv_row;
+    const float* q = qr + ((size_t)r * n_heads + h) * hd + lane * E;
+    float qv[E], acc[E];
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        qv[e] = q[e];
+        acc[e] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int p = warp; p < end; p += ATT_WARPS) {
+        const half_bits* kp = kc + (size_t)p * hd + lane * E;
+        const half_bits* vp = vc + (size_t)p * hd + lane * E;
+        float dot = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; e++) dot += qv[e] * h2f(kp[e]);
+        dot = warp_sum(dot);
+        const float mn = fmaxf(m, dot);
+        const float corr = expf(m - mn), pe = expf(dot - mn);
+        l = l * corr + pe;
+#pragma unroll
+        for (int e = 0; e < E; e++) acc[e] = acc[e] * corr + pe * h2f(vp[e]);
+        m = mn;
+    }
+    if (lane == 0) {
+        sm_m[warp] = m;
+        sm_l[warp] = l;
+    }
+#pragma unroll
+    for (int e = 0; e < E; e++) sm_o[warp][lane * E + e] = acc[e];
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm_m[w]);
+    float L = 0.0f;
+    for (int w = 0; w < ATT_WARPS; w++)
+        if (sm_m[w] > -INFINITY) L += sm_l[w] * expf(sm_m[w] - M);
+    for (int k = threadIdx.x; k < hd; k += blockDim.x) {
+        float o = 0.0f;
+        for (int w = 0; w < ATT_WARPS; w++)
+            if (sm_m[w] > -INFINITY) o += sm_o[w][k] * expf(sm_m[w] - M);
+        att[((size_t)r * n_heads + h) * hd + k] = o / L;
+    }
+}
+
+// One kernel per head size (E = head_dim / 32 values per lane).
+#define ATTN_ROWS(E)                                                                          \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                 \
+        attn_rows_e##E(const float* qr, const int* row_pos, const int* row_slot,              \
+                       const unsigned long long* kv_tab, int layer, int n_layers, int n_heads, \
+                       int n_kv, int ctx, float* att) {                                       \
+        attn_rows<E>(qr, row_pos, row_slot, kv_tab, layer, n_layers, n_heads, n_kv, ctx, att); \
+    }
+ATTN_ROWS(1)
+ATTN_ROWS(2)
+ATTN_ROWS(3)
+ATTN_ROWS(4)
+ATTN_ROWS(5)
+ATTN_ROWS(6)
+ATTN_ROWS(7)
+ATTN_ROWS(8)

@@ -1,0 +1,151 @@
+// The ternary matrix product of a batched decode step: Y[t][r] (+)= W[r] · x[t] for a few token
+// rows (B ≤ 64, one per sequence), the same arithmetic as the prefill GEMM (int8 mma.sync
+// m16n8k32 of the weights' unsigned codes against the int8 activations, then the per-block
+// correction d·(Σ code·q − Σq) scaled by the weight scale), laid out for small B.
+//
+// Why not the prefill GEMM: its block walks the whole row length with one barrier per 64
+// columns and has rows/128 blocks per token tile, which for B ≤ 64 is 32..192 blocks on 132
+// multiprocessors with one 2 KB stage in flight each: latency-bound at ~0.4 TB/s (8B shape,
+// measured 15.9 ms per step at B = 1). Here a block owns a 32-row × 32-token output tile and
+// its 8 warps split the row length (warp w takes 64-column blocks w, w + 8, ...), each warp
+// loading its own weights straight into the mma fragments (no shared-memory staging, no
+// barrier in the loop; the next block's weights are loaded while the current one is used);
+// the 8 partial tiles are summed in shared memory at the end. Grid: (B / 32, rows / 32).
+// Token tiles of 8 past the last token are skipped (B = 1 does one eighth of the mma work).
+
+#define SG_ROWS 32
+#define SG_TOKS 32
+#define SG_WARPS 8
+
+// Own copies of the three helpers (same arithmetic as the prefill GEMM's), so this kernel does
+// not change when the prefill or GEMV kernels are reworked.
+__device__ __forceinline__ void sg_mma(int (&c)[4], unsigned a0, unsigned a1, unsigned a2,
+                                       unsigned a3, unsigned b0, unsigned b1) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+// Bytes of the codes of 4 columns for lane quarter t (see the 2-bit layout in gemv.cu).
+__device__ __forceinline__ unsigned sg_codes(unsigned w, int t) { return (w >> (2 * t)) & 0x03030303u; }
+
+__device__ __forceinline__ float sg_scale(const half_bits* s, size_t i) { return h2f(__ldg(s + i)); }
+__device__ __forceinline__ float sg_scale(const float* s, size_t i) { return __ldg(s + i); }
+
+template <typename S>
+__device__ __forceinline__ void small_gemm(const uint4* __restrict__ codes,
+                                           const S* __restrict__ scales, int rows, int nb,
+                                           int ntok, const i8* __restrict__ xq,
+                                           const float2* __restrict__ meta,
+                                           float* __restrict__ y, int accumulate) {
+    // Partial tiles, [warp][accumulator][lane] (lane fastest: conflict-free both ways).
+    __shared__ float red[SG_WARPS][32][32];
+    pdl_launch_dependents();
+    const int tok0 = blockIdx.x * SG_TOKS, row0 = blockIdx.y * SG_ROWS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const size_t K = (size_t)nb * QBLOCK;
+    // This lane's weight rows: g, g + 8, g + 16, g + 24 of the tile (clamped on load).
+    int wr[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) wr[i] = min(row0 + 8 * i + g, rows - 1);
+    // Token tiles of 8 that hold at least one token (uniform over the block).
+    const int ntiles = min(4, (ntok - tok0 + 7) / 8);
+    float acc[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.0f;
+
+    uint4 w[4];
+    float sc[4];
+    auto load_w = [&](int b) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            w[i] = __ldg(codes + (size_t)wr[i] * nb + b);
+            sc[i] = sg_scale(scales, (size_t)wr[i] * nb + b);
+        }
+    };
+    int b = warp;
+    if (b < nb) load_w(b);
+    // Weights are read-only: loaded before the wait; activations only after it.
+    pdl_wait();
+    for (; b < nb; b += SG_WARPS) {
+        unsigned af[2][2][4];  // [m tile][half][reg]
+        float sr[2][2];
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++) {
+            const uint4 w0 = w[2 * mi], w8 = w[2 * mi + 1];
+            af[mi][0][0] = sg_codes(w0.x, t);
+            af[mi][0][1] = sg_codes(w8.x, t);
+            af[mi][0][2] = sg_codes(w0.y, t);
+            af[mi][0][3] = sg_codes(w8.y, t);
+            af[mi][1][0] = sg_codes(w0.z, t);
+            af[mi][1][1] = sg_codes(w8.z, t);
+            af[mi][1][2] = sg_codes(w0.w, t);
+            af[mi][1][3] = sg_codes(w8.w, t);
+            sr[mi][0] = sc[2 * mi];
+            sr[mi][1] = sc[2 * mi + 1];
+        }
+        if (b + SG_WARPS < nb) load_w(b + SG_WARPS);
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++) {
+            if (ni >= ntiles) break;
+            const int tb = tok0 + ni * 8;
+            // B fragment: token tb + g, bytes 4t.., 16+4t.., 32+4t.., 48+4t.. of this block.
+            const unsigned* ap =
+                (const unsigned*)(xq + (size_t)min(tb + g, ntok - 1) * K + (size_t)b * QBLOCK);
+            const unsigned b00 = ap[t], b01 = ap[4 + t], b10 = ap[8 + t], b11 = ap[12 + t];
+            // This lane's output tokens: tb + 2t and tb + 2t + 1.
+            const float2 m0 = meta[(size_t)min(tb + 2 * t, ntok - 1) * nb + b];
+            const float2 m1 = meta[(size_t)min(tb + 2 * t + 1, ntok - 1) * nb + b];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++) {
+                int c[4] = {0, 0, 0, 0};
+                sg_mma(c, af[mi][0][0], af[mi][0][1], af[mi][0][2], af[mi][0][3], b00, b01);
+                sg_mma(c, af[mi][1][0], af[mi][1][1], af[mi][1][2], af[mi][1][3], b10, b11);
+                acc[mi][ni][0] += sr[mi][0] * (m0.x * (float)c[0] - m0.y);
+                acc[mi][ni][1] += sr[mi][0] * (m1.x * (float)c[1] - m1.y);
+                acc[mi][ni][2] += sr[mi][1] * (m0.x * (float)c[2] - m0.y);
+                acc[mi][ni][3] += sr[mi][1] * (m1.x * (float)c[3] - m1.y);
+            }
+        }
+    }
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) red[warp][(mi * 4 + ni) * 4 + c][lane] = acc[mi][ni][c];
+    __syncthreads();
+    // 1024 outputs, 4 per thread: accumulator k of lane l, summed over the warps in order.
+    for (int o = threadIdx.x; o < 32 * 32; o += blockDim.x) {
+        const int k = o >> 5, l = o & 31;
+        const int mi = k >> 4, ni = (k >> 2) & 3, c = k & 3;
+        const int r = row0 + mi * 16 + (l >> 2) + (c >= 2 ? 8 : 0);
+        const int tk = tok0 + ni * 8 + 2 * (l & 3) + (c & 1);
+        if (r >= rows || tk >= ntok) continue;
+        float s = 0.0f;
+#pragma unroll
+        for (int wi = 0; wi < SG_WARPS; wi++) s += red[wi][k][l];
+        float* out = y + (size_t)tk * rows + r;
+        *out = accumulate ? *out + s : s;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(SG_WARPS * 32)
+ternary_gemm_small_f16(const uint4* codes, const half_bits* scales, int rows, int nb, int ntok,
+                       const i8* xq, const float2* meta, float* y, int accumulate) {
+    small_gemm<half_bits>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(SG_WARPS * 32)
+ternary_gemm_small_f32(const uint4* codes, const float* scales, int rows, int nb, int ntok,
+                       const i8* xq, const float2* meta, float* y, int accumulate) {
+    small_gemm<float>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate);
+}
