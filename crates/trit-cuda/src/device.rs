@@ -22,6 +22,11 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("flash_prefill.cu", include_str!("kernels/flash_prefill.cu")),
     ("batch.cu", include_str!("kernels/batch.cu")),
     ("batch_gemm.cu", include_str!("kernels/batch_gemm.cu")),
+    ("deltanet.cu", include_str!("kernels/deltanet.cu")),
+    (
+        "hybrid_attention.cu",
+        include_str!("kernels/hybrid_attention.cu"),
+    ),
 ];
 
 /// Kernels the decode step and the batched prefill launch (all must exist in the compiled
@@ -104,6 +109,11 @@ pub const KERNELS: &[&str] = &[
     "attn_rows_e8",
     "ternary_gemm_small_f16",
     "ternary_gemm_small_f32",
+    "deltanet_conv_silu",
+    "deltanet_recur",
+    "deltanet_gated_norm",
+    "hybrid_attn_prep",
+    "hybrid_attn_decode",
 ];
 
 /// The program text NVRTC compiles.

@@ -25,6 +25,8 @@ pub mod batch_gemm;
 pub mod device;
 pub mod flash;
 pub mod gemv;
+pub mod hybrid;
+mod hybrid_weights;
 mod launch;
 pub mod model;
 mod prefill;

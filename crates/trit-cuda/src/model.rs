@@ -215,6 +215,10 @@ impl CudaOptions {
 /// Loads `files` onto the GPU as a `Model` that sessions, generation and the benchmark drive
 /// like the CPU one.
 pub fn load_model(files: &ModelFiles, opts: &CudaOptions) -> Result<Model> {
+    if files.config.arch == trit::format::config::Arch::Qwen35 {
+        let m = crate::hybrid::CudaHybrid::load(files, opts)?;
+        return Ok(Model::from_external(Box::new(m)));
+    }
     let m = CudaModel::load(files, opts)?;
     Ok(Model::from_external(Box::new(m)))
 }

@@ -176,7 +176,7 @@ fn dense_part<'a>(view: &TensorView<'_>, rows: usize, cols: usize) -> Result<Par
 
 /// Loads tensors `names` (each `rows × cols`, one `cols`) as one stacked device matrix:
 /// ternary when all are, else dense f32 (ternary parts dequantized).
-fn load_stacked(
+pub(crate) fn load_stacked(
     gpu: &Gpu,
     src: &dyn WeightSource,
     names: &[(String, usize, usize)],
@@ -248,7 +248,12 @@ fn upload_ternary(gpu: &Gpu, p: &PackedTernary) -> Result<DevMatrix> {
     })
 }
 
-fn norm(gpu: &Gpu, src: &dyn WeightSource, name: &str, n: usize) -> Result<CudaSlice<f32>> {
+pub(crate) fn norm(
+    gpu: &Gpu,
+    src: &dyn WeightSource,
+    name: &str,
+    n: usize,
+) -> Result<CudaSlice<f32>> {
     gpu.upload(&vector(src, name, n)?)
 }
 
@@ -259,7 +264,7 @@ pub fn load(gpu: &Gpu, cfg: &ModelConfig, src: &dyn WeightSource) -> Result<DevW
         Arch::Llama => false,
         Arch::Qwen35 => {
             return Err(Error::Unsupported(
-                "qwen35 (hybrid) models on CUDA: not written yet; run them with --device cpu"
+                "qwen35 (hybrid) models load through hybrid_weights.rs, not the dense loader"
                     .into(),
             ))
         }

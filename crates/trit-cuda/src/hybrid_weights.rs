@@ -1,0 +1,190 @@
+//! A Qwen3.5 hybrid model's weights on the GPU (the CPU loader is `trit::model::qwen35`):
+//! ternary projections through the dense loader's `load_stacked` (fused where one input feeds
+//! several: q/k/v/z of a DeltaNet layer, q/k/v of a full-attention layer, gate/up), the small
+//! per-head pieces (`ssm_alpha`/`ssm_beta` rows, conv taps, decay parameters, norms) as f32.
+
+use crate::device::Gpu;
+use crate::weights::{load_stacked, norm, DevMatrix};
+use cudarc::driver::CudaSlice;
+use trit::format::config::{HybridConfig, ModelConfig};
+use trit::format::WeightSource;
+use trit::model::weights::{require, to_f32, vector};
+use trit::{Error, Result};
+
+pub struct DevDeltaNet {
+    /// q, k, v (the conv channels) then z (the output gate): rows `conv_dim + value_width`.
+    pub qkvz: DevMatrix,
+    /// Decay input `a` then update-gate input `b`: rows `2·v_heads`.
+    pub ab: DevMatrix,
+    /// `conv_dim × kernel`, tap `kernel − 1` on the current input.
+    pub conv: CudaSlice<f32>,
+    pub dt_bias: CudaSlice<f32>,
+    /// `−exp(A_log)`.
+    pub a_neg: CudaSlice<f32>,
+    /// Gated RMSNorm weights (`v_dim`).
+    pub norm: CudaSlice<f32>,
+    pub out: DevMatrix,
+    /// Index among the linear layers (their recurrent state).
+    pub slot: usize,
+}
+
+pub struct DevFullAttention {
+    /// q‖gate (interleaved per head, `2·nq` rows), then k, then v.
+    pub qkv: DevMatrix,
+    pub q_norm: CudaSlice<f32>,
+    pub k_norm: CudaSlice<f32>,
+    pub o: DevMatrix,
+    /// Index among the full-attention layers (their KV cache).
+    pub slot: usize,
+}
+
+pub enum DevMixer {
+    Linear(Box<DevDeltaNet>),
+    Full(Box<DevFullAttention>),
+}
+
+pub struct DevHybridLayer {
+    pub attn_norm: CudaSlice<f32>,
+    pub mixer: DevMixer,
+    pub post_norm: CudaSlice<f32>,
+    /// gate and up stacked (rows `2·ffn`).
+    pub gate_up: DevMatrix,
+    pub down: DevMatrix,
+}
+
+pub struct DevHybrid {
+    pub embed: DevMatrix,
+    pub layers: Vec<DevHybridLayer>,
+    pub final_norm: CudaSlice<f32>,
+    /// `None` when tied to the embedding.
+    pub head: Option<DevMatrix>,
+}
+
+impl DevHybrid {
+    pub fn head(&self) -> &DevMatrix {
+        self.head.as_ref().unwrap_or(&self.embed)
+    }
+
+    fn matrices(&self) -> Vec<&DevMatrix> {
+        let mut v = Vec::new();
+        for l in &self.layers {
+            match &l.mixer {
+                DevMixer::Linear(m) => v.extend([&m.qkvz, &m.ab, &m.out]),
+                DevMixer::Full(m) => v.extend([&m.qkv, &m.o]),
+            }
+            v.extend([&l.gate_up, &l.down]);
+        }
+        v
+    }
+
+    /// Bytes streamed per decoded token: every matrix and the head once, one embedding row
+    /// (the recurrent state, read and written every token, is not counted, as on the CPU).
+    pub fn bytes_per_token(&self) -> usize {
+        let blocks: usize = self.matrices().iter().map(|m| m.bytes()).sum();
+        blocks + self.head().bytes() + self.embed.bytes() / self.embed.rows().max(1)
+    }
+
+    pub fn weight_bytes(&self) -> usize {
+        let blocks: usize = self.matrices().iter().map(|m| m.bytes()).sum();
+        blocks + self.embed.bytes() + self.head.as_ref().map_or(0, |h| h.bytes())
+    }
+}
+
+/// Uploads a qwen35 model; `hy` is its hybrid config (already checked by the caller).
+pub fn load(
+    gpu: &Gpu,
+    cfg: &ModelConfig,
+    hy: &HybridConfig,
+    src: &dyn WeightSource,
+) -> Result<DevHybrid> {
+    let (d, hd) = (cfg.hidden, cfg.head_dim);
+    let one = |n: &str, r, c| vec![(n.to_string(), r, c)];
+    let embed = load_stacked(gpu, src, &one("token_embd.weight", cfg.vocab, d))?;
+    let mut layers = Vec::with_capacity(cfg.n_layers);
+    let (mut n_lin, mut n_full) = (0, 0);
+    for (i, &is_linear) in hy.linear.iter().enumerate() {
+        let w = |t: &str| format!("blk.{i}.{t}.weight");
+        let mixer = if is_linear {
+            let (cd, vw, hv) = (hy.conv_dim(), hy.value_width(), hy.v_heads);
+            // The same two spellings the CPU loader accepts: −exp(A_log) stored, or A_log.
+            let a_neg = match src.tensor(&format!("blk.{i}.ssm_a"))? {
+                Some(v) => to_f32(&v)?,
+                None => vector(src, &format!("blk.{i}.ssm_a_log"), hv)?
+                    .iter()
+                    .map(|&x| -x.exp())
+                    .collect(),
+            };
+            if a_neg.len() != hv {
+                return Err(Error::ShapeMismatch {
+                    tensor: format!("blk.{i}.ssm_a"),
+                    found: vec![a_neg.len()],
+                    expected: vec![hv],
+                });
+            }
+            let conv_view = require(src, &w("ssm_conv1d"))?;
+            let conv = to_f32(&conv_view)?;
+            if conv.len() != cd * hy.conv_kernel {
+                return Err(Error::ShapeMismatch {
+                    tensor: w("ssm_conv1d"),
+                    found: conv_view.shape.clone(),
+                    expected: vec![cd, hy.conv_kernel],
+                });
+            }
+            drop(conv_view);
+            n_lin += 1;
+            DevMixer::Linear(Box::new(DevDeltaNet {
+                qkvz: load_stacked(gpu, src, &[(w("attn_qkv"), cd, d), (w("attn_gate"), vw, d)])?,
+                ab: load_stacked(gpu, src, &[(w("ssm_alpha"), hv, d), (w("ssm_beta"), hv, d)])?,
+                conv: gpu.upload(&conv)?,
+                dt_bias: norm(gpu, src, &format!("blk.{i}.ssm_dt.bias"), hv)?,
+                a_neg: gpu.upload(&a_neg)?,
+                norm: norm(gpu, src, &w("ssm_norm"), hy.v_dim)?,
+                out: load_stacked(gpu, src, &one(&w("ssm_out"), d, vw))?,
+                slot: n_lin - 1,
+            }))
+        } else {
+            let (nq, nkv) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
+            n_full += 1;
+            DevMixer::Full(Box::new(DevFullAttention {
+                qkv: load_stacked(
+                    gpu,
+                    src,
+                    &[
+                        (w("attn_q"), 2 * nq, d),
+                        (w("attn_k"), nkv, d),
+                        (w("attn_v"), nkv, d),
+                    ],
+                )?,
+                q_norm: norm(gpu, src, &w("attn_q_norm"), hd)?,
+                k_norm: norm(gpu, src, &w("attn_k_norm"), hd)?,
+                o: load_stacked(gpu, src, &one(&w("attn_output"), d, nq))?,
+                slot: n_full - 1,
+            }))
+        };
+        let post = trit::format::config::post_norm_name(src, i)?;
+        layers.push(DevHybridLayer {
+            attn_norm: norm(gpu, src, &w("attn_norm"), d)?,
+            mixer,
+            post_norm: norm(gpu, src, &format!("blk.{i}.{post}"), d)?,
+            gate_up: load_stacked(
+                gpu,
+                src,
+                &[(w("ffn_gate"), cfg.ffn, d), (w("ffn_up"), cfg.ffn, d)],
+            )?,
+            down: load_stacked(gpu, src, &one(&w("ffn_down"), d, cfg.ffn))?,
+        });
+    }
+    let final_norm = norm(gpu, src, "output_norm.weight", d)?;
+    let head = if cfg.tied_embeddings {
+        None
+    } else {
+        Some(load_stacked(gpu, src, &one("output.weight", cfg.vocab, d))?)
+    };
+    gpu.sync()?;
+    Ok(DevHybrid {
+        embed,
+        layers,
+        final_norm,
+        head,
+    })
+}

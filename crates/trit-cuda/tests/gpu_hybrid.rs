@@ -1,0 +1,240 @@
+//! The Qwen3.5 hybrid (Gated DeltaNet + gated full attention) decoding on the GPU against the
+//! CPU engine on the generated `tiny-qwen35` model: a GGUF file (llama.cpp's tiled value-head
+//! order, `ssm_a` stored) and an MLX folder (grouped order, `A_log`). The CPU path is the
+//! reference: it is itself tested against mlx-lm (crates/trit/tests/qwen35_reference.rs).
+//!
+//! Needs an NVIDIA GPU, so the GPU tests are `#[ignore]` (CI has none). Run on a GPU machine:
+//!     cargo test --release -p trit-cuda --test gpu_hybrid -- --ignored --test-threads 1
+//! Without a driver each test prints why it is skipped.
+
+use std::path::Path;
+use std::sync::Mutex;
+use trit::format::testgen::hybrid::{generate, HybridPreset};
+use trit::format::testgen::{OutFormat, TokenizerAssets};
+use trit::kernels::{self, KernelLevel};
+use trit::model::{Logits, Model};
+use trit_cuda::{load_model, CudaOptions};
+
+fn gpu_missing() -> bool {
+    if !trit_cuda::device::driver_present() {
+        eprintln!("skipped: no CUDA driver (libcuda.so) on this machine");
+        return true;
+    }
+    false
+}
+
+/// ‖a − b‖ / ‖b‖ in f64.
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    assert!(a.iter().all(|v| v.is_finite()), "non-finite GPU logits");
+    let num: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Pseudo-random prompt ids below `vocab`, different per seed.
+fn prompt(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % vocab as u64) as u32
+        })
+        .collect()
+}
+
+/// The kernel level is process-wide: tests that switch it take this lock.
+static LEVEL: Mutex<()> = Mutex::new(());
+
+/// Generates tiny-qwen35 in `formats` under `dir`; returns the paths.
+fn tiny_models(dir: &Path, seed: u64, formats: &[&str]) -> (HybridPreset, Vec<std::path::PathBuf>) {
+    let p = HybridPreset::by_name("tiny-qwen35").unwrap();
+    let fmts: Vec<OutFormat> = formats
+        .iter()
+        .map(|f| OutFormat::parse(f).unwrap())
+        .collect();
+    generate(&p, seed, dir, &fmts, &TokenizerAssets::Placeholder).unwrap();
+    let paths = fmts.iter().map(|f| dir.join(f.file_name())).collect();
+    (p, paths)
+}
+
+/// Runs `tokens` as a prompt, then `steps` decode steps, on the GPU, on the CPU's int8 path and
+/// on the CPU's exact f32 reference (`KernelLevel::Reference`), all fed the reference's argmax.
+/// Returns the worst relative logit error against the reference of (GPU, CPU int8).
+fn compare(path: &Path, tokens: &[u32], steps: usize, ctx: usize) -> (f64, f64) {
+    let _lock = LEVEL.lock().unwrap_or_else(|e| e.into_inner());
+    let files = trit::format::open(path).unwrap();
+    let cpu = Model::load(&files, 2).unwrap();
+    let gpu = load_model(&files, &CudaOptions::new(ctx)).unwrap();
+    let fast = kernels::level();
+    let (mut rc, mut cc, mut gc) = (cpu.new_cache(ctx), cpu.new_cache(ctx), gpu.new_cache(ctx));
+    let mut feed = tokens.to_vec();
+    let (mut worst_gpu, mut worst_cpu) = (0f64, 0f64);
+    for _ in 0..=steps {
+        kernels::set_level(KernelLevel::Reference).unwrap();
+        let want = cpu.forward(&feed, &mut rc, Logits::Last).unwrap();
+        kernels::set_level(fast).unwrap();
+        let int8 = cpu.forward(&feed, &mut cc, Logits::Last).unwrap();
+        let got = gpu.forward(&feed, &mut gc, Logits::Last).unwrap();
+        worst_gpu = worst_gpu.max(rel_err(&got, &want));
+        worst_cpu = worst_cpu.max(rel_err(&int8, &want));
+        feed = vec![argmax(&want)];
+    }
+    assert_eq!(gc.len(), rc.len());
+    (worst_gpu, worst_cpu)
+}
+
+/// The GPU quantizes activations to int8 like the CPU's fast path (not bit-identically: other
+/// summation order, an f16 KV cache), so its error against the exact reference must be of the
+/// CPU int8 path's size: at most twice it, plus 1e-3. A wrong index or formula gives errors
+/// near 1.
+fn check(what: &str, (gpu, cpu): (f64, f64)) {
+    eprintln!("{what}: relative logit error vs f32 reference: gpu {gpu:.2e}, cpu int8 {cpu:.2e}");
+    assert!(
+        gpu <= 2.0 * cpu + 1e-3 && gpu < 0.1,
+        "{what}: gpu {gpu} vs cpu int8 {cpu}"
+    );
+}
+
+/// GGUF Q2_0 (tiled value heads; the generator writes the hybrid preset's per-64 scales only
+/// as Q2_0) and MLX (grouped value heads): a 12-token
+/// prompt (longer than the conv window of 3) then 8 decode steps, every step's logits compared.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn tiny_qwen35_logits_match_the_cpu_in_gguf_and_mlx() {
+    if gpu_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (p, paths) = tiny_models(dir.path(), 3, &["q2_0", "mlx"]);
+    for path in &paths {
+        let errs = compare(path, &prompt(12, p.vocab, 1), 8, 64);
+        check(&format!("tiny-qwen35 {}", path.display()), errs);
+    }
+}
+
+/// 16 greedy tokens, each device feeding back its own argmax, equal on a prompt. The two int8
+/// paths round differently, so where the CPU's best two tokens are within 0.2 logits of each
+/// other the GPU may pick the other one; there the runs part ways and the comparison stops.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn tiny_qwen35_greedy_tokens_match_the_cpu() {
+    if gpu_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (p, paths) = tiny_models(dir.path(), 5, &["q2_0"]);
+    let files = trit::format::open(&paths[0]).unwrap();
+    let ids = prompt(9, p.vocab, 4);
+    let run = |m: &Model| -> (Vec<u32>, Vec<Vec<f32>>) {
+        let mut c = m.new_cache(64);
+        let mut logits = m.forward(&ids, &mut c, Logits::Last).unwrap();
+        let (mut out, mut all) = (Vec::new(), Vec::new());
+        for _ in 0..16 {
+            let t = argmax(&logits);
+            out.push(t);
+            all.push(logits.clone());
+            logits = m.forward(&[t], &mut c, Logits::Last).unwrap();
+        }
+        (out, all)
+    };
+    let (cpu, cpu_logits) = run(&Model::load(&files, 2).unwrap());
+    let (gpu, _) = run(&load_model(&files, &CudaOptions::new(64)).unwrap());
+    eprintln!("greedy cpu {cpu:?}\ngreedy gpu {gpu:?}");
+    let same = cpu.iter().zip(&gpu).take_while(|(a, b)| a == b).count();
+    if same < cpu.len() {
+        let l = &cpu_logits[same];
+        let gap = l[cpu[same] as usize] - l[gpu[same] as usize];
+        eprintln!("tokens differ at step {same}: cpu logit gap {gap}");
+        assert!(same >= 8 && gap < 0.2, "step {same}: gap {gap}");
+    }
+}
+
+/// Logits::All returns every position's logits (each equal to the step-by-step ones), the
+/// graph and the kernel-by-kernel launch agree, a restart at position 0 resets the recurrent
+/// state (same logits again), a rewind into the middle (a chat turn reusing a prefix) replays
+/// the prefix and gives the same logits as the first time, and a cache ahead of what the model
+/// has seen is refused.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn all_logits_restart_and_rewind() {
+    if gpu_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (p, paths) = tiny_models(dir.path(), 7, &["q2_0"]);
+    let files = trit::format::open(&paths[0]).unwrap();
+    let gpu = load_model(&files, &CudaOptions::new(64)).unwrap();
+    let toks = prompt(10, p.vocab, 6);
+    let v = p.vocab;
+    let mut c = gpu.new_cache(64);
+    gpu.forward(&toks[..4], &mut c, Logits::Last).unwrap();
+    let all = gpu.forward(&toks[4..], &mut c, Logits::All).unwrap();
+    assert_eq!(all.len(), 6 * v);
+
+    let mut opts = CudaOptions::new(64);
+    opts.graph = false;
+    let eager = load_model(&files, &opts).unwrap();
+    let mut e = eager.new_cache(64);
+    eager.forward(&toks[..4], &mut e, Logits::Last).unwrap();
+    for (i, &t) in toks[4..].iter().enumerate() {
+        let one = eager.forward(&[t], &mut e, Logits::Last).unwrap();
+        let err = rel_err(&one, &all[i * v..(i + 1) * v]);
+        assert!(err < 1e-6, "position {}: {err}", 4 + i);
+    }
+
+    // Back to the start: the state is zeroed and the same logits come again.
+    c.truncate(0);
+    gpu.forward(&toks[..4], &mut c, Logits::Last).unwrap();
+    let again = gpu.forward(&toks[4..], &mut c, Logits::All).unwrap();
+    assert!(rel_err(&again, &all) < 1e-6);
+
+    // Into the middle: the first 5 tokens are replayed, positions 5.. come out as before.
+    c.truncate(5);
+    let tail = gpu.forward(&toks[5..], &mut c, Logits::All).unwrap();
+    assert!(rel_err(&tail, &all[v..]) < 1e-6);
+    assert_eq!(c.len(), 10);
+
+    // A fresh model handed a cache that claims 3 positions it never ran: refused.
+    let fresh = load_model(&files, &CudaOptions::new(64)).unwrap();
+    let mut ahead = fresh.new_cache(64);
+    ahead.advance(3);
+    let err = fresh
+        .forward(&toks[..1], &mut ahead, Logits::Last)
+        .unwrap_err();
+    assert!(err.to_string().contains("one sequence at a time"), "{err}");
+}
+
+/// Hadamard-rotated packs are refused with the reason before any GPU work (runs everywhere).
+#[test]
+fn rotated_hybrid_packs_are_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = HybridPreset::by_name("tiny-prism").unwrap();
+    let f = OutFormat::parse("q2_0").unwrap();
+    generate(&p, 1, dir.path(), &[f], &TokenizerAssets::Placeholder).unwrap();
+    let files = trit::format::open(&dir.path().join(f.file_name())).unwrap();
+    assert!(
+        files.rotation.is_some(),
+        "tiny-prism GGUF without its rotation"
+    );
+    let err = load_model(&files, &CudaOptions::new(16))
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("rotated"), "{err}");
+}
