@@ -62,8 +62,6 @@ pub const KERNELS: &[&str] = &[
     "rms_norm_quant_v4",
     "ternary_gemm_f16",
     "ternary_gemm_f32",
-    "ternary_gemm_b3_f16",
-    "ternary_gemm_b3_f32",
     "rope_append_batch",
     "flash_prefill_e1",
     "flash_prefill_e2",

@@ -316,12 +316,10 @@ pub fn launch_ternary_gemm(
             "CUDA: the prefill GEMM needs int8 tensor cores (compute capability 8.0+)".into(),
         ));
     }
-    let three = std::env::var("TRIT_CUDA_GEMM_BLOCKS").is_ok_and(|v| v == "3");
-    let kernel = match (m.f16, three) {
-        (true, false) => "ternary_gemm_f16",
-        (false, false) => "ternary_gemm_f32",
-        (true, true) => "ternary_gemm_b3_f16",
-        (false, true) => "ternary_gemm_b3_f32",
+    let kernel = if m.f16 {
+        "ternary_gemm_f16"
+    } else {
+        "ternary_gemm_f32"
     };
     gpu.launch(
         kernel,

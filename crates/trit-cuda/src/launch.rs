@@ -64,7 +64,14 @@ pub(crate) struct QuantOut {
     pub meta: u64,
 }
 
-/// RMSNorm of `rows` rows of `d` values at `x` with weights `w`, quantized to int8.
+/// Whether `rms_norm_quant` takes the vectorized kernel for rows of `d` values: it keeps the
+/// values in registers, so `out.f32` may be 0 there (only the int8 blocks are written).
+pub(crate) fn norm_can_skip_f32(d: usize) -> bool {
+    d.is_multiple_of(64) && d <= 8192
+}
+
+/// RMSNorm of `rows` rows of `d` values at `x` with weights `w`, quantized to int8 (`out.f32`
+/// 0: no f32 copy, allowed where [`norm_can_skip_f32`]).
 pub(crate) fn rms_norm_quant(
     g: &Gpu,
     x: u64,
@@ -74,7 +81,12 @@ pub(crate) fn rms_norm_quant(
     out: QuantOut,
     rows: u32,
 ) -> Result<()> {
-    let vectorized = d.is_multiple_of(64) && d <= 8192;
+    let vectorized = norm_can_skip_f32(d);
+    if out.f32 == 0 && !vectorized {
+        return Err(trit::Error::InvalidArgument(format!(
+            "RMSNorm of {d}-wide rows needs an f32 output"
+        )));
+    }
     g.launch(
         if vectorized {
             "rms_norm_quant_v4"

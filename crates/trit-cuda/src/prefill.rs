@@ -192,7 +192,7 @@ impl CudaModel {
         // Heads of whole 64-column blocks: the attention kernel quantizes its own output.
         let fused_quant = hd.is_multiple_of(64);
         for (li, blk) in st.w.blocks.iter().enumerate() {
-            self.norm_rows(st, &blk.attn_norm, p(&pb.x), n)?;
+            self.norm_rows(st, &blk.attn_norm, p(&pb.x), n, blk.qkv.is_dense())?;
             self.matmul(st, &blk.qkv, &normed, n, p(&pb.qkv), false)?;
             let opt = |v: &Option<CudaSlice<f32>>| v.as_ref().map_or(0, p);
             let (kc, vc) = (kv.k[li], kv.v[li]);
@@ -247,10 +247,16 @@ impl CudaModel {
                 meta: xm,
             };
             self.matmul(st, &blk.o, &att_in, n, p(&pb.x), true)?;
-            self.norm_rows(st, &blk.ffn_norm, p(&pb.x), n)?;
+            self.norm_rows(st, &blk.ffn_norm, p(&pb.x), n, blk.gate_up.is_dense())?;
             self.matmul(st, &blk.gate_up, &normed, n, p(&pb.gu), false)?;
+            // Ternary down projections read only the int8 blocks: the f32 copy (ffn values per
+            // token) is written only for a dense one.
             let h_out = launch::QuantOut {
-                f32: p(&pb.h),
+                f32: if blk.down.is_dense() || !c.ffn.is_multiple_of(64) {
+                    p(&pb.h)
+                } else {
+                    0
+                },
                 q: xq,
                 meta: xm,
             };
@@ -267,12 +273,25 @@ impl CudaModel {
 
     /// RMSNorm + int8 quantization of `n` rows of `hidden` values starting at `x`, into the
     /// chunk's `xn`/`xq`/`xm` (row after row).
-    fn norm_rows(&self, st: &State, w: &CudaSlice<f32>, x: u64, n: usize) -> Result<()> {
+    /// `f32_needed`: a dense matrix reads the normalized rows themselves (ternary ones read only
+    /// the int8 blocks, and the vectorized kernel then skips the f32 copy).
+    fn norm_rows(
+        &self,
+        st: &State,
+        w: &CudaSlice<f32>,
+        x: u64,
+        n: usize,
+        f32_needed: bool,
+    ) -> Result<()> {
         let s = &st.gpu.stream;
         let pb = st.prefill.as_ref().expect("allocated by prefill_locked");
         let d = self.config.hidden;
         let out = launch::QuantOut {
-            f32: ptr(&pb.xn, s),
+            f32: if f32_needed || !launch::norm_can_skip_f32(d) {
+                ptr(&pb.xn, s)
+            } else {
+                0
+            },
             q: ptr(&pb.xq, s),
             meta: ptr(&pb.xm, s),
         };
@@ -292,7 +311,7 @@ impl CudaModel {
         let s = &st.gpu.stream;
         let pb = st.prefill.as_ref().expect("allocated by prefill_locked");
         let x = ptr(&pb.x, s) + (t * self.config.hidden * 4) as u64;
-        self.norm_rows(st, &st.w.final_norm, x, 1)?;
+        self.norm_rows(st, &st.w.final_norm, x, 1, true)?;
         let normed = Input {
             f32: ptr(&pb.xn, s),
             q: ptr(&pb.xq, s),

@@ -34,6 +34,13 @@ pub enum DevMatrix {
 }
 
 impl DevMatrix {
+    /// A dense (f16/f32) matrix: its products read f32 activations, not int8 blocks.
+    pub(crate) fn is_dense(&self) -> bool {
+        matches!(self, DevMatrix::Dense { .. })
+    }
+}
+
+impl DevMatrix {
     pub fn rows(&self) -> usize {
         match self {
             DevMatrix::Ternary { rows, .. } | DevMatrix::Dense { rows, .. } => *rows,

@@ -103,11 +103,12 @@ fn compare(path: &Path, tokens: &[u32], steps: usize, ctx: usize) -> (f64, f64) 
 /// The GPU quantizes activations to int8 like the CPU's fast path (not bit-identically: other
 /// summation order, an f16 KV cache), so its error against the exact reference must be of the
 /// CPU int8 path's size: at most twice it, plus 1e-3. A wrong index or formula gives errors
-/// near 1.
+/// near 1. (On tiny-qwen35 the int8 paths drift far more than on dense models — measured on the
+/// H200: CPU int8 1.43e-1, GPU 1.46e-1 — so the absolute cap is 0.5, not the dense tests' 0.1.)
 fn check(what: &str, (gpu, cpu): (f64, f64)) {
     eprintln!("{what}: relative logit error vs f32 reference: gpu {gpu:.2e}, cpu int8 {cpu:.2e}");
     assert!(
-        gpu <= 2.0 * cpu + 1e-3 && gpu < 0.1,
+        gpu <= 2.0 * cpu + 1e-3 && gpu < 0.5,
         "{what}: gpu {gpu} vs cpu int8 {cpu}"
     );
 }

@@ -80,7 +80,7 @@ extern "C" __global__ void rms_norm_quant_v4(const float* __restrict__ x,
     pdl_launch_dependents();
     pdl_wait();
     x += (size_t)blockIdx.y * d;
-    xn += (size_t)blockIdx.y * d;
+    if (xn != nullptr) xn += (size_t)blockIdx.y * d;  // null: only the int8 blocks are wanted
     q += (size_t)blockIdx.y * d;
     meta += (size_t)blockIdx.y * (d / QBLOCK);
     const int n4 = d / 4;
@@ -103,7 +103,7 @@ extern "C" __global__ void rms_norm_quant_v4(const float* __restrict__ x,
             const float4 g = ((const float4*)w)[c];
             o = make_float4(v[j].x * inv * g.x, v[j].y * inv * g.y, v[j].z * inv * g.z,
                             v[j].w * inv * g.w);
-            ((float4*)xn)[c] = o;
+            if (xn != nullptr) ((float4*)xn)[c] = o;
         }
         float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
 #pragma unroll
@@ -150,7 +150,7 @@ extern "C" __global__ void silu_mul_quant(const float* __restrict__ gu, int ffn,
     pdl_wait();
     // Row blockIdx.y of a prefill's T rows (ffn a multiple of 64 there).
     gu += (size_t)blockIdx.y * 2 * ffn;
-    h += (size_t)blockIdx.y * ffn;
+    if (h != nullptr) h += (size_t)blockIdx.y * ffn;  // null: only the int8 blocks are wanted
     q += (size_t)blockIdx.y * ffn;
     meta += (size_t)blockIdx.y * (ffn / QBLOCK);
     const int b = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
@@ -159,8 +159,8 @@ extern "C" __global__ void silu_mul_quant(const float* __restrict__ gu, int ffn,
     if (b * QBLOCK >= ffn) return;
     const float a = i0 < ffn ? silu_mul(gu[i0], gu[ffn + i0]) : 0.0f;
     const float c = i1 < ffn ? silu_mul(gu[i1], gu[ffn + i1]) : 0.0f;
-    if (i0 < ffn) h[i0] = a;
-    if (i1 < ffn) h[i1] = c;
+    if (h != nullptr && i0 < ffn) h[i0] = a;
+    if (h != nullptr && i1 < ffn) h[i1] = c;
     if (ffn % QBLOCK == 0) quant_block_warp(a, c, q + b * QBLOCK, meta + b);
 }
 

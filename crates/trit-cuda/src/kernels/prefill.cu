@@ -22,7 +22,8 @@
 //
 // Each output is converted and scaled once per 64-column block (I2F and two FFMA): that
 // epilogue, not the tensor cores, is most of the issue slots. Replacing I2F by an integer add
-// and an FP32 subtraction (exact for |c| < 2^22) measured 3 % slower.
+// and an FP32 subtraction (exact for |c| < 2^22) measured 3 % slower; capping registers for
+// three resident blocks per multiprocessor instead of two (a few spills) 20 % slower.
 
 #define GM_ROWS 128
 #define GM_TOKS 64
@@ -218,18 +219,6 @@ ternary_gemm_f16(const uint4* codes, const half_bits* scales, int rows, int nb, 
 extern "C" __global__ void __launch_bounds__(GM_THREADS)
 ternary_gemm_f32(const uint4* codes, const float* scales, int rows, int nb, int ntok,
                  const i8* xq, const float2* meta, float* y, int accumulate) {
-    ternary_gemm<float, 2, 3>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate);
-}
-// The same with registers capped for three resident blocks per multiprocessor (24 warps, a
-// few spilled values) instead of two: TRIT_CUDA_GEMM_BLOCKS=3 (a trial knob).
-extern "C" __global__ void __launch_bounds__(GM_THREADS, 3)
-ternary_gemm_b3_f16(const uint4* codes, const half_bits* scales, int rows, int nb, int ntok,
-                    const i8* xq, const float2* meta, float* y, int accumulate) {
-    ternary_gemm<half_bits, 2, 3>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate);
-}
-extern "C" __global__ void __launch_bounds__(GM_THREADS, 3)
-ternary_gemm_b3_f32(const uint4* codes, const float* scales, int rows, int nb, int ntok,
-                    const i8* xq, const float2* meta, float* y, int accumulate) {
     ternary_gemm<float, 2, 3>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate);
 }
 // QK-norm + RoPE of T tokens at positions pos..pos+T-1 (pos = step[0]); one warp per (head,
