@@ -53,7 +53,6 @@ T=/tmp/bin/trit
 step trit bench
 for m in 8b 1.7b; do
   timeout 90 $T bench --device cuda -m /tmp/models/$m/model-q2_0.gguf -p 512 -n 128 -r 5 2>&1 | grep -E "\|.*(pp|tg)|rror" | tee -a $S
-  TRIT_CUDA_GEMM_BLOCKS=3 timeout 60 $T bench --device cuda -m /tmp/models/$m/model-q2_0.gguf -p 512 -n 0 -r 5 2>&1 | grep -E "\|.*pp|rror" | sed 's/$/  (GEMM 3 blocks\/SM)/' | tee -a $S
 done
 step batch_decode
 for m in 8b 1.7b; do
