@@ -67,6 +67,28 @@ impl<'a> PagedKvHead<'a> {
     }
 }
 
+/// Asks for the cache lines of `row` ahead of use. A KV head's keys (and values) sit one cache
+/// row (4 KiB on the 1.7B shape) apart, each in its own 4 KiB page, where the hardware
+/// prefetchers stop; decode, with its few query rows per key, is bound by how fast these
+/// scattered 512-byte rows arrive from memory.
+#[inline(always)]
+fn prefetch_row(row: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in row.chunks(16) {
+        // SAFETY: a prefetch hint never faults; the address is inside `row`.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                line.as_ptr().cast(),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = row;
+}
+
+/// Keys prefetched ahead of the scores being computed.
+const PREFETCH_KEYS: usize = 16;
+
 /// Splits contiguous `[position][stride]` rows into the pages `PagedKvHead` reads.
 pub fn pages_of(rows: &[f32], stride: usize) -> Vec<&[f32]> {
     rows.chunks(KEY_BLOCK * stride).collect()
@@ -118,6 +140,11 @@ pub fn attend_rows_at(
         "attend_rows: visible keys outside the cache"
     );
     match level.or_supported() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `or_supported` checked avx512f; the shape was checked above.
+        super::KernelLevel::Avx512 if rows <= super::attn_avx512::MAX_ROWS && hd % 16 == 0 => unsafe {
+            super::attn_avx512::attend_few(q, visible, kv, scale, out, &mut scratch.qt)
+        },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `or_supported` checked avx512f; the guard checks avx2 and fma.
         super::KernelLevel::Avx512 if super::KernelLevel::Avx2.supported() => unsafe {
@@ -291,7 +318,23 @@ fn attend_group<const FMA: bool, const R: usize>(
         let kb = (most - j0).min(KEY_BLOCK);
         // This key block is one page: indices below are relative to its first key.
         let page = kv.page(j0 / KEY_BLOCK);
+        if j0 == 0 {
+            for j in 0..PREFETCH_KEYS.min(most) {
+                prefetch_row(&page.keys[j * page.stride + page.offset..][..hd]);
+            }
+        }
         for c0 in (0..kb).step_by(8) {
+            for c in 0..8 {
+                let ahead = j0 + c0 + PREFETCH_KEYS + c;
+                if ahead < most {
+                    let p = kv.page(ahead / KEY_BLOCK);
+                    let at = (ahead % KEY_BLOCK) * p.stride + p.offset;
+                    prefetch_row(&p.keys[at..][..hd]);
+                }
+                if c0 + c < kb {
+                    prefetch_row(&page.values[(c0 + c) * page.stride + page.offset..][..hd]);
+                }
+            }
             let block = scores_8_keys::<FMA, R>(&scratch.qt, page, hd, c0, kb - 1);
             for (c, sc) in block.iter().enumerate() {
                 if c0 + c < KEY_BLOCK {
@@ -428,6 +471,12 @@ mod tests {
             // Decode-like calls (the narrow 4-row form): 4 rows, long context.
             (128, 1000, 1024, 384, &[1000, 1000, 1000, 1000]),
             (64, 3, 64, 0, &[3, 2, 1]),
+            // The AVX-512 decode kernel's shapes: 1–4 rows, head dims of 1, 3 and 8 chunks of
+            // 16, rows that see different numbers of keys across pages.
+            (128, 150, 1024, 256, &[150, 149]),
+            (48, 70, 96, 48, &[70, 1, 65]),
+            (16, 9, 16, 0, &[9]),
+            (128, 200, 256, 0, &[200, 64, 65, 129]),
         ];
         for &l in &KernelLevel::available() {
             for (ci, &(hd, n, stride, offset, visible)) in cases.iter().enumerate() {

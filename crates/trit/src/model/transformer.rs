@@ -227,9 +227,8 @@ impl Transformer {
                 exact(&[&b.q, &b.k, &b.v]),
             );
             drop(probe);
-            matmul(pool, Op::MatQ, &b.q, &xq, &mut q);
-            matmul(pool, Op::MatK, &b.k, &xq, &mut k);
-            matmul(pool, Op::MatV, &b.v, &xq, &mut v);
+            let qkv = [(&b.q, &mut q[..]), (&b.k, &mut k[..]), (&b.v, &mut v[..])];
+            matmul_fused(pool, Op::MatQ, &xq, qkv);
             if let Some(l) = &b.lora {
                 l.attn_in(&x, &b.attn_norm, c.norm_eps, [&mut q, &mut k, &mut v]);
             }
@@ -288,8 +287,12 @@ impl Transformer {
                 let keep = exact(&[&b.gate, &b.up]);
                 xq.quantize_rms_norm(Some(pool), rows, &b.ffn_norm, c.norm_eps, m, keep);
                 drop(probe);
-                matmul(pool, Op::MatGate, &b.gate, &xq, g);
-                matmul(pool, Op::MatUp, &b.up, &xq, u);
+                matmul_fused(
+                    pool,
+                    Op::MatGate,
+                    &xq,
+                    [(&b.gate, &mut *g), (&b.up, &mut *u)],
+                );
                 if let Some(l) = &b.lora {
                     l.mlp_in(rows, &b.ffn_norm, c.norm_eps, [&mut *g, &mut *u]);
                 }
@@ -361,6 +364,23 @@ pub struct BatchSeq<'a> {
 fn matmul(pool: &ThreadPool, op: Op, l: &Linear, xq: &ActQ8, y: &mut [f32]) {
     let _p = profile::start(op, (l.rows() * l.cols() * xq.n()) as u64);
     l.forward_q8(pool, xq, y);
+}
+
+/// The layers of `parts` (one input width) on the same activations in one pool dispatch,
+/// timed together as `op`.
+fn matmul_fused<const N: usize>(
+    pool: &ThreadPool,
+    op: Op,
+    xq: &ActQ8,
+    mut parts: [(&Linear, &mut [f32]); N],
+) {
+    let work = parts
+        .iter()
+        .map(|(l, _)| l.rows() * l.cols())
+        .sum::<usize>()
+        * xq.n();
+    let _p = profile::start(op, work as u64);
+    Linear::forward_q8_fused(pool, xq, &mut parts);
 }
 
 /// Quantizes `n` rows of `x` for `l`.
