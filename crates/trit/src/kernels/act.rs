@@ -70,7 +70,7 @@ impl ActQ8 {
             x.len()
         );
         self.resize(n, cols, keep_exact);
-        self.fill_rows(pool, &x[..n * cols], &|xr, r| {
+        self.fill_rows(pool, &x[..n * cols], &|_, xr, r| {
             r.quantize_row(|b, out| out.copy_from_slice(&xr[b * ACT_BLOCK..][..ACT_BLOCK]))
         });
         self.build_panel();
@@ -103,7 +103,7 @@ impl ActQ8 {
             x.len()
         );
         self.resize(n, cols, keep_exact);
-        self.fill_rows(pool, &x[..n * cols], &|xr, r| {
+        self.fill_rows(pool, &x[..n * cols], &|_, xr, r| {
             let inv = 1.0 / (super::ops::dot(xr, xr) / cols as f32 + eps).sqrt();
             let norm = |b: usize, out: &mut [f32; ACT_BLOCK]| {
                 let (xb, wb) = (&xr[b * ACT_BLOCK..][..ACT_BLOCK], &w[b * ACT_BLOCK..]);
@@ -122,13 +122,55 @@ impl ActQ8 {
         self.build_panel();
     }
 
-    /// Runs `f` on every input row of `x` with the matching output rows, in chunks of
+    /// Re-fills `self` with `silu(gate_t)·up_t` quantized (SwiGLU, then the down projection's
+    /// quantization) for the `n` rows of `cols` values of `gate` and `up`: each block is
+    /// computed in registers and quantized at once, so the product is never written out and
+    /// read back, and a batched step needs one pool dispatch for both. The values are exactly
+    /// those of `ops::silu_mul` followed by `quantize_from_on`.
+    pub fn quantize_silu_mul(
+        &mut self,
+        pool: Option<&ThreadPool>,
+        gate: &[f32],
+        up: &[f32],
+        n: usize,
+        cols: usize,
+        keep_exact: bool,
+    ) {
+        assert!(
+            gate.len() >= n * cols && up.len() >= n * cols,
+            "ActQ8::quantize_silu_mul: {} and {} values for {n} × {cols}",
+            gate.len(),
+            up.len()
+        );
+        self.resize(n, cols, keep_exact);
+        self.fill_rows(pool, &gate[..n * cols], &|t, gr, r| {
+            let ur = &up[t * cols..(t + 1) * cols];
+            let silu = |g: f32, u: f32| g / (1.0 + super::ops::exp_approx(-g)) * u;
+            if r.qs.is_empty() {
+                // Dense-only width (not a multiple of 64): just the product.
+                let e = r.exact.expect("resize keeps exact rows for such widths");
+                for ((o, &g), &u) in e.iter_mut().zip(gr).zip(ur) {
+                    *o = silu(g, u);
+                }
+            } else {
+                r.quantize_row(|b, out| {
+                    let (gb, ub) = (&gr[b * ACT_BLOCK..][..ACT_BLOCK], &ur[b * ACT_BLOCK..]);
+                    for ((o, &g), &u) in out.iter_mut().zip(gb).zip(ub) {
+                        *o = silu(g, u);
+                    }
+                });
+            }
+        });
+        self.build_panel();
+    }
+
+    /// Runs `f(t, x_t, out_t)` on every input row `x_t` of `x` with the matching output rows, in chunks of
     /// `PAR_ROWS` rows claimed by `pool`'s threads when there are several chunks.
     fn fill_rows(
         &mut self,
         pool: Option<&ThreadPool>,
         x: &[f32],
-        f: &(dyn Fn(&[f32], RowOut) + Sync),
+        f: &(dyn Fn(usize, &[f32], RowOut) + Sync),
     ) {
         let (n, cols) = (self.n, self.cols);
         if n == 0 {
@@ -151,9 +193,9 @@ impl ActQ8 {
             ))
         {
             let ec = if epr > 0 { exact_chunks.next() } else { None };
-            items.push((xc, qc, dc, sc, ec));
+            items.push((items.len() * rows, xc, qc, dc, sc, ec));
         }
-        let work = |(xc, qc, dc, sc, mut ec): Chunk| {
+        let work = |(t0, xc, qc, dc, sc, mut ec): Chunk| {
             for t in 0..xc.len() / cols {
                 let r = RowOut {
                     qs: qc.get_mut(t * qpr..(t + 1) * qpr).unwrap_or_default(),
@@ -161,7 +203,7 @@ impl ActQ8 {
                     sums: sc.get_mut(t * bpr..(t + 1) * bpr).unwrap_or_default(),
                     exact: ec.as_mut().map(|e| &mut e[t * epr..(t + 1) * epr]),
                 };
-                f(&xc[t * cols..(t + 1) * cols], r);
+                f(t0 + t, &xc[t * cols..(t + 1) * cols], r);
             }
         };
         match pool {
@@ -220,9 +262,10 @@ impl Default for ActQ8 {
     }
 }
 
-/// Row chunk of the work of `fill_rows`: input rows, and the matching rows of `qs`, `d`,
-/// `sums` and (if kept) `exact`.
+/// Row chunk of the work of `fill_rows`: its first row, input rows, and the matching rows of
+/// `qs`, `d`, `sums` and (if kept) `exact`.
 type Chunk<'a> = (
+    usize,
     &'a [f32],
     &'a mut [i8],
     &'a mut [f32],
@@ -392,6 +435,39 @@ mod tests {
         let plain = ActQ8::quantize(&x, n, cols);
         assert_eq!((&a.qs, &a.d, &a.sums), (&plain.qs, &plain.d, &plain.sums));
         assert_eq!(a.exact(), Some(&x[..]));
+    }
+
+    #[test]
+    fn fused_swiglu_quantization_equals_silu_mul_then_quantize() {
+        let pool = ThreadPool::new(2);
+        let val = |i: usize, k: usize| ((i * k % 1013) as f32 / 1013.0 - 0.5) * (1 + i % 7) as f32;
+        // 1 row (matvec), 8 rows (small-M panel, two parallel chunks), 40 rows (prefill); and a
+        // dense-only width.
+        for (n, cols) in [(1, 192), (8, 192), (40, 320), (8, 72)] {
+            let gate: Vec<f32> = (0..n * cols).map(|i| 6.0 * val(i, 7919)).collect();
+            let up: Vec<f32> = (0..n * cols).map(|i| val(i, 104_729)).collect();
+            let mut product = gate.clone();
+            crate::kernels::ops::silu_mul(&mut product, &up);
+            let mut want = ActQ8::new();
+            want.quantize_from(&product, n, cols, true);
+            let mut a = ActQ8::quantize(&vec![1.0; 4 * 384], 4, 384);
+            a.quantize_silu_mul(Some(&pool), &gate, &up, n, cols, true);
+            assert_eq!((a.n, a.cols), (n, cols));
+            assert_eq!(a.exact(), Some(&product[..]), "{n} × {cols}");
+            assert_eq!((&a.qs, &a.d, &a.sums), (&want.qs, &want.d, &want.sums));
+            // The small-M panel (built for 2..=16 rows only; stale buffers otherwise).
+            assert_eq!(a.panel.n, want.panel.n);
+            if want.panel.n > 0 {
+                let panel = |x: &ActQ8| {
+                    (
+                        x.panel.qs.clone(),
+                        x.panel.d.clone(),
+                        x.panel.neg_sums.clone(),
+                    )
+                };
+                assert_eq!(panel(&a), panel(&want));
+            }
+        }
     }
 
     fn normed_row(x: &[f32], w: &[f32]) -> Vec<f32> {
