@@ -120,25 +120,32 @@ unsafe fn attend<const R: usize>(
                 s[r][j] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
             }
         }
-        // Causal mask, running max, exponentials, running sums: per row over the block.
+        // Causal mask, running max, exponentials, running sums: per row over the block, 16
+        // scores per register.
         let mut carry = [0f32; R];
         for r in 0..R {
             let seen = visible[r].saturating_sub(j0).min(kb);
-            let sr = &mut s[r];
-            let block_max = sr[..seen].iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let new_max = max[r].max(block_max);
+            let sr = s[r].as_mut_ptr();
+            let lanes = |j: usize| -> __mmask16 {
+                let n = seen.saturating_sub(j).min(16);
+                ((1u32 << n) - 1) as __mmask16
+            };
+            let mut block_max = _mm512_set1_ps(f32::NEG_INFINITY);
+            for j in (0..kb).step_by(16) {
+                let v = _mm512_loadu_ps(sr.add(j));
+                block_max = _mm512_mask_max_ps(block_max, lanes(j), block_max, v);
+            }
+            let new_max = max[r].max(_mm512_reduce_max_ps(block_max));
             // A row sees at least its first key, so `new_max` is finite from the first block on.
             carry[r] = exp_approx(max[r] - new_max);
-            let mut block_sum = 0f32;
-            for (j, v) in sr.iter_mut().enumerate().take(kb) {
-                *v = if j < seen {
-                    exp_approx(*v - new_max)
-                } else {
-                    0.0
-                };
-                block_sum += *v;
+            let (m, mut block_sum) = (_mm512_set1_ps(new_max), _mm512_setzero_ps());
+            for j in (0..kb).step_by(16) {
+                let v = _mm512_loadu_ps(sr.add(j));
+                let p = _mm512_maskz_mov_ps(lanes(j), exp16(_mm512_sub_ps(v, m)));
+                _mm512_storeu_ps(sr.add(j), p);
+                block_sum = _mm512_add_ps(block_sum, p);
             }
-            sum[r] = sum[r] * carry[r] + block_sum;
+            sum[r] = sum[r] * carry[r] + _mm512_reduce_add_ps(block_sum);
             max[r] = new_max;
         }
         // o_r = carry_r · o_r + Σ_j p_rj · V_j, C 16-float chunks per pass (R × C accumulator
@@ -199,6 +206,71 @@ unsafe fn add_values<const R: usize, const C: usize>(
     for (r, a) in acc.iter().enumerate() {
         for (c, v) in a.iter().enumerate() {
             _mm512_storeu_ps(out.as_mut_ptr().add(r * hd + 16 * (c0 + c)), *v);
+        }
+    }
+}
+
+/// `ops::exp_approx` on 16 lanes, the same operations in the same order (so the same values):
+/// `x = n·ln2 + r`, a degree-6 polynomial for `e^r`, `2^n` built in the exponent bits; inputs
+/// below -87 give 0.
+#[inline(always)]
+unsafe fn exp16(x: __m512) -> __m512 {
+    let underflow = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(-87.0));
+    let x = _mm512_min_ps(
+        _mm512_max_ps(x, _mm512_set1_ps(-87.0)),
+        _mm512_set1_ps(88.0),
+    );
+    let magic = _mm512_set1_ps(12_582_912.0);
+    let shifted = _mm512_add_ps(
+        _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+        magic,
+    );
+    let n = _mm512_sub_ps(shifted, magic);
+    let r = _mm512_sub_ps(
+        _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693_359_4))),
+        _mm512_mul_ps(n, _mm512_set1_ps(-2.121_944_4e-4)),
+    );
+    let step = |p: __m512, c: f32| _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(c));
+    let p = _mm512_set1_ps(1.987_569_1e-4);
+    let p = step(p, 1.398_199_9e-3);
+    let p = step(p, 8.333_452e-3);
+    let p = step(p, 4.166_579_6e-2);
+    let p = step(p, 1.666_666_5e-1);
+    let p = step(p, 0.5);
+    let er = _mm512_add_ps(
+        _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r),
+        _mm512_set1_ps(1.0),
+    );
+    let ni = _mm512_sub_epi32(_mm512_castps_si512(shifted), _mm512_set1_epi32(0x4B40_0000));
+    let two_n = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
+        ni,
+        _mm512_set1_epi32(127),
+    )));
+    _mm512_maskz_mov_ps(!underflow, _mm512_mul_ps(er, two_n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp16_equals_the_scalar_exp_approx() {
+        if !super::super::KernelLevel::Avx512.supported() {
+            return;
+        }
+        let xs: Vec<f32> = (0..4000)
+            .map(|i| -100.0 + i as f32 * 0.047)
+            .chain([0.0, -87.0, -87.5, 88.0, 1000.0, f32::NEG_INFINITY])
+            .collect();
+        for c in xs.chunks(16) {
+            let mut x = [0f32; 16];
+            x[..c.len()].copy_from_slice(c);
+            let mut got = [0f32; 16];
+            // SAFETY: avx512f checked above.
+            unsafe { _mm512_storeu_ps(got.as_mut_ptr(), exp16(_mm512_loadu_ps(x.as_ptr()))) };
+            for (g, &v) in got.iter().zip(&x) {
+                assert_eq!(g.to_bits(), exp_approx(v).to_bits(), "exp({v})");
+            }
         }
     }
 }

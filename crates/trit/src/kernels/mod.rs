@@ -54,6 +54,7 @@
 //! dequantized weights and unquantized activations (ground truth for model tests).
 
 mod act;
+mod act_avx512;
 pub mod attn;
 mod attn_avx512;
 mod avx2;
