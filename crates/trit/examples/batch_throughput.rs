@@ -4,7 +4,12 @@
 //! `Scheduler` that `trit serve` uses (sampling, stop checks and events included).
 //!
 //! cargo run --release -p trit --example batch_throughput -- MODEL [-t THREADS] [--streams 1,8]
-//!     [-n STEPS] [-d DEPTH] [-r REPS]
+//!     [-n STEPS] [-d DEPTH] [-r REPS] [--profile] [--no-kv-prefetch]
+//!
+//! `--profile`: one more round per stream count with the per-op counters on, printed as ms per
+//! step. `--no-kv-prefetch`: batched steps do not prefetch the next layer's KV cache during
+//! the MLP (`kernels::SidePrefetch`), for side-by-side runs. The machine's load average and
+//! CPU pressure are printed before and after the runs.
 //!
 //! Token ids are random (seeded); each sequence first holds DEPTH tokens (untimed). The stream
 //! counts are measured in turn, REPS rounds, so background load hits all of them alike; the
@@ -29,6 +34,7 @@ struct Args {
     depth: usize,
     reps: usize,
     profile: bool,
+    kv_prefetch: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -41,6 +47,7 @@ fn parse() -> Result<Args, String> {
         depth: 64,
         reps: 3,
         profile: false,
+        kv_prefetch: true,
     };
     while let Some(arg) = it.next() {
         let mut value = || it.next().ok_or(format!("{arg} needs a value"));
@@ -49,6 +56,7 @@ fn parse() -> Result<Args, String> {
             "-n" => a.steps = value()?.parse().map_err(|e| format!("-n: {e}"))?,
             "-d" => a.depth = value()?.parse().map_err(|e| format!("-d: {e}"))?,
             "--profile" => a.profile = true,
+            "--no-kv-prefetch" => a.kv_prefetch = false,
             "-r" => a.reps = value()?.parse().map_err(|e| format!("-r: {e}"))?,
             "--streams" => {
                 a.streams = value()?
@@ -232,10 +240,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = trit::format::open(std::path::Path::new(&a.model))?;
     let tok = Arc::new(Tokenizer::from_source(&files.tokenizer)?);
     let model = Arc::new(Model::load(&files, a.threads)?);
+    trit::kernels::set_side_prefetch_enabled(a.kv_prefetch);
     println!(
-        "model {}, {} threads, depth {}, {} steps, {} rounds",
-        a.model, a.threads, a.depth, a.steps, a.reps
+        "model {}, {} threads, depth {}, {} steps, {} rounds, next-layer KV prefetch {}",
+        a.model,
+        a.threads,
+        a.depth,
+        a.steps,
+        a.reps,
+        if a.kv_prefetch { "on" } else { "off" }
     );
+    println!("before: {}", machine_load());
     // samples[i] = (raw, scheduler) tokens/s of each round for streams[i].
     let mut samples = vec![Vec::new(); a.streams.len()];
     for _ in 0..a.reps {
@@ -274,10 +289,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             cpu.0 / b_cpu
         );
     }
+    println!("after: {}", machine_load());
     if a.profile {
         profile_steps(&model, &a);
     }
     Ok(())
+}
+
+/// Load average and CPU pressure (Linux), to judge how much other processes disturbed a run.
+fn machine_load() -> String {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let load = read("/proc/loadavg");
+    let psi = read("/proc/pressure/cpu");
+    let some = psi.lines().next().unwrap_or("").trim();
+    format!("loadavg {} | cpu pressure {some}", load.trim())
 }
 
 /// `--profile`: where one batched step's time goes, per op: wall ms per step summed over the

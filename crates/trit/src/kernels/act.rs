@@ -565,7 +565,8 @@ mod tests {
         special[320 + 63] = -2.5;
         special[384..448].copy_from_slice(&x[..64]);
         x.extend(special);
-        let builds: Vec<(&str, fn(&[f32], &mut [i8]) -> (f32, i32))> = vec![
+        type Build = fn(&[f32], &mut [i8]) -> (f32, i32);
+        let builds: Vec<(&str, Build)> = vec![
             ("dispatched", quantize_block),
             #[cfg(target_arch = "x86_64")]
             ("avx2", |x, q| {

@@ -142,9 +142,9 @@ pub fn attend_rows_at(
     match level.or_supported() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `or_supported` checked avx512f; the shape was checked above.
-        super::KernelLevel::Avx512 if rows <= super::attn_avx512::MAX_ROWS && hd % 16 == 0 => unsafe {
-            super::attn_avx512::attend_few(q, visible, kv, scale, out, &mut scratch.qt)
-        },
+        super::KernelLevel::Avx512
+            if rows <= super::attn_avx512::MAX_ROWS && hd.is_multiple_of(16) =>
+        unsafe { super::attn_avx512::attend_few(q, visible, kv, scale, out, &mut scratch.qt) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `or_supported` checked avx512f; the guard checks avx2 and fma.
         super::KernelLevel::Avx512 if super::KernelLevel::Avx2.supported() => unsafe {

@@ -14,6 +14,8 @@
 //! exponentials of `ops::exp_approx`, running sum); only the summation order of the dot
 //! products differs, so results agree to rounding (tested against a direct f64 softmax).
 #![cfg(target_arch = "x86_64")]
+// Register arrays indexed by row and chunk: index loops keep the accumulators in registers.
+#![allow(clippy::needless_range_loop)]
 
 use super::attn::{PagedKvHead, KEY_BLOCK};
 use super::ops::exp_approx;
