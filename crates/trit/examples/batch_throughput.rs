@@ -4,12 +4,10 @@
 //! `Scheduler` that `trit serve` uses (sampling, stop checks and events included).
 //!
 //! cargo run --release -p trit --example batch_throughput -- MODEL [-t THREADS] [--streams 1,8]
-//!     [-n STEPS] [-d DEPTH] [-r REPS] [--profile] [--no-kv-prefetch]
+//!     [-n STEPS] [-d DEPTH] [-r REPS] [--profile]
 //!
 //! `--profile`: one more round per stream count with the per-op counters on, printed as ms per
-//! step. `--no-kv-prefetch`: batched steps do not prefetch the next layer's KV cache during
-//! the MLP (`kernels::SidePrefetch`), for side-by-side runs. The machine's load average and
-//! CPU pressure are printed before and after the runs.
+//! step. The machine's load average and CPU pressure are printed before and after the runs.
 //!
 //! Token ids are random (seeded); each sequence first holds DEPTH tokens (untimed). The stream
 //! counts are measured in turn, REPS rounds, so background load hits all of them alike; the
@@ -34,7 +32,6 @@ struct Args {
     depth: usize,
     reps: usize,
     profile: bool,
-    kv_prefetch: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -47,7 +44,6 @@ fn parse() -> Result<Args, String> {
         depth: 64,
         reps: 3,
         profile: false,
-        kv_prefetch: true,
     };
     while let Some(arg) = it.next() {
         let mut value = || it.next().ok_or(format!("{arg} needs a value"));
@@ -56,7 +52,6 @@ fn parse() -> Result<Args, String> {
             "-n" => a.steps = value()?.parse().map_err(|e| format!("-n: {e}"))?,
             "-d" => a.depth = value()?.parse().map_err(|e| format!("-d: {e}"))?,
             "--profile" => a.profile = true,
-            "--no-kv-prefetch" => a.kv_prefetch = false,
             "-r" => a.reps = value()?.parse().map_err(|e| format!("-r: {e}"))?,
             "--streams" => {
                 a.streams = value()?
@@ -240,15 +235,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = trit::format::open(std::path::Path::new(&a.model))?;
     let tok = Arc::new(Tokenizer::from_source(&files.tokenizer)?);
     let model = Arc::new(Model::load(&files, a.threads)?);
-    trit::kernels::set_side_prefetch_enabled(a.kv_prefetch);
     println!(
-        "model {}, {} threads, depth {}, {} steps, {} rounds, next-layer KV prefetch {}",
-        a.model,
-        a.threads,
-        a.depth,
-        a.steps,
-        a.reps,
-        if a.kv_prefetch { "on" } else { "off" }
+        "model {}, {} threads, depth {}, {} steps, {} rounds",
+        a.model, a.threads, a.depth, a.steps, a.reps
     );
     println!("before: {}", machine_load());
     // samples[i] = (raw, scheduler) tokens/s of each round for streams[i].

@@ -69,7 +69,6 @@ pub mod peak;
 pub(crate) mod pool;
 mod portable;
 pub mod scalar;
-mod side_prefetch;
 mod small_m;
 mod ternary;
 #[cfg(test)]
@@ -77,7 +76,6 @@ mod ternary_tests;
 
 pub use act::ActQ8;
 pub use dense::DenseMatrix;
-pub use side_prefetch::{set_side_prefetch_enabled, SidePrefetch};
 #[doc(hidden)]
 pub use small_m::set_small_m_enabled;
 pub use ternary::TernaryMatrix;
@@ -299,15 +297,9 @@ impl Linear {
     }
 
     /// `forward_q8` of several layers of one input width on the same activations (q/k/v,
-    /// gate/up): one pool dispatch when all are ternary (see `TernaryMatrix::matmul_q8_fused`,
-    /// also for `side`), otherwise one call each. Results are identical to separate
-    /// `forward_q8` calls.
-    pub fn forward_q8_fused(
-        pool: &ThreadPool,
-        xq: &ActQ8,
-        parts: &mut [(&Linear, &mut [f32])],
-        side: Option<(&SidePrefetch, usize)>,
-    ) {
+    /// gate/up): one pool dispatch when all are ternary (see `TernaryMatrix::matmul_q8_fused`),
+    /// otherwise one call each. Results are identical to separate `forward_q8` calls.
+    pub fn forward_q8_fused(pool: &ThreadPool, xq: &ActQ8, parts: &mut [(&Linear, &mut [f32])]) {
         let mut ternary: Vec<(&TernaryMatrix, &mut [f32])> = Vec::with_capacity(parts.len());
         for (l, y) in parts.iter_mut() {
             match l {
@@ -315,7 +307,7 @@ impl Linear {
                 Linear::Dense(_) => l.forward_q8(pool, xq, y),
             }
         }
-        TernaryMatrix::matmul_q8_fused(pool, xq, &mut ternary, side);
+        TernaryMatrix::matmul_q8_fused(pool, xq, &mut ternary);
     }
 
     /// Whether `forward_q8` reads the unquantized activations (dense weights, or the exact

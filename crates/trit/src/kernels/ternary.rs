@@ -2,7 +2,7 @@
 //! `kernels/mod.rs`, and the level dispatch of its matrix products.
 
 use super::act::ActQ8;
-use super::{level, KernelLevel, OutPtr, SidePrefetch};
+use super::{level, KernelLevel, OutPtr};
 use crate::quant::TernaryRows;
 use crate::threadpool::ThreadPool;
 use crate::{Error, Result};
@@ -307,16 +307,13 @@ impl TernaryMatrix {
     /// decode step waits for the slowest thread once per group instead of once per matrix.
     /// Each tile is still computed whole by one thread with the kernel `matmul_q8` would use,
     /// so every output is bit-identical to separate calls.
-    /// `side`: memory a later phase needs, with how many of its cache lines to prefetch over
-    /// this call (`SidePrefetch`), in shares proportional to the chunks the threads claim.
     pub fn matmul_q8_fused(
         pool: &ThreadPool,
         xq: &ActQ8,
         parts: &mut [(&TernaryMatrix, &mut [f32])],
-        side: Option<(&SidePrefetch, usize)>,
     ) {
         let level = level().or_supported();
-        if level == KernelLevel::Reference {
+        if level == KernelLevel::Reference || parts.len() < 2 {
             for (m, y) in parts.iter_mut() {
                 m.matmul_q8_at(level, pool, xq, y);
             }
@@ -345,9 +342,6 @@ impl TernaryMatrix {
         let small = super::small_m::applies(xq);
         let total = *first_tile.last().unwrap();
         let run = |tiles: Range<usize>| {
-            if let Some((side, lines)) = side {
-                side.advance((tiles.len() * lines).div_ceil(total));
-            }
             // The matrices whose tiles the chunk covers, each with its local tile range.
             for (i, &(m, out)) in outs.iter().enumerate() {
                 let (lo, hi) = (

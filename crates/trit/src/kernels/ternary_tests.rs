@@ -461,7 +461,7 @@ fn fused_matmuls_equal_separate_calls() {
                 .zip(outs.iter_mut())
                 .map(|(m, y)| (m, &mut y[..]))
                 .collect();
-            TernaryMatrix::matmul_q8_fused(&pool, &xq, &mut parts, None);
+            TernaryMatrix::matmul_q8_fused(&pool, &xq, &mut parts);
             assert_eq!(outs, separate, "{threads} threads, n = {n}");
         }
     }
@@ -496,9 +496,6 @@ fn fused_matmuls_equal_separate_calls() {
         .zip(outs.iter_mut())
         .map(|(l, y)| (l, &mut y[..]))
         .collect();
-    let kv = vec![1f32; 5000];
-    let side = SidePrefetch::new(vec![&kv[..], &kv[..100]]);
-    Linear::forward_q8_fused(&pool, &xq, &mut parts, Some((&side, side.lines())));
-    assert_eq!(side.remaining(), 0, "the whole side region was walked");
+    Linear::forward_q8_fused(&pool, &xq, &mut parts);
     assert_eq!(outs, separate);
 }

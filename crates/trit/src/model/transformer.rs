@@ -4,12 +4,11 @@
 
 use super::attention::{attend_batch, AttendSeq};
 use super::kv_cache::KvCache;
-use super::kv_cache::BLOCK_TOKENS;
 use super::rope::Rope;
 use super::weights::{linear, vector};
 use crate::format::config::ModelConfig;
 use crate::format::WeightSource;
-use crate::kernels::{ops, ActQ8, Linear, SidePrefetch};
+use crate::kernels::{ops, ActQ8, Linear};
 use crate::profile::{self, Op};
 use crate::threadpool::ThreadPool;
 use crate::{Error, Result};
@@ -229,7 +228,7 @@ impl Transformer {
             );
             drop(probe);
             let qkv = [(&b.q, &mut q[..]), (&b.k, &mut k[..]), (&b.v, &mut v[..])];
-            matmul_fused(pool, Op::MatQ, &xq, qkv, None);
+            matmul_fused(pool, Op::MatQ, &xq, qkv);
             if let Some(l) = &b.lora {
                 l.attn_in(&x, &b.attn_norm, c.norm_eps, [&mut q, &mut k, &mut v]);
             }
@@ -281,17 +280,6 @@ impl Transformer {
             }
             residual(&mut x, &h);
 
-            // A batched decode step (2..=16 rows, small-M matmuls bound by arithmetic): the MLP
-            // pulls the next layer's cached keys and values towards the cores for its
-            // attention, which is otherwise bound by reading them from memory.
-            let next_kv = (2..=16).contains(&n) && li + 1 < self.blocks.len();
-            let side = SidePrefetch::new(if next_kv {
-                cached_kv_rows(seqs, li + 1)
-            } else {
-                Vec::new()
-            });
-            let side_mlp_in = side.lines() * 2 / 3;
-
             // The MLP in chunks of tokens: its two ffn-wide buffers are the largest scratch of
             // a prefill (2 × 512 × 6144 floats = 24 MiB on the 1.7B shape).
             for t0 in (0..n).step_by(MLP_TOKENS) {
@@ -302,8 +290,12 @@ impl Transformer {
                 let keep = exact(&[&b.gate, &b.up]);
                 xq.quantize_rms_norm(Some(pool), rows, &b.ffn_norm, c.norm_eps, m, keep);
                 drop(probe);
-                let parts = [(&b.gate, &mut *g), (&b.up, &mut *u)];
-                matmul_fused(pool, Op::MatGate, &xq, parts, Some((&side, side_mlp_in)));
+                matmul_fused(
+                    pool,
+                    Op::MatGate,
+                    &xq,
+                    [(&b.gate, &mut *g), (&b.up, &mut *u)],
+                );
                 if let Some(l) = &b.lora {
                     l.mlp_in(rows, &b.ffn_norm, c.norm_eps, [&mut *g, &mut *u]);
                 }
@@ -318,13 +310,12 @@ impl Transformer {
                     let keep = b.down.needs_exact();
                     xq.quantize_silu_mul(Some(pool), g, u, m, c.ffn, keep);
                 }
-                let parts = [(&b.down, &mut h[t0 * d..(t0 + m) * d])];
-                matmul_fused(
+                matmul(
                     pool,
                     Op::MatDown,
+                    &b.down,
                     &xq,
-                    parts,
-                    Some((&side, side.remaining())),
+                    &mut h[t0 * d..(t0 + m) * d],
                 );
                 if let Some(l) = &b.lora {
                     l.down_from(g, &mut h[t0 * d..(t0 + m) * d]);
@@ -386,13 +377,12 @@ fn matmul(pool: &ThreadPool, op: Op, l: &Linear, xq: &ActQ8, y: &mut [f32]) {
 }
 
 /// The layers of `parts` (one input width) on the same activations in one pool dispatch,
-/// timed together as `op`; `side` as in `Linear::forward_q8_fused`.
+/// timed together as `op`.
 fn matmul_fused<const N: usize>(
     pool: &ThreadPool,
     op: Op,
     xq: &ActQ8,
     mut parts: [(&Linear, &mut [f32]); N],
-    side: Option<(&SidePrefetch, usize)>,
 ) {
     let work = parts
         .iter()
@@ -400,25 +390,7 @@ fn matmul_fused<const N: usize>(
         .sum::<usize>()
         * xq.n();
     let _p = profile::start(op, work as u64);
-    Linear::forward_q8_fused(pool, xq, &mut parts, side);
-}
-
-/// The key and value rows each sequence's cache holds for `layer` (positions before this
-/// step's), page by page.
-fn cached_kv_rows<'a>(seqs: &'a [BatchSeq<'_>], layer: usize) -> Vec<&'a [f32]> {
-    let mut rows = Vec::new();
-    for s in seqs {
-        let len = s.cache.len();
-        let (keys, values) = s.cache.pages(layer, len);
-        for pages in [keys, values] {
-            for (p, page) in pages.into_iter().enumerate() {
-                let held = (len - p * BLOCK_TOKENS).min(BLOCK_TOKENS);
-                let row = page.len() / BLOCK_TOKENS;
-                rows.push(&page[..held * row]);
-            }
-        }
-    }
-    rows
+    Linear::forward_q8_fused(pool, xq, &mut parts);
 }
 
 /// Quantizes `n` rows of `x` for `l`.
