@@ -61,3 +61,28 @@ pub(crate) unsafe fn quantize_block(x: &[f32; ACT_BLOCK], q: &mut [i8]) -> (f32,
     }
     (amax / 127.0, _mm512_reduce_add_epi32(sum))
 }
+
+/// `out = silu(g)·u = g / (1 + e^-g) · u` over one block, exactly as `ops::silu_mul` computes
+/// it (`attn_avx512::exp16` is `ops::exp_approx` lane by lane; IEEE division and product).
+///
+/// # Safety
+/// The CPU must support avx512f.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn silu_mul_block(g: &[f32], u: &[f32], out: &mut [f32; ACT_BLOCK]) {
+    assert!(
+        g.len() >= ACT_BLOCK && u.len() >= ACT_BLOCK,
+        "silu_mul_block: short input"
+    );
+    let sign = _mm512_set1_epi32(i32::MIN);
+    let one = _mm512_set1_ps(1.0);
+    for i in (0..ACT_BLOCK).step_by(16) {
+        let gv = _mm512_loadu_ps(g.as_ptr().add(i));
+        let neg = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(gv), sign));
+        let e = super::attn_avx512::exp16(neg);
+        let y = _mm512_mul_ps(
+            _mm512_div_ps(gv, _mm512_add_ps(one, e)),
+            _mm512_loadu_ps(u.as_ptr().add(i)),
+        );
+        _mm512_storeu_ps(out.as_mut_ptr().add(i), y);
+    }
+}

@@ -216,7 +216,7 @@ unsafe fn add_values<const R: usize, const C: usize>(
 /// `x = n·ln2 + r`, a degree-6 polynomial for `e^r`, `2^n` built in the exponent bits; inputs
 /// below -87 give 0.
 #[inline(always)]
-unsafe fn exp16(x: __m512) -> __m512 {
+pub(crate) unsafe fn exp16(x: __m512) -> __m512 {
     let underflow = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(-87.0));
     let x = _mm512_min_ps(
         _mm512_max_ps(x, _mm512_set1_ps(-87.0)),
