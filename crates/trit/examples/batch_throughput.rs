@@ -278,6 +278,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             cpu.0 / b_cpu
         );
     }
+    // Each round measures every stream count back to back, so per-round ratios share the
+    // machine's state of that moment: their spread shows how much the load moved the result.
+    if let (Some(first), Some(last)) = (samples.first(), samples.last()) {
+        if a.streams.len() > 1 {
+            let ratios: Vec<f64> = first.iter().zip(last).map(|(f, l)| l.0 / f.0).collect();
+            let shown: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+            println!(
+                "forward_batch {} vs {} streams, per round: {} (median {:.2})",
+                a.streams[a.streams.len() - 1],
+                a.streams[0],
+                shown.join(", "),
+                stat(&ratios).0
+            );
+        }
+    }
     println!("after: {}", machine_load());
     if a.profile {
         profile_steps(&model, &a);
