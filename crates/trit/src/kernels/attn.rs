@@ -11,6 +11,9 @@
 //! (NEON too); on x86 the same code is compiled again with AVX-512 (or AVX2+FMA) enabled and
 //! picked at run time.
 //!
+//! Decode shapes on AVX-512 (1–4 rows, `head_dim` a multiple of 16) take `attn_avx512`
+//! instead, whose lanes run along `head_dim`.
+//!
 //! Keys and values are read through pages of `KEY_BLOCK` positions (the paged KV cache's
 //! blocks): one key block of the loop is exactly one page, so the paging costs one slice
 //! lookup per 64 keys and nothing inside the inner loops.

@@ -43,7 +43,11 @@
 //! call, each tile is computed entirely by one thread (results do not depend on the thread
 //! count), and a thread that the OS deschedules delays only the chunk it holds. Within a chunk
 //! the SIMD kernels prefetch 8 KiB ahead of the block being multiplied, which takes decode from
-//! ~70 % to ~100 % of the measured memory bandwidth (see `ternary::PREFETCH_BYTES`).
+//! ~70 % to ~100 % of the measured memory bandwidth (see `ternary::PREFETCH_BYTES`). Small-M
+//! matmuls (compute-bound) claim shrinking chunks instead (`for_each_chunk_guided`), and the
+//! matrices that share one input (q/k/v, gate/up) can run as one job over all their tiles
+//! (`Linear::forward_q8_fused`), so a batched decode step waits for the slower thread once per
+//! group rather than once per matrix.
 //!
 //! # Integer arithmetic
 //!
