@@ -11,8 +11,9 @@
 //! (NEON too); on x86 the same code is compiled again with AVX-512 (or AVX2+FMA) enabled and
 //! picked at run time.
 //!
-//! Decode shapes on AVX-512 (1–4 rows, `head_dim` a multiple of 16) take `attn_avx512`
-//! instead, whose lanes run along `head_dim`.
+//! On AVX-512 with `head_dim` a multiple of 16 every call takes `attn_avx512` instead (lanes
+//! along `head_dim`, rows in groups of 4: a decode step's 1–4 grouped heads fill the lanes,
+//! and a row rounds the same whatever rows share its call).
 //!
 //! Keys and values are read through pages of `KEY_BLOCK` positions (the paged KV cache's
 //! blocks): one key block of the loop is exactly one page, so the paging costs one slice
@@ -144,10 +145,21 @@ pub fn attend_rows_at(
     );
     match level.or_supported() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `or_supported` checked avx512f; the shape was checked above.
-        super::KernelLevel::Avx512
-            if rows <= super::attn_avx512::MAX_ROWS && hd.is_multiple_of(16) =>
-        unsafe { super::attn_avx512::attend_few(q, visible, kv, scale, out, &mut scratch.qt) },
+        // Every call at this level, prefill too, in groups of up to 4 rows: a row's result
+        // must not depend on how many rows share the call (a prompt's last token computed in a
+        // long prefill, or alone after a prefix-cache hit, must give the same logits), and the
+        // generic form rounds differently.
+        super::KernelLevel::Avx512 if hd.is_multiple_of(16) => {
+            let group = super::attn_avx512::MAX_ROWS;
+            for ((qg, vg), og) in q
+                .chunks(group * hd)
+                .zip(visible.chunks(group))
+                .zip(out.chunks_mut(group * hd))
+            {
+                // SAFETY: `or_supported` checked avx512f; the shapes were checked above.
+                unsafe { super::attn_avx512::attend_few(qg, vg, kv, scale, og, &mut scratch.qt) }
+            }
+        }
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `or_supported` checked avx512f; the guard checks avx2 and fma.
         super::KernelLevel::Avx512 if super::KernelLevel::Avx2.supported() => unsafe {
@@ -461,6 +473,49 @@ mod tests {
             }
         }
         out
+    }
+
+    /// A row's output is bit-identical whether it is computed alone or with other rows (a
+    /// prompt's last token in a long prefill vs alone after a prefix-cache hit), at every level.
+    #[test]
+    fn a_rows_result_does_not_depend_on_the_other_rows_of_the_call() {
+        let (hd, n, stride, offset) = (128, 150, 512, 128);
+        let keys = data(n * stride, 71);
+        let values = data(n * stride, 72);
+        let (key_pages, value_pages) = (pages_of(&keys, stride), pages_of(&values, stride));
+        let kv = PagedKvHead {
+            key_pages: &key_pages,
+            value_pages: &value_pages,
+            stride,
+            offset,
+        };
+        // 2 heads × 10 tokens of a causal prefill ending at 150 keys.
+        let visible: Vec<usize> = (0..20).map(|r| 141 + r / 2).collect();
+        let q: Vec<f32> = data(visible.len() * hd, 73)
+            .iter()
+            .map(|v| v * 3.0)
+            .collect();
+        for &l in &KernelLevel::available() {
+            let mut scratch = AttnScratch::default();
+            let mut all = vec![f32::NAN; q.len()];
+            attend_rows_at(l, &q, &visible, kv, 0.09, &mut all, &mut scratch);
+            for (r, &vis) in visible.iter().enumerate() {
+                for take in [1, 2, 3, 5] {
+                    let r0 = r.min(visible.len() - take);
+                    let (qs, vs) = (&q[r0 * hd..(r0 + take) * hd], &visible[r0..r0 + take]);
+                    let mut some = vec![f32::NAN; take * hd];
+                    attend_rows_at(l, qs, vs, kv, 0.09, &mut some, &mut scratch);
+                    let got = &some[(r - r0) * hd..][..hd];
+                    let want = &all[r * hd..][..hd];
+                    assert!(
+                        got.iter()
+                            .zip(want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{l}: row {r} (sees {vis}) in a call of {take} rows from {r0}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
