@@ -4,7 +4,10 @@
 //! `Scheduler` that `trit serve` uses (sampling, stop checks and events included).
 //!
 //! cargo run --release -p trit --example batch_throughput -- MODEL [-t THREADS] [--streams 1,8]
-//!     [-n STEPS] [-d DEPTH] [-r REPS]
+//!     [-n STEPS] [-d DEPTH] [-r REPS] [--profile]
+//!
+//! `--profile`: one more round per stream count with the per-op counters on, printed as ms per
+//! step. The machine's load average and CPU pressure are printed before and after the runs.
 //!
 //! Token ids are random (seeded); each sequence first holds DEPTH tokens (untimed). The stream
 //! counts are measured in turn, REPS rounds, so background load hits all of them alike; the
@@ -28,6 +31,7 @@ struct Args {
     steps: usize,
     depth: usize,
     reps: usize,
+    profile: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -39,6 +43,7 @@ fn parse() -> Result<Args, String> {
         steps: 32,
         depth: 64,
         reps: 3,
+        profile: false,
     };
     while let Some(arg) = it.next() {
         let mut value = || it.next().ok_or(format!("{arg} needs a value"));
@@ -46,6 +51,7 @@ fn parse() -> Result<Args, String> {
             "-t" => a.threads = value()?.parse().map_err(|e| format!("-t: {e}"))?,
             "-n" => a.steps = value()?.parse().map_err(|e| format!("-n: {e}"))?,
             "-d" => a.depth = value()?.parse().map_err(|e| format!("-d: {e}"))?,
+            "--profile" => a.profile = true,
             "-r" => a.reps = value()?.parse().map_err(|e| format!("-r: {e}"))?,
             "--streams" => {
                 a.streams = value()?
@@ -89,7 +95,14 @@ fn thread_cpu_s() -> f64 {
 /// parallel job plus everything serial, and waits (spinning, then parked) only for the pool,
 /// so on cores of its own its on-CPU time is the wall time; on a machine shared with other
 /// busy processes it leaves out the time they held the core.
-fn raw_forward(model: &Model, streams: usize, steps: usize, depth: usize) -> (f64, f64) {
+/// With `profile`, the per-op counters cover exactly the timed steps.
+fn raw_forward(
+    model: &Model,
+    streams: usize,
+    steps: usize,
+    depth: usize,
+    profile: bool,
+) -> (f64, f64) {
     let vocab = model.config().vocab;
     let mut caches: Vec<_> = (0..streams)
         .map(|_| model.new_cache(depth + steps + 1))
@@ -115,10 +128,15 @@ fn raw_forward(model: &Model, streams: usize, steps: usize, depth: usize) -> (f6
         model.forward_batch(&mut batch).unwrap();
     };
     step(0); // warm-up
+    if profile {
+        trit::profile::reset();
+        trit::profile::set_enabled(true);
+    }
     let (t0, cpu0) = (Instant::now(), thread_cpu_s());
     for s in 1..=steps {
         step(s);
     }
+    trit::profile::set_enabled(false);
     let tokens = (streams * steps) as f64;
     let cpu = thread_cpu_s() - cpu0;
     (tokens / t0.elapsed().as_secs_f64(), tokens / cpu.max(1e-9))
@@ -221,11 +239,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "model {}, {} threads, depth {}, {} steps, {} rounds",
         a.model, a.threads, a.depth, a.steps, a.reps
     );
+    println!("before: {}", machine_load());
     // samples[i] = (raw, scheduler) tokens/s of each round for streams[i].
     let mut samples = vec![Vec::new(); a.streams.len()];
     for _ in 0..a.reps {
         for (i, &n) in a.streams.iter().enumerate() {
-            let (raw, raw_cpu) = raw_forward(&model, n, a.steps, a.depth);
+            let (raw, raw_cpu) = raw_forward(&model, n, a.steps, a.depth, false);
             let sch = scheduler(model.clone(), tok.clone(), n, a.steps, a.depth);
             let rows = one_sequence_rows(&model, n, a.steps, a.depth);
             samples[i].push((raw, sch, rows, raw_cpu));
@@ -259,5 +278,79 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             cpu.0 / b_cpu
         );
     }
+    // Each round measures every stream count back to back, so per-round ratios share the
+    // machine's state of that moment: their spread shows how much the load moved the result.
+    if let (Some(first), Some(last)) = (samples.first(), samples.last()) {
+        if a.streams.len() > 1 {
+            let ratios: Vec<f64> = first.iter().zip(last).map(|(f, l)| l.0 / f.0).collect();
+            let shown: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+            println!(
+                "forward_batch {} vs {} streams, per round: {} (median {:.2})",
+                a.streams[a.streams.len() - 1],
+                a.streams[0],
+                shown.join(", "),
+                stat(&ratios).0
+            );
+        }
+    }
+    println!("after: {}", machine_load());
+    if a.profile {
+        profile_steps(&model, &a);
+    }
     Ok(())
+}
+
+/// Load average and CPU pressure (Linux), to judge how much other processes disturbed a run.
+fn machine_load() -> String {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let load = read("/proc/loadavg");
+    let psi = read("/proc/pressure/cpu");
+    let some = psi.lines().next().unwrap_or("").trim();
+    format!("loadavg {} | cpu pressure {some}", load.trim())
+}
+
+/// `--profile`: where one batched step's time goes, per op: wall ms per step summed over the
+/// probes of the timed steps (the probes sit on the calling thread, so a parallel op counts
+/// its wall time, waiting for the other threads included).
+fn profile_steps(model: &Model, a: &Args) {
+    use trit::profile::{self, Op};
+    let mut per = Vec::new();
+    for &n in &a.streams {
+        let (tps, _) = raw_forward(model, n, a.steps, a.depth, true);
+        per.push((n, tps, profile::snapshot()));
+    }
+    println!("\nper-op wall ms per step, profile on (one extra round):");
+    print!("| op |");
+    for (n, _, _) in &per {
+        print!(" {n} streams |");
+    }
+    println!();
+    println!("| --- |{}", " ---: |".repeat(per.len()));
+    let ms = |nanos: u64| nanos as f64 / 1e6 / a.steps as f64;
+    for (i, op) in Op::ALL.iter().enumerate() {
+        if per.iter().all(|(_, _, snap)| snap[i].calls == 0) {
+            continue;
+        }
+        // The transformer times q/k/v and gate/up as one fused dispatch each, under q and gate.
+        let name = match op {
+            Op::MatQ => "matmul q+k+v",
+            Op::MatGate => "matmul gate+up",
+            _ => op.name(),
+        };
+        print!("| {name} |");
+        for (_, _, snap) in &per {
+            print!(" {:.3} |", ms(snap[i].nanos));
+        }
+        println!();
+    }
+    print!("| sum of ops |");
+    for (_, _, snap) in &per {
+        print!(" {:.3} |", ms(snap.iter().map(|t| t.nanos).sum()));
+    }
+    println!();
+    print!("| whole step |");
+    for (n, tps, _) in &per {
+        print!(" {:.3} |", 1e3 * *n as f64 / tps);
+    }
+    println!();
 }

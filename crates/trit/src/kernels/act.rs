@@ -70,7 +70,7 @@ impl ActQ8 {
             x.len()
         );
         self.resize(n, cols, keep_exact);
-        self.fill_rows(pool, &x[..n * cols], &|xr, r| {
+        self.fill_rows(pool, &x[..n * cols], &|_, xr, r| {
             r.quantize_row(|b, out| out.copy_from_slice(&xr[b * ACT_BLOCK..][..ACT_BLOCK]))
         });
         self.build_panel();
@@ -103,7 +103,7 @@ impl ActQ8 {
             x.len()
         );
         self.resize(n, cols, keep_exact);
-        self.fill_rows(pool, &x[..n * cols], &|xr, r| {
+        self.fill_rows(pool, &x[..n * cols], &|_, xr, r| {
             let inv = 1.0 / (super::ops::dot(xr, xr) / cols as f32 + eps).sqrt();
             let norm = |b: usize, out: &mut [f32; ACT_BLOCK]| {
                 let (xb, wb) = (&xr[b * ACT_BLOCK..][..ACT_BLOCK], &w[b * ACT_BLOCK..]);
@@ -122,13 +122,63 @@ impl ActQ8 {
         self.build_panel();
     }
 
-    /// Runs `f` on every input row of `x` with the matching output rows, in chunks of
+    /// Re-fills `self` with `silu(gate_t)·up_t` quantized (SwiGLU, then the down projection's
+    /// quantization) for the `n` rows of `cols` values of `gate` and `up`: each block is
+    /// computed in registers and quantized at once, so the product is never written out and
+    /// read back, and a batched step needs one pool dispatch for both. The values are exactly
+    /// those of `ops::silu_mul` followed by `quantize_from_on`.
+    pub fn quantize_silu_mul(
+        &mut self,
+        pool: Option<&ThreadPool>,
+        gate: &[f32],
+        up: &[f32],
+        n: usize,
+        cols: usize,
+        keep_exact: bool,
+    ) {
+        assert!(
+            gate.len() >= n * cols && up.len() >= n * cols,
+            "ActQ8::quantize_silu_mul: {} and {} values for {n} × {cols}",
+            gate.len(),
+            up.len()
+        );
+        self.resize(n, cols, keep_exact);
+        // The exponentials do not auto-vectorize inside the row loop: intrinsics where possible.
+        #[cfg(target_arch = "x86_64")]
+        let avx512 = wide_level() == WideLevel::Avx512;
+        self.fill_rows(pool, &gate[..n * cols], &|t, gr, r| {
+            let ur = &up[t * cols..(t + 1) * cols];
+            let silu = |g: f32, u: f32| g / (1.0 + super::ops::exp_approx(-g)) * u;
+            if r.qs.is_empty() {
+                // Dense-only width (not a multiple of 64): just the product.
+                let e = r.exact.expect("resize keeps exact rows for such widths");
+                for ((o, &g), &u) in e.iter_mut().zip(gr).zip(ur) {
+                    *o = silu(g, u);
+                }
+            } else {
+                r.quantize_row(|b, out| {
+                    let (gb, ub) = (&gr[b * ACT_BLOCK..][..ACT_BLOCK], &ur[b * ACT_BLOCK..]);
+                    #[cfg(target_arch = "x86_64")]
+                    if avx512 {
+                        // SAFETY: `wide_level` checked avx512f.
+                        return unsafe { super::act_avx512::silu_mul_block(gb, ub, out) };
+                    }
+                    for ((o, &g), &u) in out.iter_mut().zip(gb).zip(ub) {
+                        *o = silu(g, u);
+                    }
+                });
+            }
+        });
+        self.build_panel();
+    }
+
+    /// Runs `f(t, x_t, out_t)` on every input row `x_t` of `x` with the matching output rows, in chunks of
     /// `PAR_ROWS` rows claimed by `pool`'s threads when there are several chunks.
     fn fill_rows(
         &mut self,
         pool: Option<&ThreadPool>,
         x: &[f32],
-        f: &(dyn Fn(&[f32], RowOut) + Sync),
+        f: &(dyn Fn(usize, &[f32], RowOut) + Sync),
     ) {
         let (n, cols) = (self.n, self.cols);
         if n == 0 {
@@ -151,9 +201,9 @@ impl ActQ8 {
             ))
         {
             let ec = if epr > 0 { exact_chunks.next() } else { None };
-            items.push((xc, qc, dc, sc, ec));
+            items.push((items.len() * rows, xc, qc, dc, sc, ec));
         }
-        let work = |(xc, qc, dc, sc, mut ec): Chunk| {
+        let work = |(t0, xc, qc, dc, sc, mut ec): Chunk| {
             for t in 0..xc.len() / cols {
                 let r = RowOut {
                     qs: qc.get_mut(t * qpr..(t + 1) * qpr).unwrap_or_default(),
@@ -161,7 +211,7 @@ impl ActQ8 {
                     sums: sc.get_mut(t * bpr..(t + 1) * bpr).unwrap_or_default(),
                     exact: ec.as_mut().map(|e| &mut e[t * epr..(t + 1) * epr]),
                 };
-                f(&xc[t * cols..(t + 1) * cols], r);
+                f(t0 + t, &xc[t * cols..(t + 1) * cols], r);
             }
         };
         match pool {
@@ -220,9 +270,10 @@ impl Default for ActQ8 {
     }
 }
 
-/// Row chunk of the work of `fill_rows`: input rows, and the matching rows of `qs`, `d`,
-/// `sums` and (if kept) `exact`.
+/// Row chunk of the work of `fill_rows`: its first row, input rows, and the matching rows of
+/// `qs`, `d`, `sums` and (if kept) `exact`.
 type Chunk<'a> = (
+    usize,
     &'a [f32],
     &'a mut [i8],
     &'a mut [f32],
@@ -249,8 +300,25 @@ struct RowOut<'a> {
 }
 
 impl RowOut<'_> {
-    /// Quantizes the row whose block `b` `block(b, out)` writes into `out`.
+    /// Quantizes the row whose block `b` `block(b, out)` writes into `out`. The same code
+    /// compiled with AVX-512 or AVX2 enabled when the CPU has it, `block` included (the crate's
+    /// baseline is SSE2, where the norm, SwiGLU and quantization loops run 4 lanes wide at
+    /// best): a batched decode step quantizes ~85 activation matrices of 8 rows.
     fn quantize_row(self, block: impl Fn(usize, &mut [f32; ACT_BLOCK])) {
+        #[cfg(target_arch = "x86_64")]
+        match wide_level() {
+            // SAFETY: `wide_level` checked the features.
+            WideLevel::Avx512 => return unsafe { self.quantize_row_avx512(block) },
+            // SAFETY: as above.
+            WideLevel::Avx2 => return unsafe { self.quantize_row_avx2(block) },
+            WideLevel::None => {}
+        }
+        self.quantize_row_generic(block)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+    unsafe fn quantize_row_avx512(self, block: impl Fn(usize, &mut [f32; ACT_BLOCK])) {
         let mut vals = [0f32; ACT_BLOCK];
         let mut exact = self.exact;
         for (b, ((qb, d), s)) in self
@@ -261,7 +329,32 @@ impl RowOut<'_> {
             .enumerate()
         {
             block(b, &mut vals);
-            (*d, *s) = quantize_block(&vals, qb);
+            (*d, *s) = super::act_avx512::quantize_block(&vals, qb);
+            if let Some(e) = exact.as_mut() {
+                e[b * ACT_BLOCK..][..ACT_BLOCK].copy_from_slice(&vals);
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn quantize_row_avx2(self, block: impl Fn(usize, &mut [f32; ACT_BLOCK])) {
+        self.quantize_row_generic(block)
+    }
+
+    #[inline(always)]
+    fn quantize_row_generic(self, block: impl Fn(usize, &mut [f32; ACT_BLOCK])) {
+        let mut vals = [0f32; ACT_BLOCK];
+        let mut exact = self.exact;
+        for (b, ((qb, d), s)) in self
+            .qs
+            .chunks_exact_mut(ACT_BLOCK)
+            .zip(self.d.iter_mut())
+            .zip(self.sums.iter_mut())
+            .enumerate()
+        {
+            block(b, &mut vals);
+            (*d, *s) = quantize_block_generic(&vals, qb);
             if let Some(e) = exact.as_mut() {
                 e[b * ACT_BLOCK..][..ACT_BLOCK].copy_from_slice(&vals);
             }
@@ -269,18 +362,47 @@ impl RowOut<'_> {
     }
 }
 
-/// Quantizes one block; returns (scale, Σq). The same code compiled with AVX2 when the CPU has
-/// it (the crate's baseline is SSE2, where the loops below run 4 lanes wide at best).
+/// Which wide build of the quantization loops this CPU and the kernel level allow.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum WideLevel {
+    Avx512,
+    Avx2,
+    None,
+}
+
+#[cfg(target_arch = "x86_64")]
+fn wide_level() -> WideLevel {
+    match super::level() {
+        super::KernelLevel::Avx512 if super::KernelLevel::Avx2.supported() => WideLevel::Avx512,
+        super::KernelLevel::Avx512 | super::KernelLevel::Avx2 => WideLevel::Avx2,
+        // `Reference` keeps the wide build too: only `Portable` promises plain loops.
+        super::KernelLevel::Reference if super::KernelLevel::Avx2.supported() => WideLevel::Avx2,
+        _ => WideLevel::None,
+    }
+}
+
+/// Quantizes one block; returns (scale, Σq). The same code compiled with AVX-512 or AVX2 when
+/// the CPU has it, with the same results (tests compare the builds).
+#[cfg(test)]
 fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
     #[cfg(target_arch = "x86_64")]
-    if super::KernelLevel::Avx2.supported() && super::level() != super::KernelLevel::Portable {
-        // SAFETY: avx2 (and fma, f16c) checked by `supported`.
-        return unsafe { quantize_block_avx2(x, q) };
+    match wide_level() {
+        // SAFETY: `wide_level` checked the features.
+        WideLevel::Avx512 => return unsafe { quantize_block_avx512(x, q) },
+        // SAFETY: as above.
+        WideLevel::Avx2 => return unsafe { quantize_block_avx2(x, q) },
+        WideLevel::None => {}
     }
     quantize_block_generic(x, q)
 }
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(test, target_arch = "x86_64"))]
+unsafe fn quantize_block_avx512(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+    super::act_avx512::quantize_block(x.try_into().expect("one block"), q)
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn quantize_block_avx2(x: &[f32], q: &mut [i8]) -> (f32, i32) {
     quantize_block_generic(x, q)
@@ -394,6 +516,46 @@ mod tests {
         assert_eq!(a.exact(), Some(&x[..]));
     }
 
+    #[test]
+    fn fused_swiglu_quantization_equals_silu_mul_then_quantize() {
+        let pool = ThreadPool::new(2);
+        let val = |i: usize, k: usize| ((i * k % 1013) as f32 / 1013.0 - 0.5) * (1 + i % 7) as f32;
+        // 1 row (matvec), 8 rows (small-M panel, two parallel chunks), 40 rows (prefill); and a
+        // dense-only width.
+        for (n, cols) in [(1, 192), (8, 192), (40, 320), (8, 72)] {
+            // Some gates past the exponential's clamps (±87), where e^-g saturates.
+            let gate: Vec<f32> = (0..n * cols)
+                .map(|i| match i % 97 {
+                    0 => 100.0,
+                    1 => -95.0,
+                    _ => 6.0 * val(i, 7919),
+                })
+                .collect();
+            let up: Vec<f32> = (0..n * cols).map(|i| val(i, 104_729)).collect();
+            let mut product = gate.clone();
+            crate::kernels::ops::silu_mul(&mut product, &up);
+            let mut want = ActQ8::new();
+            want.quantize_from(&product, n, cols, true);
+            let mut a = ActQ8::quantize(&vec![1.0; 4 * 384], 4, 384);
+            a.quantize_silu_mul(Some(&pool), &gate, &up, n, cols, true);
+            assert_eq!((a.n, a.cols), (n, cols));
+            assert_eq!(a.exact(), Some(&product[..]), "{n} × {cols}");
+            assert_eq!((&a.qs, &a.d, &a.sums), (&want.qs, &want.d, &want.sums));
+            // The small-M panel (built for 2..=16 rows only; stale buffers otherwise).
+            assert_eq!(a.panel.n, want.panel.n);
+            if want.panel.n > 0 {
+                let panel = |x: &ActQ8| {
+                    (
+                        x.panel.qs.clone(),
+                        x.panel.d.clone(),
+                        x.panel.neg_sums.clone(),
+                    )
+                };
+                assert_eq!(panel(&a), panel(&want));
+            }
+        }
+    }
+
     fn normed_row(x: &[f32], w: &[f32]) -> Vec<f32> {
         let mut o = vec![0f32; x.len()];
         crate::kernels::ops::rms_norm(x, w, 1e-6, &mut o);
@@ -402,21 +564,67 @@ mod tests {
 
     #[test]
     fn simd_builds_of_the_block_quantizer_match_the_generic_one() {
-        let x: Vec<f32> = (0..64 * 50)
+        let mut x: Vec<f32> = (0..64 * 50)
             .map(|i| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * [1e-3, 1.0, 300.0][i % 3])
             .collect();
-        for xb in x.chunks_exact(64) {
-            let (mut a, mut b) = ([0i8; 64], [0i8; 64]);
-            let ra = quantize_block_generic(xb, &mut a);
-            let rb = quantize_block(xb, &mut b);
-            assert_eq!((ra, a), (rb, b));
-            // Rounded to nearest: within half a step of x / d.
-            for (k, &qk) in a.iter().enumerate() {
-                let exact = xb[k] as f64 / ra.0 as f64;
-                assert!(
-                    (qk as f64 - exact).abs() <= 0.5 + 1e-4,
-                    "{k}: {qk} vs {exact}"
+        // Special blocks: all zero, ±infinity, NaN, subnormals, exact rounding ties (x·127/amax
+        // = k + 0.5), a single nonzero value.
+        let mut special = vec![0f32; 64 * 7];
+        special[64 + 3] = f32::INFINITY;
+        special[64 + 9] = f32::NEG_INFINITY;
+        special[128 + 17] = f32::NAN;
+        for k in 0..64 {
+            special[192 + k] = (k as f32 - 30.0) * 1e-41;
+            special[256 + k] = if k == 0 { 127.0 } else { k as f32 + 0.5 };
+        }
+        special[320 + 63] = -2.5;
+        special[384..448].copy_from_slice(&x[..64]);
+        x.extend(special);
+        type Build = fn(&[f32], &mut [i8]) -> (f32, i32);
+        let builds: Vec<(&str, Build)> = vec![
+            ("dispatched", quantize_block),
+            #[cfg(target_arch = "x86_64")]
+            ("avx2", |x, q| {
+                assert!(crate::kernels::KernelLevel::Avx2.supported());
+                // SAFETY: checked just above.
+                unsafe { quantize_block_avx2(x, q) }
+            }),
+            #[cfg(target_arch = "x86_64")]
+            ("avx512", |x, q| {
+                assert!(crate::kernels::KernelLevel::Avx512.supported());
+                // SAFETY: checked just above.
+                unsafe { quantize_block_avx512(x, q) }
+            }),
+        ];
+        for (name, build) in builds {
+            #[cfg(target_arch = "x86_64")]
+            if (name == "avx2" && !crate::kernels::KernelLevel::Avx2.supported())
+                || (name == "avx512" && !crate::kernels::KernelLevel::Avx512.supported())
+            {
+                continue;
+            }
+            for (bi, xb) in x.chunks_exact(64).enumerate() {
+                let (mut a, mut b) = ([0i8; 64], [0i8; 64]);
+                let ra = quantize_block_generic(xb, &mut a);
+                let rb = build(xb, &mut b);
+                assert_eq!(
+                    (ra.0.to_bits(), ra.1, a),
+                    (rb.0.to_bits(), rb.1, b),
+                    "{name} block {bi}"
                 );
+                if bi >= 50 {
+                    // Special blocks: only the agreement above (127 / amax overflows for the
+                    // subnormal one, in every build alike).
+                    continue;
+                }
+                // Rounded to nearest: within half a step of x / d.
+                for (k, &qk) in a.iter().enumerate() {
+                    let exact = xb[k] as f64 / ra.0 as f64;
+                    assert!(
+                        (qk as f64 - exact).abs() <= 0.5 + 1e-4,
+                        "{k}: {qk} vs {exact}"
+                    );
+                }
             }
         }
     }

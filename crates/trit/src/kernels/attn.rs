@@ -11,6 +11,10 @@
 //! (NEON too); on x86 the same code is compiled again with AVX-512 (or AVX2+FMA) enabled and
 //! picked at run time.
 //!
+//! On AVX-512 with `head_dim` a multiple of 16 every call takes `attn_avx512` instead (lanes
+//! along `head_dim`, rows in groups of 4: a decode step's 1–4 grouped heads fill the lanes,
+//! and a row rounds the same whatever rows share its call).
+//!
 //! Keys and values are read through pages of `KEY_BLOCK` positions (the paged KV cache's
 //! blocks): one key block of the loop is exactly one page, so the paging costs one slice
 //! lookup per 64 keys and nothing inside the inner loops.
@@ -67,6 +71,28 @@ impl<'a> PagedKvHead<'a> {
     }
 }
 
+/// Asks for the cache lines of `row` ahead of use. A KV head's keys (and values) sit one cache
+/// row (4 KiB on the 1.7B shape) apart, each in its own 4 KiB page, where the hardware
+/// prefetchers stop; decode, with its few query rows per key, is bound by how fast these
+/// scattered 512-byte rows arrive from memory.
+#[inline(always)]
+fn prefetch_row(row: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in row.chunks(16) {
+        // SAFETY: a prefetch hint never faults; the address is inside `row`.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                line.as_ptr().cast(),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = row;
+}
+
+/// Keys prefetched ahead of the scores being computed.
+const PREFETCH_KEYS: usize = 16;
+
 /// Splits contiguous `[position][stride]` rows into the pages `PagedKvHead` reads.
 pub fn pages_of(rows: &[f32], stride: usize) -> Vec<&[f32]> {
     rows.chunks(KEY_BLOCK * stride).collect()
@@ -118,6 +144,22 @@ pub fn attend_rows_at(
         "attend_rows: visible keys outside the cache"
     );
     match level.or_supported() {
+        #[cfg(target_arch = "x86_64")]
+        // Every call at this level, prefill too, in groups of up to 4 rows: a row's result
+        // must not depend on how many rows share the call (a prompt's last token computed in a
+        // long prefill, or alone after a prefix-cache hit, must give the same logits), and the
+        // generic form rounds differently.
+        super::KernelLevel::Avx512 if hd.is_multiple_of(16) => {
+            let group = super::attn_avx512::MAX_ROWS;
+            for ((qg, vg), og) in q
+                .chunks(group * hd)
+                .zip(visible.chunks(group))
+                .zip(out.chunks_mut(group * hd))
+            {
+                // SAFETY: `or_supported` checked avx512f; the shapes were checked above.
+                unsafe { super::attn_avx512::attend_few(qg, vg, kv, scale, og, &mut scratch.qt) }
+            }
+        }
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `or_supported` checked avx512f; the guard checks avx2 and fma.
         super::KernelLevel::Avx512 if super::KernelLevel::Avx2.supported() => unsafe {
@@ -291,7 +333,23 @@ fn attend_group<const FMA: bool, const R: usize>(
         let kb = (most - j0).min(KEY_BLOCK);
         // This key block is one page: indices below are relative to its first key.
         let page = kv.page(j0 / KEY_BLOCK);
+        if j0 == 0 {
+            for j in 0..PREFETCH_KEYS.min(most) {
+                prefetch_row(&page.keys[j * page.stride + page.offset..][..hd]);
+            }
+        }
         for c0 in (0..kb).step_by(8) {
+            for c in 0..8 {
+                let ahead = j0 + c0 + PREFETCH_KEYS + c;
+                if ahead < most {
+                    let p = kv.page(ahead / KEY_BLOCK);
+                    let at = (ahead % KEY_BLOCK) * p.stride + p.offset;
+                    prefetch_row(&p.keys[at..][..hd]);
+                }
+                if c0 + c < kb {
+                    prefetch_row(&page.values[(c0 + c) * page.stride + page.offset..][..hd]);
+                }
+            }
             let block = scores_8_keys::<FMA, R>(&scratch.qt, page, hd, c0, kb - 1);
             for (c, sc) in block.iter().enumerate() {
                 if c0 + c < KEY_BLOCK {
@@ -417,6 +475,49 @@ mod tests {
         out
     }
 
+    /// A row's output is bit-identical whether it is computed alone or with other rows (a
+    /// prompt's last token in a long prefill vs alone after a prefix-cache hit), at every level.
+    #[test]
+    fn a_rows_result_does_not_depend_on_the_other_rows_of_the_call() {
+        let (hd, n, stride, offset) = (128, 150, 512, 128);
+        let keys = data(n * stride, 71);
+        let values = data(n * stride, 72);
+        let (key_pages, value_pages) = (pages_of(&keys, stride), pages_of(&values, stride));
+        let kv = PagedKvHead {
+            key_pages: &key_pages,
+            value_pages: &value_pages,
+            stride,
+            offset,
+        };
+        // 2 heads × 10 tokens of a causal prefill ending at 150 keys.
+        let visible: Vec<usize> = (0..20).map(|r| 141 + r / 2).collect();
+        let q: Vec<f32> = data(visible.len() * hd, 73)
+            .iter()
+            .map(|v| v * 3.0)
+            .collect();
+        for &l in &KernelLevel::available() {
+            let mut scratch = AttnScratch::default();
+            let mut all = vec![f32::NAN; q.len()];
+            attend_rows_at(l, &q, &visible, kv, 0.09, &mut all, &mut scratch);
+            for (r, &vis) in visible.iter().enumerate() {
+                for take in [1, 2, 3, 5] {
+                    let r0 = r.min(visible.len() - take);
+                    let (qs, vs) = (&q[r0 * hd..(r0 + take) * hd], &visible[r0..r0 + take]);
+                    let mut some = vec![f32::NAN; take * hd];
+                    attend_rows_at(l, qs, vs, kv, 0.09, &mut some, &mut scratch);
+                    let got = &some[(r - r0) * hd..][..hd];
+                    let want = &all[r * hd..][..hd];
+                    assert!(
+                        got.iter()
+                            .zip(want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{l}: row {r} (sees {vis}) in a call of {take} rows from {r0}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn matches_a_direct_softmax_on_awkward_shapes_at_every_level() {
         // (head dim, keys in cache, stride, offset, visible per row)
@@ -428,6 +529,12 @@ mod tests {
             // Decode-like calls (the narrow 4-row form): 4 rows, long context.
             (128, 1000, 1024, 384, &[1000, 1000, 1000, 1000]),
             (64, 3, 64, 0, &[3, 2, 1]),
+            // The AVX-512 decode kernel's shapes: 1–4 rows, head dims of 1, 3 and 8 chunks of
+            // 16, rows that see different numbers of keys across pages.
+            (128, 150, 1024, 256, &[150, 149]),
+            (48, 70, 96, 48, &[70, 1, 65]),
+            (16, 9, 16, 0, &[9]),
+            (128, 200, 256, 0, &[200, 64, 65, 129]),
         ];
         for &l in &KernelLevel::available() {
             for (ci, &(hd, n, stride, offset, visible)) in cases.iter().enumerate() {

@@ -43,7 +43,11 @@
 //! call, each tile is computed entirely by one thread (results do not depend on the thread
 //! count), and a thread that the OS deschedules delays only the chunk it holds. Within a chunk
 //! the SIMD kernels prefetch 8 KiB ahead of the block being multiplied, which takes decode from
-//! ~70 % to ~100 % of the measured memory bandwidth (see `ternary::PREFETCH_BYTES`).
+//! ~70 % to ~100 % of the measured memory bandwidth (see `ternary::PREFETCH_BYTES`). Small-M
+//! matmuls (compute-bound) claim shrinking chunks instead (`for_each_chunk_guided`), and the
+//! matrices that share one input (q/k/v, gate/up) can run as one job over all their tiles
+//! (`Linear::forward_q8_fused`), so a batched decode step waits for the slower thread once per
+//! group rather than once per matrix.
 //!
 //! # Integer arithmetic
 //!
@@ -54,7 +58,9 @@
 //! dequantized weights and unquantized activations (ground truth for model tests).
 
 mod act;
+mod act_avx512;
 pub mod attn;
+mod attn_avx512;
 mod avx2;
 mod avx2_small;
 mod avx512;
@@ -294,6 +300,20 @@ impl Linear {
         }
     }
 
+    /// `forward_q8` of several layers of one input width on the same activations (q/k/v,
+    /// gate/up): one pool dispatch when all are ternary (see `TernaryMatrix::matmul_q8_fused`),
+    /// otherwise one call each. Results are identical to separate `forward_q8` calls.
+    pub fn forward_q8_fused(pool: &ThreadPool, xq: &ActQ8, parts: &mut [(&Linear, &mut [f32])]) {
+        let mut ternary: Vec<(&TernaryMatrix, &mut [f32])> = Vec::with_capacity(parts.len());
+        for (l, y) in parts.iter_mut() {
+            match l {
+                Linear::Ternary(m) => ternary.push((m, &mut **y)),
+                Linear::Dense(_) => l.forward_q8(pool, xq, y),
+            }
+        }
+        TernaryMatrix::matmul_q8_fused(pool, xq, &mut ternary);
+    }
+
     /// Whether `forward_q8` reads the unquantized activations (dense weights, or the exact
     /// `Reference` level).
     pub fn needs_exact(&self) -> bool {
@@ -368,6 +388,39 @@ pub(crate) fn for_each_chunk(
             break;
         }
         f(start..(start + chunk).min(total));
+    });
+}
+
+/// `for_each_chunk` for compute-bound work (small-M matmuls): each claim takes a
+/// `1 / (2·threads)` share of what is left, but at least `min_chunk`, so chunks start large
+/// (few claims) and shrink as the work runs out, and the threads finish within about one small
+/// chunk of each other. With fixed chunks of ~10 µs (the memory-bound sizing above) a decode
+/// step of 8 sequences lost about half a chunk per matmul, ~200 times per step.
+pub(crate) fn for_each_chunk_guided(
+    pool: &ThreadPool,
+    total: usize,
+    min_chunk: usize,
+    f: &(dyn Fn(std::ops::Range<usize>) + Sync),
+) {
+    let threads = pool.n_threads();
+    if threads == 1 {
+        return f(0..total);
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    pool.run(&|_, _| loop {
+        let mut start = next.load(Ordering::Relaxed);
+        let end = loop {
+            if start >= total {
+                return;
+            }
+            let take = ((total - start) / (2 * threads)).max(min_chunk.max(1));
+            let end = (start + take).min(total);
+            match next.compare_exchange_weak(start, end, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => break end,
+                Err(now) => start = now,
+            }
+        };
+        f(start..end);
     });
 }
 

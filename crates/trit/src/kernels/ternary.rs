@@ -20,6 +20,9 @@ pub(crate) const TILE_BLOCK_BYTES: usize = TILE_ROWS * BLOCK / 4;
 /// 2-core Zen 5 VM over a 113 MB ring of 1.7B-shaped matrices (decode): none 25 / 30 GB/s (1 / 2
 /// threads), 4 KiB 28 / 41, 8 KiB 29 / 41, 16 KiB 29 / 40 against a ~42 GB/s read bandwidth.
 pub(crate) const PREFETCH_BYTES: usize = 8192;
+/// Smallest chunk of tiles a thread claims in a small-M matmul (compute-bound: 2 tiles of a
+/// 2048-column matrix are ~1 µs of work for 8 rows, so the threads end within ~1 µs).
+const SMALL_M_MIN_TILES: usize = 2;
 
 /// Activation bytes per token block of a prefill matmul (see `token_blocks`). Measured as CPU
 /// time of 1-thread pp512 runs on the 1.7B shape (the machine was shared, so wall time was
@@ -290,11 +293,96 @@ impl TernaryMatrix {
             return super::scalar::ternary_matmul_f32(self, pool, exact, n, y);
         }
         let out = OutPtr::new(y);
-        let tile_bytes = self.blocks * (TILE_BLOCK_BYTES + TILE_ROWS * 2);
-        // One row: the matvec of each level; 2..=16 rows with their panel built: the small-M
-        // kernels (`kernels/small_m.rs`); more: the prefill GEMM.
         let small = super::small_m::applies(xq);
-        super::for_each_chunk(pool, self.tiles, tile_bytes, &|tiles| match level {
+        let run = |tiles: Range<usize>| self.run_tiles(level, small, tiles, xq, out);
+        if small {
+            super::for_each_chunk_guided(pool, self.tiles, SMALL_M_MIN_TILES, &run);
+        } else {
+            super::for_each_chunk(pool, self.tiles, self.tile_bytes(), &run);
+        }
+    }
+
+    /// Several matrices of one width applied to the same activations (q/k/v, gate/up) in one
+    /// pool dispatch: their tiles form one index space the threads claim chunks from, so a
+    /// decode step waits for the slowest thread once per group instead of once per matrix.
+    /// Each tile is still computed whole by one thread with the kernel `matmul_q8` would use,
+    /// so every output is bit-identical to separate calls.
+    pub fn matmul_q8_fused(
+        pool: &ThreadPool,
+        xq: &ActQ8,
+        parts: &mut [(&TernaryMatrix, &mut [f32])],
+    ) {
+        let level = level().or_supported();
+        if level == KernelLevel::Reference || parts.len() < 2 {
+            for (m, y) in parts.iter_mut() {
+                m.matmul_q8_at(level, pool, xq, y);
+            }
+            return;
+        }
+        let mut first_tile = Vec::with_capacity(parts.len() + 1);
+        first_tile.push(0);
+        for (m, y) in parts.iter() {
+            assert_eq!(xq.cols, m.cols, "matmul_q8_fused: activation width");
+            assert!(
+                y.len() >= xq.n * m.rows,
+                "matmul_q8_fused: output of {} for {} × {}",
+                y.len(),
+                xq.n,
+                m.rows
+            );
+            first_tile.push(first_tile.last().unwrap() + m.tiles);
+        }
+        if xq.n == 0 {
+            return;
+        }
+        let outs: Vec<(&TernaryMatrix, OutPtr)> = parts
+            .iter_mut()
+            .map(|(m, y)| (*m, OutPtr::new(y)))
+            .collect();
+        let small = super::small_m::applies(xq);
+        let total = *first_tile.last().unwrap();
+        let run = |tiles: Range<usize>| {
+            // The matrices whose tiles the chunk covers, each with its local tile range.
+            for (i, &(m, out)) in outs.iter().enumerate() {
+                let (lo, hi) = (
+                    tiles.start.max(first_tile[i]),
+                    tiles.end.min(first_tile[i + 1]),
+                );
+                if lo < hi {
+                    m.run_tiles(
+                        level,
+                        small,
+                        lo - first_tile[i]..hi - first_tile[i],
+                        xq,
+                        out,
+                    );
+                }
+            }
+        };
+        if small {
+            super::for_each_chunk_guided(pool, total, SMALL_M_MIN_TILES, &run);
+        } else {
+            super::for_each_chunk(pool, total, parts[0].0.tile_bytes(), &run);
+        }
+    }
+
+    /// Bytes of codes and scales of one tile.
+    fn tile_bytes(&self) -> usize {
+        self.blocks * (TILE_BLOCK_BYTES + TILE_ROWS * 2)
+    }
+
+    /// The kernel of `level` on `tiles`: one row: the matvec of each level; 2..=16 rows with
+    /// their panel built (`small`): the small-M kernels (`kernels/small_m.rs`); more: the
+    /// prefill GEMM.
+    fn run_tiles(
+        &self,
+        level: KernelLevel,
+        small: bool,
+        tiles: Range<usize>,
+        xq: &ActQ8,
+        out: OutPtr,
+    ) {
+        match level {
             KernelLevel::Portable if small => super::portable::small_m_tiles(self, tiles, xq, out),
             KernelLevel::Portable => super::portable::ternary_tiles(self, tiles, xq, out),
             #[cfg(target_arch = "x86_64")]
@@ -314,7 +402,7 @@ impl TernaryMatrix {
             // SAFETY: `or_supported` checked avx512f, avx512bw and avx512vnni.
             KernelLevel::Avx512 => unsafe { super::avx512::ternary_tiles(self, tiles, xq, out) },
             _ => super::portable::ternary_tiles(self, tiles, xq, out),
-        });
+        }
     }
 
     /// Writes the results of one tile for token `t` (rows past the matrix end are dropped).
