@@ -14,7 +14,7 @@ use crate::device::{ptr, Arg, Gpu};
 use crate::gemv::{launch_ternary, TernaryArgs};
 use crate::hybrid_weights::{self, DevHybrid, DevMixer};
 use crate::launch::{self, QuantOut};
-use crate::model::CudaOptions;
+use crate::model::{check_forward, poisoned, CudaOptions};
 use crate::weights::DevMatrix;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice, PinnedHostSlice};
@@ -548,19 +548,8 @@ impl ExternalNet for CudaHybrid {
     }
 
     fn forward(&self, tokens: &[u32], cache: &mut KvCache, which: Logits) -> Result<Vec<f32>> {
-        trit::model::check_input(tokens, cache, self.config.vocab)?;
-        if cache.capacity() > self.ctx {
-            return Err(Error::InvalidArgument(format!(
-                "a {}-token context on a GPU model loaded for {} positions (load it with a \
-                 larger --ctx)",
-                cache.capacity(),
-                self.ctx
-            )));
-        }
-        let mut st = self
-            .state
-            .lock()
-            .map_err(|_| Error::Unsupported("CUDA: an earlier step panicked".into()))?;
+        check_forward(tokens, cache, self.config.vocab, self.ctx)?;
+        let mut st = self.state.lock().map_err(|_| poisoned())?;
         let pos0 = cache.len();
         let out = self.forward_locked(&mut st, tokens, pos0, which)?;
         cache.advance(tokens.len());

@@ -697,25 +697,39 @@ fn attn_decode_kernel(hd: usize) -> &'static str {
 /// activations are re-read from L1 once per row and that traffic, not DRAM, limits.
 const DEFAULT_ROWS_PER_WARP: usize = 4;
 
+/// The checks every GPU model makes before a forward pass: token ids inside the vocabulary, a
+/// cache no longer than the positions allocated on the GPU.
+pub(crate) fn check_forward(
+    tokens: &[u32],
+    cache: &KvCache,
+    vocab: usize,
+    ctx: usize,
+) -> Result<()> {
+    trit::model::check_input(tokens, cache, vocab)?;
+    if cache.capacity() > ctx {
+        return Err(Error::InvalidArgument(format!(
+            "a {}-token context on a GPU model loaded for {} positions (load it with a \
+             larger --ctx)",
+            cache.capacity(),
+            ctx
+        )));
+    }
+    Ok(())
+}
+
+/// The error of a model whose state lock was poisoned by a panic in an earlier step.
+pub(crate) fn poisoned() -> Error {
+    Error::Unsupported("CUDA: an earlier step panicked".into())
+}
+
 impl ExternalNet for CudaModel {
     fn config(&self) -> &ModelConfig {
         &self.config
     }
 
     fn forward(&self, tokens: &[u32], cache: &mut KvCache, which: Logits) -> Result<Vec<f32>> {
-        trit::model::check_input(tokens, cache, self.config.vocab)?;
-        if cache.capacity() > self.ctx {
-            return Err(Error::InvalidArgument(format!(
-                "a {}-token context on a GPU model loaded for {} positions (load it with a \
-                 larger --ctx)",
-                cache.capacity(),
-                self.ctx
-            )));
-        }
-        let mut st = self
-            .state
-            .lock()
-            .map_err(|_| Error::Unsupported("CUDA: an earlier step panicked".into()))?;
+        check_forward(tokens, cache, self.config.vocab, self.ctx)?;
+        let mut st = self.state.lock().map_err(|_| poisoned())?;
         let pos0 = cache.len();
         let out = self.forward_locked(&mut st, tokens, pos0, which)?;
         cache.advance(tokens.len());

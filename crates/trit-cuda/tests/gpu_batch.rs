@@ -7,44 +7,12 @@
 //! Needs an NVIDIA GPU, so every test is `#[ignore]`. Run on a GPU machine:
 //!     cargo test --release -p trit-cuda --test gpu_batch -- --ignored --test-threads 1
 
+mod common;
+use common::*;
 use std::path::{Path, PathBuf};
 use trit::format::testgen::{generate, OutFormat, Preset, TokenizerAssets};
 use trit::model::{BatchSeq, ExternalNet, KvCache, Logits, Model};
 use trit_cuda::{load_model, CudaModel, CudaOptions};
-
-fn gpu_missing() -> bool {
-    if !trit_cuda::device::driver_present() {
-        eprintln!("skipped: no CUDA driver (libcuda.so) on this machine");
-        return true;
-    }
-    false
-}
-
-/// ‖a − b‖ / ‖b‖ in f64.
-fn rel_err(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    assert!(a.iter().all(|v| v.is_finite()), "non-finite logits");
-    let num: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
-        .sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (num / den.max(1e-30)).sqrt()
-}
-
-/// Pseudo-random ids below `vocab`, different per seed.
-fn ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % vocab as u64) as u32
-        })
-        .collect()
-}
 
 fn tiny_model(dir: &Path, preset: &str) -> PathBuf {
     let p = Preset::by_name(preset).unwrap();
@@ -69,8 +37,8 @@ fn scripts(n: usize, vocab: usize, steps: usize) -> Vec<Script> {
     // Prompt lengths from 1 to 90: different depths, some across a 64-position boundary.
     (0..n)
         .map(|i| Script {
-            prompt: ids(1 + (i * 37) % 90, vocab, 100 + i as u64),
-            steps: ids(steps, vocab, 500 + i as u64),
+            prompt: prompt(1 + (i * 37) % 90, vocab, 100 + i as u64),
+            steps: prompt(steps, vocab, 500 + i as u64),
         })
         .collect()
 }
@@ -197,7 +165,7 @@ fn slots_return_when_caches_drop_and_a_reused_slot_starts_clean() {
         }];
         Ok(m.forward_batch(&mut b)?.remove(0))
     };
-    let short = ids(5, vocab, 1);
+    let short = prompt(5, vocab, 1);
     let mut fresh = KvCache::new(files.config.n_layers, 0, ctx);
     let want = run(&mut fresh, &short).unwrap();
     assert_eq!(m.free_slots(), 1);
@@ -205,7 +173,7 @@ fn slots_return_when_caches_drop_and_a_reused_slot_starts_clean() {
     assert_eq!(m.free_slots(), 2);
     // Fill both slots deep, then drop them: a new sequence reuses slot 0 and must see none of
     // the 100 positions left there.
-    let long = ids(100, vocab, 2);
+    let long = prompt(100, vocab, 2);
     let (mut a, mut b) = (
         KvCache::new(files.config.n_layers, 0, ctx),
         KvCache::new(files.config.n_layers, 0, ctx),
@@ -316,8 +284,11 @@ fn small_batch_gemm_matches_its_cpu_emulation_on_ragged_shapes() {
     .enumerate()
     {
         let seed = 300 + 10 * i as u64;
-        let codes: Vec<u8> = ids(rows * cols, 3, seed).iter().map(|&c| c as u8).collect();
-        let scales: Vec<f32> = ids(rows * cols / 64, 1000, seed + 1)
+        let codes: Vec<u8> = prompt(rows * cols, 3, seed)
+            .iter()
+            .map(|&c| c as u8)
+            .collect();
+        let scales: Vec<f32> = prompt(rows * cols / 64, 1000, seed + 1)
             .iter()
             .map(|&v| half::f16::from_f32(0.01 + v as f32 * 1e-4).to_f32())
             .collect();
@@ -325,7 +296,7 @@ fn small_batch_gemm_matches_its_cpu_emulation_on_ragged_shapes() {
         let m = pack(&[&GgmlTernary::new(GgmlType::Q2_0, &bytes, rows, cols).unwrap()]).unwrap();
         let (mut q, mut meta, mut want) = (Vec::new(), Vec::new(), Vec::new());
         for t in 0..ntok {
-            let x: Vec<f32> = ids(cols, 20001, seed + 2 + t as u64)
+            let x: Vec<f32> = prompt(cols, 20001, seed + 2 + t as u64)
                 .iter()
                 .map(|&v| {
                     if t == 3 {
