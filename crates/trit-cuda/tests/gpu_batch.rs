@@ -269,9 +269,6 @@ fn small_batch_gemm_matches_its_cpu_emulation_on_ragged_shapes() {
     if gpu_missing() {
         return;
     }
-    use trit::quant::ternary::{encode_matrix, GgmlTernary};
-    use trit::quant::GgmlType;
-    use trit_cuda::repack::{gemv_reference, pack, quantize_activations};
     let gpu = trit_cuda::device::Gpu::open(0).unwrap();
     for (i, (rows, cols, ntok)) in [
         (37, 8256, 1),
@@ -284,33 +281,7 @@ fn small_batch_gemm_matches_its_cpu_emulation_on_ragged_shapes() {
     .enumerate()
     {
         let seed = 300 + 10 * i as u64;
-        let codes: Vec<u8> = prompt(rows * cols, 3, seed)
-            .iter()
-            .map(|&c| c as u8)
-            .collect();
-        let scales: Vec<f32> = prompt(rows * cols / 64, 1000, seed + 1)
-            .iter()
-            .map(|&v| half::f16::from_f32(0.01 + v as f32 * 1e-4).to_f32())
-            .collect();
-        let bytes = encode_matrix(GgmlType::Q2_0, rows, cols, &codes, &scales).unwrap();
-        let m = pack(&[&GgmlTernary::new(GgmlType::Q2_0, &bytes, rows, cols).unwrap()]).unwrap();
-        let (mut q, mut meta, mut want) = (Vec::new(), Vec::new(), Vec::new());
-        for t in 0..ntok {
-            let x: Vec<f32> = prompt(cols, 20001, seed + 2 + t as u64)
-                .iter()
-                .map(|&v| {
-                    if t == 3 {
-                        0.0
-                    } else {
-                        (v as f32 / 10000.0 - 1.0) * (1 + t % 5) as f32
-                    }
-                })
-                .collect();
-            let (tq, tm) = quantize_activations(&x);
-            want.extend(gemv_reference(&m, &tq, &tm));
-            q.extend(tq);
-            meta.extend(tm);
-        }
+        let GemmCase { m, q, meta, want } = gemm_case(rows, cols, ntok, seed);
         let got = trit_cuda::batch_gemm::small_gemm_once(&gpu, &m, &q, &meta, None).unwrap();
         assert_eq!(got.len(), want.len());
         for t in 0..ntok {

@@ -10,58 +10,17 @@
 
 mod common;
 use common::*;
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::path::PathBuf;
 use trit::format::testgen::{generate, OutFormat, Preset, TokenizerAssets};
-use trit::kernels::{self, KernelLevel};
 use trit::model::{Logits, Model};
 use trit_cuda::{load_model, CudaOptions, FusedSet};
-
-/// The kernel level is process-wide: tests that switch it take this lock.
-static LEVEL: Mutex<()> = Mutex::new(());
-
-/// Runs `tokens` as a prompt, then `steps` decode steps, on the GPU, on the CPU's int8 path and
-/// on the CPU's exact f32 reference (`KernelLevel::Reference`), all fed the reference's argmax.
-/// Returns the worst relative logit error against the reference of (GPU, CPU int8).
-fn compare(path: &Path, tokens: &[u32], steps: usize, ctx: usize) -> (f64, f64) {
-    compare_with(path, tokens, steps, &CudaOptions::new(ctx))
-}
-
-/// `compare` with the GPU model loaded with `opts` (its context: `opts.ctx`).
-fn compare_with(path: &Path, tokens: &[u32], steps: usize, opts: &CudaOptions) -> (f64, f64) {
-    let ctx = opts.ctx;
-    let _lock = LEVEL.lock().unwrap_or_else(|e| e.into_inner());
-    let files = trit::format::open(path).unwrap();
-    let cpu = Model::load(&files, 2).unwrap();
-    let gpu = load_model(&files, opts).unwrap();
-    let fast = kernels::level();
-    let (mut rc, mut cc, mut gc) = (cpu.new_cache(ctx), cpu.new_cache(ctx), gpu.new_cache(ctx));
-    let mut feed = tokens.to_vec();
-    let (mut worst_gpu, mut worst_cpu) = (0f64, 0f64);
-    for _ in 0..=steps {
-        kernels::set_level(KernelLevel::Reference).unwrap();
-        let want = cpu.forward(&feed, &mut rc, Logits::Last).unwrap();
-        kernels::set_level(fast).unwrap();
-        let int8 = cpu.forward(&feed, &mut cc, Logits::Last).unwrap();
-        let got = gpu.forward(&feed, &mut gc, Logits::Last).unwrap();
-        worst_gpu = worst_gpu.max(rel_err(&got, &want));
-        worst_cpu = worst_cpu.max(rel_err(&int8, &want));
-        feed = vec![argmax(&want)];
-    }
-    assert_eq!(gc.len(), rc.len());
-    (worst_gpu, worst_cpu)
-}
 
 /// The GPU quantizes activations to int8 like the CPU's fast path (not bit-identically: other
 /// summation order, an f16 KV cache), so its error against the exact reference must be of the
 /// CPU int8 path's size: at most twice it, plus 1e-3. A wrong index or formula gives errors
 /// near 1.
-fn check(what: &str, (gpu, cpu): (f64, f64)) {
-    eprintln!("{what}: relative logit error vs f32 reference: gpu {gpu:.2e}, cpu int8 {cpu:.2e}");
-    assert!(
-        gpu <= 2.0 * cpu + 1e-3 && gpu < 0.1,
-        "{what}: gpu {gpu} vs cpu int8 {cpu}"
-    );
+fn check(what: &str, errs: (f64, f64)) {
+    check_errors(what, errs, 0.1);
 }
 
 #[test]
@@ -353,9 +312,6 @@ fn gemm_kernel_matches_its_cpu_emulation_on_ragged_shapes() {
     if gpu_missing() {
         return;
     }
-    use trit::quant::ternary::{encode_matrix, GgmlTernary};
-    use trit::quant::GgmlType;
-    use trit_cuda::repack::{gemv_reference, pack, quantize_activations};
     let gpu = trit_cuda::device::Gpu::open(0).unwrap();
     for (i, (rows, cols, ntok)) in [
         (37, 8256, 1),
@@ -367,34 +323,7 @@ fn gemm_kernel_matches_its_cpu_emulation_on_ragged_shapes() {
     .enumerate()
     {
         let seed = 100 + 10 * i as u64;
-        let codes: Vec<u8> = prompt(rows * cols, 3, seed)
-            .iter()
-            .map(|&c| c as u8)
-            .collect();
-        let scales: Vec<f32> = prompt(rows * cols / 64, 1000, seed + 1)
-            .iter()
-            .map(|&v| half::f16::from_f32(0.01 + v as f32 * 1e-4).to_f32())
-            .collect();
-        let bytes = encode_matrix(GgmlType::Q2_0, rows, cols, &codes, &scales).unwrap();
-        let m = pack(&[&GgmlTernary::new(GgmlType::Q2_0, &bytes, rows, cols).unwrap()]).unwrap();
-        let (mut q, mut meta, mut want) = (Vec::new(), Vec::new(), Vec::new());
-        for t in 0..ntok {
-            // Each token its own scale range, one token all zeros.
-            let x: Vec<f32> = prompt(cols, 20001, seed + 2 + t as u64)
-                .iter()
-                .map(|&v| {
-                    if t == 3 {
-                        0.0
-                    } else {
-                        (v as f32 / 10000.0 - 1.0) * (1 + t % 5) as f32
-                    }
-                })
-                .collect();
-            let (tq, tm) = quantize_activations(&x);
-            want.extend(gemv_reference(&m, &tq, &tm));
-            q.extend(tq);
-            meta.extend(tm);
-        }
+        let GemmCase { m, q, meta, want } = gemm_case(rows, cols, ntok, seed);
         {
             let got = trit_cuda::gemv::ternary_gemm_once(&gpu, &m, &q, &meta).unwrap();
             assert_eq!(got.len(), want.len());

@@ -2,6 +2,12 @@
 
 #![allow(dead_code)] // each test crate uses its own subset
 
+use std::path::Path;
+use std::sync::Mutex;
+use trit::kernels::{self, KernelLevel};
+use trit::model::{Logits, Model};
+use trit_cuda::{load_model, CudaOptions};
+
 pub fn gpu_missing() -> bool {
     if !trit_cuda::device::driver_present() {
         eprintln!("skipped: no CUDA driver (libcuda.so) on this machine");
@@ -44,4 +50,95 @@ pub fn prompt(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
             (s % vocab as u64) as u32
         })
         .collect()
+}
+
+/// The kernel level is process-wide: tests that switch it take this lock.
+pub static LEVEL: Mutex<()> = Mutex::new(());
+
+/// Runs `tokens` as a prompt, then `steps` decode steps, on the GPU, on the CPU's int8 path and
+/// on the CPU's exact f32 reference (`KernelLevel::Reference`), all fed the reference's argmax.
+/// Returns the worst relative logit error against the reference of (GPU, CPU int8).
+pub fn compare(path: &Path, tokens: &[u32], steps: usize, ctx: usize) -> (f64, f64) {
+    compare_with(path, tokens, steps, &CudaOptions::new(ctx))
+}
+
+/// `compare` with the GPU model loaded with `opts` (its context: `opts.ctx`).
+pub fn compare_with(path: &Path, tokens: &[u32], steps: usize, opts: &CudaOptions) -> (f64, f64) {
+    let ctx = opts.ctx;
+    let _lock = LEVEL.lock().unwrap_or_else(|e| e.into_inner());
+    let files = trit::format::open(path).unwrap();
+    let cpu = Model::load(&files, 2).unwrap();
+    let gpu = load_model(&files, opts).unwrap();
+    let fast = kernels::level();
+    let (mut rc, mut cc, mut gc) = (cpu.new_cache(ctx), cpu.new_cache(ctx), gpu.new_cache(ctx));
+    let mut feed = tokens.to_vec();
+    let (mut worst_gpu, mut worst_cpu) = (0f64, 0f64);
+    for _ in 0..=steps {
+        kernels::set_level(KernelLevel::Reference).unwrap();
+        let want = cpu.forward(&feed, &mut rc, Logits::Last).unwrap();
+        kernels::set_level(fast).unwrap();
+        let int8 = cpu.forward(&feed, &mut cc, Logits::Last).unwrap();
+        let got = gpu.forward(&feed, &mut gc, Logits::Last).unwrap();
+        worst_gpu = worst_gpu.max(rel_err(&got, &want));
+        worst_cpu = worst_cpu.max(rel_err(&int8, &want));
+        feed = vec![argmax(&want)];
+    }
+    assert_eq!(gc.len(), rc.len());
+    (worst_gpu, worst_cpu)
+}
+
+/// Prints the worst errors of [`compare`] and asserts the GPU's is of the CPU int8 path's size
+/// (at most twice it, plus 1e-3) and under `cap` (a wrong index or formula gives errors near 1).
+pub fn check_errors(what: &str, (gpu, cpu): (f64, f64), cap: f64) {
+    eprintln!("{what}: relative logit error vs f32 reference: gpu {gpu:.2e}, cpu int8 {cpu:.2e}");
+    assert!(
+        gpu <= 2.0 * cpu + 1e-3 && gpu < cap,
+        "{what}: gpu {gpu} vs cpu int8 {cpu}"
+    );
+}
+
+/// One product to check: a matrix in the GPU layout, int8 activations of several tokens (values,
+/// then (d, d·Σq) per 64), and the expected `rows` outputs per token.
+pub struct GemmCase {
+    pub m: trit_cuda::repack::PackedTernary,
+    pub q: Vec<i8>,
+    pub meta: Vec<(f32, f32)>,
+    pub want: Vec<f32>,
+}
+
+/// A random Q2_0 matrix in the GPU layout and `ntok` tokens of int8 activations for it (each
+/// token its own scale range; token 3 all zeros), with the CPU emulation of the kernels'
+/// arithmetic per token (`repack::gemv_reference`).
+pub fn gemm_case(rows: usize, cols: usize, ntok: usize, seed: u64) -> GemmCase {
+    use trit::quant::ternary::{encode_matrix, GgmlTernary};
+    use trit::quant::GgmlType;
+    use trit_cuda::repack::{gemv_reference, pack, quantize_activations};
+    let codes: Vec<u8> = prompt(rows * cols, 3, seed)
+        .iter()
+        .map(|&c| c as u8)
+        .collect();
+    let scales: Vec<f32> = prompt(rows * cols / 64, 1000, seed + 1)
+        .iter()
+        .map(|&v| half::f16::from_f32(0.01 + v as f32 * 1e-4).to_f32())
+        .collect();
+    let bytes = encode_matrix(GgmlType::Q2_0, rows, cols, &codes, &scales).unwrap();
+    let m = pack(&[&GgmlTernary::new(GgmlType::Q2_0, &bytes, rows, cols).unwrap()]).unwrap();
+    let (mut q, mut meta, mut want) = (Vec::new(), Vec::new(), Vec::new());
+    for t in 0..ntok {
+        let x: Vec<f32> = prompt(cols, 20001, seed + 2 + t as u64)
+            .iter()
+            .map(|&v| {
+                if t == 3 {
+                    0.0
+                } else {
+                    (v as f32 / 10000.0 - 1.0) * (1 + t % 5) as f32
+                }
+            })
+            .collect();
+        let (tq, tm) = quantize_activations(&x);
+        want.extend(gemv_reference(&m, &tq, &tm));
+        q.extend(tq);
+        meta.extend(tm);
+    }
+    GemmCase { m, q, meta, want }
 }
