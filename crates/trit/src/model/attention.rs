@@ -107,11 +107,12 @@ pub fn attend_batch(
                 visible.extend(std::iter::repeat_n(s.pos0 + t + 1, group));
             }
             let mut o = vec![0f32; rows_q.len()];
+            let (stride, offset) = s.cache.head_layout(u.g);
             let kv = PagedKvHead {
                 key_pages: &pages[u.seq].0,
                 value_pages: &pages[u.seq].1,
-                stride: nkv * hd,
-                offset: u.g * hd,
+                stride,
+                offset,
             };
             attend_rows(&rows_q, &visible, kv, scale, &mut o, &mut scratch);
             local.push((i, o));

@@ -201,7 +201,9 @@ impl Qwen35 {
             (h.conv_kernel - 1) * h.conv_dim(),
             h.v_heads * h.v_dim * h.k_dim,
         );
-        KvCache::new(h.n_full(), c.n_kv_heads * c.head_dim, n_ctx).with_recurrent(state)
+        KvCache::new(h.n_full(), c.n_kv_heads * c.head_dim, n_ctx)
+            .with_heads(c.n_kv_heads)
+            .with_recurrent(state)
     }
 
     /// Runs `tokens` at positions `cache.len()..`, updating the KV cache and the recurrent

@@ -138,7 +138,7 @@ impl Transformer {
 
     pub fn new_cache(&self, n_ctx: usize) -> KvCache {
         let c = &self.config;
-        KvCache::new(c.n_layers, c.n_kv_heads * c.head_dim, n_ctx)
+        KvCache::new(c.n_layers, c.n_kv_heads * c.head_dim, n_ctx).with_heads(c.n_kv_heads)
     }
 
     /// Runs `tokens` at positions `cache.len()..`, appends their keys/values to the cache and
