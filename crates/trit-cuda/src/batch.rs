@@ -16,12 +16,12 @@
 use crate::batch_gemm::launch_small_gemm;
 use crate::device::{cuda_err, ptr, Arg, Gpu};
 use crate::gemv::TernaryArgs;
+use crate::graph::{copy_to_pinned, StepGraph};
 use crate::launch;
 use crate::model::{CudaModel, Input, State};
 use crate::prefill::KvTarget;
 use crate::weights::DevMatrix;
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaGraph, CudaSlice, PinnedHostSlice};
+use cudarc::driver::{CudaSlice, PinnedHostSlice};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::time::Instant;
@@ -45,12 +45,6 @@ fn use_graph() -> bool {
 fn use_small_gemm() -> bool {
     std::env::var("TRIT_CUDA_BATCH_GEMM").map_or(true, |v| v != "prefill")
 }
-
-/// A captured decode step, used only under the model's mutex.
-struct StepGraph(CudaGraph);
-// SAFETY: the graph's handles are plain driver objects; every use goes through `State`, which
-// the model's `Mutex` serializes.
-unsafe impl Send for StepGraph {}
 
 /// `max_seqs` of a model being loaded: TRIT_CUDA_MAX_SEQS, else the default.
 pub(crate) fn max_seqs_from_env() -> usize {
@@ -361,16 +355,8 @@ impl CudaModel {
             .expect("created by forward_batch_gpu")
             .bufs;
         let len = n * c.vocab;
-        st.gpu
-            .stream
-            .memcpy_dtoh(&b.logits.slice(0..len), &mut b.host_logits)
-            .map_err(|e| cuda_err("copying logits to the host", e))?;
-        st.gpu.sync()?;
+        let v = copy_to_pinned(&st.gpu, &b.logits.slice(0..len), &mut b.host_logits)?;
         let t4 = Instant::now();
-        let v = b
-            .host_logits
-            .as_slice()
-            .map_err(|e| cuda_err("reading pinned logits", e))?;
         // One owned vector per sequence (the sampler takes it), copied out of the pinned
         // buffer on several threads: B × vocab floats (19 MB for 32 rows of a 151,936-token
         // vocabulary) is milliseconds on one core.
@@ -398,28 +384,12 @@ impl CudaModel {
         let captured = st.batch.as_ref().is_some_and(|b| b.graphs.contains_key(&n));
         if !captured {
             let s = st.gpu.stream.clone();
-            s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-                .map_err(|e| cuda_err("starting graph capture", e))?;
-            let enq = self.enqueue_rows(st, n);
-            let graph = s.end_capture(CUgraphInstantiate_flags(0));
-            enq?;
-            let graph = match graph {
-                Ok(Some(g)) => g,
-                Ok(None) => {
-                    return Err(Error::Unsupported(
-                        "CUDA: graph capture recorded nothing".into(),
-                    ))
-                }
-                Err(e) => return Err(cuda_err("capturing the batched decode step", e)),
-            };
+            let graph = StepGraph::capture(&s, "batched decode step", || self.enqueue_rows(st, n))?;
             let batch = st.batch.as_mut().expect("created by forward_batch_gpu");
-            batch.graphs.insert(n, StepGraph(graph));
+            batch.graphs.insert(n, graph);
         }
         let batch = st.batch.as_ref().expect("created by forward_batch_gpu");
-        batch.graphs[&n]
-            .0
-            .launch()
-            .map_err(|e| cuda_err("launching the batched decode graph", e))
+        batch.graphs[&n].launch("batched decode")
     }
 
     /// `y (+)= m · rows` for the `n` rows of a decode step: the small-batch GEMM for ternary

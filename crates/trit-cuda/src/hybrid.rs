@@ -12,12 +12,12 @@
 
 use crate::device::{ptr, Arg, Gpu};
 use crate::gemv::{launch_ternary, TernaryArgs};
+use crate::graph::{copy_to_pinned, StepGraph};
 use crate::hybrid_weights::{self, DevHybrid, DevMixer};
 use crate::launch::{self, QuantOut};
 use crate::model::{check_forward, poisoned, CudaOptions};
 use crate::weights::DevMatrix;
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaGraph, CudaSlice, PinnedHostSlice};
+use cudarc::driver::{CudaSlice, PinnedHostSlice};
 use std::sync::Mutex;
 use trit::format::config::{HybridConfig, ModelConfig, RopeStyle};
 use trit::format::ModelFiles;
@@ -61,18 +61,12 @@ struct Buffers {
     v_cache: Vec<CudaSlice<u16>>,
 }
 
-/// A graph is used only under the model's mutex.
-struct Graph(CudaGraph);
-// SAFETY: the graph's handles are plain driver objects; every use goes through `State`,
-// which the `Mutex` in `CudaHybrid` serializes.
-unsafe impl Send for Graph {}
-
 struct State {
     gpu: Gpu,
     w: DevHybrid,
     b: Buffers,
     /// (with head, without head), captured on first use.
-    graphs: Option<(Graph, Graph)>,
+    graphs: Option<(StepGraph, StepGraph)>,
     /// The device position counter's value when known.
     device_pos: Option<usize>,
     /// Tokens the recurrent state has consumed (None after an error).
@@ -425,23 +419,10 @@ impl CudaHybrid {
         g.launch("advance_position", (1, 1), 32, &[Arg::Ptr(step)])
     }
 
-    fn capture(&self, st: &State, with_head: bool) -> Result<Graph> {
-        let s = &st.gpu.stream;
-        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(|e| crate::device::cuda_err("starting graph capture", e))?;
-        let enq = self.enqueue_step(st, with_head);
-        let graph = s.end_capture(CUgraphInstantiate_flags(0));
-        enq?;
-        match graph {
-            Ok(Some(g)) => Ok(Graph(g)),
-            Ok(None) => Err(Error::Unsupported(
-                "CUDA: graph capture recorded nothing".into(),
-            )),
-            Err(e) => Err(crate::device::cuda_err(
-                "capturing the hybrid decode graph",
-                e,
-            )),
-        }
+    fn capture(&self, st: &State, with_head: bool) -> Result<StepGraph> {
+        StepGraph::capture(&st.gpu.stream, "hybrid decode graph", || {
+            self.enqueue_step(st, with_head)
+        })
     }
 
     fn run_step(&self, st: &mut State, with_head: bool) -> Result<()> {
@@ -454,9 +435,8 @@ impl CudaHybrid {
             st.graphs = Some((with, without));
         }
         let (with, without) = st.graphs.as_ref().expect("captured above");
-        let g = if with_head { &with.0 } else { &without.0 };
-        g.launch()
-            .map_err(|e| crate::device::cuda_err("launching the hybrid decode graph", e))
+        let g = if with_head { with } else { without };
+        g.launch("hybrid decode")
     }
 
     /// Zeroes every conv window and delta-rule state (a sequence starting at position 0).
@@ -529,16 +509,7 @@ impl CudaHybrid {
 
     fn read_logits(&self, st: &mut State) -> Result<Vec<f32>> {
         let b = &mut st.b;
-        st.gpu
-            .stream
-            .memcpy_dtoh(&b.logits, &mut b.host_logits)
-            .map_err(|e| crate::device::cuda_err("copying logits to the host", e))?;
-        st.gpu.sync()?;
-        let v = b
-            .host_logits
-            .as_slice()
-            .map_err(|e| crate::device::cuda_err("reading pinned logits", e))?;
-        Ok(v.to_vec())
+        Ok(copy_to_pinned(&st.gpu, &b.logits, &mut b.host_logits)?.to_vec())
     }
 }
 

@@ -25,6 +25,7 @@ pub mod batch_gemm;
 pub mod device;
 pub mod flash;
 pub mod gemv;
+mod graph;
 pub mod hybrid;
 mod hybrid_weights;
 mod launch;

@@ -12,11 +12,11 @@ use crate::device::{ptr, Arg, Gpu};
 use crate::gemv::{
     fused_fits, launch_ternary, launch_ternary_fused, FusedInput, FusedOpts, TernaryArgs,
 };
+use crate::graph::{copy_to_pinned, StepGraph};
 use crate::launch;
 use crate::prefill::PrefillBuffers;
 use crate::weights::{self, DevMatrix, DevWeights};
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaGraph, CudaSlice, PinnedHostSlice};
+use cudarc::driver::{CudaSlice, PinnedHostSlice};
 use std::sync::Mutex;
 use trit::format::config::{ModelConfig, RopeStyle};
 use trit::format::ModelFiles;
@@ -54,12 +54,6 @@ pub(crate) struct Buffers {
     pub(crate) v_cache: Vec<CudaSlice<u16>>,
 }
 
-/// A graph is used only under the model's mutex.
-struct Graph(CudaGraph);
-// SAFETY: the graph's handles are plain driver objects; every use goes through `State`,
-// which the `Mutex` in `CudaModel` serializes.
-unsafe impl Send for Graph {}
-
 pub(crate) struct State {
     pub(crate) gpu: Gpu,
     pub(crate) w: DevWeights,
@@ -67,7 +61,7 @@ pub(crate) struct State {
     /// Chunk activations of the batched prefill, allocated on the first prompt.
     pub(crate) prefill: Option<PrefillBuffers>,
     /// (with head, without head), captured on first use.
-    graphs: Option<(Graph, Graph)>,
+    graphs: Option<(StepGraph, StepGraph)>,
     /// The device counter's value when known (None after an error or a batched call).
     pub(crate) device_pos: Option<usize>,
     /// Slots and row buffers of the batched path (`batch.rs`), made on its first use.
@@ -584,20 +578,10 @@ impl CudaModel {
         g.launch("advance_position", (1, 1), 32, &[Arg::Ptr(step)])
     }
 
-    fn capture(&self, st: &State, with_head: bool) -> Result<Graph> {
-        let s = &st.gpu.stream;
-        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(|e| crate::device::cuda_err("starting graph capture", e))?;
-        let enq = self.enqueue_step(st, with_head);
-        let graph = s.end_capture(CUgraphInstantiate_flags(0));
-        enq?;
-        match graph {
-            Ok(Some(g)) => Ok(Graph(g)),
-            Ok(None) => Err(Error::Unsupported(
-                "CUDA: graph capture recorded nothing".into(),
-            )),
-            Err(e) => Err(crate::device::cuda_err("capturing the decode graph", e)),
-        }
+    fn capture(&self, st: &State, with_head: bool) -> Result<StepGraph> {
+        StepGraph::capture(&st.gpu.stream, "decode graph", || {
+            self.enqueue_step(st, with_head)
+        })
     }
 
     fn run_step(&self, st: &mut State, with_head: bool) -> Result<()> {
@@ -610,9 +594,8 @@ impl CudaModel {
             st.graphs = Some((with, without));
         }
         let (with, without) = st.graphs.as_ref().expect("captured above");
-        let g = if with_head { &with.0 } else { &without.0 };
-        g.launch()
-            .map_err(|e| crate::device::cuda_err("launching the decode graph", e))
+        let g = if with_head { with } else { without };
+        g.launch("decode")
     }
 
     fn forward_locked(
@@ -661,16 +644,7 @@ impl CudaModel {
 
     pub(crate) fn read_logits(&self, st: &mut State) -> Result<Vec<f32>> {
         let b = &mut st.b;
-        st.gpu
-            .stream
-            .memcpy_dtoh(&b.logits, &mut b.host_logits)
-            .map_err(|e| crate::device::cuda_err("copying logits to the host", e))?;
-        st.gpu.sync()?;
-        let v = b
-            .host_logits
-            .as_slice()
-            .map_err(|e| crate::device::cuda_err("reading pinned logits", e))?;
-        Ok(v.to_vec())
+        Ok(copy_to_pinned(&st.gpu, &b.logits, &mut b.host_logits)?.to_vec())
     }
 }
 

@@ -1,0 +1,59 @@
+//! What the dense, hybrid and batched decode steps share around their kernels: capturing a
+//! step into a CUDA graph and replaying it, and copying logits back through a pinned buffer.
+
+use crate::device::{cuda_err, Gpu};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaStream, DevicePtr, PinnedHostSlice};
+use std::sync::Arc;
+use trit::{Error, Result};
+
+/// A captured step. Used only under its model's mutex.
+pub(crate) struct StepGraph(CudaGraph);
+// SAFETY: the graph's handles are plain driver objects; every use goes through a model's
+// state, which that model's `Mutex` serializes.
+unsafe impl Send for StepGraph {}
+
+impl StepGraph {
+    /// Records the launches `enqueue` makes on `stream` (nothing runs); `what` names the step
+    /// in errors.
+    pub(crate) fn capture(
+        stream: &Arc<CudaStream>,
+        what: &str,
+        enqueue: impl FnOnce() -> Result<()>,
+    ) -> Result<StepGraph> {
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| cuda_err("starting graph capture", e))?;
+        let enq = enqueue();
+        // Capture must end even when enqueueing failed, or the stream stays in capture mode.
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+        enq?;
+        match graph {
+            Ok(Some(g)) => Ok(StepGraph(g)),
+            Ok(None) => Err(Error::Unsupported(
+                "CUDA: graph capture recorded nothing".into(),
+            )),
+            Err(e) => Err(cuda_err(&format!("capturing the {what}"), e)),
+        }
+    }
+
+    pub(crate) fn launch(&self, what: &str) -> Result<()> {
+        self.0
+            .launch()
+            .map_err(|e| cuda_err(&format!("launching the {what} graph"), e))
+    }
+}
+
+/// Copies `src` into the page-locked `host` buffer, waits for it, and returns the copied values.
+pub(crate) fn copy_to_pinned<'a>(
+    gpu: &Gpu,
+    src: &impl DevicePtr<f32>,
+    host: &'a mut PinnedHostSlice<f32>,
+) -> Result<&'a [f32]> {
+    gpu.stream
+        .memcpy_dtoh(src, host)
+        .map_err(|e| cuda_err("copying logits to the host", e))?;
+    gpu.sync()?;
+    host.as_slice()
+        .map_err(|e| cuda_err("reading pinned logits", e))
+}
