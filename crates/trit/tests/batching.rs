@@ -3,16 +3,15 @@
 //! cancellation) produces what the single-sequence generation loop produces.
 
 mod common;
+use common::{greedy, submit};
 
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 use trit::engine::{
-    generate, FinishReason, GenerateOptions, Scheduler, SchedulerConfig, SeqEvent, SeqRequest,
-    SeqSummary, Session,
+    generate, FinishReason, Scheduler, SchedulerConfig, SeqEvent, SeqRequest, SeqSummary, Session,
 };
 use trit::model::{BatchSeq, Logits, Model};
-use trit::sample::SamplingParams;
 use trit::tokenizer::Tokenizer;
 
 /// The kernel level is process-wide: the hybrid test switches to the exact kernels, so every
@@ -108,28 +107,6 @@ fn batched_logits_equal_single_sequence_logits() {
     ]);
     assert!(err.is_err());
     assert_eq!((ca.len(), cb.len()), (history.len() + 1, 7));
-}
-
-fn greedy(max_tokens: usize) -> GenerateOptions {
-    GenerateOptions {
-        max_tokens,
-        sampling: SamplingParams::greedy(),
-        stop: vec![],
-        eos: vec![],
-    }
-}
-
-/// Submits a request whose events arrive on the returned channel.
-fn submit(s: &Scheduler, prompt: &[u32], opts: GenerateOptions) -> mpsc::Receiver<SeqEvent> {
-    let (tx, rx) = mpsc::channel();
-    s.submit(SeqRequest {
-        prompt: prompt.to_vec(),
-        options: opts,
-        top_logprobs: None,
-        sink: Box::new(move |e| tx.send(e).is_ok()),
-    })
-    .unwrap();
-    rx
 }
 
 /// Collects a sequence's tokens and summary (bounded wait).

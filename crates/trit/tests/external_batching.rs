@@ -7,18 +7,15 @@
 //! default model, so its logits are the CPU engine's (tested against mlx-lm and llama.cpp).
 
 mod common;
+use common::{greedy, submit};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
-use trit::engine::{
-    generate, GenerateOptions, Scheduler, SchedulerConfig, SeqEvent, SeqRequest, SeqSummary,
-    Session,
-};
+use trit::engine::{generate, Scheduler, SchedulerConfig, SeqEvent, SeqSummary, Session};
 use trit::format::config::ModelConfig;
 use trit::model::device_slot::SlotPool;
 use trit::model::{BatchSeq, ExternalNet, KvCache, Logits, Model};
-use trit::sample::SamplingParams;
 use trit::tokenizer::Tokenizer;
 
 /// A "device" with `slots` KV slots, each a CPU cache of `inner`.
@@ -109,27 +106,6 @@ fn default_model() -> (trit::format::ModelFiles, Arc<Tokenizer>) {
     let files = trit::format::open(&path).unwrap();
     let tok = Tokenizer::from_source(&files.tokenizer).unwrap();
     (files, Arc::new(tok))
-}
-
-fn greedy(max_tokens: usize) -> GenerateOptions {
-    GenerateOptions {
-        max_tokens,
-        sampling: SamplingParams::greedy(),
-        stop: vec![],
-        eos: vec![],
-    }
-}
-
-fn submit(s: &Scheduler, prompt: &[u32], opts: GenerateOptions) -> mpsc::Receiver<SeqEvent> {
-    let (tx, rx) = mpsc::channel();
-    s.submit(SeqRequest {
-        prompt: prompt.to_vec(),
-        options: opts,
-        top_logprobs: None,
-        sink: Box::new(move |e| tx.send(e).is_ok()),
-    })
-    .unwrap();
-    rx
 }
 
 fn collect(rx: &mpsc::Receiver<SeqEvent>) -> (Vec<u32>, SeqSummary) {

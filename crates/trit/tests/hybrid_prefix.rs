@@ -6,17 +6,16 @@
 //! int8 activations can flip a near-tie of this random model's logits.
 
 mod common;
+use common::greedy;
 
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 use trit::engine::{
-    generate, GenerateOptions, Scheduler, SchedulerConfig, SeqEvent, SeqRequest, SeqSummary,
-    Session,
+    generate, Scheduler, SchedulerConfig, SeqEvent, SeqRequest, SeqSummary, Session,
 };
 use trit::kernels::{set_level, KernelLevel};
 use trit::model::Model;
-use trit::sample::SamplingParams;
 use trit::tokenizer::Tokenizer;
 
 /// The placeholder tokenizer has no `<|im_start|>`: `<t5>` plays the turn-start token.
@@ -27,15 +26,6 @@ const END: u32 = 6;
 fn tiny_hybrid() -> (tempfile::TempDir, Arc<Model>, Arc<Tokenizer>) {
     set_level(KernelLevel::Reference).unwrap();
     common::tiny_hybrid()
-}
-
-fn greedy(max_tokens: usize) -> GenerateOptions {
-    GenerateOptions {
-        max_tokens,
-        sampling: SamplingParams::greedy(),
-        stop: vec![],
-        eos: vec![],
-    }
 }
 
 fn scheduler(model: &Arc<Model>, tok: &Arc<Tokenizer>, kv_bytes: usize) -> Scheduler {

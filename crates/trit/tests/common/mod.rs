@@ -120,3 +120,30 @@ pub fn tiny_hybrid() -> (
     let model = trit::model::Model::load(&files, 2).unwrap();
     (dir, std::sync::Arc::new(model), std::sync::Arc::new(tok))
 }
+
+/// Greedy decoding of up to `max_tokens`, no stop strings or EOS (scheduler tests).
+pub fn greedy(max_tokens: usize) -> trit::engine::GenerateOptions {
+    trit::engine::GenerateOptions {
+        max_tokens,
+        sampling: trit::sample::SamplingParams::greedy(),
+        stop: vec![],
+        eos: vec![],
+    }
+}
+
+/// Submits a request to `s` whose events arrive on the returned channel.
+pub fn submit(
+    s: &trit::engine::Scheduler,
+    prompt: &[u32],
+    opts: trit::engine::GenerateOptions,
+) -> std::sync::mpsc::Receiver<trit::engine::SeqEvent> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    s.submit(trit::engine::SeqRequest {
+        prompt: prompt.to_vec(),
+        options: opts,
+        top_logprobs: None,
+        sink: Box::new(move |e| tx.send(e).is_ok()),
+    })
+    .unwrap();
+    rx
+}
