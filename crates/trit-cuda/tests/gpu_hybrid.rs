@@ -12,7 +12,7 @@ use common::*;
 use std::path::Path;
 use trit::format::testgen::hybrid::{generate, HybridPreset};
 use trit::format::testgen::{OutFormat, TokenizerAssets};
-use trit::model::{Logits, Model};
+use trit::model::Logits;
 use trit_cuda::{load_model, CudaOptions};
 
 /// Generates tiny-qwen35 in `formats` under `dir`; returns the paths.
@@ -66,28 +66,7 @@ fn tiny_qwen35_greedy_tokens_match_the_cpu() {
     let (p, paths) = tiny_models(dir.path(), 5, &["q2_0"]);
     let files = trit::format::open(&paths[0]).unwrap();
     let ids = prompt(9, p.vocab, 4);
-    let run = |m: &Model| -> (Vec<u32>, Vec<Vec<f32>>) {
-        let mut c = m.new_cache(64);
-        let mut logits = m.forward(&ids, &mut c, Logits::Last).unwrap();
-        let (mut out, mut all) = (Vec::new(), Vec::new());
-        for _ in 0..16 {
-            let t = argmax(&logits);
-            out.push(t);
-            all.push(logits.clone());
-            logits = m.forward(&[t], &mut c, Logits::Last).unwrap();
-        }
-        (out, all)
-    };
-    let (cpu, cpu_logits) = run(&Model::load(&files, 2).unwrap());
-    let (gpu, _) = run(&load_model(&files, &CudaOptions::new(64)).unwrap());
-    eprintln!("greedy cpu {cpu:?}\ngreedy gpu {gpu:?}");
-    let same = cpu.iter().zip(&gpu).take_while(|(a, b)| a == b).count();
-    if same < cpu.len() {
-        let l = &cpu_logits[same];
-        let gap = l[cpu[same] as usize] - l[gpu[same] as usize];
-        eprintln!("tokens differ at step {same}: cpu logit gap {gap}");
-        assert!(same >= 8 && gap < 0.2, "step {same}: gap {gap}");
-    }
+    greedy_tokens_agree(&files, &ids, 64);
 }
 
 /// Logits::All returns every position's logits (each equal to the step-by-step ones), the
