@@ -65,6 +65,31 @@ __device__ __forceinline__ void quant_block_warp(float a, float b, i8* q, float2
 // SwiGLU of one gate/up pair (the CPU's silu(g)·u).
 __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
+// Quantizes a 64-value block held as one float4 by each of 16 consecutive lanes (the vectorized
+// norm kernels' layout), exactly like quant_block_warp: every lane of the 16 gets its four
+// codes back and the block's (d, d·Σq) in `meta`. All 32 lanes of the warp must call it.
+__device__ __forceinline__ char4 quant_block_float4(float4 o, float2& meta) {
+    float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
+#pragma unroll
+    for (int off = 8; off > 0; off >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    int q0 = 0, q1 = 0, q2 = 0, q3 = 0;
+    float dq = 0.0f;
+    if (amax > 0.0f && isfinite(amax)) {
+        const float s = 127.0f / amax;
+        q0 = __float2int_rn(o.x * s);
+        q1 = __float2int_rn(o.y * s);
+        q2 = __float2int_rn(o.z * s);
+        q3 = __float2int_rn(o.w * s);
+        dq = amax / 127.0f;
+    }
+    float sum = (float)(q0 + q1 + q2 + q3);
+#pragma unroll
+    for (int off = 8; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    meta = make_float2(dq, dq * sum);
+    return make_char4((signed char)q0, (signed char)q1, (signed char)q2, (signed char)q3);
+}
+
 // Programmatic dependent launch (Hopper): a kernel launched with the PDL attribute may start
 // while its predecessor still runs. Each kernel calls pdl_launch_dependents() first (its
 // successor may then be scheduled) and pdl_wait() before it touches anything a predecessor

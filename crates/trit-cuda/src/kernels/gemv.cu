@@ -294,29 +294,13 @@ __device__ __forceinline__ void fg_prologue(int mode, int nb, const float* __res
                 o = v;
             }
         }
-        float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
-#pragma unroll
-        for (int off = 8; off > 0; off >>= 1)
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-        int q0 = 0, q1 = 0, q2 = 0, q3 = 0;
-        float dq = 0.0f;
-        if (amax > 0.0f && isfinite(amax)) {
-            const float s = 127.0f / amax;
-            q0 = __float2int_rn(o.x * s);
-            q1 = __float2int_rn(o.y * s);
-            q2 = __float2int_rn(o.z * s);
-            q3 = __float2int_rn(o.w * s);
-            dq = amax / 127.0f;
-        }
-        float sum = (float)(q0 + q1 + q2 + q3);
-#pragma unroll
-        for (int off = 8; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        float2 bm;
+        const char4 packed = quant_block_float4(o, bm);
         if (c < n4) {
             const int b = c >> 4;
             char4* dst = (char4*)(xs + fg_chunk(b, (c >> 2) & 3));
-            dst[c & 3] = make_char4((signed char)q0, (signed char)q1, (signed char)q2,
-                                    (signed char)q3);
-            if ((c & 15) == 0) ms[b] = make_float2(dq, dq * sum);
+            dst[c & 3] = packed;
+            if ((c & 15) == 0) ms[b] = bm;
         }
     }
 }
