@@ -43,22 +43,33 @@ impl TernaryArgs {
 
 /// One test case uploaded for a single kernel run: the packed matrix, the int8 activations
 /// with their per-64 `(d, d·Σq)`, and a NaN-poisoned output (a value the kernel skips stays
-/// NaN and fails the comparison).
-struct OneShot {
+/// NaN and fails the comparison) or given starting values (to test accumulation).
+pub(crate) struct OneShot {
     codes: CudaSlice<u32>,
     scales: DevScales,
-    q: CudaSlice<u8>,
-    meta: CudaSlice<f32>,
-    y: CudaSlice<f32>,
+    pub(crate) q: CudaSlice<u8>,
+    pub(crate) meta: CudaSlice<f32>,
+    pub(crate) y: CudaSlice<f32>,
 }
 
 impl OneShot {
-    fn upload(
+    pub(crate) fn upload(
         gpu: &Gpu,
         m: &PackedTernary,
         q: &[i8],
         meta: &[(f32, f32)],
         outputs: usize,
+    ) -> Result<Self> {
+        Self::upload_onto(gpu, m, q, meta, &vec![f32::NAN; outputs])
+    }
+
+    /// [`upload`](Self::upload) with the output starting as `y0`.
+    pub(crate) fn upload_onto(
+        gpu: &Gpu,
+        m: &PackedTernary,
+        q: &[i8],
+        meta: &[(f32, f32)],
+        y0: &[f32],
     ) -> Result<Self> {
         let q8: Vec<u8> = q.iter().map(|v| *v as u8).collect();
         let flat: Vec<f32> = meta.iter().flat_map(|(a, b)| [*a, *b]).collect();
@@ -70,15 +81,15 @@ impl OneShot {
             },
             q: gpu.upload(&q8)?,
             meta: gpu.upload(&flat)?,
-            y: gpu.upload(&vec![f32::NAN; outputs])?,
+            y: gpu.upload(y0)?,
         })
     }
 
-    fn args(&self, m: &PackedTernary, s: &CudaStream) -> TernaryArgs {
+    pub(crate) fn args(&self, m: &PackedTernary, s: &CudaStream) -> TernaryArgs {
         TernaryArgs::new(m.rows, m.cols, &self.codes, &self.scales, s)
     }
 
-    fn result(&self, gpu: &Gpu, what: &str) -> Result<Vec<f32>> {
+    pub(crate) fn result(&self, gpu: &Gpu, what: &str) -> Result<Vec<f32>> {
         gpu.sync()?;
         gpu.stream
             .clone_dtoh(&self.y)
@@ -294,16 +305,35 @@ pub fn ternary_gemv_fused_once(
     c.result(gpu, "fused GEMV")
 }
 
-/// Tokens and rows of one thread block of the prefill GEMM (`GM_TOKS`, `GM_ROWS` in
-/// prefill.cu).
-const GEMM_TOKS: usize = 64;
-const GEMM_ROWS: usize = 128;
+/// An int8 tensor-core GEMM kernel pair (f16 / f32 weight scales): the prefill's and the
+/// batched decode's take the same arguments and differ in their output tile.
+pub(crate) struct Int8Gemm {
+    pub f16: &'static str,
+    pub f32: &'static str,
+    /// Tokens and rows of one block's output tile.
+    pub tile_toks: usize,
+    pub tile_rows: usize,
+    /// Named in the error on a GPU without int8 tensor cores.
+    pub what: &'static str,
+}
 
-/// `Y (+)= X·Wᵀ` for `ntok` tokens: `q`/`meta` hold each token's int8 activations (`cols`
-/// values, `cols / 64` pairs per token, token after token), `y` gets `rows` values per token.
-/// Int8 tensor cores: compute capability 8.0 or newer.
-pub fn launch_ternary_gemm(
+/// The prefill GEMM (`ternary_gemm` in prefill.cu): `GM_ROWS` = 128 rows × `GM_TOKS` = 64
+/// tokens per block.
+const PREFILL_GEMM: Int8Gemm = Int8Gemm {
+    f16: "ternary_gemm_f16",
+    f32: "ternary_gemm_f32",
+    tile_toks: 64,
+    tile_rows: 128,
+    what: "the prefill GEMM",
+};
+
+/// `Y (+)= X·Wᵀ` for `ntok` tokens with kernel `k`: `q`/`meta` hold each token's int8
+/// activations (`cols` values, `cols / 64` pairs per token, token after token), `y` gets
+/// `rows` values per token. Int8 tensor cores: compute capability 8.0 or newer.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_int8_gemm(
     gpu: &Gpu,
+    k: &Int8Gemm,
     m: &TernaryArgs,
     ntok: usize,
     q: u64,
@@ -312,20 +342,16 @@ pub fn launch_ternary_gemm(
     accumulate: bool,
 ) -> Result<()> {
     if gpu.compute_capability.0 < 8 {
-        return Err(Error::Unsupported(
-            "CUDA: the prefill GEMM needs int8 tensor cores (compute capability 8.0+)".into(),
-        ));
+        return Err(Error::Unsupported(format!(
+            "CUDA: {} needs int8 tensor cores (compute capability 8.0+)",
+            k.what
+        )));
     }
-    let kernel = if m.f16 {
-        "ternary_gemm_f16"
-    } else {
-        "ternary_gemm_f32"
-    };
     gpu.launch(
-        kernel,
+        if m.f16 { k.f16 } else { k.f32 },
         (
-            ntok.div_ceil(GEMM_TOKS) as u32,
-            m.rows.div_ceil(GEMM_ROWS) as u32,
+            ntok.div_ceil(k.tile_toks) as u32,
+            m.rows.div_ceil(k.tile_rows) as u32,
         ),
         256,
         &[
@@ -340,6 +366,19 @@ pub fn launch_ternary_gemm(
             Arg::I32(accumulate as i32),
         ],
     )
+}
+
+/// The prefill GEMM for `ntok` tokens (see [`launch_int8_gemm`]).
+pub fn launch_ternary_gemm(
+    gpu: &Gpu,
+    m: &TernaryArgs,
+    ntok: usize,
+    q: u64,
+    meta: u64,
+    y: u64,
+    accumulate: bool,
+) -> Result<()> {
+    launch_int8_gemm(gpu, &PREFILL_GEMM, m, ntok, q, meta, y, accumulate)
 }
 
 /// Runs one prefill GEMM on the GPU for `q.len() / m.cols` tokens; returns `rows` values per
