@@ -17,24 +17,7 @@
 #define SG_TOKS 32
 #define SG_WARPS 8
 
-// Own copies of the three helpers (same arithmetic as the prefill GEMM's), so this kernel does
-// not change when the prefill or GEMV kernels are reworked.
-__device__ __forceinline__ void sg_mma(int (&c)[4], unsigned a0, unsigned a1, unsigned a2,
-                                       unsigned a3, unsigned b0, unsigned b1) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-}
-
-// Bytes of the codes of 4 columns for lane quarter t (see the 2-bit layout in gemv.cu).
-__device__ __forceinline__ unsigned sg_codes(unsigned w, int t) { return (w >> (2 * t)) & 0x03030303u; }
-
-__device__ __forceinline__ float sg_scale(const half_bits* s, size_t i) { return h2f(__ldg(s + i)); }
-__device__ __forceinline__ float sg_scale(const float* s, size_t i) { return __ldg(s + i); }
+// mma_u8s8 and codes4 come from prefill.cu, load_scale from gemv.cu (compiled before this file).
 
 template <typename S>
 __device__ __forceinline__ void small_gemm(const uint4* __restrict__ codes,
@@ -69,7 +52,7 @@ __device__ __forceinline__ void small_gemm(const uint4* __restrict__ codes,
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             w[i] = __ldg(codes + (size_t)wr[i] * nb + b);
-            sc[i] = sg_scale(scales, (size_t)wr[i] * nb + b);
+            sc[i] = load_scale(scales, (size_t)wr[i] * nb + b);
         }
     };
     int b = warp;
@@ -82,14 +65,14 @@ __device__ __forceinline__ void small_gemm(const uint4* __restrict__ codes,
 #pragma unroll
         for (int mi = 0; mi < 2; mi++) {
             const uint4 w0 = w[2 * mi], w8 = w[2 * mi + 1];
-            af[mi][0][0] = sg_codes(w0.x, t);
-            af[mi][0][1] = sg_codes(w8.x, t);
-            af[mi][0][2] = sg_codes(w0.y, t);
-            af[mi][0][3] = sg_codes(w8.y, t);
-            af[mi][1][0] = sg_codes(w0.z, t);
-            af[mi][1][1] = sg_codes(w8.z, t);
-            af[mi][1][2] = sg_codes(w0.w, t);
-            af[mi][1][3] = sg_codes(w8.w, t);
+            af[mi][0][0] = codes4(w0.x, t);
+            af[mi][0][1] = codes4(w8.x, t);
+            af[mi][0][2] = codes4(w0.y, t);
+            af[mi][0][3] = codes4(w8.y, t);
+            af[mi][1][0] = codes4(w0.z, t);
+            af[mi][1][1] = codes4(w8.z, t);
+            af[mi][1][2] = codes4(w0.w, t);
+            af[mi][1][3] = codes4(w8.w, t);
             sr[mi][0] = sc[2 * mi];
             sr[mi][1] = sc[2 * mi + 1];
         }
@@ -108,8 +91,8 @@ __device__ __forceinline__ void small_gemm(const uint4* __restrict__ codes,
 #pragma unroll
             for (int mi = 0; mi < 2; mi++) {
                 int c[4] = {0, 0, 0, 0};
-                sg_mma(c, af[mi][0][0], af[mi][0][1], af[mi][0][2], af[mi][0][3], b00, b01);
-                sg_mma(c, af[mi][1][0], af[mi][1][1], af[mi][1][2], af[mi][1][3], b10, b11);
+                mma_u8s8(c, af[mi][0][0], af[mi][0][1], af[mi][0][2], af[mi][0][3], b00, b01);
+                mma_u8s8(c, af[mi][1][0], af[mi][1][1], af[mi][1][2], af[mi][1][3], b10, b11);
                 acc[mi][ni][0] += sr[mi][0] * (m0.x * (float)c[0] - m0.y);
                 acc[mi][ni][1] += sr[mi][0] * (m1.x * (float)c[1] - m1.y);
                 acc[mi][ni][2] += sr[mi][1] * (m0.x * (float)c[2] - m0.y);
