@@ -16,6 +16,7 @@ use trit::{Error, Result};
 pub const SOURCES: &[(&str, &str)] = &[
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("gemv.cu", include_str!("kernels/gemv.cu")),
+    ("gemv_stream.cu", include_str!("kernels/gemv_stream.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("prefill.cu", include_str!("kernels/prefill.cu")),
@@ -89,6 +90,42 @@ pub const KERNELS: &[&str] = &[
     "ternary_gemv_fused_r8_s1_f32",
     "ternary_gemv_fused_r8_s2_f32",
     "ternary_gemv_fused_r8_s4_f32",
+    "ternary_gemv_stream_r2_t4_s1_f16",
+    "ternary_gemv_stream_r2_t4_s2_f16",
+    "ternary_gemv_stream_r2_t4_s4_f16",
+    "ternary_gemv_stream_r2_t8_s1_f16",
+    "ternary_gemv_stream_r2_t8_s2_f16",
+    "ternary_gemv_stream_r2_t8_s4_f16",
+    "ternary_gemv_stream_r4_t4_s1_f16",
+    "ternary_gemv_stream_r4_t4_s2_f16",
+    "ternary_gemv_stream_r4_t4_s4_f16",
+    "ternary_gemv_stream_r4_t8_s1_f16",
+    "ternary_gemv_stream_r4_t8_s2_f16",
+    "ternary_gemv_stream_r4_t8_s4_f16",
+    "ternary_gemv_stream_r8_t4_s1_f16",
+    "ternary_gemv_stream_r8_t4_s2_f16",
+    "ternary_gemv_stream_r8_t4_s4_f16",
+    "ternary_gemv_stream_r8_t8_s1_f16",
+    "ternary_gemv_stream_r8_t8_s2_f16",
+    "ternary_gemv_stream_r8_t8_s4_f16",
+    "ternary_gemv_stream_r2_t4_s1_f32",
+    "ternary_gemv_stream_r2_t4_s2_f32",
+    "ternary_gemv_stream_r2_t4_s4_f32",
+    "ternary_gemv_stream_r2_t8_s1_f32",
+    "ternary_gemv_stream_r2_t8_s2_f32",
+    "ternary_gemv_stream_r2_t8_s4_f32",
+    "ternary_gemv_stream_r4_t4_s1_f32",
+    "ternary_gemv_stream_r4_t4_s2_f32",
+    "ternary_gemv_stream_r4_t4_s4_f32",
+    "ternary_gemv_stream_r4_t8_s1_f32",
+    "ternary_gemv_stream_r4_t8_s2_f32",
+    "ternary_gemv_stream_r4_t8_s4_f32",
+    "ternary_gemv_stream_r8_t4_s1_f32",
+    "ternary_gemv_stream_r8_t4_s2_f32",
+    "ternary_gemv_stream_r8_t4_s4_f32",
+    "ternary_gemv_stream_r8_t8_s1_f32",
+    "ternary_gemv_stream_r8_t8_s2_f32",
+    "ternary_gemv_stream_r8_t8_s4_f32",
     "attn_decode_e1",
     "attn_decode_e2",
     "attn_decode_e3",
@@ -113,6 +150,12 @@ pub const KERNELS: &[&str] = &[
     "hybrid_attn_prep",
     "hybrid_attn_decode",
 ];
+
+/// Kernels (name prefixes) that take dynamic shared memory beyond the default 48 KB.
+const DYNAMIC_SMEM_KERNELS: &[&str] = &["ternary_gemv_stream_"];
+/// Bytes of the opt-in shared memory left for those kernels' static arrays (the streaming
+/// GEMV's are at most 1,152: its scratch and the split reduction of 32 warps × 8 rows).
+const STATIC_SMEM_ROOM: usize = 4096;
 
 /// The program text NVRTC compiles.
 pub fn program_source() -> String {
@@ -212,6 +255,9 @@ pub struct Gpu {
     pub compute_capability: (i32, i32),
     /// Launch with programmatic dependent launch (sm_90+, unless TRIT_CUDA_PDL=0).
     pub pdl: bool,
+    /// Most dynamic shared memory one block may use (the opt-in limit; set on the kernels
+    /// that take dynamic shared memory).
+    pub max_dyn_smem: usize,
     funcs: HashMap<&'static str, CudaFunction>,
 }
 
@@ -253,11 +299,24 @@ impl Gpu {
         let module = ctx
             .load_module(Ptx::from_src(ptx))
             .map_err(|e| cuda_err("loading the kernel module", e))?;
+        let max_dyn_smem = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(|e| cuda_err("reading the shared memory limit", e))?;
         let mut funcs = HashMap::new();
         for name in KERNELS.iter() {
             let f = module
                 .load_function(name)
                 .map_err(|e| cuda_err(&format!("finding kernel {name}"), e))?;
+            if DYNAMIC_SMEM_KERNELS.iter().any(|p| name.starts_with(p)) {
+                // Room for the kernel's static shared memory next to the dynamic part.
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    max_dyn_smem - STATIC_SMEM_ROOM as i32,
+                )
+                .map_err(|e| cuda_err(&format!("allowing shared memory for {name}"), e))?;
+            }
             funcs.insert(*name, f);
         }
         let pdl = major >= 9 && std::env::var("TRIT_CUDA_PDL").map_or(true, |v| v != "0");
@@ -268,6 +327,7 @@ impl Gpu {
             sm_count,
             compute_capability: (major, minor),
             pdl,
+            max_dyn_smem: (max_dyn_smem - STATIC_SMEM_ROOM as i32).max(0) as usize,
             funcs,
         })
     }
@@ -275,11 +335,16 @@ impl Gpu {
     /// Blocks of `threads` threads of `kernel` that fit on one multiprocessor at once (sizes
     /// the persistent GEMV grid so every block is resident).
     pub fn resident_blocks(&self, kernel: &str, threads: u32) -> Result<u32> {
+        self.resident_blocks_smem(kernel, threads, 0)
+    }
+
+    /// [`resident_blocks`](Self::resident_blocks) with `smem` bytes of dynamic shared memory.
+    pub fn resident_blocks_smem(&self, kernel: &str, threads: u32, smem: usize) -> Result<u32> {
         let f = self
             .funcs
             .get(kernel)
             .ok_or_else(|| Error::Unsupported(format!("CUDA: no kernel named {kernel}")))?;
-        f.occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
+        f.occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
             .map_err(|e| cuda_err("reading kernel occupancy", e))
             .map(|n| n.max(1))
     }
@@ -287,12 +352,25 @@ impl Gpu {
     /// Launches `kernel` on the stream; the launch's own error is returned (asynchronous
     /// faults surface at the next synchronize, which every caller checks).
     pub fn launch(&self, kernel: &str, grid: (u32, u32), block: u32, args: &[Arg]) -> Result<()> {
+        self.launch_smem(kernel, grid, block, 0, args)
+    }
+
+    /// [`launch`](Self::launch) with `smem` bytes of dynamic shared memory (kernels listed in
+    /// `DYNAMIC_SMEM_KERNELS` may take up to `max_dyn_smem`).
+    pub fn launch_smem(
+        &self,
+        kernel: &str,
+        grid: (u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<()> {
         let f = self
             .funcs
             .get(kernel)
             .ok_or_else(|| Error::Unsupported(format!("CUDA: no kernel named {kernel}")))?;
         if self.pdl {
-            return self.launch_pdl(kernel, f, grid, block, args);
+            return self.launch_pdl(kernel, f, grid, block, smem, args);
         }
         let mut b = self.stream.launch_builder(f);
         for a in args {
@@ -305,7 +383,7 @@ impl Gpu {
         let cfg = LaunchConfig {
             grid_dim: (grid.0.max(1), grid.1.max(1), 1),
             block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: smem,
         };
         // SAFETY: the argument lists are written against the kernel signatures in
         // kernels/*.cu, and every pointer is a live allocation of the sizes those kernels index.
@@ -322,6 +400,7 @@ impl Gpu {
         f: &CudaFunction,
         grid: (u32, u32),
         block: u32,
+        smem: u32,
         args: &[Arg],
     ) -> Result<()> {
         use cudarc::driver::sys;
@@ -350,7 +429,7 @@ impl Gpu {
             blockDimX: block,
             blockDimY: 1,
             blockDimZ: 1,
-            sharedMemBytes: 0,
+            sharedMemBytes: smem,
             hStream: self.stream.cu_stream(),
             attrs: &mut attr,
             numAttrs: 1,

@@ -177,7 +177,9 @@ pub fn fused_fits(m: &TernaryArgs, glu: bool) -> bool {
         && (!glu || m.rows.is_multiple_of(2))
 }
 
-/// `y (+)= W·x`, or SwiGLU of gate‖up, with the input prepared in the kernel's prologue.
+/// `y (+)= W·x`, or SwiGLU of gate‖up, with the input prepared in the kernel's prologue: the
+/// streaming kernel where it can run (see [`StreamConfig::get`]), else the register-pipelined
+/// one.
 pub fn launch_ternary_fused(
     gpu: &Gpu,
     m: &TernaryArgs,
@@ -185,11 +187,29 @@ pub fn launch_ternary_fused(
     y: u64,
     o: FusedOpts,
 ) -> Result<()> {
+    launch_ternary_fused_with(gpu, m, input, y, o, StreamConfig::get())
+}
+
+/// [`launch_ternary_fused`] with the streaming kernel's shape given (`None`: the
+/// register-pipelined kernel).
+pub fn launch_ternary_fused_with(
+    gpu: &Gpu,
+    m: &TernaryArgs,
+    input: FusedInput,
+    y: u64,
+    o: FusedOpts,
+    stream: Option<StreamConfig>,
+) -> Result<()> {
     if !fused_fits(m, o.glu) || ![2, 4, 8].contains(&o.r) {
         return Err(Error::InvalidArgument(format!(
             "fused GEMV: {} × {} matrix (glu {}) with {} rows per warp is not supported",
             m.rows, m.cols, o.glu, o.r
         )));
+    }
+    if let Some(cfg) = stream {
+        if let Some(shape) = stream_plan(gpu, m, o.r, o.glu, &cfg) {
+            return launch_stream(gpu, m, input, y, o, &cfg, shape);
+        }
     }
     let steps = (m.cols / 64).div_ceil(32);
     let split = [4, 2]
@@ -220,6 +240,204 @@ pub fn launch_ternary_fused(
             Arg::Ptr(m.scales),
             Arg::I32(m.rows as i32),
             Arg::I32((m.cols / 64) as i32),
+            Arg::I32(mode),
+            Arg::Ptr(x),
+            Arg::Ptr(gamma),
+            Arg::F32(eps),
+            Arg::Ptr(q),
+            Arg::Ptr(meta),
+            Arg::Ptr(y),
+            Arg::I32((o.accumulate && !o.glu) as i32),
+            Arg::I32(o.glu as i32),
+        ],
+    )
+}
+
+/// Shape of the streaming GEMV (`kernels/gemv_stream.cu`): warps per block, shared-memory
+/// slots per warp, warps that share a row group, and blocks per multiprocessor. `warps` or
+/// `split` 0: chosen per matrix by [`stream_shape`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StreamConfig {
+    pub warps: u32,
+    pub stages: u32,
+    pub split: u32,
+    pub blocks_per_sm: u32,
+}
+
+impl StreamConfig {
+    /// Per-matrix shapes with 4 slots per warp and one block per multiprocessor. 8B tg128
+    /// on an H200 (same run, one fixed shape for every matrix): 669 tok/s with 16 warps × 4
+    /// stages, 634 with 8 × 4 and two blocks per multiprocessor, 600 with 8 × 8, 508 with
+    /// 8 × 4; the register-pipelined kernel 596.
+    pub const DEFAULT: StreamConfig = StreamConfig {
+        warps: 0,
+        stages: 4,
+        split: 0,
+        blocks_per_sm: 1,
+    };
+
+    /// `TRIT_CUDA_STREAM`: unset → the default, `0` → off (the register-pipelined fused
+    /// kernel), or `warps,stages[,blocks_per_sm[,split]]` (warps or split 0: per matrix).
+    /// Read once per process.
+    pub fn get() -> Option<StreamConfig> {
+        static CFG: std::sync::OnceLock<Option<StreamConfig>> = std::sync::OnceLock::new();
+        *CFG.get_or_init(|| match std::env::var("TRIT_CUDA_STREAM") {
+            Err(_) => Some(StreamConfig::DEFAULT),
+            Ok(v) => StreamConfig::parse(&v),
+        })
+    }
+
+    /// Parses the variable's value; anything malformed keeps the default.
+    pub fn parse(v: &str) -> Option<StreamConfig> {
+        if v.trim() == "0" {
+            return None;
+        }
+        let n: Vec<u32> = v.split(',').filter_map(|p| p.trim().parse().ok()).collect();
+        if !(2..=4).contains(&n.len()) {
+            return Some(StreamConfig::DEFAULT);
+        }
+        let c = StreamConfig {
+            warps: n[0],
+            stages: n[1],
+            blocks_per_sm: n.get(2).copied().unwrap_or(1),
+            split: n.get(3).copied().unwrap_or(0),
+        };
+        let ok = c.warps <= 32
+            && [4, 8].contains(&c.stages)
+            && (1..=4).contains(&c.blocks_per_sm)
+            && [0, 1, 2, 4].contains(&c.split);
+        Some(if ok { c } else { StreamConfig::DEFAULT })
+    }
+}
+
+/// Dynamic shared memory of one streaming-GEMV block (the layout in gemv_stream.cu: the
+/// int8 input and its block scales, then per warp `stages` slots of `r` rows' codes and scale
+/// words).
+pub fn stream_smem_bytes(nb: usize, r: usize, warps: u32, stages: u32) -> usize {
+    let slot = r * 32 * 16 + r * 32 * 4;
+    nb * 64 + nb.div_ceil(2) * 16 + (warps * stages) as usize * slot
+}
+
+/// One launch of the streaming GEMV: warps per block, warps per row group, blocks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StreamShape {
+    pub warps: u32,
+    pub split: u32,
+    pub blocks: u32,
+}
+
+/// The launch shape for a matrix of `groups` row groups and `steps` lane-steps per row on
+/// `sms` multiprocessors: among the allowed warps and splits whose shared memory fits, those
+/// that keep at least 90 % of the multiprocessors busy, then the fewest items for the busiest
+/// warp (its chain of memory round trips sets the time), then the smaller split (fewer
+/// barriers), then more warps.
+pub fn stream_shape(
+    groups: usize,
+    steps: usize,
+    sms: u32,
+    cfg: &StreamConfig,
+    fits: impl Fn(u32) -> bool,
+) -> Option<StreamShape> {
+    let warp_options: Vec<u32> = if cfg.warps > 0 {
+        vec![cfg.warps]
+    } else {
+        vec![4, 8, 12, 16]
+    };
+    let split_options: Vec<u32> = if cfg.split > 0 {
+        vec![cfg.split]
+    } else {
+        vec![1, 2, 4]
+    };
+    let slots = sms * cfg.blocks_per_sm;
+    let mut best: Option<(bool, usize, u32, u32, StreamShape)> = None;
+    for &warps in &warp_options {
+        for &split in &split_options {
+            let teams = warps / split;
+            if teams == 0
+                || warps % split != 0
+                || (split > 1 && teams > 15)
+                || split as usize > steps.max(1)
+                || !fits(warps)
+            {
+                continue;
+            }
+            let blocks = (groups.div_ceil(teams as usize) as u32).min(slots).max(1);
+            let all_teams = blocks as usize * teams as usize;
+            let items = groups.div_ceil(all_teams) * steps.div_ceil(split as usize);
+            let busy = blocks * 10 >= slots * 9;
+            let shape = StreamShape {
+                warps,
+                split,
+                blocks,
+            };
+            // Ordered: busy first, then fewer items, smaller split, more warps.
+            let key = (busy, usize::MAX - items, u32::MAX - split, warps, shape);
+            let better = match &best {
+                None => true,
+                Some(b) => (key.0, key.1, key.2, key.3) > (b.0, b.1, b.2, b.3),
+            };
+            if better {
+                best = Some(key);
+            }
+        }
+    }
+    best.map(|b| b.4)
+}
+
+/// The streaming GEMV's launch shape for `m` where it can run it: cp.async (sm_80+), aligned
+/// buffers, and a block's shared memory within the limit.
+fn stream_plan(
+    gpu: &Gpu,
+    m: &TernaryArgs,
+    r: usize,
+    glu: bool,
+    cfg: &StreamConfig,
+) -> Option<StreamShape> {
+    if gpu.compute_capability.0 < 8 || !m.codes.is_multiple_of(16) || !m.scales.is_multiple_of(4) {
+        return None;
+    }
+    let nb = m.cols / 64;
+    let groups = if glu {
+        (m.rows / 2).div_ceil(r / 2)
+    } else {
+        m.rows.div_ceil(r)
+    };
+    stream_shape(groups, nb.div_ceil(32), gpu.sm_count, cfg, |w| {
+        stream_smem_bytes(nb, r, w, cfg.stages) <= gpu.max_dyn_smem
+    })
+}
+
+fn launch_stream(
+    gpu: &Gpu,
+    m: &TernaryArgs,
+    input: FusedInput,
+    y: u64,
+    o: FusedOpts,
+    cfg: &StreamConfig,
+    shape: StreamShape,
+) -> Result<()> {
+    let kind = if m.f16 { "f16" } else { "f32" };
+    let kernel = kernel_name(&format!(
+        "ternary_gemv_stream_r{}_t{}_s{}_{kind}",
+        o.r, cfg.stages, shape.split
+    ))?;
+    let nb = m.cols / 64;
+    let smem = stream_smem_bytes(nb, o.r, shape.warps, cfg.stages);
+    let (mode, x, gamma, eps, q, meta) = match input {
+        FusedInput::Q { q, meta } => (0, 0, 0, 0.0, q, meta),
+        FusedInput::F32 { x } => (1, x, 0, 0.0, 0, 0),
+        FusedInput::Norm { x, gamma, eps } => (2, x, gamma, eps, 0, 0),
+    };
+    gpu.launch_smem(
+        kernel,
+        (shape.blocks, 1),
+        32 * shape.warps,
+        smem as u32,
+        &[
+            Arg::Ptr(m.codes),
+            Arg::Ptr(m.scales),
+            Arg::I32(m.rows as i32),
+            Arg::I32(nb as i32),
             Arg::I32(mode),
             Arg::Ptr(x),
             Arg::Ptr(gamma),
@@ -271,9 +489,9 @@ pub fn ternary_gemv_once(
     c.result(gpu, "GEMV")
 }
 
-/// Runs the fused GEMV once on int8 activations `q` (per-64 `(d, d·Σq)` in `meta`): `W·x`,
-/// or with `glu` the SwiGLU of `m`'s first `rows / 2` and last `rows / 2` rows. The GPU tests
-/// compare it with `repack::gemv_reference`.
+/// Runs the register-pipelined fused GEMV once on int8 activations `q` (per-64 `(d, d·Σq)`
+/// in `meta`): `W·x`, or with `glu` the SwiGLU of `m`'s first `rows / 2` and last `rows / 2`
+/// rows. The GPU tests compare it with `repack::gemv_reference`.
 pub fn ternary_gemv_fused_once(
     gpu: &Gpu,
     m: &PackedTernary,
@@ -282,6 +500,34 @@ pub fn ternary_gemv_fused_once(
     r: usize,
     max_split: usize,
     glu: bool,
+) -> Result<Vec<f32>> {
+    fused_once(gpu, m, q, meta, r, max_split, glu, None)
+}
+
+/// [`ternary_gemv_fused_once`] through the streaming kernel of shape `cfg`; an error where it
+/// cannot run `m`.
+pub fn ternary_gemv_stream_once(
+    gpu: &Gpu,
+    m: &PackedTernary,
+    q: &[i8],
+    meta: &[(f32, f32)],
+    r: usize,
+    glu: bool,
+    cfg: StreamConfig,
+) -> Result<Vec<f32>> {
+    fused_once(gpu, m, q, meta, r, 1, glu, Some(cfg))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn fused_once(
+    gpu: &Gpu,
+    m: &PackedTernary,
+    q: &[i8],
+    meta: &[(f32, f32)],
+    r: usize,
+    max_split: usize,
+    glu: bool,
+    stream: Option<StreamConfig>,
 ) -> Result<Vec<f32>> {
     if q.len() != m.cols || meta.len() != m.blocks() {
         return Err(Error::InvalidArgument(
@@ -301,7 +547,16 @@ pub fn ternary_gemv_fused_once(
         accumulate: false,
         glu,
     };
-    launch_ternary_fused(gpu, &c.args(m, s), input, ptr(&c.y, s), opts)?;
+    let args = c.args(m, s);
+    if let Some(cfg) = &stream {
+        if stream_plan(gpu, &args, r, glu, cfg).is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "the streaming GEMV cannot run a {} × {} matrix with {cfg:?}",
+                m.rows, m.cols
+            )));
+        }
+    }
+    launch_ternary_fused_with(gpu, &args, input, ptr(&c.y, s), opts, stream)?;
     c.result(gpu, "fused GEMV")
 }
 
@@ -407,4 +662,65 @@ pub fn ternary_gemm_once(
         false,
     )?;
     c.result(gpu, "GEMM")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{stream_shape, StreamConfig, StreamShape};
+
+    fn shape(groups: usize, steps: usize) -> StreamShape {
+        stream_shape(groups, steps, 132, &StreamConfig::DEFAULT, |_| true).unwrap()
+    }
+
+    #[test]
+    fn stream_shapes_keep_the_multiprocessors_busy_with_the_fewest_items_per_warp() {
+        // 8B gate‖up (6,144 SwiGLU groups of R = 4, 2 lane-steps): 16 independent warps.
+        let s = shape(6144, 2);
+        assert_eq!((s.warps, s.split, s.blocks), (16, 1, 132));
+        // 8B down (1,024 groups, 6 lane-steps): pairs of warps per group fill 128 blocks.
+        let s = shape(1024, 6);
+        assert_eq!((s.warps, s.split, s.blocks), (16, 2, 128));
+        // 8B q‖k‖v (1,536 groups, 2 steps): 16 warps alone would leave 36 SMs idle.
+        let s = shape(1536, 2);
+        assert_eq!((s.warps, s.split, s.blocks), (12, 1, 128));
+        // One lane-step: no split; small matrices take small blocks to reach every SM.
+        let s = shape(1024, 1);
+        assert_eq!((s.warps, s.split, s.blocks), (8, 1, 128));
+        // A matrix too small to fill the GPU still gets one shape, of at least one block.
+        let s = shape(3, 1);
+        assert!(s.blocks >= 1 && s.split == 1);
+    }
+
+    #[test]
+    fn stream_shapes_respect_splits_barriers_and_shared_memory() {
+        for groups in [1, 7, 100, 1000, 40000] {
+            for steps in 1..=8 {
+                let s = shape(groups, steps);
+                assert!(s.split as usize <= steps, "{groups} {steps}: {s:?}");
+                assert!(s.split == 1 || s.warps / s.split <= 15);
+                assert!(s.blocks <= 132);
+            }
+        }
+        // Only 4 warps fit: the choice obeys; nothing fits: no shape.
+        let s = stream_shape(6144, 2, 132, &StreamConfig::DEFAULT, |w| w <= 4).unwrap();
+        assert_eq!(s.warps, 4);
+        assert!(stream_shape(6144, 2, 132, &StreamConfig::DEFAULT, |_| false).is_none());
+        // A forced shape is kept.
+        let forced = StreamConfig {
+            warps: 8,
+            split: 2,
+            ..StreamConfig::DEFAULT
+        };
+        let s = stream_shape(6144, 2, 132, &forced, |_| true).unwrap();
+        assert_eq!((s.warps, s.split), (8, 2));
+    }
+
+    #[test]
+    fn stream_config_parses_off_shapes_and_falls_back_on_garbage() {
+        assert_eq!(StreamConfig::parse("0"), None);
+        let c = StreamConfig::parse("16,8,2,4").unwrap();
+        assert_eq!((c.warps, c.stages, c.blocks_per_sm, c.split), (16, 8, 2, 4));
+        assert_eq!(StreamConfig::parse("16,5"), Some(StreamConfig::DEFAULT));
+        assert_eq!(StreamConfig::parse("x"), Some(StreamConfig::DEFAULT));
+    }
 }

@@ -201,6 +201,76 @@ fn gemv_kernel_matches_its_cpu_emulation_for_every_variant() {
     }
 }
 
+/// The streaming GEMV (weights staged in shared memory by cp.async) against the CPU emulation
+/// for every rows-per-warp and ring depth, with warp counts that leave groups unevenly spread
+/// and 1, 2 or 4 warps per row group (the last two with empty items past the row's end): 129
+/// blocks per row (a partial last lane-step), 37 rows (partial groups, and an odd
+/// scale count, so the last f16 scale pair is half past the end), f16 and f32 scales, plain
+/// and SwiGLU.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn streaming_gemv_matches_its_cpu_emulation() {
+    if gpu_missing() {
+        return;
+    }
+    use trit::quant::ternary::{encode_matrix, GgmlTernary};
+    use trit::quant::GgmlType;
+    use trit_cuda::gemv::{stream_smem_bytes, ternary_gemv_stream_once, StreamConfig};
+    use trit_cuda::repack::{gemv_reference, pack, quantize_activations, PackedScales};
+    let gpu = trit_cuda::device::Gpu::open(0).unwrap();
+    let cols = 8256;
+    let x: Vec<f32> = prompt(cols, 20001, 9)
+        .iter()
+        .map(|&v| v as f32 / 10000.0 - 1.0)
+        .collect();
+    let (q, meta) = quantize_activations(&x);
+    for (rows, glu) in [(37, false), (74, true)] {
+        let codes: Vec<u8> = prompt(rows * cols, 3, 27)
+            .iter()
+            .map(|&c| c as u8)
+            .collect();
+        let scales: Vec<f32> = prompt(rows * cols / 64, 1000, 28)
+            .iter()
+            .map(|&v| half::f16::from_f32(0.01 + v as f32 * 1e-4).to_f32())
+            .collect();
+        let bytes = encode_matrix(GgmlType::Q2_0, rows, cols, &codes, &scales).unwrap();
+        let f16 = pack(&[&GgmlTernary::new(GgmlType::Q2_0, &bytes, rows, cols).unwrap()]).unwrap();
+        assert!(matches!(f16.scales, PackedScales::F16(_)));
+        // The same codes with scales an f16 cannot hold.
+        let mut f32 = f16.clone();
+        f32.scales = PackedScales::F32(scales.iter().map(|s| s * 1.000_123).collect());
+        for m in [&f16, &f32] {
+            let both = gemv_reference(m, &q, &meta);
+            let want: Vec<f32> = if glu {
+                (0..rows / 2)
+                    .map(|i| both[i] / (1.0 + (-both[i]).exp()) * both[rows / 2 + i])
+                    .collect()
+            } else {
+                both
+            };
+            for r in [2, 4, 8] {
+                for stages in [4, 8] {
+                    for (warps, split) in [(3, 1), (8, 1), (8, 2), (12, 4)] {
+                        let cfg = StreamConfig {
+                            warps,
+                            stages,
+                            split,
+                            blocks_per_sm: 1,
+                        };
+                        if stream_smem_bytes(cols / 64, r, warps, stages) > gpu.max_dyn_smem {
+                            continue;
+                        }
+                        let got =
+                            ternary_gemv_stream_once(&gpu, m, &q, &meta, r, glu, cfg).unwrap();
+                        let err = rel_err(&got, &want);
+                        assert!(err < 1e-5, "{cfg:?} R={r} glu={glu}: {err}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Prompts through the batched prefill (chunks of 512, attention tiles of 8 queries) against
 /// the CPU: one token (the decode path), a partial tile, whole tiles, and 600 tokens that cross
 /// the chunk boundary; llama (adjacent RoPE, no QK-norm) and the dense f16 path too.
@@ -405,7 +475,8 @@ fn prefill_attention_kernels_match_an_f64_reference() {
 
 /// Every way the decode step can run its matrices (all through the fused GEMV, none, and the
 /// default mix) against the CPU: a 40-token prompt, then decode steps across two attention
-/// splits, on qwen3 (QK-norm) and llama.
+/// splits of 32 positions (the merge through memory), on qwen3 (QK-norm) and llama; and the
+/// default with 128 positions per split (one block per head normalizes alone).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn fused_and_separate_decode_kernels_match_the_cpu() {
@@ -420,13 +491,15 @@ fn fused_and_separate_decode_kernels_match_the_cpu() {
         generate(&p, 4, &out, &[q2], &TokenizerAssets::Placeholder).unwrap();
         let path = out.join("model-q2_0.gguf");
         let default = CudaOptions::new(128).fused;
-        for (name, set) in [
-            ("all fused", FusedSet::ALL),
-            ("none fused", FusedSet::NONE),
-            ("default", default),
+        for (name, set, min_chunk) in [
+            ("all fused", FusedSet::ALL, 32),
+            ("none fused", FusedSet::NONE, 32),
+            ("default", default, 32),
+            ("default, one attention split", default, 128),
         ] {
             let mut opts = CudaOptions::new(128);
             opts.fused = set;
+            opts.att_min_chunk = min_chunk;
             let errs = compare_with(&path, &prompt(40, p.vocab, 3), 8, &opts);
             check(&format!("{preset} q2_0, {name}"), errs);
         }

@@ -66,6 +66,68 @@ __device__ void norm_rope(const float* src, const float* norm, float eps, const 
     __syncthreads();
 }
 
+// Rotation of pair element t of a head (NEOX halves or adjacent pairs) from the normalized
+// values in `src`.
+__device__ __forceinline__ float rope_at(const float* src, const float2* cs, int t, int hd,
+                                         int adjacent) {
+    int i, partner;
+    bool first;
+    if (adjacent) {
+        i = t / 2;
+        first = (t % 2) == 0;
+        partner = first ? t + 1 : t - 1;
+    } else {
+        const int half = hd / 2;
+        first = t < half;
+        i = first ? t : t - half;
+        partner = first ? t + half : t - half;
+    }
+    const float2 c = cs[i];
+    const float x0 = first ? src[t] : src[partner], x1 = first ? src[partner] : src[t];
+    return first ? x0 * c.x - x1 * c.y : x0 * c.y + x1 * c.x;
+}
+
+// norm_rope of the q head and, when `ksrc` is set, the k head in one pass: one block
+// reduction for both sums of squares and one rotation loop (the decode kernel's chain of
+// barriers and dependent loads is most of its time at short contexts).
+__device__ void norm_rope_qk(const float* qsrc, const float* ksrc, const float* q_norm,
+                             const float* k_norm, float eps, const float2* cs, int hd,
+                             int adjacent, float scale, float* qt, float* kt, float* qdst,
+                             float* kdst, float2* scratch2) {
+    float sq = 0.0f, sk = 0.0f;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        const float a = qsrc[i];
+        qt[i] = a;
+        sq += a * a;
+        if (ksrc != nullptr) {
+            const float b = ksrc[i];
+            kt[i] = b;
+            sk += b * b;
+        }
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    sq = warp_sum(sq);
+    sk = warp_sum(sk);
+    if (lane == 0) scratch2[warp] = make_float2(sq, sk);
+    __syncthreads();
+    const int nw = (blockDim.x + 31) >> 5;
+    float2 t = lane < nw ? scratch2[lane] : make_float2(0.0f, 0.0f);
+    t.x = warp_sum(t.x);
+    t.y = warp_sum(t.y);
+    const float inv_q = q_norm != nullptr ? 1.0f / sqrtf(t.x / (float)hd + eps) : 1.0f;
+    const float inv_k = k_norm != nullptr ? 1.0f / sqrtf(t.y / (float)hd + eps) : 1.0f;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        if (q_norm != nullptr) qt[i] *= inv_q * q_norm[i];
+        if (ksrc != nullptr && k_norm != nullptr) kt[i] *= inv_k * k_norm[i];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        qdst[i] = scale * rope_at(qt, cs, i, hd, adjacent);
+        if (ksrc != nullptr) kdst[i] = rope_at(kt, cs, i, hd, adjacent);
+    }
+    __syncthreads();
+}
+
 // Loads E consecutive f16 values (E·2 bytes, aligned to it when E is even) as floats.
 template <int E>
 __device__ __forceinline__ void load_halves(const half_bits* p, float* out) {
@@ -91,6 +153,21 @@ __device__ __forceinline__ void load_halves(const half_bits* p, float* out) {
     }
 }
 
+// Head h's output (`o`, in shared memory, each value written by the thread that stores it)
+// to `att`, and with `quant` its int8 blocks (a warp per 64 values).
+__device__ __forceinline__ void write_head(const float* o, int h, int hd, float* att, i8* q,
+                                           float2* meta, int quant) {
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) att[(size_t)h * hd + i] = o[i];
+    if (!quant) return;
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (warp < hd / QBLOCK) {
+        const size_t gb = (size_t)h * (hd / QBLOCK) + warp;
+        quant_block_warp(o[warp * QBLOCK + lane], o[warp * QBLOCK + lane + 32], q + gb * QBLOCK,
+                         meta + gb);
+    }
+}
+
 // E = head_dim / 32 values per lane. Each warp takes DEC_U consecutive positions at a time and
 // issues all their K and V loads before the first dot product, so a warp waits for memory
 // once per DEC_U positions, not once per position.
@@ -99,9 +176,10 @@ __device__ __forceinline__ void attn_decode_impl(
     const float* __restrict__ qkv, const float* q_norm, const float* k_norm, float eps,
     const float2* __restrict__ cos_sin, const int* step, int n_heads, int n_kv, int hd,
     int adjacent, half_bits* kc, half_bits* vc, int ctx, float scale, float* part_o,
-    float2* part_ml, unsigned* counters, float* att, i8* q, float2* meta, int quant) {
-    __shared__ float scratch[32];
-    __shared__ float tmp[MAX_HD];
+    float2* part_ml, unsigned* counters, float* att, i8* q, float2* meta, int quant,
+    int min_chunk) {
+    __shared__ float2 scratch2[32];
+    __shared__ float tmp[MAX_HD], ktmp[MAX_HD];
     __shared__ float qs[MAX_HD], kcur[MAX_HD], vcur[MAX_HD];
     __shared__ float sm_m[DEC_WARPS], sm_l[DEC_WARPS];
     __shared__ float sm_o[DEC_WARPS][MAX_HD];
@@ -110,8 +188,10 @@ __device__ __forceinline__ void attn_decode_impl(
     pdl_wait();
     const int h = blockIdx.x, s = blockIdx.y, n_splits = gridDim.y;
     const int pos = step[0], len = pos + 1;
-    // Positions per split: len spread over the grid's splits, a multiple of DEC_CHUNK.
-    const int chunk = ((len + n_splits - 1) / n_splits + DEC_CHUNK - 1) / DEC_CHUNK * DEC_CHUNK;
+    // Positions per split: len spread over the grid's splits, a multiple of DEC_CHUNK, and
+    // at least min_chunk (a short context in one block skips the merge through memory).
+    const int chunk = max(min_chunk,
+                          ((len + n_splits - 1) / n_splits + DEC_CHUNK - 1) / DEC_CHUNK * DEC_CHUNK);
     const int used = (len + chunk - 1) / chunk;
     if (s >= used) return;
     const int start = s * chunk, end = min(start + chunk, len);
@@ -119,11 +199,11 @@ __device__ __forceinline__ void attn_decode_impl(
     const float2* cs = cos_sin + (size_t)pos * (hd / 2);
     const size_t kv_row = (size_t)kvh * ctx * hd;
 
-    norm_rope(qkv + (size_t)h * hd, q_norm, eps, cs, hd, adjacent, scale, tmp, qs, scratch);
     const bool has_current = end == len;
+    norm_rope_qk(qkv + (size_t)h * hd,
+                 has_current ? qkv + (size_t)(n_heads + kvh) * hd : nullptr, q_norm, k_norm, eps,
+                 cs, hd, adjacent, scale, tmp, ktmp, qs, kcur, scratch2);
     if (has_current) {
-        norm_rope(qkv + (size_t)(n_heads + kvh) * hd, k_norm, eps, cs, hd, adjacent, 1.0f, tmp,
-                  kcur, scratch);
         const float* v = qkv + (size_t)(n_heads + n_kv + kvh) * hd;
         for (int i = threadIdx.x; i < hd; i += blockDim.x) vcur[i] = v[i];
         __syncthreads();
@@ -187,6 +267,20 @@ __device__ __forceinline__ void attn_decode_impl(
     __syncthreads();
     float M = -INFINITY;
     for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, sm_m[w]);
+    if (used == 1) {
+        // The whole context was this block's: normalize here.
+        float L = 0.0f;
+        for (int w = 0; w < DEC_WARPS; w++)
+            if (sm_m[w] > -INFINITY) L += sm_l[w] * expf(sm_m[w] - M);
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+            float o = 0.0f;
+            for (int w = 0; w < DEC_WARPS; w++)
+                if (sm_m[w] > -INFINITY) o += sm_o[w][i] * expf(sm_m[w] - M);
+            tmp[i] = o / L;
+        }
+        write_head(tmp, h, hd, att, q, meta, quant);
+        return;
+    }
     const size_t slot = (size_t)h * n_splits + s;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float o = 0.0f;
@@ -223,18 +317,10 @@ __device__ __forceinline__ void attn_decode_impl(
         float o = 0.0f;
         for (int t = 0; t < used; t++)
             o += __ldcg(&part_o[(first + t) * hd + i]) * expf(__ldcg(&part_ml[first + t].x) - MM);
-        o /= LL;
-        tmp[i] = o;
-        att[(size_t)h * hd + i] = o;
+        tmp[i] = o / LL;
     }
     if (threadIdx.x == 0) counters[h] = 0;
-    if (!quant) return;
-    __syncthreads();
-    if (warp < hd / QBLOCK) {
-        const size_t gb = (size_t)h * (hd / QBLOCK) + warp;
-        quant_block_warp(tmp[warp * QBLOCK + lane], tmp[warp * QBLOCK + lane + 32],
-                         q + gb * QBLOCK, meta + gb);
-    }
+    write_head(tmp, h, hd, att, q, meta, quant);
 }
 
 // attn_decode_e1 … e7 for head_dim 32 … 224; attn_decode for 256.
@@ -243,10 +329,10 @@ __device__ __forceinline__ void attn_decode_impl(
         const float* qkv, const float* q_norm, const float* k_norm, float eps,                  \
         const float2* cos_sin, const int* step, int n_heads, int n_kv, int hd, int adjacent,    \
         half_bits* kc, half_bits* vc, int ctx, float scale, float* part_o, float2* part_ml,     \
-        unsigned* counters, float* att, i8* q, float2* meta, int quant) {                       \
+        unsigned* counters, float* att, i8* q, float2* meta, int quant, int min_chunk) {        \
         attn_decode_impl<E>(qkv, q_norm, k_norm, eps, cos_sin, step, n_heads, n_kv, hd,        \
                             adjacent, kc, vc, ctx, scale, part_o, part_ml, counters, att, q,   \
-                            meta, quant);                                                      \
+                            meta, quant, min_chunk);                                           \
     }
 ATTN_DECODE(attn_decode_e1, 1)
 ATTN_DECODE(attn_decode_e2, 2)

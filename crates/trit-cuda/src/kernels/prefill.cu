@@ -42,23 +42,7 @@ __device__ __forceinline__ void mma_u8s8(int (&c)[4], unsigned a0, unsigned a1, 
 
 __device__ __forceinline__ unsigned codes4(unsigned w, int t) { return (w >> (2 * t)) & 0x03030303u; }
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src));
-}
-__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_addr(dst)), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::); }
-// All but the newest `N` committed groups have landed.
-template <int N>
-__device__ __forceinline__ void cp_async_wait_group() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
-
+// (cp.async helpers: common.cuh.)
 template <typename S, int KS, int STAGES>
 __device__ __forceinline__ void ternary_gemm(const uint4* __restrict__ codes,
                                               const S* __restrict__ scales, int rows, int nb,

@@ -1,0 +1,200 @@
+// The streaming decode GEMV: the fused GEMV (gemv.cu: input prologue, SwiGLU epilogue) with
+// its weights staged through shared memory by cp.async instead of registers.
+//
+// Why: a decode GEMV gives each warp only 2–13 items (an item: R rows × 32 blocks of 64
+// columns, 16 bytes of codes per row and lane), and the register-pipelined kernels keep at
+// most two of them in flight, so a warp waits about one memory round trip per item or two,
+// and a block asks for nothing until its last register slot frees. Here each warp owns a ring
+// of ST shared-memory slots of one item each (codes and scales); ST − 1 items are requested
+// before griddepcontrol.wait (weights never depend on the previous kernel, so they load while
+// it finishes), then one more per item computed. In flight per block: ST − 1 items per warp,
+// holding no registers.
+//
+// Teams of SPLIT warps take row groups: team t of the grid takes groups t, t + (all teams),
+// ..., and its warps share each group's lane-steps (long rows of a matrix with few groups are
+// read by several warps at once, so every multiprocessor gets work); their partial sums meet
+// in shared memory at the group's end. With SPLIT = 1 warps are independent. A lane reads only what it copied itself, so a slot needs no warp barrier:
+// the lane's cp.async.wait_group orders its own copies before its reads.
+//
+// Dynamic shared memory (host: stream_smem_bytes in gemv.rs):
+//   xs: 4·nb 16-byte chunks | ms: nb (d, d·Σq), padded to 16 bytes | ring: [warp][ST] slots.
+// Any row length works; the host checks 16-byte aligned codes and 4-byte aligned scales.
+
+// One slot: R·32 chunks of codes (lane l's 16 bytes of row i at chunk 32i + l), then R·32
+// 4-byte scale words (lane l's at word 32i + l: an f32 scale, or the aligned pair of f16
+// scales that holds it).
+template <int R>
+struct StreamSlot {
+    static constexpr int CODE_CHUNKS = R * 32;
+    static constexpr int CHUNKS = CODE_CHUNKS + R * 32 * 4 / 16;
+};
+
+__device__ __forceinline__ void cp_async4_zfill(void* dst, const void* src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(bytes)
+                 : "memory");
+}
+
+// The 4-byte scale word holding scale `at` of `total`.
+__device__ __forceinline__ void issue_scale(unsigned* dst, const half_bits* s, size_t at,
+                                            size_t total, bool in) {
+    const size_t pair = at & ~(size_t)1;
+    cp_async4_zfill(dst, s + pair, in ? (pair + 1 < total ? 4 : 2) : 0);
+}
+__device__ __forceinline__ void issue_scale(unsigned* dst, const float* s, size_t at, size_t,
+                                            bool in) {
+    cp_async4_zfill(dst, s + at, in ? 4 : 0);
+}
+__device__ __forceinline__ float slot_scale(const unsigned* w, const half_bits*, size_t at) {
+    return h2f((half_bits)((at & 1) ? (*w >> 16) : (*w & 0xffffu)));
+}
+__device__ __forceinline__ float slot_scale(const unsigned* w, const float*, size_t) {
+    return __uint_as_float(*w);
+}
+
+// Requests item (group g, lane-step k) into `slot`; each lane copies only what it will read
+// itself (its 16 bytes of codes and its scale word per row), so no lane waits for another.
+// Blocks past the row's end are zero-filled and not computed.
+template <int R, typename S>
+__device__ __forceinline__ void stream_issue(uint4* slot, const uint4* __restrict__ codes,
+                                             const S* __restrict__ scales, int rows, int half,
+                                             int glu, int nb, int g, int k, int lane) {
+    const int b = 32 * k + lane;
+    const bool in = b < nb;
+    unsigned* sc = (unsigned*)(slot + StreamSlot<R>::CODE_CHUNKS);
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        const size_t at = fg_row<R>(g, i, rows, half, glu) * nb + min(b, nb - 1);
+        cp_async16_zfill(slot + i * 32 + lane, codes + at, in ? 16 : 0);
+        issue_scale(sc + i * 32 + lane, scales, at, (size_t)rows * nb, in);
+    }
+}
+
+template <int R, int ST, int SPLIT, typename S>
+__device__ __forceinline__ void ternary_gemv_stream(
+    const uint4* __restrict__ codes, const S* __restrict__ scales, int rows, int nb, int mode,
+    const float* __restrict__ x, const float* __restrict__ gamma, float eps,
+    const uint4* __restrict__ q, const float2* __restrict__ meta, float* __restrict__ y,
+    int accumulate, int glu) {
+    extern __shared__ uint4 dyn[];
+    __shared__ float scratch[32];
+    __shared__ float red[SPLIT > 1 ? 32 : 1][R];
+    uint4* xs = dyn;
+    float2* ms = (float2*)(dyn + 4 * nb);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int team = warp / SPLIT, sub = warp % SPLIT, teams = warps / SPLIT;
+    uint4* ring = dyn + 4 * nb + (nb + 1) / 2 + warp * ST * StreamSlot<R>::CHUNKS;
+    const int half = rows / 2;
+    const int groups = glu ? (half + R / 2 - 1) / (R / 2) : (rows + R - 1) / R;
+    // Lane-steps of a group per warp of the team (warp `sub` takes steps sub, sub + SPLIT,
+    // ...; a step past the row's end is an empty item, so all warps of a team agree).
+    const int per = ((nb + 31) / 32 + SPLIT - 1) / SPLIT;
+    const int stride = gridDim.x * teams;
+    const int g0 = blockIdx.x * teams + team;
+    const int mine = g0 < groups ? ((groups - 1 - g0) / stride + 1) * per : 0;
+    pdl_launch_dependents();
+    // (gi, ji): the next item to request; every round commits one group, empty or not, so
+    // "all but the newest ST − 1 groups have landed" always means "the current item has".
+    int gi = g0, ji = 0;
+#pragma unroll
+    for (int n = 0; n < ST - 1; n++) {
+        if (n < mine) {
+            stream_issue<R, S>(ring + n * StreamSlot<R>::CHUNKS, codes, scales, rows, half,
+                               glu, nb, gi, sub + SPLIT * ji, lane);
+            if (++ji == per) {
+                ji = 0;
+                gi += stride;
+            }
+        }
+        cp_async_commit();
+    }
+    pdl_wait();
+    fg_prologue(mode, nb, x, gamma, eps, q, meta, xs, ms, scratch);
+    __syncthreads();
+    float acc[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) acc[i] = 0.0f;
+    int g = g0, j = 0;
+    for (int n = 0; n < mine; n++) {
+        if (n + ST - 1 < mine) {
+            stream_issue<R, S>(ring + ((n + ST - 1) % ST) * StreamSlot<R>::CHUNKS, codes,
+                               scales, rows, half, glu, nb, gi, sub + SPLIT * ji, lane);
+            if (++ji == per) {
+                ji = 0;
+                gi += stride;
+            }
+        }
+        cp_async_commit();
+        cp_async_wait_group<ST - 1>();
+        const uint4* slot = ring + (n % ST) * StreamSlot<R>::CHUNKS;
+        const unsigned* sc = (const unsigned*)(slot + StreamSlot<R>::CODE_CHUNKS);
+        const int b = 32 * (sub + SPLIT * j) + lane;
+        if (b < nb) {
+            int d[R];
+#pragma unroll
+            for (int i = 0; i < R; i++) d[i] = 0;
+            uint4 w[R];
+#pragma unroll
+            for (int i = 0; i < R; i++) w[i] = slot[i * 32 + lane];
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const uint4 a = xs[fg_chunk(b, c)];
+#pragma unroll
+                for (int i = 0; i < R; i++) d[i] = dot_block_word(word_of(w[i], c), a, d[i]);
+            }
+            const float2 m = ms[b];
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                const size_t at = fg_row<R>(g, i, rows, half, glu) * nb + b;
+                acc[i] += slot_scale(sc + i * 32 + lane, scales, at) * (m.x * (float)d[i] - m.y);
+            }
+        }
+        if (++j == per) {
+            float v[R];
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                v[i] = warp_sum(acc[i]);
+                acc[i] = 0.0f;
+            }
+            if (SPLIT > 1) {
+                // The team's warps meet: sums in shared memory, read by all, in a fixed order.
+                if (lane == 0) {
+#pragma unroll
+                    for (int i = 0; i < R; i++) red[warp][i] = v[i];
+                }
+                team_barrier(team, SPLIT);
+#pragma unroll
+                for (int i = 0; i < R; i++) {
+                    float t = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < SPLIT; w++) t += red[team * SPLIT + w][i];
+                    v[i] = t;
+                }
+                team_barrier(team, SPLIT);
+            }
+            if (sub == 0) fg_store<R>(v, g, rows, half, glu, y, accumulate, lane);
+            j = 0;
+            g += stride;
+        }
+    }
+}
+
+#define TERNARY_GEMV_STREAM(R, ST, SPLIT, SN, S)                                                \
+    extern "C" __global__ void ternary_gemv_stream_r##R##_t##ST##_s##SPLIT##_##SN(               \
+        const uint4* codes, const S* scales, int rows, int nb, int mode, const float* x,         \
+        const float* gamma, float eps, const uint4* q, const float2* meta, float* y,             \
+        int accumulate, int glu) {                                                              \
+        ternary_gemv_stream<R, ST, SPLIT, S>(codes, scales, rows, nb, mode, x, gamma, eps, q,    \
+                                             meta, y, accumulate, glu);                         \
+    }
+#define TERNARY_GEMV_STREAM_SPLITS(R, ST, SN, S)                                 \
+    TERNARY_GEMV_STREAM(R, ST, 1, SN, S) TERNARY_GEMV_STREAM(R, ST, 2, SN, S) \
+        TERNARY_GEMV_STREAM(R, ST, 4, SN, S)
+#define TERNARY_GEMV_STREAM_ALL(R, SN, S) \
+    TERNARY_GEMV_STREAM_SPLITS(R, 4, SN, S) TERNARY_GEMV_STREAM_SPLITS(R, 8, SN, S)
+TERNARY_GEMV_STREAM_ALL(2, f16, half_bits)
+TERNARY_GEMV_STREAM_ALL(4, f16, half_bits)
+TERNARY_GEMV_STREAM_ALL(8, f16, half_bits)
+TERNARY_GEMV_STREAM_ALL(2, f32, float)
+TERNARY_GEMV_STREAM_ALL(4, f32, float)
+TERNARY_GEMV_STREAM_ALL(8, f32, float)
