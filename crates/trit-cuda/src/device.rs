@@ -27,6 +27,7 @@ pub const SOURCES: &[(&str, &str)] = &[
         "hybrid_attention.cu",
         include_str!("kernels/hybrid_attention.cu"),
     ),
+    ("hadamard.cu", include_str!("kernels/hadamard.cu")),
 ];
 
 /// Kernels the decode step and the batched prefill launch (all must exist in the compiled
@@ -112,6 +113,7 @@ pub const KERNELS: &[&str] = &[
     "deltanet_gated_norm",
     "hybrid_attn_prep",
     "hybrid_attn_decode",
+    "hadamard_quant",
 ];
 
 /// The program text NVRTC compiles.
