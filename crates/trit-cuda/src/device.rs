@@ -114,6 +114,8 @@ pub const KERNELS: &[&str] = &[
     "hybrid_attn_prep",
     "hybrid_attn_decode",
     "hadamard_quant",
+    "deltanet_step",
+    "deltanet_step_hoisted",
 ];
 
 /// The program text NVRTC compiles.

@@ -158,7 +158,13 @@ impl DevRotations {
 }
 
 /// Launches `hadamard_quant` over `n` values (a multiple of the rotation's block).
-pub fn launch_rotate(gpu: &Gpu, r: &DevRotation, n: usize, src: RotSource, out: RotOut) -> Result<()> {
+pub fn launch_rotate(
+    gpu: &Gpu,
+    r: &DevRotation,
+    n: usize,
+    src: RotSource,
+    out: RotOut,
+) -> Result<()> {
     if r.block == 0 || !n.is_multiple_of(r.block) {
         return Err(Error::InvalidArgument(format!(
             "Hadamard block {} does not divide {n} values",
@@ -254,4 +260,34 @@ pub fn rotate_once(
         q,
         meta: m.chunks_exact(2).map(|p| (p[0], p[1])).collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rot(block: usize, n: usize) -> InputRotation {
+        InputRotation {
+            block,
+            signs: vec![1.0; n],
+        }
+    }
+
+    #[test]
+    fn rotations_the_kernel_cannot_run_are_refused_with_the_reason() {
+        check("w", &rot(1024, 5120), 5120).unwrap();
+        check("w", &rot(8192, 16384), 16384).unwrap();
+        let refused = |r: InputRotation, cols: usize, needle: &str| {
+            let e = check("blk.0.ffn_down.weight", &r, cols)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(needle) && e.contains("ffn_down"), "{e}");
+        };
+        refused(rot(16384, 16384), 16384, "powers of two from 64");
+        refused(rot(96, 192), 192, "powers of two from 64");
+        refused(rot(32, 64), 64, "powers of two from 64");
+        refused(rot(1024, 5120), 6144, "does not fit");
+        refused(rot(1024, 1536), 1536, "does not fit");
+        refused(rot(0, 512), 512, "does not fit");
+    }
 }

@@ -1,12 +1,15 @@
 //! The kernel sequence of one hybrid decode step (`CudaHybrid::enqueue_step`).
 //!
-//! Per DeltaNet layer, by default 6 kernels: RMSNorm + q/k/v/z in the fused GEMV's prologue,
-//! `deltanet_step` (a/b, conv, delta rule, gated norm and the int8 blocks of its output in one
-//! kernel), ssm_out, RMSNorm + gate‖up + SwiGLU (fused GEMV), the quantization of its output,
-//! down. (Before: 12 — norm, q/k/v/z, a/b, conv, recurrence, gated norm, quantization, ssm_out,
-//! norm, gate‖up, SwiGLU, down.) Full-attention layers: the fused norm + q/k/v, prep,
-//! attention, quantization, o, and the same MLP. `TRIT_CUDA_FUSED` (as for dense models) and
-//! `TRIT_CUDA_DN_STEP=0` switch back to the separate kernels.
+//! Per DeltaNet layer, by default 8 kernels: RMSNorm (+ int8), q/k/v/z, `deltanet_step` (a/b,
+//! conv, delta rule, gated norm and the int8 blocks of its output in one kernel), ssm_out,
+//! RMSNorm, gate‖up, SwiGLU (+ int8), down. (Before: 12 — a/b, conv, recurrence, gated norm
+//! and quantization were five kernels; the a/b product alone, 96 f32 rows on 96 warps, took
+//! 16 µs of the layer's ~100 in ncu.) Full-attention layers: norm, q/k/v, prep, attention,
+//! quantization, o, and the same MLP. `TRIT_CUDA_DN_STEP=0` switches back to the five kernels
+//! (`=2`: `deltanet_step_hoisted`, loads reordered, not yet run on a GPU);
+//! `TRIT_CUDA_FUSED` (as for dense models, default off here) moves the norms into the fused
+//! GEMV's prologue (q/k/v/z, gate‖up with SwiGLU, head), which measured slower on the 27B
+//! widths.
 //!
 //! A Hadamard-rotated input (Bonsai 2) is prepared by `hadamard_quant` instead of the norm or
 //! quantization kernel it replaces (RMSNorm, SwiGLU or a copy, then `H_B(s ⊙ x)`, then int8);
@@ -330,7 +333,7 @@ impl CudaHybrid {
 
     /// Whether `deltanet_step` runs this layer (dense f32 a/b rows; head sizes it holds).
     fn one_kernel_mixer(&self, m: &DevDeltaNet) -> bool {
-        self.dn_step
+        self.dn_step.is_some()
             && matches!(m.ab, DevMatrix::Dense { .. })
             && self.hy.v_dim <= super::MAX_HEAD
     }
@@ -351,7 +354,7 @@ impl CudaHybrid {
                 unreachable!("one_kernel_mixer checked")
             };
             g.launch(
-                "deltanet_step",
+                self.dn_step.expect("one_kernel_mixer checked"),
                 (hy.v_heads as u32, 1),
                 512,
                 &[
