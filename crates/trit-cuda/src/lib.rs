@@ -19,6 +19,9 @@
 //! (`batch.rs`): each sequence's keys/values in a GPU slot its cache owns, prompts through the
 //! batched prefill into the slot, and one decode step for all sequences with the GEMM over B
 //! token rows.
+//!
+//! Qwen3.5 hybrids (Gated DeltaNet + gated full attention) take their own decode step
+//! (`hybrid.rs`, `hybrid/step.rs`), Bonsai 2's Hadamard-rotated files included (`rotation.rs`).
 
 mod batch;
 pub mod batch_gemm;
