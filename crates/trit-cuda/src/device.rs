@@ -28,6 +28,7 @@ pub const SOURCES: &[(&str, &str)] = &[
         "hybrid_attention.cu",
         include_str!("kernels/hybrid_attention.cu"),
     ),
+    ("hadamard.cu", include_str!("kernels/hadamard.cu")),
 ];
 
 /// Kernels the decode step and the batched prefill launch (all must exist in the compiled
@@ -149,6 +150,9 @@ pub const KERNELS: &[&str] = &[
     "deltanet_gated_norm",
     "hybrid_attn_prep",
     "hybrid_attn_decode",
+    "hadamard_quant",
+    "deltanet_step",
+    "deltanet_step_hoisted",
 ];
 
 /// Kernels (name prefixes) that take dynamic shared memory beyond the default 48 KB.

@@ -2,21 +2,19 @@
 //! `trit::model::qwen35`) decoding on the GPU one token per step, the step replayed from a
 //! CUDA graph like the dense `CudaModel`'s (position and token read from device memory).
 //!
-//! Per-sequence state on the GPU: per DeltaNet layer the conv window (`(kernel − 1) ×
-//! conv_dim` f32) and the delta-rule state (`v_heads × v_dim × k_dim` f32); per
+//! Per-sequence state on the GPU: per DeltaNet layer the conv window (`kernel × conv_dim`
+//! f32) and the delta-rule state (`v_heads × v_dim × k_dim` f32); per
 //! full-attention layer an f16 KV cache. Prompts run token by token through the step (a
 //! batched hybrid prefill is not written yet). The recurrent state cannot be cut back: a
 //! forward that starts before where the last one ended (a chat turn reusing a prefix) zeroes
 //! it and replays the sequence's earlier tokens up to there (kept on the host), without the LM
-//! head.
+//! head. The step's kernel sequence is `step.rs`; Hadamard-rotated (Bonsai 2) files run with
+//! their rotations applied on the GPU (`rotation.rs`).
 
-use crate::device::{ptr, Arg, Gpu};
-use crate::gemv::{launch_ternary, TernaryArgs};
+use crate::device::Gpu;
 use crate::graph::{copy_to_pinned, StepGraph};
-use crate::hybrid_weights::{self, DevHybrid, DevMixer};
-use crate::launch::{self, QuantOut};
-use crate::model::{check_forward, poisoned, CudaOptions};
-use crate::weights::DevMatrix;
+use crate::hybrid_weights::{self, DevHybrid};
+use crate::model::{check_forward, poisoned, CudaOptions, FusedSet};
 use cudarc::driver::{CudaSlice, PinnedHostSlice};
 use std::sync::Mutex;
 use trit::format::config::{HybridConfig, ModelConfig, RopeStyle};
@@ -24,6 +22,8 @@ use trit::format::ModelFiles;
 use trit::model::rope::Rope;
 use trit::model::{ExternalNet, KvCache, Logits};
 use trit::{Error, Result};
+
+mod step;
 
 /// Rows of one value head per block of `deltanet_recur` (`DN_ROWS` in deltanet.cu).
 const DN_ROWS: usize = 16;
@@ -39,6 +39,12 @@ struct Buffers {
     xn: CudaSlice<f32>,
     xq: CudaSlice<i8>,
     xm: CudaSlice<f32>,
+    /// A rotated input's f32 values (dense matrices read them).
+    xr: CudaSlice<f32>,
+    /// The unrotated normed input's int8 blocks where a rotated layer also has ternary
+    /// `ssm_alpha`/`ssm_beta` (the shared `xq` holds the rotated ones).
+    xq2: CudaSlice<i8>,
+    xm2: CudaSlice<f32>,
     /// A mixer's fused projection: q/k/v/z (DeltaNet) or q‖gate/k/v (full attention).
     proj: CudaSlice<f32>,
     ab: CudaSlice<f32>,
@@ -55,6 +61,9 @@ struct Buffers {
     host_logits: PinnedHostSlice<f32>,
     /// Per position `rotary_dim / 2` (cos, sin) pairs.
     cos_sin: CudaSlice<f32>,
+    /// Per DeltaNet layer `kernel` slots of `conv_dim` inputs: `deltanet_step` keeps them as a
+    /// ring indexed by position, the separate `deltanet_conv_silu` uses the first `kernel − 1`
+    /// as a shifted window.
     conv_window: Vec<CudaSlice<f32>>,
     ssm: Vec<CudaSlice<f32>>,
     k_cache: Vec<CudaSlice<u16>>,
@@ -82,6 +91,10 @@ pub struct CudaHybrid {
     rows_per_warp: usize,
     max_split: usize,
     use_graph: bool,
+    /// Matrices whose input preparation runs in the fused GEMV's prologue (none by default).
+    fused: FusedSet,
+    /// The kernel that runs the DeltaNet mixer in one launch where it can (`None`: five).
+    dn_step: Option<&'static str>,
     weight_bytes: usize,
     bytes_per_token: usize,
     device_name: String,
@@ -132,13 +145,6 @@ impl CudaHybrid {
             .hybrid
             .clone()
             .ok_or_else(|| Error::Config("qwen35 model without its hybrid config".into()))?;
-        if files.rotation.is_some() {
-            return Err(Error::Unsupported(
-                "Hadamard-rotated (prism) qwen35 packs on CUDA: not written yet; run them with \
-                 --device cpu"
-                    .into(),
-            ));
-        }
         let rows_per_warp = opts.rows_per_warp.unwrap_or(4);
         if ![1, 2, 4, 8].contains(&rows_per_warp) || ![1, 2, 4].contains(&opts.max_split) {
             return Err(Error::InvalidArgument(format!(
@@ -152,14 +158,37 @@ impl CudaHybrid {
             ));
         }
         check_shapes(&cfg, &hy)?;
+        // The fused GEMV is off for hybrids unless TRIT_CUDA_FUSED asks for it: on the 27B's
+        // widths (H200, 27b-qwen35-4l tg128, same run) the fused q/k/v/z, gate‖up and head ran
+        // at 1,400 t/s against 1,710 with the separate norm kernels (ncu: fused norm + gate‖up
+        // 37.6 µs against 4.8 + 21.7 for norm then GEMV). `opts.fused` is the dense default.
+        let fused = match std::env::var("TRIT_CUDA_FUSED") {
+            Ok(v) => FusedSet::parse(&v)?,
+            Err(_) => FusedSet::NONE,
+        };
+        // `0`: the five separate DeltaNet kernels; `2`: the hoisted one-kernel variant (not yet
+        // run on a GPU); else the measured one-kernel mixer.
+        let dn_step = match std::env::var("TRIT_CUDA_DN_STEP").as_deref() {
+            Ok("0") => None,
+            Ok("2") => Some("deltanet_step_hoisted"),
+            _ => Some("deltanet_step"),
+        };
         let gpu = Gpu::open(opts.device)?;
-        let w = hybrid_weights::load(&gpu, &cfg, &hy, files.weights.as_ref())?;
+        let w = hybrid_weights::load(
+            &gpu,
+            &cfg,
+            &hy,
+            files.weights.as_ref(),
+            files.rotation.as_ref(),
+        )?;
         let b = Buffers::new(&gpu, &cfg, &hy, opts.ctx)?;
         Ok(CudaHybrid {
             ctx: opts.ctx,
             rows_per_warp,
             max_split: opts.max_split,
             use_graph: opts.graph,
+            fused,
+            dn_step,
             weight_bytes: w.weight_bytes(),
             bytes_per_token: w.bytes_per_token(),
             device_name: gpu.name.clone(),
@@ -207,6 +236,9 @@ impl Buffers {
             xn: gpu.zeros(d)?,
             xq: gpu.zeros(widest)?,
             xm: gpu.zeros(2 * widest / 64 + 2)?,
+            xr: gpu.zeros(widest)?,
+            xq2: gpu.zeros(d)?,
+            xm2: gpu.zeros(2 * d / 64 + 2)?,
             proj: gpu.zeros((cd + vw).max(2 * nq + 2 * nkv))?,
             ab: gpu.zeros(2 * hy.v_heads)?,
             conv_out: gpu.zeros(cd)?,
@@ -222,7 +254,7 @@ impl Buffers {
                 .map_err(|e| crate::device::cuda_err("allocating pinned memory", e))?,
             cos_sin: gpu.upload(&cs)?,
             conv_window: (0..n_lin)
-                .map(|_| gpu.zeros((hy.conv_kernel - 1).max(1) * cd))
+                .map(|_| gpu.zeros(hy.conv_kernel.max(1) * cd))
                 .collect::<Result<_>>()?,
             ssm: (0..n_lin)
                 .map(|_| gpu.zeros(hy.v_heads * hy.v_dim * hy.k_dim))
@@ -233,192 +265,7 @@ impl Buffers {
     }
 }
 
-/// Where a matrix product reads its input: f32 values (dense matrices) and their int8 blocks.
-#[derive(Clone, Copy)]
-struct Input {
-    f32: u64,
-    q: u64,
-    meta: u64,
-}
-
 impl CudaHybrid {
-    fn gemv(&self, st: &State, m: &DevMatrix, inp: Input, y: u64, accumulate: bool) -> Result<()> {
-        let s = &st.gpu.stream;
-        match m {
-            DevMatrix::Ternary {
-                rows,
-                cols,
-                codes,
-                scales,
-            } => {
-                let args = TernaryArgs::new(*rows, *cols, codes, scales, s);
-                launch_ternary(
-                    &st.gpu,
-                    &args,
-                    inp.q,
-                    inp.meta,
-                    y,
-                    accumulate,
-                    self.rows_per_warp,
-                    self.max_split,
-                )
-            }
-            DevMatrix::Dense { rows, cols, w } => st.gpu.launch(
-                "dense_gemv",
-                (rows.div_ceil(4) as u32, 1),
-                128,
-                &[
-                    Arg::Ptr(ptr(w, s)),
-                    Arg::I32(*rows as i32),
-                    Arg::I32(*cols as i32),
-                    Arg::Ptr(inp.f32),
-                    Arg::Ptr(y),
-                    Arg::I32(accumulate as i32),
-                ],
-            ),
-        }
-    }
-
-    /// Enqueues one decode step (position and token from device memory).
-    fn enqueue_step(&self, st: &State, with_head: bool) -> Result<()> {
-        let (c, hy) = (&self.config, &self.hy);
-        let (g, b, s) = (&st.gpu, &st.b, &st.gpu.stream);
-        let p = |x: &CudaSlice<f32>| ptr(x, s);
-        let (d, hd) = (c.hidden, c.head_dim);
-        let (nh, nkv) = (c.n_heads, c.n_kv_heads);
-        let (cd, vw) = (hy.conv_dim(), hy.value_width());
-        let step = ptr(&b.step, s);
-        let (xq, xm) = (ptr(&b.xq, s), p(&b.xm));
-        let quant = |f32: u64| Input {
-            f32,
-            q: xq,
-            meta: xm,
-        };
-        let normed = quant(p(&b.xn));
-        let norm = |w: &CudaSlice<f32>| -> Result<()> {
-            let out = QuantOut {
-                f32: p(&b.xn),
-                q: xq,
-                meta: xm,
-            };
-            launch::rms_norm_quant(g, p(&b.x), p(w), c.norm_eps, d, out, 1)
-        };
-        launch::embed(g, &st.w.embed, ptr(&b.toks, s), step, p(&b.x), 1)?;
-        for layer in &st.w.layers {
-            norm(&layer.attn_norm)?;
-            match &layer.mixer {
-                DevMixer::Linear(m) => {
-                    self.gemv(st, &m.qkvz, normed, p(&b.proj), false)?;
-                    self.gemv(st, &m.ab, normed, p(&b.ab), false)?;
-                    g.launch(
-                        "deltanet_conv_silu",
-                        (cd.div_ceil(256) as u32, 1),
-                        256,
-                        &[
-                            Arg::Ptr(p(&b.proj)),
-                            Arg::Ptr(p(&b.conv_window[m.slot])),
-                            Arg::Ptr(p(&m.conv)),
-                            Arg::I32(cd as i32),
-                            Arg::I32(hy.conv_kernel as i32),
-                            Arg::Ptr(p(&b.conv_out)),
-                        ],
-                    )?;
-                    g.launch(
-                        "deltanet_recur",
-                        (hy.v_heads as u32, hy.v_dim.div_ceil(DN_ROWS) as u32),
-                        128,
-                        &[
-                            Arg::Ptr(p(&b.conv_out)),
-                            Arg::Ptr(p(&b.ab)),
-                            Arg::Ptr(p(&m.a_neg)),
-                            Arg::Ptr(p(&m.dt_bias)),
-                            Arg::Ptr(p(&b.ssm[m.slot])),
-                            Arg::I32(hy.k_heads as i32),
-                            Arg::I32(hy.v_heads as i32),
-                            Arg::I32(hy.k_dim as i32),
-                            Arg::I32(hy.v_dim as i32),
-                            Arg::I32(hy.v_tiled as i32),
-                            Arg::Ptr(p(&b.o)),
-                        ],
-                    )?;
-                    g.launch(
-                        "deltanet_gated_norm",
-                        (hy.v_heads as u32, 1),
-                        128,
-                        &[
-                            Arg::Ptr(p(&b.o)),
-                            // z: the rows after the conv channels.
-                            Arg::Ptr(p(&b.proj) + 4 * cd as u64),
-                            Arg::Ptr(p(&m.norm)),
-                            Arg::F32(c.norm_eps),
-                            Arg::I32(hy.v_dim as i32),
-                            Arg::Ptr(p(&b.mixed)),
-                        ],
-                    )?;
-                    launch::quantize_vec(g, p(&b.mixed), vw, xq, xm)?;
-                    self.gemv(st, &m.out, quant(p(&b.mixed)), p(&b.x), true)?;
-                }
-                DevMixer::Full(m) => {
-                    self.gemv(st, &m.qkv, normed, p(&b.proj), false)?;
-                    g.launch(
-                        "hybrid_attn_prep",
-                        ((nh + nkv) as u32, 1),
-                        hd as u32,
-                        &[
-                            Arg::Ptr(p(&b.proj)),
-                            Arg::Ptr(p(&m.q_norm)),
-                            Arg::Ptr(p(&m.k_norm)),
-                            Arg::F32(c.norm_eps),
-                            Arg::Ptr(p(&b.cos_sin)),
-                            Arg::Ptr(step),
-                            Arg::I32(nh as i32),
-                            Arg::I32(nkv as i32),
-                            Arg::I32(hd as i32),
-                            Arg::I32(hy.rotary_dim as i32),
-                            Arg::Ptr(ptr(&b.k_cache[m.slot], s)),
-                            Arg::Ptr(ptr(&b.v_cache[m.slot], s)),
-                            Arg::Ptr(p(&b.q)),
-                            Arg::Ptr(p(&b.gate)),
-                        ],
-                    )?;
-                    g.launch(
-                        "hybrid_attn_decode",
-                        (nh as u32, 1),
-                        128,
-                        &[
-                            Arg::Ptr(p(&b.q)),
-                            Arg::Ptr(p(&b.gate)),
-                            Arg::Ptr(ptr(&b.k_cache[m.slot], s)),
-                            Arg::Ptr(ptr(&b.v_cache[m.slot], s)),
-                            Arg::Ptr(step),
-                            Arg::I32(nh as i32),
-                            Arg::I32(nkv as i32),
-                            Arg::I32(hd as i32),
-                            Arg::F32(1.0 / (hd as f32).sqrt()),
-                            Arg::Ptr(p(&b.mixed)),
-                        ],
-                    )?;
-                    launch::quantize_vec(g, p(&b.mixed), nh * hd, xq, xm)?;
-                    self.gemv(st, &m.o, quant(p(&b.mixed)), p(&b.x), true)?;
-                }
-            }
-            norm(&layer.post_norm)?;
-            self.gemv(st, &layer.gate_up, normed, p(&b.gu), false)?;
-            let h_out = QuantOut {
-                f32: p(&b.h),
-                q: xq,
-                meta: xm,
-            };
-            launch::silu_mul_quant(g, p(&b.gu), c.ffn, h_out, 1)?;
-            self.gemv(st, &layer.down, quant(p(&b.h)), p(&b.x), true)?;
-        }
-        if with_head {
-            norm(&st.w.final_norm)?;
-            self.gemv(st, st.w.head(), normed, p(&b.logits), false)?;
-        }
-        g.launch("advance_position", (1, 1), 32, &[Arg::Ptr(step)])
-    }
-
     fn capture(&self, st: &State, with_head: bool) -> Result<StepGraph> {
         StepGraph::capture(&st.gpu.stream, "hybrid decode graph", || {
             self.enqueue_step(st, with_head)

@@ -2,11 +2,16 @@
 //! ternary projections through the dense loader's `load_stacked` (fused where one input feeds
 //! several: q/k/v/z of a DeltaNet layer, q/k/v of a full-attention layer, gate/up), the small
 //! per-head pieces (`ssm_alpha`/`ssm_beta` rows, conv taps, decay parameters, norms) as f32.
+//! A Hadamard-rotated (Bonsai 2) file's rotations are uploaded alongside (`rotation.rs`), each
+//! projection input naming its rotation by index; `ssm_alpha`/`ssm_beta` read the unrotated
+//! input, as on the CPU.
 
 use crate::device::Gpu;
+use crate::rotation::DevRotations;
 use crate::weights::{load_stacked, norm, DevMatrix};
 use cudarc::driver::CudaSlice;
 use trit::format::config::{HybridConfig, ModelConfig};
+use trit::format::rotation::RotationSpec;
 use trit::format::WeightSource;
 use trit::model::weights::{require, to_f32, vector};
 use trit::{Error, Result};
@@ -26,6 +31,9 @@ pub struct DevDeltaNet {
     pub out: DevMatrix,
     /// Index among the linear layers (their recurrent state).
     pub slot: usize,
+    /// Rotations (indices into `DevHybrid::rotations`) of q/k/v/z's input and of `ssm_out`'s.
+    pub rot_in: Option<usize>,
+    pub rot_out: Option<usize>,
 }
 
 pub struct DevFullAttention {
@@ -36,6 +44,9 @@ pub struct DevFullAttention {
     pub o: DevMatrix,
     /// Index among the full-attention layers (their KV cache).
     pub slot: usize,
+    /// Rotations of q/k/v's input and of o's.
+    pub rot_in: Option<usize>,
+    pub rot_out: Option<usize>,
 }
 
 pub enum DevMixer {
@@ -50,6 +61,9 @@ pub struct DevHybridLayer {
     /// gate and up stacked (rows `2·ffn`).
     pub gate_up: DevMatrix,
     pub down: DevMatrix,
+    /// Rotations of gate/up's input and of down's.
+    pub rot_gu: Option<usize>,
+    pub rot_down: Option<usize>,
 }
 
 pub struct DevHybrid {
@@ -58,6 +72,15 @@ pub struct DevHybrid {
     pub final_norm: CudaSlice<f32>,
     /// `None` when tied to the embedding.
     pub head: Option<DevMatrix>,
+    pub rotations: DevRotations,
+    /// The embedding rows' inverse rotation, and whether to round around it to f16 (MLX packs).
+    pub rot_embed: Option<usize>,
+    pub embed_f16: bool,
+    /// The head's input rotation (the embedding's when tied).
+    pub rot_head: Option<usize>,
+    /// GGUF `gdn_v_grouped` with tiled value heads: the gated norm writes each head at its
+    /// grouped place, where `ssm_out`'s columns expect it (formats.md §8.4).
+    pub regroup: bool,
 }
 
 impl DevHybrid {
@@ -90,14 +113,17 @@ impl DevHybrid {
     }
 }
 
-/// Uploads a qwen35 model; `hy` is its hybrid config (already checked by the caller).
+/// Uploads a qwen35 model; `hy` is its hybrid config (already checked by the caller), `spec`
+/// its rotation if the file is Hadamard-rotated.
 pub fn load(
     gpu: &Gpu,
     cfg: &ModelConfig,
     hy: &HybridConfig,
     src: &dyn WeightSource,
+    spec: Option<&RotationSpec>,
 ) -> Result<DevHybrid> {
     let (d, hd) = (cfg.hidden, cfg.head_dim);
+    let mut rots = DevRotations::default();
     let one = |n: &str, r, c| vec![(n.to_string(), r, c)];
     let embed = load_stacked(gpu, src, &one("token_embd.weight", cfg.vocab, d))?;
     let mut layers = Vec::with_capacity(cfg.n_layers);
@@ -141,6 +167,8 @@ pub fn load(
                 norm: norm(gpu, src, &w("ssm_norm"), hy.v_dim)?,
                 out: load_stacked(gpu, src, &one(&w("ssm_out"), d, vw))?,
                 slot: n_lin - 1,
+                rot_in: rots.shared(gpu, spec, &[&w("attn_qkv"), &w("attn_gate")], d)?,
+                rot_out: rots.of(gpu, spec, &w("ssm_out"), vw)?,
             }))
         } else {
             let (nq, nkv) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
@@ -159,6 +187,8 @@ pub fn load(
                 k_norm: norm(gpu, src, &w("attn_k_norm"), hd)?,
                 o: load_stacked(gpu, src, &one(&w("attn_output"), d, nq))?,
                 slot: n_full - 1,
+                rot_in: rots.shared(gpu, spec, &[&w("attn_q"), &w("attn_k"), &w("attn_v")], d)?,
+                rot_out: rots.of(gpu, spec, &w("attn_output"), nq)?,
             }))
         };
         let post = trit::format::config::post_norm_name(src, i)?;
@@ -172,6 +202,8 @@ pub fn load(
                 &[(w("ffn_gate"), cfg.ffn, d), (w("ffn_up"), cfg.ffn, d)],
             )?,
             down: load_stacked(gpu, src, &one(&w("ffn_down"), d, cfg.ffn))?,
+            rot_gu: rots.shared(gpu, spec, &[&w("ffn_gate"), &w("ffn_up")], d)?,
+            rot_down: rots.of(gpu, spec, &w("ffn_down"), cfg.ffn)?,
         });
     }
     let final_norm = norm(gpu, src, "output_norm.weight", d)?;
@@ -180,11 +212,25 @@ pub fn load(
     } else {
         Some(load_stacked(gpu, src, &one("output.weight", cfg.vocab, d))?)
     };
+    let rot_embed = rots.embedding(gpu, spec, d)?;
+    let rot_head = if cfg.tied_embeddings {
+        rot_embed
+    } else {
+        rots.of(gpu, spec, "output.weight", d)?
+    };
+    // A rotation declared for a weight this graph never rotates means the file and this
+    // reader disagree about the model: refused, as on the CPU.
+    rots.check_all_used(spec)?;
     gpu.sync()?;
     Ok(DevHybrid {
         embed,
         layers,
         final_norm,
         head,
+        rotations: rots,
+        rot_embed,
+        embed_f16: spec.is_some_and(|s| s.embedding_f16),
+        rot_head,
+        regroup: hy.v_tiled && spec.is_some_and(|s| s.ssm_out_grouped),
     })
 }

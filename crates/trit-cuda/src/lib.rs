@@ -19,6 +19,9 @@
 //! (`batch.rs`): each sequence's keys/values in a GPU slot its cache owns, prompts through the
 //! batched prefill into the slot, and one decode step for all sequences with the GEMM over B
 //! token rows.
+//!
+//! Qwen3.5 hybrids (Gated DeltaNet + gated full attention) take their own decode step
+//! (`hybrid.rs`, `hybrid/step.rs`), Bonsai 2's Hadamard-rotated files included (`rotation.rs`).
 
 mod batch;
 pub mod batch_gemm;
@@ -32,6 +35,7 @@ mod launch;
 pub mod model;
 mod prefill;
 pub mod repack;
+pub mod rotation;
 pub mod weights;
 
 pub use model::{load_model, CudaModel, CudaOptions, FusedSet};

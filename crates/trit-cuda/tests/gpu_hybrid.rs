@@ -1,7 +1,11 @@
 //! The Qwen3.5 hybrid (Gated DeltaNet + gated full attention) decoding on the GPU against the
 //! CPU engine on the generated `tiny-qwen35` model: a GGUF file (llama.cpp's tiled value-head
-//! order, `ssm_a` stored) and an MLX folder (grouped order, `A_log`). The CPU path is the
-//! reference: it is itself tested against mlx-lm (crates/trit/tests/qwen35_reference.rs).
+//! order, `ssm_a` stored) and an MLX folder (grouped order, `A_log`); and its Hadamard-rotated
+//! Bonsai 2 form `tiny-prism` (GGUF `prism.hadamard.*` with regrouped ssm_out columns, MLX
+//! `prism_hadamard_qwen35` pack with f16-rounded embedding rows). The CPU path is the
+//! reference: it is itself tested against mlx-lm (crates/trit/tests/qwen35_reference.rs and
+//! prism_reference.rs). The GPU's Walsh–Hadamard transform is also checked alone against the
+//! CPU's `kernels::hadamard::fwht_blocks` on the 27B's widths.
 //!
 //! Needs an NVIDIA GPU, so the GPU tests are `#[ignore]` (CI has none). Run on a GPU machine:
 //!     cargo test --release -p trit-cuda --test gpu_hybrid -- --ignored --test-threads 1
@@ -17,7 +21,17 @@ use trit_cuda::{load_model, CudaOptions};
 
 /// Generates tiny-qwen35 in `formats` under `dir`; returns the paths.
 fn tiny_models(dir: &Path, seed: u64, formats: &[&str]) -> (HybridPreset, Vec<std::path::PathBuf>) {
-    let p = HybridPreset::by_name("tiny-qwen35").unwrap();
+    preset_models("tiny-qwen35", dir, seed, formats)
+}
+
+/// Generates hybrid preset `name` in `formats` under `dir`; returns the paths.
+fn preset_models(
+    name: &str,
+    dir: &Path,
+    seed: u64,
+    formats: &[&str],
+) -> (HybridPreset, Vec<std::path::PathBuf>) {
+    let p = HybridPreset::by_name(name).unwrap();
     let fmts: Vec<OutFormat> = formats
         .iter()
         .map(|f| OutFormat::parse(f).unwrap())
@@ -124,20 +138,148 @@ fn all_logits_restart_and_rewind() {
     assert!(err.to_string().contains("one sequence at a time"), "{err}");
 }
 
-/// Hadamard-rotated packs are refused with the reason before any GPU work (runs everywhere).
+/// The rotated tiny-prism in both containers: GGUF (one block and sign vector per width,
+/// ssm_out's columns in grouped order under tiled value heads, tied head) and the MLX pack
+/// (per-module signs, embedding rows rounded to f16 around the inverse rotation). Same prompt,
+/// steps and error rule as the unrotated model.
 #[test]
-fn rotated_hybrid_packs_are_refused_clearly() {
+#[ignore = "needs an NVIDIA GPU"]
+fn tiny_prism_logits_match_the_cpu_in_gguf_and_mlx() {
+    if gpu_missing() {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
-    let p = HybridPreset::by_name("tiny-prism").unwrap();
-    let f = OutFormat::parse("q2_0").unwrap();
-    generate(&p, 1, dir.path(), &[f], &TokenizerAssets::Placeholder).unwrap();
-    let files = trit::format::open(&dir.path().join(f.file_name())).unwrap();
-    assert!(
-        files.rotation.is_some(),
-        "tiny-prism GGUF without its rotation"
-    );
-    let err = load_model(&files, &CudaOptions::new(16))
-        .err()
-        .expect("refused");
-    assert!(err.to_string().contains("rotated"), "{err}");
+    let (p, paths) = preset_models("tiny-prism", dir.path(), 3, &["q2_0", "mlx"]);
+    for path in &paths {
+        let files = trit::format::open(path).unwrap();
+        assert!(
+            files.rotation.is_some(),
+            "{} without its rotation",
+            path.display()
+        );
+        let errs = compare(path, &prompt(12, p.vocab, 1), 8, 64);
+        check(&format!("tiny-prism {}", path.display()), errs);
+    }
+}
+
+/// 16 greedy tokens of the rotated model equal on CPU and GPU (rule as for tiny-qwen35).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn tiny_prism_greedy_tokens_match_the_cpu() {
+    if gpu_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (p, paths) = preset_models("tiny-prism", dir.path(), 5, &["q2_0", "mlx"]);
+    for path in &paths {
+        let files = trit::format::open(path).unwrap();
+        greedy_tokens_agree(&files, &prompt(9, p.vocab, 4), 64);
+    }
+}
+
+/// Values in [−scale, scale), different per seed.
+fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    prompt(n, 20001, seed)
+        .iter()
+        .map(|&v| (v as f32 / 10000.0 - 1.0) * scale)
+        .collect()
+}
+
+/// The GPU's `H_B(s ⊙ x)` against the CPU's (`s ⊙ x`, then `fwht_blocks`) on the 27B's rotated
+/// widths (hidden 5120, attention/ssm_out input 6144, ffn_down input 17408, block 1024) and
+/// the other block sizes Bonsai 2 packs use (512, 4096, 8192): the butterflies are the CPU's
+/// operations in its order, so the values agree to rounding; the int8 blocks equal the CPU's
+/// quantization of the CPU's values (a code may differ by one where a value sits at a rounding
+/// tie). The embedding's inverse `s ⊙ H_B(x)`, with and without the MLX pack's f16 rounding,
+/// against `Rotations::unrotate_embedding`.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn hadamard_transform_matches_the_cpu() {
+    use trit::format::rotation::{InputRotation, RotationSpec};
+    use trit::kernels::hadamard::fwht_blocks;
+    use trit::model::rotation::Rotations;
+    use trit_cuda::device::Gpu;
+    use trit_cuda::repack::quantize_activations;
+    use trit_cuda::rotation::rotate_once;
+    if gpu_missing() {
+        return;
+    }
+    let gpu = Gpu::open(0).unwrap();
+    let cases = [
+        (5120, 1024),
+        (6144, 1024),
+        (17408, 1024),
+        (1024, 512),
+        (8192, 4096),
+        (16384, 8192),
+    ];
+    for (i, &(n, block)) in cases.iter().enumerate() {
+        let seed = 100 + i as u64;
+        let x = values(n, seed, 3.0);
+        let signs: Vec<f32> = prompt(n, 2, seed + 50)
+            .iter()
+            .map(|&b| if b == 0 { -1.0 } else { 1.0 })
+            .collect();
+        let rot = InputRotation { block, signs };
+        let mut want: Vec<f32> = x.iter().zip(&rot.signs).map(|(a, s)| a * s).collect();
+        fwht_blocks(&mut want, block);
+        let got = rotate_once(&gpu, &x, &rot, false, false).unwrap();
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = got
+            .values
+            .iter()
+            .zip(&want)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            worst <= 1e-6 * scale,
+            "{n}/{block}: values differ by {worst}"
+        );
+        let (q, meta) = quantize_activations(&want);
+        let off = got.q.iter().zip(&q).filter(|(a, b)| a != b).count();
+        let far = got
+            .q
+            .iter()
+            .zip(&q)
+            .any(|(a, b)| (*a as i32 - *b as i32).abs() > 1);
+        assert!(
+            !far && off <= n / 1000,
+            "{n}/{block}: {off} int8 codes differ"
+        );
+        for (j, (g, c)) in got.meta.iter().zip(&meta).enumerate() {
+            assert!(
+                (g.0 - c.0).abs() <= 1e-6 * c.0.abs(),
+                "{n}/{block}: scale {j}"
+            );
+            assert!(
+                (g.1 - c.1).abs() <= 2.0 * c.0.abs() + 1e-6 * c.1.abs(),
+                "{n}/{block}: sum {j}"
+            );
+        }
+
+        for round_f16 in [false, true] {
+            let spec = RotationSpec {
+                embedding: Some(std::sync::Arc::new(rot.clone())),
+                embedding_f16: round_f16,
+                ..RotationSpec::default()
+            };
+            let mut want = x.clone();
+            Rotations::new(Some(spec)).unrotate_embedding(&mut want);
+            let got = rotate_once(&gpu, &x, &rot, true, round_f16).unwrap();
+            let worst = got
+                .values
+                .iter()
+                .zip(&want)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            // f16 rounding of values equal to rounding may still land one f16 step apart.
+            let tol = if round_f16 {
+                1e-3 * scale
+            } else {
+                1e-6 * scale
+            };
+            assert!(
+                worst <= tol,
+                "{n}/{block} embedding (f16 {round_f16}): {worst}"
+            );
+        }
+    }
 }

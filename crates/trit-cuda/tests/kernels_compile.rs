@@ -1,6 +1,7 @@
 //! Every kernel source compiles with NVRTC for Hopper (compute_90) and Ampere (compute_80) and
-//! defines every kernel the decode step launches. Needs only NVRTC (no GPU): skipped, with the
-//! reason printed, where the library is missing (CI); run it with NVRTC on LD_LIBRARY_PATH.
+//! defines every kernel the decode step launches (and each kernel it defines is listed). Needs
+//! only NVRTC (no GPU): skipped, with the reason printed, where the library is missing (CI);
+//! run it with NVRTC on LD_LIBRARY_PATH.
 //! With TRIT_PTX_DIR set, the PTX is also written there (`kernels-compute_90.ptx`, ...) so
 //! `ptxas -v` can show registers, spills and shared memory per kernel without a GPU.
 
@@ -22,6 +23,15 @@ fn kernels_compile_for_each_architecture() {
             assert!(
                 ptx.contains(&format!(".entry {k}(")),
                 "{arch}: kernel {k} missing from the PTX"
+            );
+        }
+        // And the other way: a kernel the sources define but KERNELS does not name cannot be
+        // launched (`Gpu::launch` finds only listed kernels) — found only on a GPU otherwise.
+        for entry in ptx.split(".entry ").skip(1) {
+            let name = entry.split('(').next().unwrap_or("").trim();
+            assert!(
+                KERNELS.contains(&name),
+                "{arch}: kernel {name} is defined but not listed in device::KERNELS"
             );
         }
         // No local-memory spills of register arrays in the hot kernels.

@@ -109,21 +109,244 @@ extern "C" __global__ void deltanet_recur(const float* __restrict__ conv,
     }
 }
 
-// Gated RMSNorm of each value head: out = RMSNorm(o)·w · SiLU(z). One block per head.
+// Gated RMSNorm of each value head: out = RMSNorm(o)·w · SiLU(z). One block per head. With
+// `regroup` (a GGUF file with tiled value heads whose ssm_out columns stay grouped, formats.md
+// §8.4) head h is written at its grouped place (h mod hk)·(hv / hk) + h / hk.
 extern "C" __global__ void deltanet_gated_norm(const float* __restrict__ o,
                                                const float* __restrict__ z,
                                                const float* __restrict__ w, float eps, int dv,
-                                               float* __restrict__ out) {
+                                               int hk, int regroup, float* __restrict__ out) {
     __shared__ float scratch[32];
     pdl_launch_dependents();
     pdl_wait();
-    const size_t base = (size_t)blockIdx.x * dv;
+    const int head = blockIdx.x, hv = gridDim.x;
+    const size_t base = (size_t)head * dv;
+    const int at = regroup ? (head % hk) * (hv / hk) + head / hk : head;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < dv; i += blockDim.x) ss += o[base + i] * o[base + i];
     ss = block_sum(ss, scratch);
     const float inv = 1.0f / sqrtf(ss / (float)dv + eps);
     for (int i = threadIdx.x; i < dv; i += blockDim.x) {
         const float zi = z[base + i];
-        out[base + i] = o[base + i] * inv * w[i] * (zi * dn_sigmoid(zi));
+        out[(size_t)at * dv + i] = o[base + i] * inv * w[i] * (zi * dn_sigmoid(zi));
     }
 }
+
+// ---- The whole Gated DeltaNet mixer of one decode token in one kernel (after the q/k/v/z
+// projection): what ssm_alpha/ssm_beta, deltanet_conv_silu, deltanet_recur,
+// deltanet_gated_norm and the output's quantization do as five kernels. The kernel
+// boundaries, not the work, set the time of those (a few µs each against ~6 MB of state per
+// layer), so one block per value head does everything for its head:
+//   1. RMSNorm of the residual x (each block sums the squares itself) and this head's decay and
+//      update-gate inputs a, b (two dense f32 rows of ssm_alpha‖ssm_beta, the unrotated input);
+//   2. the causal conv + SiLU of the channels it reads (q and k of its key head, its own v);
+//   3. q/k L2 normalization, the delta-rule update of its dv state rows (one warp per row, several
+//      rows in flight), o = S q;
+//   4. the gated RMSNorm, written at the head's (possibly regrouped) place, and its int8 blocks
+//      (q null: the host rotates or quantizes the output itself).
+// The conv window is a ring of `kernel` slots (position p's input in slot p mod kernel) rather
+// than the shifted kernel − 1 slots of deltanet_conv_silu: blocks read the slots of positions
+// pos − kernel + 1 .. pos − 1 while the owner of a channel writes slot pos mod kernel, never one
+// being read. A key head's q/k channels are written by one of the value heads that read them.
+
+#define DN_MAX_DV 256
+// ssm_alpha/ssm_beta values per thread held in registers from before griddepcontrol.wait by
+// the hoisted variant (d up to 8192 with 512 threads); wider rows are read in the loop instead.
+#define DN_AB_PER 16
+
+// Rows i0.. of this warp's part of the head's state, loaded into s (zeros past dv).
+template <int ROWS>
+__device__ __forceinline__ void dn_load_rows(float (*s)[DN_MAX_DK / 32], const float* hs, int i0,
+                                             int dv, int dk, int lane) {
+    const int per_lane = dk / 32;
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+#pragma unroll
+        for (int u = 0; u < DN_MAX_DK / 32; u++) {
+            s[r][u] = (u < per_lane && i0 + r < dv) ? hs[(size_t)(i0 + r) * dk + lane + 32 * u] : 0.0f;
+        }
+    }
+}
+
+// ROWS: state rows of one warp in flight. HOIST: the order of the memory round trips, which
+// sets this kernel's time (48 blocks on 132 multiprocessors: latency, not bandwidth): the a/b
+// weight rows are loaded before griddepcontrol.wait (weights: nothing earlier writes them) and
+// the warp's first state rows right after it, both in flight while the norm, the dots and the
+// conv run. `deltanet_step` (ROWS 4, not hoisted) is the variant measured on the H200 (ncu,
+// 27B widths: 15.1 µs against 33 µs for the five kernels it replaces); `deltanet_step_hoisted`
+// (ROWS 8, hoisted; TRIT_CUDA_DN_STEP=2) compiles without spills (128 registers) but has not
+// run on a GPU yet.
+template <int ROWS, bool HOIST>
+__device__ __forceinline__ void deltanet_step_impl(
+    const float* __restrict__ x, const float* __restrict__ gamma, float eps, int d,
+    const float* __restrict__ ab_w, const float* __restrict__ proj, float* __restrict__ window,
+    const float* __restrict__ conv_w, int kernel, const int* __restrict__ step,
+    const float* __restrict__ a_neg, const float* __restrict__ dt_bias,
+    float* __restrict__ state, int hk, int dk, int dv, int v_tiled,
+    const float* __restrict__ norm_w, int regroup, float* __restrict__ out, i8* q,
+    float2* meta) {
+    __shared__ float qs[DN_MAX_DK];
+    __shared__ float ks[DN_MAX_DK];
+    __shared__ float vs[DN_MAX_DV];
+    __shared__ float os[DN_MAX_DV];
+    __shared__ float scratch[32];
+    pdl_launch_dependents();
+    const int head = blockIdx.x, hv = gridDim.x;
+    const int t = threadIdx.x, T = blockDim.x;
+    const int lane = t & 31, warp = t >> 5, nw = T >> 5;
+    const int kh = v_tiled ? head % hk : head / (hv / hk);
+    const int kw = hk * dk, cd = 2 * kw + hv * dv;
+    const float* wa = ab_w + (size_t)head * d;
+    const float* wb = ab_w + (size_t)(hv + head) * d;
+    const bool held = HOIST && d <= DN_AB_PER * T;
+    float pa[HOIST ? DN_AB_PER : 1], pb[HOIST ? DN_AB_PER : 1];
+    if (HOIST) {
+#pragma unroll
+        for (int k = 0; k < DN_AB_PER; k++) {
+            const int i = t + k * T;
+            pa[k] = held && i < d ? wa[i] : 0.0f;
+            pb[k] = held && i < d ? wb[i] : 0.0f;
+        }
+    }
+    pdl_wait();
+    const int pos = step[0];
+    float* hs = state + (size_t)head * dv * dk;
+    float s[ROWS][DN_MAX_DK / 32];
+    if (HOIST) dn_load_rows<ROWS>(s, hs, warp * ROWS, dv, dk, lane);
+
+    // 1. a and b of this head from RMSNorm(x)·gamma: Σ w·x·gamma, scaled by the norm's 1/rms.
+    float ss = 0.0f, sa = 0.0f, sb = 0.0f;
+    if (held) {
+#pragma unroll
+        for (int k = 0; k < (HOIST ? DN_AB_PER : 1); k++) {
+            const int i = t + k * T;
+            if (i < d) {
+                const float xi = x[i], xg = xi * gamma[i];
+                ss += xi * xi;
+                sa += pa[k] * xg;
+                sb += pb[k] * xg;
+            }
+        }
+    } else {
+#pragma unroll 4
+        for (int i = t; i < d; i += T) {
+            const float xi = x[i], xg = xi * gamma[i];
+            ss += xi * xi;
+            sa += wa[i] * xg;
+            sb += wb[i] * xg;
+        }
+    }
+    ss = block_sum(ss, scratch);
+    sa = block_sum(sa, scratch);
+    sb = block_sum(sb, scratch);
+    const float inv = 1.0f / sqrtf(ss / (float)d + eps);
+    const float g = expf(a_neg[head] * dn_softplus(sa * inv + dt_bias[head]));
+    const float beta = dn_sigmoid(sb * inv);
+
+    // 2. Conv + SiLU over the window, oldest input first (the CPU's order).
+    const bool owns_qk = v_tiled ? head < hk : head % (hv / hk) == 0;
+    for (int j = t; j < 2 * dk + dv; j += T) {
+        int c;
+        float* dst;
+        if (j < dk) {
+            c = kh * dk + j;
+            dst = qs + j;
+        } else if (j < 2 * dk) {
+            c = kw + kh * dk + (j - dk);
+            dst = ks + (j - dk);
+        } else {
+            c = 2 * kw + head * dv + (j - 2 * dk);
+            dst = vs + (j - 2 * dk);
+        }
+        const float* wc = conv_w + (size_t)c * kernel;
+        float acc = 0.0f;
+        for (int i = 0; i < kernel - 1; i++) {
+            const int p = pos - (kernel - 1) + i;
+            if (p >= 0) acc += wc[i] * window[(size_t)(p % kernel) * cd + c];
+        }
+        const float xc = proj[c];
+        acc += wc[kernel - 1] * xc;
+        if (j >= 2 * dk || owns_qk) window[(size_t)(pos % kernel) * cd + c] = xc;
+        *dst = acc * dn_sigmoid(acc);
+    }
+    __syncthreads();
+
+    // 3. L2-normalized q (also × 1/√dk) and k, then the delta rule.
+    float sq = 0.0f, sk = 0.0f;
+    for (int i = t; i < dk; i += T) {
+        sq += qs[i] * qs[i];
+        sk += ks[i] * ks[i];
+    }
+    sq = block_sum(sq, scratch);
+    sk = block_sum(sk, scratch);
+    const float iq = rsqrtf((float)dk) / sqrtf(sq + 1e-6f);
+    const float ik = 1.0f / sqrtf(sk + 1e-6f);
+    for (int i = t; i < dk; i += T) {
+        qs[i] *= iq;
+        ks[i] *= ik;
+    }
+    __syncthreads();
+    const int per_lane = dk / 32;
+    for (int i0 = warp * ROWS; i0 < dv; i0 += nw * ROWS) {
+        if (!HOIST || i0 != warp * ROWS) dn_load_rows<ROWS>(s, hs, i0, dv, dk, lane);
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            const int row = i0 + r;
+            float dot_k = 0.0f;
+#pragma unroll
+            for (int u = 0; u < DN_MAX_DK / 32; u++) {
+                if (u < per_lane) {
+                    s[r][u] *= g;
+                    dot_k += s[r][u] * ks[lane + 32 * u];
+                }
+            }
+            dot_k = warp_sum(dot_k);
+            const float delta = row < dv ? beta * (vs[row] - dot_k) : 0.0f;
+            float dot_q = 0.0f;
+#pragma unroll
+            for (int u = 0; u < DN_MAX_DK / 32; u++) {
+                if (u < per_lane) {
+                    s[r][u] += delta * ks[lane + 32 * u];
+                    if (row < dv) hs[(size_t)row * dk + lane + 32 * u] = s[r][u];
+                    dot_q += s[r][u] * qs[lane + 32 * u];
+                }
+            }
+            dot_q = warp_sum(dot_q);
+            if (lane == 0 && row < dv) os[row] = dot_q;
+        }
+    }
+    __syncthreads();
+
+    // 4. Gated RMSNorm: out = RMSNorm(o)·w · SiLU(z), z the rows after the conv channels.
+    float so = 0.0f;
+    for (int i = t; i < dv; i += T) so += os[i] * os[i];
+    so = block_sum(so, scratch);
+    const float io = 1.0f / sqrtf(so / (float)dv + eps);
+    const int at = regroup ? (head % hk) * (hv / hk) + head / hk : head;
+    const float* z = proj + cd + (size_t)head * dv;
+    for (int i = t; i < dv; i += T) {
+        const float zi = z[i];
+        const float v = os[i] * io * norm_w[i] * (zi * dn_sigmoid(zi));
+        out[(size_t)at * dv + i] = v;
+        vs[i] = v;
+    }
+    if (q == nullptr) return;
+    __syncthreads();
+    for (int j = warp; j < dv / QBLOCK; j += nw) {
+        quant_block_warp(vs[QBLOCK * j + lane], vs[QBLOCK * j + lane + 32],
+                         q + (size_t)at * dv + QBLOCK * j, meta + ((size_t)at * dv) / QBLOCK + j);
+    }
+}
+
+#define DELTANET_STEP(NAME, ROWS, HOIST)                                                          \
+    extern "C" __global__ void __launch_bounds__(512) NAME(                                      \
+        const float* x, const float* gamma, float eps, int d, const float* ab_w,                  \
+        const float* proj, float* window, const float* conv_w, int kernel, const int* step,      \
+        const float* a_neg, const float* dt_bias, float* state, int hk, int dk, int dv,          \
+        int v_tiled, const float* norm_w, int regroup, float* out, i8* q, float2* meta) {        \
+        deltanet_step_impl<ROWS, HOIST>(x, gamma, eps, d, ab_w, proj, window, conv_w, kernel,     \
+                                        step, a_neg, dt_bias, state, hk, dk, dv, v_tiled, norm_w, \
+                                        regroup, out, q, meta);                                   \
+    }
+DELTANET_STEP(deltanet_step, 4, false)
+DELTANET_STEP(deltanet_step_hoisted, 8, true)

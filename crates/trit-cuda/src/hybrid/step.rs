@@ -1,0 +1,461 @@
+//! The kernel sequence of one hybrid decode step (`CudaHybrid::enqueue_step`).
+//!
+//! Per DeltaNet layer, by default 8 kernels: RMSNorm (+ int8), q/k/v/z, `deltanet_step` (a/b,
+//! conv, delta rule, gated norm and the int8 blocks of its output in one kernel), ssm_out,
+//! RMSNorm, gate‖up, SwiGLU (+ int8), down. (Before: 12 — a/b, conv, recurrence, gated norm
+//! and quantization were five kernels; the a/b product alone, 96 f32 rows on 96 warps, took
+//! 16 µs of the layer's ~100 in ncu.) Full-attention layers: norm, q/k/v, prep, attention,
+//! quantization, o, and the same MLP. `TRIT_CUDA_DN_STEP=0` switches back to the five kernels
+//! (`=2`: `deltanet_step_hoisted`, loads reordered, not yet run on a GPU);
+//! `TRIT_CUDA_FUSED` (as for dense models, default off here) moves the norms into the fused
+//! GEMV's prologue (q/k/v/z, gate‖up with SwiGLU, head), which measured slower on the 27B
+//! widths.
+//!
+//! A Hadamard-rotated input (Bonsai 2) is prepared by `hadamard_quant` instead of the norm or
+//! quantization kernel it replaces (RMSNorm, SwiGLU or a copy, then `H_B(s ⊙ x)`, then int8);
+//! the fused GEMV then copies those int8 blocks (its prologue cannot rotate).
+
+use super::{CudaHybrid, State, DN_ROWS};
+use crate::device::{ptr, Arg};
+use crate::gemv::{
+    fused_fits, launch_ternary, launch_ternary_fused, FusedInput, FusedOpts, TernaryArgs,
+};
+use crate::hybrid_weights::{DevDeltaNet, DevFullAttention, DevMixer};
+use crate::launch::{self, QuantOut};
+use crate::rotation::{launch_rotate, RotOut, RotSource};
+use crate::weights::DevMatrix;
+use cudarc::driver::CudaSlice;
+use trit::Result;
+
+/// Where a matrix product reads its input.
+#[derive(Clone, Copy)]
+enum Input {
+    /// Made by an earlier kernel: f32 values (dense matrices read them) and their int8 blocks.
+    Ready { f32: u64, q: u64, meta: u64 },
+    /// The residual stream, RMS-normalized with `gamma` in the fused GEMV's prologue.
+    Norm { x: u64, gamma: u64 },
+}
+
+/// Rows per warp of the fused GEMV when the option asks for 1 (which it does not run).
+const FUSED_MIN_ROWS: usize = 2;
+
+impl CudaHybrid {
+    fn p(st: &State, x: &CudaSlice<f32>) -> u64 {
+        ptr(x, &st.gpu.stream)
+    }
+
+    fn ready(st: &State, f32: u64) -> Input {
+        Input::Ready {
+            f32,
+            q: ptr(&st.b.xq, &st.gpu.stream),
+            meta: Self::p(st, &st.b.xm),
+        }
+    }
+
+    /// `m`'s arguments when the fused GEMV can run it (ternary, fits) and `on`.
+    fn fusable(&self, st: &State, m: &DevMatrix, on: bool, glu: bool) -> Option<TernaryArgs> {
+        match m {
+            DevMatrix::Ternary {
+                rows,
+                cols,
+                codes,
+                scales,
+            } if on => {
+                let a = TernaryArgs::new(*rows, *cols, codes, scales, &st.gpu.stream);
+                fused_fits(&a, glu).then_some(a)
+            }
+            _ => None,
+        }
+    }
+
+    /// The input of the projections after an RMSNorm of the residual stream with `gamma`:
+    /// rotated (`hadamard_quant`, which also leaves the unrotated normed values in `xn`), left to
+    /// the fused GEMV's prologue when `fuse`, else `rms_norm_quant` (f32 in `xn`, int8 blocks).
+    fn norm_input(
+        &self,
+        st: &State,
+        gamma: &CudaSlice<f32>,
+        rot: Option<usize>,
+        fuse: bool,
+    ) -> Result<Input> {
+        let (g, b, c) = (&st.gpu, &st.b, &self.config);
+        let (x, xn) = (Self::p(st, &b.x), Self::p(st, &b.xn));
+        if let Some(r) = rot {
+            let out = RotOut {
+                prepared: xn,
+                rotated: Self::p(st, &b.xr),
+                q: ptr(&b.xq, &g.stream),
+                meta: Self::p(st, &b.xm),
+            };
+            let src = RotSource::Norm {
+                x,
+                gamma: Self::p(st, gamma),
+                eps: c.norm_eps,
+            };
+            launch_rotate(g, st.w.rotations.get(r), c.hidden, src, out)?;
+            return Ok(Self::ready(st, out.rotated));
+        }
+        if fuse {
+            return Ok(Input::Norm {
+                x,
+                gamma: Self::p(st, gamma),
+            });
+        }
+        let out = QuantOut {
+            f32: xn,
+            q: ptr(&b.xq, &g.stream),
+            meta: Self::p(st, &b.xm),
+        };
+        launch::rms_norm_quant(g, x, Self::p(st, gamma), c.norm_eps, c.hidden, out, 1)?;
+        Ok(Self::ready(st, xn))
+    }
+
+    /// The input of a projection of the `n` f32 values at `x`: rotated, or quantized.
+    fn vec_input(&self, st: &State, x: u64, n: usize, rot: Option<usize>) -> Result<Input> {
+        let (g, b) = (&st.gpu, &st.b);
+        let (xq, xm) = (ptr(&b.xq, &g.stream), Self::p(st, &b.xm));
+        match rot {
+            Some(r) => {
+                let out = RotOut {
+                    prepared: 0,
+                    rotated: Self::p(st, &b.xr),
+                    q: xq,
+                    meta: xm,
+                };
+                launch_rotate(g, st.w.rotations.get(r), n, RotSource::Copy { x }, out)?;
+                Ok(Self::ready(st, out.rotated))
+            }
+            None => {
+                launch::quantize_vec(g, x, n, xq, xm)?;
+                Ok(Self::ready(st, x))
+            }
+        }
+    }
+
+    /// `y (+)= m·input`, or with `glu` (m = gate‖up, fused GEMV only) `y = SwiGLU`.
+    fn project(
+        &self,
+        st: &State,
+        m: &DevMatrix,
+        input: Input,
+        y: u64,
+        accumulate: bool,
+        glu: bool,
+    ) -> Result<()> {
+        let g = &st.gpu;
+        let s = &g.stream;
+        let fused_input = match input {
+            Input::Norm { x, gamma } => Some(FusedInput::Norm {
+                x,
+                gamma,
+                eps: self.config.norm_eps,
+            }),
+            Input::Ready { q, meta, .. } if glu => Some(FusedInput::Q { q, meta }),
+            Input::Ready { .. } => None,
+        };
+        if let Some(fi) = fused_input {
+            let a = self
+                .fusable(st, m, true, glu)
+                .expect("the caller checked the fused GEMV runs this matrix");
+            let opts = FusedOpts {
+                r: self.rows_per_warp.max(FUSED_MIN_ROWS),
+                max_split: self.max_split,
+                accumulate,
+                glu,
+            };
+            return launch_ternary_fused(g, &a, fi, y, opts);
+        }
+        let Input::Ready { f32, q, meta } = input else {
+            unreachable!("handled above")
+        };
+        match m {
+            DevMatrix::Ternary {
+                rows,
+                cols,
+                codes,
+                scales,
+            } => {
+                let args = TernaryArgs::new(*rows, *cols, codes, scales, s);
+                launch_ternary(
+                    g,
+                    &args,
+                    q,
+                    meta,
+                    y,
+                    accumulate,
+                    self.rows_per_warp,
+                    self.max_split,
+                )
+            }
+            DevMatrix::Dense { rows, cols, w } => g.launch(
+                "dense_gemv",
+                (rows.div_ceil(4) as u32, 1),
+                128,
+                &[
+                    Arg::Ptr(ptr(w, s)),
+                    Arg::I32(*rows as i32),
+                    Arg::I32(*cols as i32),
+                    Arg::Ptr(f32),
+                    Arg::Ptr(y),
+                    Arg::I32(accumulate as i32),
+                ],
+            ),
+        }
+    }
+
+    /// Enqueues one decode step (position and token from device memory).
+    pub(super) fn enqueue_step(&self, st: &State, with_head: bool) -> Result<()> {
+        let (g, b, w) = (&st.gpu, &st.b, &st.w);
+        let (x, step) = (Self::p(st, &b.x), ptr(&b.step, &g.stream));
+        launch::embed(g, &w.embed, ptr(&b.toks, &g.stream), step, x, 1)?;
+        if let Some(r) = w.rot_embed {
+            let src = RotSource::Embed {
+                x,
+                round_f16: w.embed_f16,
+            };
+            let out = RotOut {
+                rotated: x,
+                ..RotOut::default()
+            };
+            launch_rotate(g, w.rotations.get(r), self.config.hidden, src, out)?;
+        }
+        for layer in &w.layers {
+            match &layer.mixer {
+                DevMixer::Linear(m) => self.delta_net(st, m, &layer.attn_norm)?,
+                DevMixer::Full(m) => self.full_attention(st, m, &layer.attn_norm)?,
+            }
+            self.mlp(st, layer)?;
+        }
+        if with_head {
+            let head = w.head();
+            let fuse = self.fusable(st, head, self.fused.head, false).is_some();
+            let input = self.norm_input(st, &w.final_norm, w.rot_head, fuse)?;
+            self.project(st, head, input, Self::p(st, &b.logits), false, false)?;
+        }
+        g.launch("advance_position", (1, 1), 32, &[Arg::Ptr(step)])
+    }
+
+    fn mlp(&self, st: &State, layer: &crate::hybrid_weights::DevHybridLayer) -> Result<()> {
+        let (g, b) = (&st.gpu, &st.b);
+        let ffn = self.config.ffn;
+        let glu = self
+            .fusable(st, &layer.gate_up, self.fused.gate_up, true)
+            .is_some();
+        let input = self.norm_input(st, &layer.post_norm, layer.rot_gu, glu)?;
+        let h = Self::p(st, &b.h);
+        let down_in = if glu {
+            self.project(st, &layer.gate_up, input, h, false, true)?;
+            self.vec_input(st, h, ffn, layer.rot_down)?
+        } else {
+            let gu = Self::p(st, &b.gu);
+            self.project(st, &layer.gate_up, input, gu, false, false)?;
+            match layer.rot_down {
+                Some(r) => {
+                    let out = RotOut {
+                        prepared: 0,
+                        rotated: Self::p(st, &b.xr),
+                        q: ptr(&b.xq, &g.stream),
+                        meta: Self::p(st, &b.xm),
+                    };
+                    let rot = st.w.rotations.get(r);
+                    launch_rotate(g, rot, ffn, RotSource::Glu { x: gu }, out)?;
+                    Self::ready(st, out.rotated)
+                }
+                None => {
+                    let out = QuantOut {
+                        f32: h,
+                        q: ptr(&b.xq, &g.stream),
+                        meta: Self::p(st, &b.xm),
+                    };
+                    launch::silu_mul_quant(g, gu, ffn, out, 1)?;
+                    Self::ready(st, h)
+                }
+            }
+        };
+        self.project(st, &layer.down, down_in, Self::p(st, &b.x), true, false)
+    }
+
+    fn full_attention(
+        &self,
+        st: &State,
+        m: &DevFullAttention,
+        attn_norm: &CudaSlice<f32>,
+    ) -> Result<()> {
+        let (c, hy) = (&self.config, &self.hy);
+        let (g, b, s) = (&st.gpu, &st.b, &st.gpu.stream);
+        let (hd, nh, nkv) = (c.head_dim, c.n_heads, c.n_kv_heads);
+        let p = |x: &CudaSlice<f32>| Self::p(st, x);
+        let step = ptr(&b.step, s);
+        let fuse = self.fusable(st, &m.qkv, self.fused.qkv, false).is_some();
+        let input = self.norm_input(st, attn_norm, m.rot_in, fuse)?;
+        self.project(st, &m.qkv, input, p(&b.proj), false, false)?;
+        g.launch(
+            "hybrid_attn_prep",
+            ((nh + nkv) as u32, 1),
+            hd as u32,
+            &[
+                Arg::Ptr(p(&b.proj)),
+                Arg::Ptr(p(&m.q_norm)),
+                Arg::Ptr(p(&m.k_norm)),
+                Arg::F32(c.norm_eps),
+                Arg::Ptr(p(&b.cos_sin)),
+                Arg::Ptr(step),
+                Arg::I32(nh as i32),
+                Arg::I32(nkv as i32),
+                Arg::I32(hd as i32),
+                Arg::I32(hy.rotary_dim as i32),
+                Arg::Ptr(ptr(&b.k_cache[m.slot], s)),
+                Arg::Ptr(ptr(&b.v_cache[m.slot], s)),
+                Arg::Ptr(p(&b.q)),
+                Arg::Ptr(p(&b.gate)),
+            ],
+        )?;
+        g.launch(
+            "hybrid_attn_decode",
+            (nh as u32, 1),
+            128,
+            &[
+                Arg::Ptr(p(&b.q)),
+                Arg::Ptr(p(&b.gate)),
+                Arg::Ptr(ptr(&b.k_cache[m.slot], s)),
+                Arg::Ptr(ptr(&b.v_cache[m.slot], s)),
+                Arg::Ptr(step),
+                Arg::I32(nh as i32),
+                Arg::I32(nkv as i32),
+                Arg::I32(hd as i32),
+                Arg::F32(1.0 / (hd as f32).sqrt()),
+                Arg::Ptr(p(&b.mixed)),
+            ],
+        )?;
+        let o_in = self.vec_input(st, p(&b.mixed), nh * hd, m.rot_out)?;
+        self.project(st, &m.o, o_in, p(&b.x), true, false)
+    }
+
+    /// Whether `deltanet_step` runs this layer (dense f32 a/b rows; head sizes it holds).
+    fn one_kernel_mixer(&self, m: &DevDeltaNet) -> bool {
+        self.dn_step.is_some()
+            && matches!(m.ab, DevMatrix::Dense { .. })
+            && self.hy.v_dim <= super::MAX_HEAD
+    }
+
+    fn delta_net(&self, st: &State, m: &DevDeltaNet, attn_norm: &CudaSlice<f32>) -> Result<()> {
+        let (c, hy) = (&self.config, &self.hy);
+        let (g, b, s) = (&st.gpu, &st.b, &st.gpu.stream);
+        let p = |x: &CudaSlice<f32>| Self::p(st, x);
+        let (cd, vw) = (hy.conv_dim(), hy.value_width());
+        let (xq, xm) = (ptr(&b.xq, s), p(&b.xm));
+        if self.one_kernel_mixer(m) {
+            let fuse = self.fusable(st, &m.qkvz, self.fused.qkv, false).is_some();
+            let input = self.norm_input(st, attn_norm, m.rot_in, fuse)?;
+            self.project(st, &m.qkvz, input, p(&b.proj), false, false)?;
+            // The int8 blocks of the output in the same kernel unless it is rotated.
+            let quant = m.rot_out.is_none() && hy.v_dim.is_multiple_of(64);
+            let DevMatrix::Dense { w: ab, .. } = &m.ab else {
+                unreachable!("one_kernel_mixer checked")
+            };
+            g.launch(
+                self.dn_step.expect("one_kernel_mixer checked"),
+                (hy.v_heads as u32, 1),
+                512,
+                &[
+                    Arg::Ptr(p(&b.x)),
+                    Arg::Ptr(p(attn_norm)),
+                    Arg::F32(c.norm_eps),
+                    Arg::I32(c.hidden as i32),
+                    Arg::Ptr(p(ab)),
+                    Arg::Ptr(p(&b.proj)),
+                    Arg::Ptr(p(&b.conv_window[m.slot])),
+                    Arg::Ptr(p(&m.conv)),
+                    Arg::I32(hy.conv_kernel as i32),
+                    Arg::Ptr(ptr(&b.step, s)),
+                    Arg::Ptr(p(&m.a_neg)),
+                    Arg::Ptr(p(&m.dt_bias)),
+                    Arg::Ptr(p(&b.ssm[m.slot])),
+                    Arg::I32(hy.k_heads as i32),
+                    Arg::I32(hy.k_dim as i32),
+                    Arg::I32(hy.v_dim as i32),
+                    Arg::I32(hy.v_tiled as i32),
+                    Arg::Ptr(p(&m.norm)),
+                    Arg::I32(st.w.regroup as i32),
+                    Arg::Ptr(p(&b.mixed)),
+                    Arg::Ptr(if quant { xq } else { 0 }),
+                    Arg::Ptr(if quant { xm } else { 0 }),
+                ],
+            )?;
+            let out_in = if quant {
+                Self::ready(st, p(&b.mixed))
+            } else {
+                self.vec_input(st, p(&b.mixed), vw, m.rot_out)?
+            };
+            return self.project(st, &m.out, out_in, p(&b.x), true, false);
+        }
+
+        // The separate kernels. a/b read the unrotated normed input: `xn` (f32), or its own
+        // int8 blocks when they are ternary and the shared ones hold the rotated input.
+        let input = self.norm_input(st, attn_norm, m.rot_in, false)?;
+        let ab_in = match (m.rot_in, &m.ab) {
+            (Some(_), DevMatrix::Ternary { .. }) => {
+                let (q, meta) = (ptr(&b.xq2, s), p(&b.xm2));
+                launch::quantize_vec(g, p(&b.xn), c.hidden, q, meta)?;
+                Input::Ready {
+                    f32: p(&b.xn),
+                    q,
+                    meta,
+                }
+            }
+            (Some(_), DevMatrix::Dense { .. }) => Self::ready(st, p(&b.xn)),
+            (None, _) => input,
+        };
+        self.project(st, &m.qkvz, input, p(&b.proj), false, false)?;
+        self.project(st, &m.ab, ab_in, p(&b.ab), false, false)?;
+        g.launch(
+            "deltanet_conv_silu",
+            (cd.div_ceil(256) as u32, 1),
+            256,
+            &[
+                Arg::Ptr(p(&b.proj)),
+                Arg::Ptr(p(&b.conv_window[m.slot])),
+                Arg::Ptr(p(&m.conv)),
+                Arg::I32(cd as i32),
+                Arg::I32(hy.conv_kernel as i32),
+                Arg::Ptr(p(&b.conv_out)),
+            ],
+        )?;
+        g.launch(
+            "deltanet_recur",
+            (hy.v_heads as u32, hy.v_dim.div_ceil(DN_ROWS) as u32),
+            128,
+            &[
+                Arg::Ptr(p(&b.conv_out)),
+                Arg::Ptr(p(&b.ab)),
+                Arg::Ptr(p(&m.a_neg)),
+                Arg::Ptr(p(&m.dt_bias)),
+                Arg::Ptr(p(&b.ssm[m.slot])),
+                Arg::I32(hy.k_heads as i32),
+                Arg::I32(hy.v_heads as i32),
+                Arg::I32(hy.k_dim as i32),
+                Arg::I32(hy.v_dim as i32),
+                Arg::I32(hy.v_tiled as i32),
+                Arg::Ptr(p(&b.o)),
+            ],
+        )?;
+        g.launch(
+            "deltanet_gated_norm",
+            (hy.v_heads as u32, 1),
+            128,
+            &[
+                Arg::Ptr(p(&b.o)),
+                // z: the rows after the conv channels.
+                Arg::Ptr(p(&b.proj) + 4 * cd as u64),
+                Arg::Ptr(p(&m.norm)),
+                Arg::F32(c.norm_eps),
+                Arg::I32(hy.v_dim as i32),
+                Arg::I32(hy.k_heads as i32),
+                Arg::I32(st.w.regroup as i32),
+                Arg::Ptr(p(&b.mixed)),
+            ],
+        )?;
+        let out_in = self.vec_input(st, p(&b.mixed), vw, m.rot_out)?;
+        self.project(st, &m.out, out_in, p(&b.x), true, false)
+    }
+}

@@ -1,0 +1,89 @@
+// Bonsai 2's Walsh–Hadamard rotated basis on the GPU (formats.md §8; the CPU reference is
+// trit's kernels/hadamard.rs `fwht_blocks` and model/rotation.rs). A rotated weight multiplies
+// H_B(s ⊙ x): the activation is prepared (copied, RMS-normalized, or the SwiGLU of gate‖up),
+// multiplied by its ±1 signs, transformed per block of B values, and quantized to the int8
+// blocks the ternary GEMV reads — one kernel where the unrotated path has its norm or
+// quantization kernel, so a rotation adds no launch there.
+//
+// One thread block per Hadamard block (B a power of two, 64..8192, held in shared memory):
+// log2 B butterfly stages (a + b, a − b: the scalar CPU loop's operations in its order, so the
+// transform itself is bit-identical), one scale by 1/√B, then each warp quantizes 64-value
+// blocks as quant_block_warp does (the CPU's ActQ8). The 64-value quantization blocks lie
+// inside one Hadamard block because B is a multiple of 64.
+
+#define HR_MAX_BLOCK 8192
+// What the rotated values are made from (`mode`).
+#define HR_COPY 0   // x
+#define HR_NORM 1   // RMSNorm(x) · gamma over all n values (each block sums the squares itself)
+#define HR_GLU 2    // silu(x[i]) · x[n + i] (x = gate‖up)
+#define HR_EMBED 3  // the embedding's inverse: s ⊙ H_B(x), optionally rounded to f16 around it
+
+__device__ __forceinline__ float hr_round16(float v) { return h2f(f2h(v)); }
+
+// xn (may be null): the prepared values before the rotation (the RMSNorm output, read by the
+// unrotated projections of the same input). xr (may be null): the rotated f32 values (dense
+// matrices read those; HR_EMBED writes its result there, xr may be x). q/meta (may be null):
+// the rotated values' int8 blocks and their (d, d·Σq).
+extern "C" __global__ void hadamard_quant(const float* x, const float* __restrict__ gamma,
+                                          float eps, int n, int mode,
+                                          const float* __restrict__ signs, int block,
+                                          int round_f16, float* xn, float* xr, i8* q,
+                                          float2* meta) {
+    __shared__ float buf[HR_MAX_BLOCK];
+    __shared__ float scratch[32];
+    pdl_launch_dependents();
+    pdl_wait();
+    const int t = threadIdx.x, T = blockDim.x;
+    const int base = blockIdx.x * block;
+    float inv = 1.0f;
+    if (mode == HR_NORM) {
+        float ss = 0.0f;
+        for (int i = t; i < n; i += T) ss += x[i] * x[i];
+        ss = block_sum(ss, scratch);
+        inv = 1.0f / sqrtf(ss / (float)n + eps);
+    }
+    for (int i = t; i < block; i += T) {
+        const int g = base + i;
+        float v;
+        if (mode == HR_NORM) {
+            v = x[g] * inv * gamma[g];
+        } else if (mode == HR_GLU) {
+            v = silu_mul(x[g], x[n + g]);
+        } else {
+            v = x[g];
+        }
+        if (mode == HR_EMBED) {
+            buf[i] = round_f16 ? hr_round16(v) : v;
+        } else {
+            if (xn != nullptr) xn[g] = v;
+            buf[i] = v * signs[g];
+        }
+    }
+    __syncthreads();
+    for (int h = 1; h < block; h *= 2) {
+        for (int p = t; p < block / 2; p += T) {
+            const int i = (p / h) * 2 * h + p % h;
+            const float a = buf[i], b = buf[i + h];
+            buf[i] = a + b;
+            buf[i + h] = a - b;
+        }
+        __syncthreads();
+    }
+    const float scale = 1.0f / sqrtf((float)block);
+    for (int i = t; i < block; i += T) {
+        float v = buf[i] * scale;
+        if (mode == HR_EMBED) {
+            v *= signs[base + i];
+            if (round_f16) v = hr_round16(v);
+        }
+        if (xr != nullptr) xr[base + i] = v;
+        buf[i] = v;
+    }
+    if (q == nullptr) return;
+    __syncthreads();
+    const int lane = t & 31, warp = t >> 5, nw = T >> 5;
+    for (int j = warp; j < block / QBLOCK; j += nw) {
+        quant_block_warp(buf[QBLOCK * j + lane], buf[QBLOCK * j + lane + 32],
+                         q + base + QBLOCK * j, meta + base / QBLOCK + j);
+    }
+}
