@@ -27,6 +27,7 @@ pub const SOURCES: &[(&str, &str)] = &[
         "hybrid_attention.cu",
         include_str!("kernels/hybrid_attention.cu"),
     ),
+    ("topk.cu", include_str!("kernels/topk.cu")),
 ];
 
 /// Kernels the decode step and the batched prefill launch (all must exist in the compiled
@@ -112,6 +113,9 @@ pub const KERNELS: &[&str] = &[
     "deltanet_gated_norm",
     "hybrid_attn_prep",
     "hybrid_attn_decode",
+    "row_top_candidates",
+    "ternary_gemm_small_wide_f16",
+    "ternary_gemm_small_wide_f32",
 ];
 
 /// The program text NVRTC compiles.

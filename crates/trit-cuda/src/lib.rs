@@ -32,6 +32,7 @@ mod launch;
 pub mod model;
 mod prefill;
 pub mod repack;
+pub mod topk;
 pub mod weights;
 
 pub use model::{load_model, CudaModel, CudaOptions, FusedSet};

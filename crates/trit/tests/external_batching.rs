@@ -290,7 +290,12 @@ fn serve(
     candidates: bool,
 ) -> (Vec<Reply>, Arc<SlotNet>) {
     let ctx = 128;
-    let net = Arc::new(SlotNet::new(Model::load(files, 2).unwrap(), 4, ctx, candidates));
+    let net = Arc::new(SlotNet::new(
+        Model::load(files, 2).unwrap(),
+        4,
+        ctx,
+        candidates,
+    ));
     let model = Arc::new(Model::from_external(Box::new(Shared(net.clone()))));
     let config = SchedulerConfig {
         n_ctx: ctx,
@@ -371,7 +376,10 @@ fn candidate_rows_give_the_tokens_and_logprobs_of_full_rows() {
         "The ocean is",
         "One, two, three,",
     ];
-    let prompts: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode(t, false).unwrap()).collect();
+    let prompts: Vec<Vec<u32>> = texts
+        .iter()
+        .map(|t| tok.encode(t, false).unwrap())
+        .collect();
     let (full, full_net) = serve(&files, &tok, &prompts, &requests, false);
     let (top, top_net) = serve(&files, &tok, &prompts, &requests, true);
     for (i, (f, t)) in full.iter().zip(&top).enumerate() {

@@ -518,9 +518,9 @@ impl Worker {
                 }
                 r.prompt_secs = r.started.elapsed().as_secs_f64();
             }
-            let mut step =
-                r.decoding
-                    .step_row(row, &self.tokenizer, r.tokens.len(), self.n_ctx);
+            let mut step = r
+                .decoding
+                .step_row(row, &self.tokenizer, r.tokens.len(), self.n_ctx);
             predicted += step.token.is_some() as u64;
             let listening = (r.req.sink)(SeqEvent::Piece {
                 token: step.token,

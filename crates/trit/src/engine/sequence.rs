@@ -123,7 +123,9 @@ impl Decoding {
         debug_assert!(self.exact_on_top(top.len()));
         let tok = self.sampler.sample_top(&top);
         let logprob = self.top_logprobs.map(|n| {
-            let lp = top.position(tok).map_or(f32::NEG_INFINITY, |i| top.logprob(i));
+            let lp = top
+                .position(tok)
+                .map_or(f32::NEG_INFINITY, |i| top.logprob(i));
             TokenLogprob {
                 token: tok,
                 logprob: lp,

@@ -33,11 +33,7 @@ impl TopLogits {
         }
         let mut idx: Vec<u32> = (0..row.len() as u32).collect();
         let k = k.min(idx.len());
-        let rank = |&a: &u32, &b: &u32| {
-            row[b as usize]
-                .total_cmp(&row[a as usize])
-                .then(a.cmp(&b))
-        };
+        let rank = |&a: &u32, &b: &u32| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b));
         idx.select_nth_unstable_by(k - 1, rank);
         idx.truncate(k);
         idx.sort_by(rank);

@@ -1,8 +1,8 @@
 //! Token selection. Order follows llama.cpp's default chain: penalties → top-k → top-p →
 //! min-p (both on untempered probabilities) → temperature → draw. Temperature 0 is greedy.
 
-use super::processors::Penalties;
 use super::candidates::TopLogits;
+use super::processors::Penalties;
 use super::rng::Rng;
 use crate::{Error, Result};
 
@@ -304,11 +304,23 @@ mod tests {
             assert!(p.exact_on_top(k), "setting {si}");
             for (ri, row) in test_rows().iter().enumerate() {
                 let top = TopLogits::from_row(row, k).unwrap();
-                let mut full = Sampler::new(SamplingParams { seed: ri as u64, ..p.clone() }).unwrap();
-                let mut cand = Sampler::new(SamplingParams { seed: ri as u64, ..p.clone() }).unwrap();
+                let mut full = Sampler::new(SamplingParams {
+                    seed: ri as u64,
+                    ..p.clone()
+                })
+                .unwrap();
+                let mut cand = Sampler::new(SamplingParams {
+                    seed: ri as u64,
+                    ..p.clone()
+                })
+                .unwrap();
                 for draw in 0..50 {
                     let want = full.sample(&mut row.clone(), &[1, 2, 3]);
-                    assert_eq!(cand.sample_top(&top), want, "setting {si}, row {ri}, draw {draw}");
+                    assert_eq!(
+                        cand.sample_top(&top),
+                        want,
+                        "setting {si}, row {ri}, draw {draw}"
+                    );
                 }
             }
         }
@@ -344,7 +356,9 @@ mod tests {
             ..Penalties::default()
         };
         let top = TopLogits::from_row(&row, 2).unwrap();
-        let full = Sampler::new(boost.clone()).unwrap().sample(&mut row.to_vec(), &[3]);
+        let full = Sampler::new(boost.clone())
+            .unwrap()
+            .sample(&mut row.to_vec(), &[3]);
         assert_eq!(full, 3);
         assert!(top.position(full).is_none());
     }
