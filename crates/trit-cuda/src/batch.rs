@@ -406,7 +406,8 @@ impl CudaModel {
         if let (Some(&lo), Some(&hi)) = (missing.first(), missing.last()) {
             let b = &mut batch.bufs;
             let span = b.logits.slice(lo * c.vocab..(hi + 1) * c.vocab);
-            let v = copy_to_pinned(&st.gpu, &span, &mut b.host_logits)?;
+            let v = copy_to_pinned(&st.gpu, &span, &mut b.host_logits)
+                .map_err(|e| Error::Unsupported(format!("rows {lo}..={hi} of {n} in full: {e}")))?;
             let rows: Vec<Vec<f32>> = missing
                 .par_iter()
                 .map(|&i| v[(i - lo) * c.vocab..(i - lo + 1) * c.vocab].to_vec())

@@ -50,6 +50,11 @@ pub(crate) fn copy_to_pinned<'a>(
     src: &impl DevicePtr<f32>,
     host: &'a mut PinnedHostSlice<f32>,
 ) -> Result<&'a [f32]> {
+    // cudarc keeps the errors of calls that return none (frees, event records) and reports
+    // them at the next call: name them as such, not as this copy's.
+    gpu.ctx
+        .check_err()
+        .map_err(|e| cuda_err("an earlier operation (reported before copying logits)", e))?;
     gpu.stream
         .memcpy_dtoh(src, host)
         .map_err(|e| cuda_err("copying logits to the host", e))?;

@@ -17,7 +17,7 @@ use trit::engine::{
 use trit::format::config::ModelConfig;
 use trit::model::{BatchSeq, ExternalNet, KvCache, Logits, Model};
 use trit::sample::rng::Rng;
-use trit::sample::{Penalties, SamplingParams, TopLogits};
+use trit::sample::{Penalties, RowLogits, SamplingParams, TopLogits};
 use trit::tokenizer::Tokenizer;
 use trit_cuda::topk::top_candidates_once;
 use trit_cuda::{CudaModel, CudaOptions};
@@ -101,6 +101,91 @@ fn top_candidates_kernel_matches_the_host_reference() {
     eprintln!("candidate kernel equals the host reference on {checked} rows");
 }
 
+fn default_model_path() -> PathBuf {
+    [
+        PathBuf::from("models/default/smollm2-135m-ternary-q2_0.gguf"),
+        PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../models/default/smollm2-135m-ternary-q2_0.gguf"
+        )),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .expect("default model not found (run from the repository root)")
+}
+
+/// `forward_batch_top` on the batched path, called directly: 6 sequences and their 6 twins
+/// (same prompts and tokens) in every call, the twins asking for candidates; each twin's
+/// candidates are the host reference's candidates of the other's full row (rows of a batch
+/// are computed independently, so the two rows are the same numbers). Rows that cannot be
+/// candidates come back in full: prompts (several tokens) even when asked.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn batched_rows_asked_as_candidates_are_the_candidates_of_the_full_rows() {
+    if gpu_missing() {
+        return;
+    }
+    let files = trit::format::open(&default_model_path()).unwrap();
+    let vocab = files.config.vocab;
+    let ctx = 96;
+    let gpu = CudaModel::load(&files, &CudaOptions::new(ctx)).unwrap();
+    let k = trit::sample::TOP_CANDIDATES;
+    let scripts: Vec<(Vec<u32>, Vec<u32>)> = (0..6)
+        .map(|i| {
+            (
+                prompt(3 + 7 * i, vocab, 40 + i as u64),
+                prompt(5, vocab, 70 + i as u64),
+            )
+        })
+        .collect();
+    let n_layers = files.config.n_layers;
+    let mut caches: Vec<KvCache> = (0..12).map(|_| KvCache::new(n_layers, 0, ctx)).collect();
+    for step in 0..=5 {
+        let feeds: Vec<Vec<u32>> = (0..12)
+            .map(|i| {
+                let (p, t) = &scripts[i % 6];
+                if step == 0 {
+                    p.clone()
+                } else {
+                    vec![t[step - 1]]
+                }
+            })
+            .collect();
+        let want: Vec<bool> = (0..12).map(|i| i >= 6).collect();
+        let mut batch: Vec<BatchSeq<'_>> = caches
+            .iter_mut()
+            .zip(&feeds)
+            .map(|(c, f)| BatchSeq {
+                tokens: f,
+                cache: c,
+                logits: Logits::Last,
+            })
+            .collect();
+        let rows = gpu.forward_batch_top(&mut batch, k, &want).unwrap();
+        for i in 0..6 {
+            let RowLogits::Full(full) = &rows[i] else {
+                panic!("step {step} row {i}: candidates that were not asked for")
+            };
+            assert_eq!(full.len(), vocab);
+            match &rows[i + 6] {
+                RowLogits::Full(twin) => {
+                    assert_eq!(step, 0, "step {step} row {}: a decode row in full", i + 6);
+                    assert_eq!(twin, full, "prompt rows of twins");
+                }
+                RowLogits::Top(top) => {
+                    assert!(step > 0, "a prompt row as candidates");
+                    let want = TopLogits::from_row(full, k).unwrap();
+                    assert_eq!(top.ids, want.ids, "step {step} row {i}: ids");
+                    assert_eq!(top.logits, want.logits, "step {step} row {i}: logits");
+                    let dz = (top.log_z - want.log_z).abs() / want.log_z.abs().max(1.0);
+                    assert!(dz < 1e-12, "step {step} row {i}: log_z {dz:e}");
+                }
+            }
+        }
+    }
+    eprintln!("batched candidates equal the host reference of the twin rows for 5 steps");
+}
+
 /// The GPU model with only `forward_batch` (the trait's default `forward_batch_top`): every
 /// row comes back in full, as before candidates existed.
 struct FullRows(Arc<CudaModel>);
@@ -167,6 +252,7 @@ fn serve(
     prompts: &[Vec<u32>],
     requests: &[(GenerateOptions, usize)],
     ctx: usize,
+    label: &str,
 ) -> Vec<Reply> {
     let model = Arc::new(Model::from_external(net));
     let config = SchedulerConfig {
@@ -203,7 +289,7 @@ fn serve(
                     }
                     SeqEvent::Done(_) => break (tokens, lps),
                     SeqEvent::Prompt { .. } => {}
-                    SeqEvent::Error(e) => panic!("unexpected error {e}"),
+                    SeqEvent::Error(e) => panic!("{label}: unexpected error {e}"),
                 }
             }
         })
@@ -216,17 +302,7 @@ fn scheduler_on_the_gpu_samples_the_same_from_candidates_as_from_full_rows() {
     if gpu_missing() {
         return;
     }
-    let path = [
-        PathBuf::from("models/default/smollm2-135m-ternary-q2_0.gguf"),
-        PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../models/default/smollm2-135m-ternary-q2_0.gguf"
-        )),
-    ]
-    .into_iter()
-    .find(|p| p.exists())
-    .expect("default model not found (run from the repository root)");
-    let files = trit::format::open(&path).unwrap();
+    let files = trit::format::open(&default_model_path()).unwrap();
     let tok = Arc::new(Tokenizer::from_source(&files.tokenizer).unwrap());
     let ctx = 128;
     let gpu = Arc::new(CudaModel::load(&files, &CudaOptions::new(ctx)).unwrap());
@@ -267,19 +343,22 @@ fn scheduler_on_the_gpu_samples_the_same_from_candidates_as_from_full_rows() {
     let prompts: Vec<Vec<u32>> = (0..requests.len())
         .map(|i| tok.encode(texts[i % texts.len()], false).unwrap())
         .collect();
-    let full = serve(
-        Box::new(FullRows(gpu.clone())),
-        &tok,
-        &prompts,
-        &requests,
-        ctx,
-    );
+    // Candidates first: the full-row run is the reference either way.
     let top = serve(
         Box::new(Candidates(gpu.clone())),
         &tok,
         &prompts,
         &requests,
         ctx,
+        "candidates",
+    );
+    let full = serve(
+        Box::new(FullRows(gpu.clone())),
+        &tok,
+        &prompts,
+        &requests,
+        ctx,
+        "full rows",
     );
     let mut worst = 0f32;
     for (i, (f, t)) in full.iter().zip(&top).enumerate() {
