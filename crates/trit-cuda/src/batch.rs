@@ -42,8 +42,9 @@ fn use_graph() -> bool {
     std::env::var("TRIT_CUDA_BATCH_GRAPH").map_or(true, |v| v != "0")
 }
 
-/// Ternary GEMM of the decode step: the small-batch kernel (TRIT_CUDA_BATCH_GEMM=wide: its
-/// wide-load variant), or with TRIT_CUDA_BATCH_GEMM=prefill the prefill's (for comparison).
+/// Ternary GEMM of the decode step: the small-batch kernel (its wide-load variant;
+/// TRIT_CUDA_BATCH_GEMM=plain: the first one), or with TRIT_CUDA_BATCH_GEMM=prefill the
+/// prefill's (for comparison).
 fn use_small_gemm() -> bool {
     std::env::var("TRIT_CUDA_BATCH_GEMM").map_or(true, |v| v != "prefill")
 }

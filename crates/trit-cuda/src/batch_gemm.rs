@@ -16,11 +16,12 @@ pub enum SmallGemm {
 }
 
 impl SmallGemm {
-    /// TRIT_CUDA_BATCH_GEMM=wide picks `Wide`; otherwise `Plain`.
+    /// `Wide` (measured faster at 32 and 64 sequences on the H200, BENCHMARKS.md "GPU batched
+    /// decode, session 6"), or `Plain` with TRIT_CUDA_BATCH_GEMM=plain.
     pub fn from_env() -> SmallGemm {
         match std::env::var("TRIT_CUDA_BATCH_GEMM").as_deref() {
-            Ok("wide") => SmallGemm::Wide,
-            _ => SmallGemm::Plain,
+            Ok("plain") => SmallGemm::Plain,
+            _ => SmallGemm::Wide,
         }
     }
 

@@ -113,8 +113,7 @@ pub const KERNELS: &[&str] = &[
     "deltanet_gated_norm",
     "hybrid_attn_prep",
     "hybrid_attn_decode",
-    "row_top_partial",
-    "row_top_merge",
+    "row_top_candidates",
     "ternary_gemm_small_wide_f16",
     "ternary_gemm_small_wide_f32",
 ];

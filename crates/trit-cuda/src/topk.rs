@@ -10,22 +10,8 @@ use trit::{Error, Result};
 /// Most candidates per row the kernel gives (its shared arrays; `TOPK_MAX` in topk.cu).
 pub const MAX_CANDIDATES: usize = 256;
 
-/// `TOPK_THREADS` in topk.cu (also the most candidates the merge kernel ranks).
+/// `TOPK_THREADS` in topk.cu.
 const THREADS: u32 = 1024;
-
-/// Most slices a row is split into (each slice one block of the first kernel).
-const MAX_PARTS: usize = 8;
-
-/// Words of one slice's record in the scratch buffer (`TOPK_PART_EXTRA` = 4 in topk.cu).
-fn part_words(k: usize) -> usize {
-    2 * k + 4
-}
-
-/// Slices per row: enough blocks for a batch of rows to fill the GPU, each slice long enough
-/// to hold k entries (≥ 16,384 when there are several) and parts × k within one merge block.
-fn parts_for(k: usize, vocab: usize) -> usize {
-    (vocab / 16_384).clamp(1, MAX_PARTS.min(THREADS as usize / k))
-}
 
 /// 32-bit words per row of the kernel's output.
 pub(crate) fn words_per_row(k: usize) -> usize {
@@ -38,15 +24,13 @@ pub(crate) fn supported(k: usize, vocab: usize) -> bool {
 }
 
 /// Enqueues the reduction of `rows` rows of `vocab` logits at device address `logits` into
-/// `out` (`rows × words_per_row(k)` words), through `scratch` (`rows × MAX_PARTS ×
-/// part_words(MAX_CANDIDATES)` words).
+/// `out` (`rows × words_per_row(k)` words).
 pub(crate) fn launch(
     gpu: &Gpu,
     logits: u64,
     rows: usize,
     vocab: usize,
     k: usize,
-    scratch: u64,
     out: u64,
 ) -> Result<()> {
     if !supported(k, vocab) {
@@ -54,27 +38,14 @@ pub(crate) fn launch(
             "{k} candidates of a {vocab}-entry row (1 to {MAX_CANDIDATES}, at most the row)"
         )));
     }
-    let parts = parts_for(k, vocab);
     gpu.launch(
-        "row_top_partial",
-        (rows as u32, parts as u32),
+        "row_top_candidates",
+        (rows as u32, 1),
         THREADS,
         &[
             Arg::Ptr(logits),
             Arg::I32(vocab as i32),
             Arg::I32(k as i32),
-            Arg::I32(parts as i32),
-            Arg::Ptr(scratch),
-        ],
-    )?;
-    gpu.launch(
-        "row_top_merge",
-        (rows as u32, 1),
-        THREADS,
-        &[
-            Arg::Ptr(scratch),
-            Arg::I32(k as i32),
-            Arg::I32(parts as i32),
             Arg::Ptr(out),
         ],
     )
@@ -97,7 +68,6 @@ pub(crate) fn unpack(words: &[u32], k: usize) -> Option<TopLogits> {
 
 /// Device and pinned host buffers of the kernel's output for up to `rows` rows.
 pub(crate) struct TopBuffers {
-    scratch: CudaSlice<u32>,
     pub(crate) dev: CudaSlice<u32>,
     pub(crate) host: PinnedHostSlice<u32>,
 }
@@ -106,7 +76,6 @@ impl TopBuffers {
     pub(crate) fn new(gpu: &Gpu, rows: usize) -> Result<TopBuffers> {
         let n = rows * words_per_row(MAX_CANDIDATES);
         Ok(TopBuffers {
-            scratch: gpu.zeros(rows * MAX_PARTS * part_words(MAX_CANDIDATES))?,
             dev: gpu.zeros(n)?,
             // Plain page-locked memory, read by the host (not write-combined).
             // SAFETY: read only after the copy into it and a stream synchronize.
@@ -126,31 +95,35 @@ impl TopBuffers {
         k: usize,
     ) -> Result<Vec<Option<TopLogits>>> {
         let w = words_per_row(k);
+        let n = rows * w;
+        if n > self.host.len() {
+            return Err(Error::InvalidArgument(format!(
+                "candidates of {rows} rows for buffers of {} words",
+                self.host.len()
+            )));
+        }
+        // Errors cudarc kept from calls that return none, named as such.
         gpu.ctx.check_err().map_err(|e| {
             cuda_err(
                 "an earlier operation (reported before the candidate kernel)",
                 e,
             )
         })?;
-        let s = &gpu.stream;
-        launch(
-            gpu,
-            logits,
-            rows,
-            vocab,
-            k,
-            ptr(&self.scratch, s),
-            ptr(&self.dev, s),
-        )?;
+        launch(gpu, logits, rows, vocab, k, ptr(&self.dev, &gpu.stream))?;
+        // Into the first `n` words: cudarc copies as many bytes as the destination holds.
+        let dst = &mut self
+            .host
+            .as_mut_slice()
+            .map_err(|e| cuda_err("waiting for pinned candidates", e))?[..n];
         gpu.stream
-            .memcpy_dtoh(&self.dev.slice(0..rows * w), &mut self.host)
+            .memcpy_dtoh(&self.dev.slice(0..n), dst)
             .map_err(|e| cuda_err("copying candidates to the host", e))?;
         gpu.sync()?;
         let words = self
             .host
             .as_slice()
             .map_err(|e| cuda_err("reading pinned candidates", e))?;
-        Ok(words[..rows * w].chunks(w).map(|r| unpack(r, k)).collect())
+        Ok(words[..n].chunks(w).map(|r| unpack(r, k)).collect())
     }
 }
 

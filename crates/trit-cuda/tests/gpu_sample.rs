@@ -96,8 +96,8 @@ fn top_candidates_kernel_matches_the_host_reference() {
         "non-finite normalizers refused"
     );
     // Sizes the kernel does not take are refused, not run.
-    assert!(top_candidates_once(&gpu, &vec![0.0; 50], 50, 64).is_err());
-    assert!(top_candidates_once(&gpu, &vec![0.0; 1000], 1000, 257).is_err());
+    assert!(top_candidates_once(&gpu, &[0.0; 50], 50, 64).is_err());
+    assert!(top_candidates_once(&gpu, &[0.0; 1000], 1000, 257).is_err());
     eprintln!("candidate kernel equals the host reference on {checked} rows");
 }
 

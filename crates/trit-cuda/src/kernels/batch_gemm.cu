@@ -17,18 +17,13 @@
 // k-slots in another order — lane t takes columns 16t..16t+15 of every row and token, which a
 // dot product over k allows as long as weights and activations agree. Each lane then loads
 // one 32-bit word of codes per row (word t of the row's 16 bytes) and one 16-byte vector of
-// activations per token tile, instead of 16 bytes per row and four 4-byte loads per tile; and
-// it prefetches the next block's activations into L1 along with the next weights.
+// activations per token tile, instead of 16 bytes per row and four 4-byte loads per tile.
 
 #define SG_ROWS 32
 #define SG_TOKS 32
 #define SG_WARPS 8
 
 // mma_u8s8 and codes4 come from prefill.cu, load_scale from gemv.cu (compiled before this file).
-
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
 
 template <typename S, bool WIDE>
 __device__ __forceinline__ void small_gemm(const uint4* __restrict__ codes,
@@ -101,22 +96,7 @@ __device__ __forceinline__ void small_gemm(const uint4* __restrict__ codes,
             sr[mi][0] = sc[2 * mi];
             sr[mi][1] = sc[2 * mi + 1];
         }
-        if (b + SG_WARPS < nb) {
-            load_w(b + SG_WARPS);
-            // WIDE: the next block's activations and their scales into L1 now (registers
-            // stay free), so the loads below do not wait on L2 with few warps per SM.
-            if (WIDE) {
-#pragma unroll
-                for (int ni = 0; ni < 4; ni++) {
-                    if (ni >= ntiles) break;
-                    const int tb = tok0 + ni * 8, nb2 = b + SG_WARPS;
-                    prefetch_l1(xq + (size_t)min(tb + g, ntok - 1) * K + (size_t)nb2 * QBLOCK +
-                                16 * t);
-                    prefetch_l1(meta + (size_t)min(tb + 2 * t, ntok - 1) * nb + nb2);
-                    prefetch_l1(meta + (size_t)min(tb + 2 * t + 1, ntok - 1) * nb + nb2);
-                }
-            }
-        }
+        if (b + SG_WARPS < nb) load_w(b + SG_WARPS);
 #pragma unroll
         for (int ni = 0; ni < 4; ni++) {
             if (ni >= ntiles) break;
