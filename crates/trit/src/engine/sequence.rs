@@ -5,7 +5,7 @@
 //! same in `trit run` and `trit serve`.
 
 use super::generate::{FinishReason, GenerateOptions, StopMatcher};
-use crate::sample::candidates::log_sum_exp;
+use crate::sample::candidates::{log_sum_exp, top_k_indices};
 use crate::sample::{RowLogits, Sampler};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::Result;
@@ -206,20 +206,7 @@ impl Decoding {
 pub fn token_logprob(logits: &[f32], token: u32, top: usize) -> TokenLogprob {
     let log_z = log_sum_exp(logits);
     let lp = |i: usize| (logits[i] as f64 - log_z) as f32;
-    let mut best: Vec<u32> = Vec::new();
-    if top > 0 {
-        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-        let k = top.min(idx.len());
-        let rank = |&a: &u32, &b: &u32| {
-            logits[b as usize]
-                .total_cmp(&logits[a as usize])
-                .then(a.cmp(&b))
-        };
-        idx.select_nth_unstable_by(k - 1, rank);
-        idx.truncate(k);
-        idx.sort_by(rank);
-        best = idx;
-    }
+    let best = top_k_indices(logits, top, false);
     TokenLogprob {
         token,
         logprob: lp(token as usize),

@@ -31,12 +31,7 @@ impl TopLogits {
         if !log_z.is_finite() || k == 0 {
             return None;
         }
-        let mut idx: Vec<u32> = (0..row.len() as u32).collect();
-        let k = k.min(idx.len());
-        let rank = |&a: &u32, &b: &u32| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b));
-        idx.select_nth_unstable_by(k - 1, rank);
-        idx.truncate(k);
-        idx.sort_by(rank);
+        let idx = top_k_indices(row, k, false);
         Some(TopLogits {
             logits: idx.iter().map(|&i| row[i as usize]).collect(),
             ids: idx,
@@ -76,6 +71,50 @@ impl TopLogits {
     }
 }
 
+/// Indices of the `k` largest entries of `row` (only the finite ones when `finite_only`), in
+/// rank order: larger value first by `f32::total_cmp`, then lower index. One pass that keeps
+/// a small buffer of entries above a running floor, so a 151,936-entry row costs a scan
+/// rather than a selection over all of it (the same result as sorting the whole row).
+pub fn top_k_indices(row: &[f32], k: usize, finite_only: bool) -> Vec<u32> {
+    let rank = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    if k == 0 {
+        return Vec::new();
+    }
+    let cap = (4 * k).max(256);
+    let mut buf: Vec<(u32, f32)> = Vec::with_capacity(cap);
+    // Once set: the k-th best so far. A later entry has a higher index, so it ranks below
+    // the k-th unless its value is strictly greater (in total order).
+    let mut floor: Option<f32> = None;
+    for (i, &l) in row.iter().enumerate() {
+        if finite_only && !l.is_finite() {
+            continue;
+        }
+        if let Some(f) = floor {
+            // A plain comparison decides all but equal values and NaN, where the total
+            // order (−0.0 below +0.0, NaN by sign) decides.
+            let above = match l.partial_cmp(&f) {
+                Some(o) if o != std::cmp::Ordering::Equal => o == std::cmp::Ordering::Greater,
+                _ => l.total_cmp(&f) == std::cmp::Ordering::Greater,
+            };
+            if !above {
+                continue;
+            }
+        }
+        buf.push((i as u32, l));
+        if buf.len() == cap {
+            buf.select_nth_unstable_by(k - 1, rank);
+            buf.truncate(k);
+            floor = Some(buf[k - 1].1);
+        }
+    }
+    if buf.len() > k {
+        buf.select_nth_unstable_by(k - 1, rank);
+        buf.truncate(k);
+    }
+    buf.sort_by(rank);
+    buf.into_iter().map(|(i, _)| i).collect()
+}
+
 /// `max + ln Σ exp(l − max)` in f64, the log-softmax normalizer of a row.
 pub fn log_sum_exp(row: &[f32]) -> f64 {
     let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
@@ -98,6 +137,46 @@ pub enum RowLogits {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sample::rng::Rng;
+
+    /// Every entry ranked, the first k kept: what `top_k_indices` must equal.
+    fn sorted_top(row: &[f32], k: usize, finite_only: bool) -> Vec<u32> {
+        let mut idx: Vec<u32> = (0..row.len() as u32)
+            .filter(|&i| !finite_only || row[i as usize].is_finite())
+            .collect();
+        idx.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+        idx.truncate(k);
+        idx
+    }
+
+    #[test]
+    fn one_pass_top_k_equals_ranking_the_whole_row() {
+        let mut rng = Rng::new(5);
+        for case in 0..40 {
+            let n = [1, 7, 300, 3000, 20_000][case % 5];
+            // Few distinct values (many ties, also at the cut), or increasing rows (the
+            // floor moves often); −inf, ±0.0, NaN and +inf sprinkled in.
+            let levels = [4.0, 50.0, 1e6][case % 3];
+            let mut row: Vec<f32> = (0..n)
+                .map(|i| match case % 4 {
+                    3 => i as f32 * 0.5,
+                    _ => (rng.next_f64() * levels).floor() as f32 - 2.0,
+                })
+                .collect();
+            for j in (0..n).step_by(11) {
+                row[j] = [f32::NEG_INFINITY, 0.0, -0.0, f32::NAN, f32::INFINITY][j % 5];
+            }
+            for k in [1, 2, 20, 64, 300, n + 5] {
+                for finite_only in [true, false] {
+                    assert_eq!(
+                        top_k_indices(&row, k, finite_only),
+                        sorted_top(&row, k, finite_only),
+                        "case {case}, n {n}, k {k}, finite_only {finite_only}"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn top_of_a_row_is_sorted_with_ties_by_id_and_exact_log_z() {

@@ -1,7 +1,7 @@
 //! Token selection. Order follows llama.cpp's default chain: penalties → top-k → top-p →
 //! min-p (both on untempered probabilities) → temperature → draw. Temperature 0 is greedy.
 
-use super::candidates::TopLogits;
+use super::candidates::{top_k_indices, TopLogits};
 use super::processors::Penalties;
 use super::rng::Rng;
 use crate::{Error, Result};
@@ -93,26 +93,25 @@ impl Sampler {
             return argmax(logits);
         }
         // Candidates sorted by logit, descending (ties: lower id first, the order the GPU's
-        // candidate kernel uses too); top-k bounds the sort.
-        let mut cand: Vec<(u32, f32)> = logits
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.is_finite())
-            .map(|(i, &l)| (i as u32, l))
-            .collect();
+        // candidate kernel uses too); a top-k takes one pass over the row, no top-k sorts it.
+        let cand: Vec<(u32, f32)> = if p.top_k == 0 {
+            let mut all: Vec<(u32, f32)> = logits
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.is_finite())
+                .map(|(i, &l)| (i as u32, l))
+                .collect();
+            all.sort_by(by_rank);
+            all
+        } else {
+            top_k_indices(logits, p.top_k, true)
+                .into_iter()
+                .map(|i| (i, logits[i as usize]))
+                .collect()
+        };
         if cand.is_empty() {
             return 0;
         }
-        let k = if p.top_k == 0 {
-            cand.len()
-        } else {
-            p.top_k.min(cand.len())
-        };
-        if k < cand.len() {
-            cand.select_nth_unstable_by(k - 1, by_rank);
-            cand.truncate(k);
-        }
-        cand.sort_by(by_rank);
         self.draw(cand)
     }
 
