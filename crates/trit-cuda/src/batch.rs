@@ -13,13 +13,14 @@
 //! (`kernels/batch.cu`), and the LM head for the B rows. No CUDA graph: with B rows the launch
 //! cost is shared.
 
-use crate::batch_gemm::launch_small_gemm;
+use crate::batch_gemm::{launch_small_gemm, SmallGemm};
 use crate::device::{cuda_err, ptr, Arg, Gpu};
 use crate::gemv::TernaryArgs;
 use crate::graph::{copy_to_pinned, StepGraph};
 use crate::launch;
 use crate::model::{CudaModel, Input, State};
 use crate::prefill::KvTarget;
+use crate::topk::{self, TopBuffers};
 use crate::weights::DevMatrix;
 use cudarc::driver::{CudaSlice, PinnedHostSlice};
 use rayon::prelude::*;
@@ -28,6 +29,7 @@ use std::time::Instant;
 use trit::format::config::{ModelConfig, RopeStyle};
 use trit::model::device_slot::SlotPool;
 use trit::model::{BatchSeq, Logits};
+use trit::sample::RowLogits;
 use trit::{Error, Result};
 
 /// Sequences one batched call carries at most, unless TRIT_CUDA_MAX_SEQS says otherwise: one
@@ -40,8 +42,9 @@ fn use_graph() -> bool {
     std::env::var("TRIT_CUDA_BATCH_GRAPH").map_or(true, |v| v != "0")
 }
 
-/// Ternary GEMM of the decode step: the small-batch kernel, or with TRIT_CUDA_BATCH_GEMM=prefill
-/// the prefill's (for comparison).
+/// Ternary GEMM of the decode step: the small-batch kernel (its wide-load variant;
+/// TRIT_CUDA_BATCH_GEMM=plain: the first one), or with TRIT_CUDA_BATCH_GEMM=prefill the
+/// prefill's (for comparison).
 fn use_small_gemm() -> bool {
     std::env::var("TRIT_CUDA_BATCH_GEMM").map_or(true, |v| v != "prefill")
 }
@@ -89,6 +92,8 @@ pub(crate) struct BatchState {
     tab: CudaSlice<u64>,
     tab_host: Vec<u64>,
     bufs: RowBuffers,
+    /// The rows' best candidates (`forward_batch_top`), on the device and on the host.
+    top: TopBuffers,
     /// Decode steps captured per number of rows (the row count is a launch argument; the
     /// tokens, positions, slots and slot table are read from device memory, so one graph
     /// serves every step of that size).
@@ -108,6 +113,7 @@ impl BatchState {
             tab: gpu.upload(&tab_host)?,
             tab_host,
             graphs: HashMap::new(),
+            top: TopBuffers::new(gpu, max_seqs)?,
             bufs: RowBuffers {
                 toks: gpu.zeros(n)?,
                 step: gpu.zeros(2)?,
@@ -172,6 +178,8 @@ struct Row {
     slot: usize,
     pos: usize,
     token: u32,
+    /// Whether its best candidates will do instead of its logits.
+    want_top: bool,
 }
 
 impl CudaModel {
@@ -200,7 +208,33 @@ impl CudaModel {
 
     /// `ExternalNet::forward_batch` on the GPU (see the module documentation).
     pub(crate) fn forward_batch_gpu(&self, seqs: &mut [BatchSeq<'_>]) -> Result<Vec<Vec<f32>>> {
+        let rows = self.forward_batch_rows(seqs, 0, &[])?;
+        Ok(rows
+            .into_iter()
+            .map(|r| match r {
+                RowLogits::Full(l) => l,
+                RowLogits::Top(_) => unreachable!("no candidates were asked for"),
+            })
+            .collect())
+    }
+
+    /// `ExternalNet::forward_batch_top` on the GPU: decode rows with `want_top` set come back
+    /// as their `k` best candidates (reduced on the device, `topk.rs`) unless their
+    /// normalizer is not finite; every other row in full. An empty `want_top`: all in full.
+    pub(crate) fn forward_batch_rows(
+        &self,
+        seqs: &mut [BatchSeq<'_>],
+        k: usize,
+        want_top: &[bool],
+    ) -> Result<Vec<RowLogits>> {
         let c = &self.config;
+        if !want_top.is_empty() && want_top.len() != seqs.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} candidate flags for {} sequences",
+                want_top.len(),
+                seqs.len()
+            )));
+        }
         for s in seqs.iter() {
             trit::model::check_input(s.tokens, s.cache, c.vocab)?;
             if s.cache.capacity() > self.ctx {
@@ -257,7 +291,7 @@ impl CudaModel {
             let slot = s.cache.device_slot().expect("set above").index();
             batch.ensure_slot(&st.gpu, c, self.ctx, slot)?;
         }
-        let mut out: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];
+        let mut out: Vec<RowLogits> = vec![RowLogits::Full(Vec::new()); seqs.len()];
         let mut rows = Vec::new();
         let mut row_of = Vec::new();
         for (i, s) in seqs.iter().enumerate() {
@@ -268,6 +302,7 @@ impl CudaModel {
                     slot,
                     pos,
                     token: s.tokens[0],
+                    want_top: want_top.get(i).copied().unwrap_or(false),
                 });
                 row_of.push(i);
                 continue;
@@ -286,10 +321,10 @@ impl CudaModel {
                 .as_ref()
                 .expect("created above")
                 .target(&st.gpu, slot, self.ctx);
-            out[i] = self.prefill_into(st, s.tokens, pos, s.logits, &kv)?;
+            out[i] = RowLogits::Full(self.prefill_into(st, s.tokens, pos, s.logits, &kv)?);
         }
         if !rows.is_empty() {
-            let logits = self.decode_rows(st, &rows)?;
+            let logits = self.decode_rows(st, &rows, k)?;
             for (l, i) in logits.into_iter().zip(row_of) {
                 out[i] = l;
             }
@@ -298,16 +333,19 @@ impl CudaModel {
             s.cache.advance(s.tokens.len());
         }
         // `Logits::All` of a one-token feed is its one row, like `Last`.
-        debug_assert!(seqs.iter().zip(&out).all(
-            |(s, o)| o.len() % c.vocab == 0 && (s.logits == Logits::All || o.len() == c.vocab)
-        ));
+        debug_assert!(seqs.iter().zip(&out).all(|(s, o)| match o {
+            RowLogits::Full(o) =>
+                o.len() % c.vocab == 0 && (s.logits == Logits::All || o.len() == c.vocab),
+            RowLogits::Top(t) => s.tokens.len() == 1 && t.len() == k,
+        }));
         Ok(out)
     }
 
-    /// One decode step for `rows` (one token each); returns each row's logits. With
-    /// TRIT_CUDA_BATCH_TIMING=1 it prints where the step's time goes (synchronizing between the
-    /// phases, so for looking only, not for measuring the total).
-    fn decode_rows(&self, st: &mut State, rows: &[Row]) -> Result<Vec<Vec<f32>>> {
+    /// One decode step for `rows` (one token each); returns each row's logits, or its `k`
+    /// best candidates where the row asks for them. With TRIT_CUDA_BATCH_TIMING=1 it prints
+    /// where the step's time goes (synchronizing between the phases, so for looking only, not
+    /// for measuring the total).
+    fn decode_rows(&self, st: &mut State, rows: &[Row], k: usize) -> Result<Vec<RowLogits>> {
         let c = &self.config;
         let n = rows.len();
         let timing = std::env::var("TRIT_CUDA_BATCH_TIMING").is_ok_and(|v| v == "1");
@@ -349,23 +387,41 @@ impl CudaModel {
             st.gpu.sync()?;
         }
         let t3 = Instant::now();
-        let b = &mut st
-            .batch
-            .as_mut()
-            .expect("created by forward_batch_gpu")
-            .bufs;
-        let len = n * c.vocab;
-        let v = copy_to_pinned(&st.gpu, &b.logits.slice(0..len), &mut b.host_logits)?;
+        let batch = st.batch.as_mut().expect("created by forward_batch_gpu");
+        let mut out: Vec<Option<RowLogits>> = vec![None; n];
+        if rows.iter().any(|r| r.want_top) && topk::supported(k, c.vocab) {
+            // Every row (one block each, microseconds); only those that asked keep theirs.
+            let logits = ptr(&batch.bufs.logits, &st.gpu.stream);
+            let tops = batch.top.run(&st.gpu, logits, n, c.vocab, k)?;
+            for ((o, r), t) in out.iter_mut().zip(rows).zip(tops) {
+                if r.want_top {
+                    *o = t.map(RowLogits::Top);
+                }
+            }
+        }
         let t4 = Instant::now();
-        // One owned vector per sequence (the sampler takes it), copied out of the pinned
-        // buffer on several threads: B × vocab floats (19 MB for 32 rows of a 151,936-token
-        // vocabulary) is milliseconds on one core.
-        let out: Vec<Vec<f32>> = v[..len].par_chunks(c.vocab).map(|r| r.to_vec()).collect();
+        // The rest in full: one copy of the span of rows that holds them, then one owned
+        // vector per row (the sampler takes it), copied out of the pinned buffer on several
+        // threads (B × vocab floats is milliseconds on one core).
+        let missing: Vec<usize> = (0..n).filter(|&i| out[i].is_none()).collect();
+        if let (Some(&lo), Some(&hi)) = (missing.first(), missing.last()) {
+            let b = &mut batch.bufs;
+            let span = b.logits.slice(lo * c.vocab..(hi + 1) * c.vocab);
+            let v = copy_to_pinned(&st.gpu, &span, &mut b.host_logits)
+                .map_err(|e| Error::Unsupported(format!("rows {lo}..={hi} of {n} in full: {e}")))?;
+            let rows: Vec<Vec<f32>> = missing
+                .par_iter()
+                .map(|&i| v[(i - lo) * c.vocab..(i - lo + 1) * c.vocab].to_vec())
+                .collect();
+            for (i, r) in missing.into_iter().zip(rows) {
+                out[i] = Some(RowLogits::Full(r));
+            }
+        }
         if timing {
             let ms = |a: Instant, b: Instant| 1e3 * (b - a).as_secs_f64();
             eprintln!(
                 "batched step, {n} rows: uploads {:.3} ms, enqueue {:.3} ms, GPU {:.3} ms, \
-                 logits to host {:.3} ms, host copies {:.3} ms",
+                 candidates to host {:.3} ms, full logits to host {:.3} ms",
                 ms(t0, t1),
                 ms(t1, t2),
                 ms(t2, t3),
@@ -373,7 +429,10 @@ impl CudaModel {
                 ms(t4, Instant::now())
             );
         }
-        Ok(out)
+        Ok(out
+            .into_iter()
+            .map(|o| o.expect("every row answered above"))
+            .collect())
     }
 
     /// Runs the step for `n` rows: its graph (captured on first use), or kernel by kernel.
@@ -411,7 +470,8 @@ impl CudaModel {
                 scales,
             } if use_small_gemm() => {
                 let args = TernaryArgs::new(*rows, *cols, codes, scales, &st.gpu.stream);
-                launch_small_gemm(&st.gpu, &args, n, inp.q, inp.meta, y, accumulate)
+                let kernel = SmallGemm::from_env();
+                launch_small_gemm(&st.gpu, kernel, &args, n, inp.q, inp.meta, y, accumulate)
             }
             _ => self.matmul(st, m, inp, n, y, accumulate),
         }

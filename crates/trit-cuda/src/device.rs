@@ -29,6 +29,7 @@ pub const SOURCES: &[(&str, &str)] = &[
         include_str!("kernels/hybrid_attention.cu"),
     ),
     ("hadamard.cu", include_str!("kernels/hadamard.cu")),
+    ("topk.cu", include_str!("kernels/topk.cu")),
 ];
 
 /// Kernels the decode step and the batched prefill launch (all must exist in the compiled
@@ -153,6 +154,9 @@ pub const KERNELS: &[&str] = &[
     "hadamard_quant",
     "deltanet_step",
     "deltanet_step_hoisted",
+    "row_top_candidates",
+    "ternary_gemm_small_wide_f16",
+    "ternary_gemm_small_wide_f32",
 ];
 
 /// Kernels (name prefixes) that take dynamic shared memory beyond the default 48 KB.

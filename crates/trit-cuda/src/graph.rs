@@ -44,16 +44,35 @@ impl StepGraph {
     }
 }
 
-/// Copies `src` into the page-locked `host` buffer, waits for it, and returns the copied values.
+/// Copies `src` into the start of the page-locked `host` buffer, waits for it, and returns the
+/// copied values.
 pub(crate) fn copy_to_pinned<'a>(
     gpu: &Gpu,
     src: &impl DevicePtr<f32>,
     host: &'a mut PinnedHostSlice<f32>,
 ) -> Result<&'a [f32]> {
+    // cudarc keeps the errors of calls that return none (frees, event records) and reports
+    // them at the next call: name them as such, not as this copy's.
+    gpu.ctx
+        .check_err()
+        .map_err(|e| cuda_err("an earlier operation (reported before copying logits)", e))?;
+    let n = src.len();
+    if n > host.len() {
+        return Err(Error::InvalidArgument(format!(
+            "{n} logits for a pinned buffer of {}",
+            host.len()
+        )));
+    }
+    // The destination is the first `n` values: cudarc's device-to-host copy moves as many
+    // bytes as the destination holds, so the whole pinned buffer would read past `src`.
+    let dst = &mut host
+        .as_mut_slice()
+        .map_err(|e| cuda_err("waiting for pinned logits", e))?[..n];
     gpu.stream
-        .memcpy_dtoh(src, host)
+        .memcpy_dtoh(src, dst)
         .map_err(|e| cuda_err("copying logits to the host", e))?;
     gpu.sync()?;
     host.as_slice()
+        .map(|v| &v[..n])
         .map_err(|e| cuda_err("reading pinned logits", e))
 }

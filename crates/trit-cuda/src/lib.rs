@@ -36,6 +36,7 @@ pub mod model;
 mod prefill;
 pub mod repack;
 pub mod rotation;
+pub mod topk;
 pub mod weights;
 
 pub use model::{load_model, CudaModel, CudaOptions, FusedSet};

@@ -749,6 +749,15 @@ impl ExternalNet for CudaModel {
     fn forward_batch(&self, seqs: &mut [trit::model::BatchSeq<'_>]) -> Result<Vec<Vec<f32>>> {
         self.forward_batch_gpu(seqs)
     }
+
+    fn forward_batch_top(
+        &self,
+        seqs: &mut [trit::model::BatchSeq<'_>],
+        k: usize,
+        want_top: &[bool],
+    ) -> Result<Vec<trit::sample::RowLogits>> {
+        self.forward_batch_rows(seqs, k, want_top)
+    }
 }
 
 #[cfg(test)]

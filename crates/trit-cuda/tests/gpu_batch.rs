@@ -12,6 +12,7 @@ use common::*;
 use std::path::{Path, PathBuf};
 use trit::format::testgen::{generate, OutFormat, Preset, TokenizerAssets};
 use trit::model::{BatchSeq, ExternalNet, KvCache, Logits, Model};
+use trit_cuda::batch_gemm::SmallGemm;
 use trit_cuda::{load_model, CudaModel, CudaOptions};
 
 fn tiny_model(dir: &Path, preset: &str) -> PathBuf {
@@ -270,37 +271,48 @@ fn small_batch_gemm_matches_its_cpu_emulation_on_ragged_shapes() {
         return;
     }
     let gpu = trit_cuda::device::Gpu::open(0).unwrap();
-    for (i, (rows, cols, ntok)) in [
-        (37, 8256, 1),
-        (200, 128, 7),
-        (130, 640, 33),
-        (64, 4096, 65),
-        (300, 192, 12),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let seed = 300 + 10 * i as u64;
-        let GemmCase { m, q, meta, want } = gemm_case(rows, cols, ntok, seed);
-        let got = trit_cuda::batch_gemm::small_gemm_once(&gpu, &m, &q, &meta, None).unwrap();
-        assert_eq!(got.len(), want.len());
-        for t in 0..ntok {
-            let (g, w) = (
-                &got[t * rows..(t + 1) * rows],
-                &want[t * rows..(t + 1) * rows],
-            );
-            if t == 3 {
-                assert!(g.iter().all(|v| *v == 0.0), "{rows}x{cols}: zero token");
-                continue;
+    for kernel in [SmallGemm::Plain, SmallGemm::Wide] {
+        for (i, (rows, cols, ntok)) in [
+            (37, 8256, 1),
+            (200, 128, 7),
+            (130, 640, 33),
+            (64, 4096, 65),
+            (300, 192, 12),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let seed = 300 + 10 * i as u64;
+            let GemmCase { m, q, meta, want } = gemm_case(rows, cols, ntok, seed);
+            let got =
+                trit_cuda::batch_gemm::small_gemm_once(&gpu, kernel, &m, &q, &meta, None).unwrap();
+            assert_eq!(got.len(), want.len());
+            for t in 0..ntok {
+                let (g, w) = (
+                    &got[t * rows..(t + 1) * rows],
+                    &want[t * rows..(t + 1) * rows],
+                );
+                if t == 3 {
+                    assert!(g.iter().all(|v| *v == 0.0), "{rows}x{cols}: zero token");
+                    continue;
+                }
+                let err = rel_err(g, w);
+                assert!(
+                    err < 1e-5,
+                    "{kernel:?} {rows}x{cols}, {ntok} tokens, token {t}: {err}"
+                );
             }
-            let err = rel_err(g, w);
-            assert!(err < 1e-5, "{rows}x{cols}, {ntok} tokens, token {t}: {err}");
+            // Accumulating: y0 + W·x.
+            let y0: Vec<f32> = (0..ntok * rows).map(|k| (k % 7) as f32 - 3.0).collect();
+            let acc =
+                trit_cuda::batch_gemm::small_gemm_once(&gpu, kernel, &m, &q, &meta, Some(&y0))
+                    .unwrap();
+            let sum: Vec<f32> = got.iter().zip(&y0).map(|(a, b)| a + b).collect();
+            assert!(
+                rel_err(&acc, &sum) < 1e-6,
+                "{kernel:?} {rows}x{cols}: accumulate"
+            );
         }
-        // Accumulating: y0 + W·x.
-        let y0: Vec<f32> = (0..ntok * rows).map(|k| (k % 7) as f32 - 3.0).collect();
-        let acc = trit_cuda::batch_gemm::small_gemm_once(&gpu, &m, &q, &meta, Some(&y0)).unwrap();
-        let sum: Vec<f32> = got.iter().zip(&y0).map(|(a, b)| a + b).collect();
-        assert!(rel_err(&acc, &sum) < 1e-6, "{rows}x{cols}: accumulate");
     }
-    eprintln!("small-batch GEMM equals its CPU emulation on 5 ragged shapes");
+    eprintln!("small-batch GEMMs (plain, wide) equal their CPU emulation on 5 ragged shapes");
 }

@@ -12,10 +12,14 @@ use common::{greedy, submit};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
-use trit::engine::{generate, Scheduler, SchedulerConfig, SeqEvent, SeqSummary, Session};
+use trit::engine::{
+    generate, GenerateOptions, Scheduler, SchedulerConfig, SeqEvent, SeqRequest, SeqSummary,
+    Session, TokenLogprob,
+};
 use trit::format::config::ModelConfig;
 use trit::model::device_slot::SlotPool;
 use trit::model::{BatchSeq, ExternalNet, KvCache, Logits, Model};
+use trit::sample::{Penalties, RowLogits, SamplingParams, TopLogits};
 use trit::tokenizer::Tokenizer;
 
 /// A "device" with `slots` KV slots, each a CPU cache of `inner`.
@@ -29,6 +33,12 @@ struct SlotNet {
     /// Calls where a sequence arrived without a slot but with positions already in its cache
     /// (a prefix mapped from the host block pool: wrong for a device backend).
     mapped_prefixes: AtomicUsize,
+    /// Answer `forward_batch_top` with candidates (the host reference `TopLogits::from_row`)
+    /// where asked, as the GPU does; otherwise every row in full (the trait's default).
+    candidates: bool,
+    /// Decode rows asked for as candidates / in full.
+    top_rows: AtomicUsize,
+    full_rows: AtomicUsize,
 }
 
 impl ExternalNet for SlotNet {
@@ -94,6 +104,77 @@ impl ExternalNet for SlotNet {
         }
         Ok(out)
     }
+
+    fn forward_batch_top(
+        &self,
+        seqs: &mut [BatchSeq<'_>],
+        k: usize,
+        want_top: &[bool],
+    ) -> trit::Result<Vec<RowLogits>> {
+        for (s, &w) in seqs.iter().zip(want_top) {
+            if s.tokens.len() == 1 {
+                let n = if w { &self.top_rows } else { &self.full_rows };
+                n.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let rows = self.forward_batch(seqs)?;
+        Ok(rows
+            .into_iter()
+            .zip(want_top)
+            .map(|(row, &w)| match TopLogits::from_row(&row, k) {
+                Some(top) if w && self.candidates => RowLogits::Top(top),
+                _ => RowLogits::Full(row),
+            })
+            .collect())
+    }
+}
+
+impl SlotNet {
+    fn new(inner: Model, slots: usize, ctx: usize, candidates: bool) -> SlotNet {
+        SlotNet {
+            inner,
+            pool: Arc::new(SlotPool::new(slots)),
+            slot_caches: Mutex::new((0..slots).map(|_| None).collect()),
+            ctx,
+            widest: AtomicUsize::new(0),
+            mapped_prefixes: AtomicUsize::new(0),
+            candidates,
+            top_rows: AtomicUsize::new(0),
+            full_rows: AtomicUsize::new(0),
+        }
+    }
+}
+
+/// A shared handle on a `SlotNet`, as the scheduler's model (the test keeps the other).
+struct Shared(Arc<SlotNet>);
+
+impl ExternalNet for Shared {
+    fn config(&self) -> &ModelConfig {
+        self.0.config()
+    }
+    fn forward(&self, t: &[u32], c: &mut KvCache, w: Logits) -> trit::Result<Vec<f32>> {
+        self.0.forward(t, c, w)
+    }
+    fn weight_bytes(&self) -> usize {
+        self.0.weight_bytes()
+    }
+    fn bytes_per_token(&self) -> usize {
+        self.0.bytes_per_token()
+    }
+    fn max_sequences(&self) -> usize {
+        self.0.max_sequences()
+    }
+    fn forward_batch(&self, s: &mut [BatchSeq<'_>]) -> trit::Result<Vec<Vec<f32>>> {
+        self.0.forward_batch(s)
+    }
+    fn forward_batch_top(
+        &self,
+        s: &mut [BatchSeq<'_>],
+        k: usize,
+        want_top: &[bool],
+    ) -> trit::Result<Vec<RowLogits>> {
+        self.0.forward_batch_top(s, k, want_top)
+    }
 }
 
 fn default_model() -> (trit::format::ModelFiles, Arc<Tokenizer>) {
@@ -124,36 +205,8 @@ fn collect(rx: &mpsc::Receiver<SeqEvent>) -> (Vec<u32>, SeqSummary) {
 fn device_backend_runs_at_most_its_slots_without_prefix_reuse_and_returns_every_slot() {
     let (files, tok) = default_model();
     let ctx = 256;
-    let pool = Arc::new(SlotPool::new(2));
-    let net = Arc::new(SlotNet {
-        inner: Model::load(&files, 2).unwrap(),
-        pool: pool.clone(),
-        slot_caches: Mutex::new((0..2).map(|_| None).collect()),
-        ctx,
-        widest: AtomicUsize::new(0),
-        mapped_prefixes: AtomicUsize::new(0),
-    });
-    struct Shared(Arc<SlotNet>);
-    impl ExternalNet for Shared {
-        fn config(&self) -> &ModelConfig {
-            self.0.config()
-        }
-        fn forward(&self, t: &[u32], c: &mut KvCache, w: Logits) -> trit::Result<Vec<f32>> {
-            self.0.forward(t, c, w)
-        }
-        fn weight_bytes(&self) -> usize {
-            self.0.weight_bytes()
-        }
-        fn bytes_per_token(&self) -> usize {
-            self.0.bytes_per_token()
-        }
-        fn max_sequences(&self) -> usize {
-            self.0.max_sequences()
-        }
-        fn forward_batch(&self, s: &mut [BatchSeq<'_>]) -> trit::Result<Vec<Vec<f32>>> {
-            self.0.forward_batch(s)
-        }
-    }
+    let net = Arc::new(SlotNet::new(Model::load(&files, 2).unwrap(), 2, ctx, true));
+    let pool = net.pool.clone();
     let model = Arc::new(Model::from_external(Box::new(Shared(net.clone()))));
     assert_eq!(model.max_sequences(), 2);
     assert!(!model.shares_prefixes());
@@ -222,4 +275,124 @@ fn device_backend_runs_at_most_its_slots_without_prefix_reuse_and_returns_every_
     // The budget is the two slots' worst case (256 positions = 4 blocks, +1 each), not bytes.
     assert_eq!(st.kv_blocks.total, 2 * 5);
     assert_eq!((st.kv_blocks.used, st.kv_blocks.cached), (0, 0));
+}
+
+/// What one request produced: its tokens and their log-probabilities.
+type Reply = (Vec<u32>, Vec<TokenLogprob>);
+
+/// Runs `requests` (options, top_logprobs) together through a scheduler over a `SlotNet`
+/// that answers with candidates or not; returns each reply and the net.
+fn serve(
+    files: &trit::format::ModelFiles,
+    tok: &Arc<Tokenizer>,
+    prompts: &[Vec<u32>],
+    requests: &[(GenerateOptions, usize)],
+    candidates: bool,
+) -> (Vec<Reply>, Arc<SlotNet>) {
+    let ctx = 128;
+    let net = Arc::new(SlotNet::new(
+        Model::load(files, 2).unwrap(),
+        4,
+        ctx,
+        candidates,
+    ));
+    let model = Arc::new(Model::from_external(Box::new(Shared(net.clone()))));
+    let config = SchedulerConfig {
+        n_ctx: ctx,
+        parallel: 4,
+        max_queue: 8,
+        kv_cache_bytes: 64 << 20,
+    };
+    let sched = Scheduler::start(model, tok.clone(), config).unwrap();
+    let rxs: Vec<_> = prompts
+        .iter()
+        .zip(requests)
+        .map(|(p, (opts, top))| {
+            let (tx, rx) = mpsc::channel();
+            sched
+                .submit(SeqRequest {
+                    prompt: p.clone(),
+                    options: opts.clone(),
+                    top_logprobs: Some(*top),
+                    sink: Box::new(move |e| tx.send(e).is_ok()),
+                })
+                .unwrap();
+            rx
+        })
+        .collect();
+    let replies = rxs
+        .iter()
+        .map(|rx| {
+            let (mut tokens, mut lps) = (Vec::new(), Vec::new());
+            loop {
+                match rx.recv_timeout(Duration::from_secs(120)).unwrap() {
+                    SeqEvent::Piece { token, logprob, .. } => {
+                        tokens.extend(token);
+                        lps.extend(logprob);
+                    }
+                    SeqEvent::Done(_) => break (tokens, lps),
+                    SeqEvent::Prompt { .. } => {}
+                    SeqEvent::Error(e) => panic!("unexpected error {e}"),
+                }
+            }
+        })
+        .collect();
+    (replies, net)
+}
+
+/// A device backend that returns each decode row's best candidates instead of its logits
+/// gives every sequence the same tokens and log-probabilities as full rows: greedy and seeded
+/// sampling with top-k/top-p/min-p/temperature from the candidates, and the settings the
+/// candidates cannot honour (top-k 0, penalties) asked for in full.
+#[test]
+fn candidate_rows_give_the_tokens_and_logprobs_of_full_rows() {
+    let (files, tok) = default_model();
+    let sampled = |t: f32, top_k: usize, top_p: f32, min_p: f32, seed: u64| GenerateOptions {
+        max_tokens: 10,
+        sampling: SamplingParams {
+            temperature: t,
+            top_k,
+            top_p,
+            min_p,
+            penalties: Penalties::default(),
+            seed,
+        },
+        stop: vec![],
+        eos: vec![],
+    };
+    let mut penalized = sampled(0.0, 0, 1.0, 0.0, 0);
+    penalized.sampling.penalties.repetition = 1.3;
+    let requests = [
+        (greedy(10), 5),
+        (sampled(0.8, 40, 0.9, 0.02, 7), 3),
+        (sampled(1.2, 20, 1.0, 0.0, 11), 20),
+        (sampled(1.0, 0, 0.95, 0.0, 3), 2),
+        (penalized, 1),
+    ];
+    let texts = [
+        "The capital of France is",
+        "Once upon a time",
+        "def fibonacci(n):",
+        "The ocean is",
+        "One, two, three,",
+    ];
+    let prompts: Vec<Vec<u32>> = texts
+        .iter()
+        .map(|t| tok.encode(t, false).unwrap())
+        .collect();
+    let (full, full_net) = serve(&files, &tok, &prompts, &requests, false);
+    let (top, top_net) = serve(&files, &tok, &prompts, &requests, true);
+    for (i, (f, t)) in full.iter().zip(&top).enumerate() {
+        assert_eq!(f.0.len(), 10, "request {i} ran to max_tokens");
+        assert_eq!(f, t, "request {i}: candidates vs full rows");
+        assert_eq!(t.1.len(), 10);
+        assert!(t.1.iter().all(|l| l.top.len() == requests[i].1));
+    }
+    // The first three asked for candidates for each token after the first (which comes from
+    // the prompt's rows), the other two never (top-k 0, penalties): they asked for full rows
+    // (a step where no sequence wants candidates skips `forward_batch_top` altogether).
+    let decode_rows = 3 * 9;
+    assert_eq!(top_net.top_rows.load(Ordering::SeqCst), decode_rows);
+    assert!(top_net.full_rows.load(Ordering::SeqCst) > 0);
+    assert_eq!(full_net.top_rows.load(Ordering::SeqCst), decode_rows);
 }

@@ -12,6 +12,12 @@
 // barrier in the loop; the next block's weights are loaded while the current one is used);
 // the 8 partial tiles are summed in shared memory at the end. Grid: (B / 32, rows / 32).
 // Token tiles of 8 past the last token are skipped (B = 1 does one eighth of the mma work).
+//
+// WIDE (the `_wide` kernels): the same sums with the 64 columns of a block handed to the mma
+// k-slots in another order — lane t takes columns 16t..16t+15 of every row and token, which a
+// dot product over k allows as long as weights and activations agree. Each lane then loads
+// one 32-bit word of codes per row (word t of the row's 16 bytes) and one 16-byte vector of
+// activations per token tile, instead of 16 bytes per row and four 4-byte loads per tile.
 
 #define SG_ROWS 32
 #define SG_TOKS 32
@@ -19,7 +25,7 @@
 
 // mma_u8s8 and codes4 come from prefill.cu, load_scale from gemv.cu (compiled before this file).
 
-template <typename S>
+template <typename S, bool WIDE>
 __device__ __forceinline__ void small_gemm(const uint4* __restrict__ codes,
                                            const S* __restrict__ scales, int rows, int nb,
                                            int ntok, const i8* __restrict__ xq,
@@ -51,7 +57,8 @@ __device__ __forceinline__ void small_gemm(const uint4* __restrict__ codes,
     auto load_w = [&](int b) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            w[i] = __ldg(codes + (size_t)wr[i] * nb + b);
+            if (WIDE) w[i].x = __ldg((const unsigned*)(codes + (size_t)wr[i] * nb + b) + t);
+            else w[i] = __ldg(codes + (size_t)wr[i] * nb + b);
             sc[i] = load_scale(scales, (size_t)wr[i] * nb + b);
         }
     };
@@ -65,6 +72,19 @@ __device__ __forceinline__ void small_gemm(const uint4* __restrict__ codes,
 #pragma unroll
         for (int mi = 0; mi < 2; mi++) {
             const uint4 w0 = w[2 * mi], w8 = w[2 * mi + 1];
+            if (WIDE) {
+                // Word t holds columns 16t..16t+15: byte j, field f = column 16t + 4f + j.
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    af[mi][h][0] = codes4(w0.x, 2 * h);
+                    af[mi][h][1] = codes4(w8.x, 2 * h);
+                    af[mi][h][2] = codes4(w0.x, 2 * h + 1);
+                    af[mi][h][3] = codes4(w8.x, 2 * h + 1);
+                }
+                sr[mi][0] = sc[2 * mi];
+                sr[mi][1] = sc[2 * mi + 1];
+                continue;
+            }
             af[mi][0][0] = codes4(w0.x, t);
             af[mi][0][1] = codes4(w8.x, t);
             af[mi][0][2] = codes4(w0.y, t);
@@ -84,7 +104,13 @@ __device__ __forceinline__ void small_gemm(const uint4* __restrict__ codes,
             // B fragment: token tb + g, bytes 4t.., 16+4t.., 32+4t.., 48+4t.. of this block.
             const unsigned* ap =
                 (const unsigned*)(xq + (size_t)min(tb + g, ntok - 1) * K + (size_t)b * QBLOCK);
-            const unsigned b00 = ap[t], b01 = ap[4 + t], b10 = ap[8 + t], b11 = ap[12 + t];
+            unsigned b00, b01, b10, b11;
+            if (WIDE) {
+                const uint4 v = __ldg((const uint4*)ap + t);
+                b00 = v.x, b01 = v.y, b10 = v.z, b11 = v.w;
+            } else {
+                b00 = ap[t], b01 = ap[4 + t], b10 = ap[8 + t], b11 = ap[12 + t];
+            }
             // This lane's output tokens: tb + 2t and tb + 2t + 1.
             const float2 m0 = meta[(size_t)min(tb + 2 * t, ntok - 1) * nb + b];
             const float2 m1 = meta[(size_t)min(tb + 2 * t + 1, ntok - 1) * nb + b];
@@ -125,10 +151,21 @@ __device__ __forceinline__ void small_gemm(const uint4* __restrict__ codes,
 extern "C" __global__ void __launch_bounds__(SG_WARPS * 32)
 ternary_gemm_small_f16(const uint4* codes, const half_bits* scales, int rows, int nb, int ntok,
                        const i8* xq, const float2* meta, float* y, int accumulate) {
-    small_gemm<half_bits>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate);
+    small_gemm<half_bits, false>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate);
 }
 extern "C" __global__ void __launch_bounds__(SG_WARPS * 32)
 ternary_gemm_small_f32(const uint4* codes, const float* scales, int rows, int nb, int ntok,
                        const i8* xq, const float2* meta, float* y, int accumulate) {
-    small_gemm<float>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate);
+    small_gemm<float, false>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(SG_WARPS * 32)
+ternary_gemm_small_wide_f16(const uint4* codes, const half_bits* scales, int rows, int nb,
+                            int ntok, const i8* xq, const float2* meta, float* y,
+                            int accumulate) {
+    small_gemm<half_bits, true>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate);
+}
+extern "C" __global__ void __launch_bounds__(SG_WARPS * 32)
+ternary_gemm_small_wide_f32(const uint4* codes, const float* scales, int rows, int nb, int ntok,
+                            const i8* xq, const float2* meta, float* y, int accumulate) {
+    small_gemm<float, true>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate);
 }

@@ -40,6 +40,7 @@ use super::sequence::{Decoding, TokenLogprob};
 use crate::model::kv_cache::{BlockSource, BLOCK_TOKENS};
 use crate::model::recurrent::RecurrentState;
 use crate::model::{BatchSeq, KvCache, Logits, Model};
+use crate::sample::{RowLogits, TOP_CANDIDATES};
 use crate::tokenizer::Tokenizer;
 use crate::Error;
 use std::collections::VecDeque;
@@ -438,6 +439,17 @@ impl Worker {
             };
             feeds.push(feed);
         }
+        // A decoding sequence whose sampler needs only the best candidates gets only those
+        // from a device backend (a few hundred bytes instead of the vocabulary's logits).
+        let want_top: Vec<bool> = self
+            .running
+            .iter()
+            .zip(&feeds)
+            .filter(|(_, f)| !f.is_empty())
+            .map(|(r, _)| {
+                r.prompt_done >= r.req.prompt.len() && r.decoding.exact_on_top(TOP_CANDIDATES)
+            })
+            .collect();
         let mut batch: Vec<BatchSeq<'_>> = self
             .running
             .iter_mut()
@@ -452,7 +464,9 @@ impl Worker {
         if batch.is_empty() {
             return;
         }
-        let result = self.model.forward_batch(&mut batch);
+        let result = self
+            .model
+            .forward_batch_top(&mut batch, TOP_CANDIDATES, &want_top);
         drop(batch);
         let secs = t0.elapsed().as_secs_f64();
         let mut outputs = match result {
@@ -475,7 +489,7 @@ impl Worker {
                 }
                 continue;
             }
-            let mut logits = outputs.next().unwrap_or_default();
+            let row = outputs.next().unwrap_or(RowLogits::Full(Vec::new()));
             r.tokens.extend_from_slice(feed);
             if r.checkpoint_at > 0 && r.tokens.len() == r.checkpoint_at {
                 r.checkpoint = r.cache.recurrent().cloned();
@@ -504,9 +518,9 @@ impl Worker {
                 }
                 r.prompt_secs = r.started.elapsed().as_secs_f64();
             }
-            let mut step =
-                r.decoding
-                    .step(&mut logits, &self.tokenizer, r.tokens.len(), self.n_ctx);
+            let mut step = r
+                .decoding
+                .step_row(row, &self.tokenizer, r.tokens.len(), self.n_ctx);
             predicted += step.token.is_some() as u64;
             let listening = (r.req.sink)(SeqEvent::Piece {
                 token: step.token,

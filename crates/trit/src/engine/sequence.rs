@@ -5,7 +5,8 @@
 //! same in `trit run` and `trit serve`.
 
 use super::generate::{FinishReason, GenerateOptions, StopMatcher};
-use crate::sample::Sampler;
+use crate::sample::candidates::{log_sum_exp, top_k_indices};
+use crate::sample::{RowLogits, Sampler};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::Result;
 
@@ -73,6 +74,13 @@ impl Decoding {
         self.finish
     }
 
+    /// Whether this sequence's next token can be sampled from a row's `k` best candidates
+    /// (see [`Sampler::sample_top`](crate::sample::Sampler::sample_top)) with exactly the
+    /// result of the full row, log-probabilities included.
+    pub fn exact_on_top(&self, k: usize) -> bool {
+        self.sampler.params().exact_on_top(k) && self.top_logprobs.is_none_or(|t| t <= k)
+    }
+
     /// Samples from `logits` (the model's output after the last fed token; modified in place).
     /// `cached` is how many positions the sequence's cache holds and `n_ctx` its capacity: a
     /// token that could not be fed back ends the sequence with `Length`.
@@ -83,19 +91,79 @@ impl Decoding {
         cached: usize,
         n_ctx: usize,
     ) -> Step {
-        let mut step = Step::default();
-        if self.finish.is_some() {
-            step.finish = self.finish;
+        if let Some(step) = self.finished_already(tokenizer) {
             return step;
-        }
-        if self.max_tokens == 0 {
-            return self.end(step, FinishReason::Length, tokenizer);
         }
         let logprob_source = self.top_logprobs.map(|_| logits.to_vec());
         let tok = self.sampler.sample(logits, &self.history);
-        if let (Some(top), Some(raw)) = (self.top_logprobs, logprob_source) {
-            step.logprob = Some(token_logprob(&raw, tok, top));
+        let logprob = match (self.top_logprobs, logprob_source) {
+            (Some(top), Some(raw)) => Some(token_logprob(&raw, tok, top)),
+            _ => None,
+        };
+        self.emit(tok, logprob, tokenizer, cached, n_ctx)
+    }
+
+    /// [`step`](Self::step) for a row as a backend returned it: the full logits, or its best
+    /// candidates (which the caller asks for only where [`exact_on_top`](Self::exact_on_top)
+    /// holds).
+    pub fn step_row(
+        &mut self,
+        row: RowLogits,
+        tokenizer: &Tokenizer,
+        cached: usize,
+        n_ctx: usize,
+    ) -> Step {
+        let top = match row {
+            RowLogits::Full(mut logits) => return self.step(&mut logits, tokenizer, cached, n_ctx),
+            RowLogits::Top(top) => top,
+        };
+        if let Some(step) = self.finished_already(tokenizer) {
+            return step;
         }
+        debug_assert!(self.exact_on_top(top.len()));
+        let tok = self.sampler.sample_top(&top);
+        let logprob = self.top_logprobs.map(|n| {
+            let lp = top
+                .position(tok)
+                .map_or(f32::NEG_INFINITY, |i| top.logprob(i));
+            TokenLogprob {
+                token: tok,
+                logprob: lp,
+                top: (0..n.min(top.len()))
+                    .map(|i| (top.ids[i], top.logprob(i)))
+                    .collect(),
+            }
+        });
+        self.emit(tok, logprob, tokenizer, cached, n_ctx)
+    }
+
+    /// The step of a sequence that has already ended, or that may produce nothing.
+    fn finished_already(&mut self, tokenizer: &Tokenizer) -> Option<Step> {
+        if self.finish.is_some() {
+            return Some(Step {
+                finish: self.finish,
+                ..Step::default()
+            });
+        }
+        if self.max_tokens == 0 {
+            return Some(self.end(Step::default(), FinishReason::Length, tokenizer));
+        }
+        None
+    }
+
+    /// Records the sampled token `tok`: end of sequence, streamed text, stop strings, length.
+    fn emit(
+        &mut self,
+        tok: u32,
+        logprob: Option<TokenLogprob>,
+        tokenizer: &Tokenizer,
+        cached: usize,
+        n_ctx: usize,
+    ) -> Step {
+        let mut step = Step {
+            logprob,
+            ..Step::default()
+        };
         if self.eos.contains(&tok) {
             return self.end(step, FinishReason::Stop, tokenizer);
         }
@@ -133,27 +201,12 @@ impl Decoding {
     }
 }
 
-/// Log-softmax of `logits` at `token`, plus the `top` largest entries.
+/// Log-softmax of `logits` at `token`, plus the `top` largest entries (ties: lower id first,
+/// the order of [`TopLogits`](crate::sample::TopLogits)).
 pub fn token_logprob(logits: &[f32], token: u32, top: usize) -> TokenLogprob {
-    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
-    let log_z = max
-        + logits
-            .iter()
-            .map(|&x| (x as f64 - max).exp())
-            .sum::<f64>()
-            .ln();
+    let log_z = log_sum_exp(logits);
     let lp = |i: usize| (logits[i] as f64 - log_z) as f32;
-    let mut best: Vec<u32> = Vec::new();
-    if top > 0 {
-        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-        let k = top.min(idx.len());
-        idx.select_nth_unstable_by(k - 1, |&a, &b| {
-            logits[b as usize].total_cmp(&logits[a as usize])
-        });
-        idx.truncate(k);
-        idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
-        best = idx;
-    }
+    let best = top_k_indices(logits, top, false);
     TokenLogprob {
         token,
         logprob: lp(token as usize),

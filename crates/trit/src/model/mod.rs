@@ -19,6 +19,7 @@ pub use transformer::{BatchSeq, Logits, Transformer};
 
 use crate::format::config::{Arch, ModelConfig};
 use crate::format::ModelFiles;
+use crate::sample::RowLogits;
 use crate::threadpool::ThreadPool;
 use crate::Result;
 
@@ -61,6 +62,26 @@ pub trait ExternalNet: Send + Sync {
                 "batched decoding on this device (one sequence at a time)".into(),
             )),
         }
+    }
+
+    /// `forward_batch` for callers that sample: where `want_top[i]` is set, sequence `i`'s row
+    /// may come back as its `k` best candidates and the row's normalizer
+    /// ([`RowLogits::Top`]) instead of every logit, so a device backend copies a few hundred
+    /// bytes per sequence instead of the vocabulary. A backend returns a full row wherever it
+    /// cannot give exactly that (a prompt's rows, a row whose normalizer is not finite). By
+    /// default: every row in full, through `forward_batch`.
+    fn forward_batch_top(
+        &self,
+        seqs: &mut [BatchSeq<'_>],
+        k: usize,
+        want_top: &[bool],
+    ) -> Result<Vec<RowLogits>> {
+        let _ = (k, want_top);
+        Ok(self
+            .forward_batch(seqs)?
+            .into_iter()
+            .map(RowLogits::Full)
+            .collect())
     }
 }
 
@@ -189,6 +210,41 @@ impl Model {
                 }
                 n.forward_batch(seqs)
             }
+        }
+    }
+
+    /// [`forward_batch`](Self::forward_batch) whose rows may come back as their `k` best
+    /// candidates where `want_top` says so (see [`ExternalNet::forward_batch_top`]); the CPU
+    /// networks return every row in full.
+    pub fn forward_batch_top(
+        &self,
+        seqs: &mut [BatchSeq<'_>],
+        k: usize,
+        want_top: &[bool],
+    ) -> Result<Vec<RowLogits>> {
+        if want_top.len() != seqs.len() {
+            return Err(crate::Error::InvalidArgument(format!(
+                "{} candidate flags for {} sequences",
+                want_top.len(),
+                seqs.len()
+            )));
+        }
+        match &self.net {
+            Net::External(n) if want_top.iter().any(|&w| w) => {
+                if seqs.len() > n.max_sequences() {
+                    return Err(crate::Error::InvalidArgument(format!(
+                        "{} sequences in one batch; this device runs at most {} together",
+                        seqs.len(),
+                        n.max_sequences()
+                    )));
+                }
+                n.forward_batch_top(seqs, k, want_top)
+            }
+            _ => Ok(self
+                .forward_batch(seqs)?
+                .into_iter()
+                .map(RowLogits::Full)
+                .collect()),
         }
     }
 

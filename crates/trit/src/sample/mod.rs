@@ -1,8 +1,11 @@
-//! Logits → next token: penalties over the recent history, then a seeded sampler.
+//! Logits → next token: penalties over the recent history, then a seeded sampler; or, from a
+//! device backend, a row's best candidates only (`candidates`).
 
+pub mod candidates;
 pub mod processors;
 pub mod rng;
 pub mod sampler;
 
+pub use candidates::{RowLogits, TopLogits, TOP_CANDIDATES};
 pub use processors::Penalties;
 pub use sampler::{Sampler, SamplingParams};

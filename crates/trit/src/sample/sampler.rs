@@ -1,6 +1,7 @@
 //! Token selection. Order follows llama.cpp's default chain: penalties → top-k → top-p →
 //! min-p (both on untempered probabilities) → temperature → draw. Temperature 0 is greedy.
 
+use super::candidates::{top_k_indices, TopLogits};
 use super::processors::Penalties;
 use super::rng::Rng;
 use crate::{Error, Result};
@@ -55,6 +56,16 @@ impl SamplingParams {
         }
         Ok(())
     }
+
+    /// Whether [`Sampler::sample_top`] on a row's `k` best candidates picks exactly what
+    /// [`Sampler::sample`] picks on the full row: greedy, or a top-k of at most `k` (top-p
+    /// and min-p then work within the top-k set, temperature after them), and no penalties
+    /// (they change logits of tokens that may lie outside the candidates).
+    pub fn exact_on_top(&self, k: usize) -> bool {
+        let no_penalties = self.penalties.is_neutral() || self.penalties.last_n == 0;
+        let within = self.temperature <= 0.0 || (self.top_k >= 1 && self.top_k <= k);
+        no_penalties && k >= 1 && within
+    }
 }
 
 pub struct Sampler {
@@ -81,27 +92,57 @@ impl Sampler {
         if p.temperature <= 0.0 {
             return argmax(logits);
         }
-        // Candidates sorted by logit, descending; top-k bounds the sort.
-        let mut cand: Vec<(u32, f32)> = logits
+        // Candidates sorted by logit, descending (ties: lower id first, the order the GPU's
+        // candidate kernel uses too); a top-k takes one pass over the row, no top-k sorts it.
+        let cand: Vec<(u32, f32)> = if p.top_k == 0 {
+            let mut all: Vec<(u32, f32)> = logits
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.is_finite())
+                .map(|(i, &l)| (i as u32, l))
+                .collect();
+            all.sort_by(by_rank);
+            all
+        } else {
+            top_k_indices(logits, p.top_k, true)
+                .into_iter()
+                .map(|i| (i, logits[i as usize]))
+                .collect()
+        };
+        if cand.is_empty() {
+            return 0;
+        }
+        self.draw(cand)
+    }
+
+    /// Picks the next token from a row's best candidates alone (see [`TopLogits`]): the same
+    /// token, and the same draws of the generator, as [`sample`](Self::sample) on the full row,
+    /// provided [`SamplingParams::exact_on_top`] holds for `top.len()` (the caller's check;
+    /// otherwise the tokens outside the candidates count as never drawn).
+    pub fn sample_top(&mut self, top: &TopLogits) -> u32 {
+        let p = &self.params;
+        debug_assert!(p.exact_on_top(top.len()));
+        if p.temperature <= 0.0 {
+            return top.argmax();
+        }
+        let k = if p.top_k == 0 { top.len() } else { p.top_k };
+        let cand: Vec<(u32, f32)> = top
+            .ids
             .iter()
-            .enumerate()
+            .zip(&top.logits)
             .filter(|(_, l)| l.is_finite())
-            .map(|(i, &l)| (i as u32, l))
+            .take(k)
+            .map(|(&i, &l)| (i, l))
             .collect();
         if cand.is_empty() {
             return 0;
         }
-        let k = if p.top_k == 0 {
-            cand.len()
-        } else {
-            p.top_k.min(cand.len())
-        };
-        if k < cand.len() {
-            cand.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
-            cand.truncate(k);
-        }
-        cand.sort_by(|a, b| b.1.total_cmp(&a.1));
+        self.draw(cand)
+    }
 
+    /// top-p, min-p, temperature and the draw over `cand` (sorted best first, top-k applied).
+    fn draw(&mut self, mut cand: Vec<(u32, f32)>) -> u32 {
+        let p = &self.params;
         let probs = softmax(cand.iter().map(|c| c.1), 1.0);
         let mut keep = cand.len();
         if p.top_p < 1.0 {
@@ -133,6 +174,11 @@ impl Sampler {
     }
 }
 
+/// Candidate order: larger logit first, then lower token id.
+fn by_rank(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &l) in logits.iter().enumerate() {
@@ -154,6 +200,7 @@ fn softmax(logits: impl Iterator<Item = f32> + Clone, temperature: f32) -> Vec<f
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sample::TopLogits;
 
     fn params(t: f32, k: usize, p: f32, min_p: f32) -> SamplingParams {
         SamplingParams {
@@ -215,6 +262,104 @@ mod tests {
             histogram(params(1.0, 0, 1.0, 0.0), &logits, 500),
             histogram(params(1.0, 0, 1.0, 0.0), &logits, 500)
         );
+    }
+
+    /// Rows with many ties (logits on a coarse grid), a few −∞, one dominant spike or flat.
+    fn test_rows() -> Vec<Vec<f32>> {
+        let mut rng = Rng::new(99);
+        let mut rows = Vec::new();
+        for case in 0..12 {
+            let n = 300 + 17 * case;
+            let mut row: Vec<f32> = (0..n)
+                .map(|_| (rng.next_f64() * 40.0).floor() as f32 * 0.25 - 5.0)
+                .collect();
+            if case % 3 == 0 {
+                row[7] = f32::NEG_INFINITY;
+                row[n - 1] = f32::NEG_INFINITY;
+            }
+            if case % 4 == 1 {
+                row[n / 2] = 30.0;
+            }
+            if case == 5 {
+                row.iter_mut().for_each(|l| *l = 1.5);
+            }
+            rows.push(row);
+        }
+        rows
+    }
+
+    #[test]
+    fn candidates_sample_exactly_what_the_full_row_samples() {
+        let k = crate::sample::TOP_CANDIDATES;
+        let settings = [
+            params(0.0, 0, 1.0, 0.0),
+            params(0.7, 20, 0.8, 0.0),
+            params(1.0, 1, 1.0, 0.0),
+            params(1.3, k, 1.0, 0.0),
+            params(0.5, 40, 0.95, 0.05),
+            params(2.0, 7, 0.3, 0.5),
+        ];
+        for (si, p) in settings.iter().enumerate() {
+            assert!(p.exact_on_top(k), "setting {si}");
+            for (ri, row) in test_rows().iter().enumerate() {
+                let top = TopLogits::from_row(row, k).unwrap();
+                let mut full = Sampler::new(SamplingParams {
+                    seed: ri as u64,
+                    ..p.clone()
+                })
+                .unwrap();
+                let mut cand = Sampler::new(SamplingParams {
+                    seed: ri as u64,
+                    ..p.clone()
+                })
+                .unwrap();
+                for draw in 0..50 {
+                    let want = full.sample(&mut row.clone(), &[1, 2, 3]);
+                    assert_eq!(
+                        cand.sample_top(&top),
+                        want,
+                        "setting {si}, row {ri}, draw {draw}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn settings_the_candidates_cannot_honour_ask_for_the_full_row() {
+        let k = crate::sample::TOP_CANDIDATES;
+        // Whole-vocabulary sampling, or a top-k wider than the candidates.
+        assert!(!params(1.0, 0, 1.0, 0.0).exact_on_top(k));
+        assert!(!params(1.0, 0, 0.9, 0.1).exact_on_top(k));
+        assert!(!params(1.0, k + 1, 1.0, 0.0).exact_on_top(k));
+        assert!(params(1.0, k, 1.0, 0.0).exact_on_top(k));
+        // Penalties change logits of tokens that may lie outside the candidates, greedy too.
+        let mut p = params(0.0, 0, 1.0, 0.0);
+        p.penalties.repetition = 1.1;
+        assert!(!p.exact_on_top(k));
+        p.penalties = Penalties {
+            presence: 0.5,
+            ..Penalties::default()
+        };
+        assert!(!p.exact_on_top(k));
+        // ...unless they look at no tokens at all.
+        p.penalties.last_n = 0;
+        assert!(p.exact_on_top(k));
+        assert!(!params(0.0, 0, 1.0, 0.0).exact_on_top(0));
+        // Why penalties fall back: a negative presence penalty lifts a token from outside the
+        // raw row's 2 best candidates to the top.
+        let row = [5.0f32, 4.0, 3.0, 1.0];
+        let mut boost = params(0.0, 0, 1.0, 0.0);
+        boost.penalties = Penalties {
+            presence: -10.0,
+            ..Penalties::default()
+        };
+        let top = TopLogits::from_row(&row, 2).unwrap();
+        let full = Sampler::new(boost.clone())
+            .unwrap()
+            .sample(&mut row.to_vec(), &[3]);
+        assert_eq!(full, 3);
+        assert!(top.position(full).is_none());
     }
 
     #[test]

@@ -1,0 +1,146 @@
+//! Rows of logits reduced on the GPU to what sampling needs (`kernels/topk.cu`): each row's
+//! `k` best candidates and its log-normalizer, as [`TopLogits`], so the batched decode step
+//! copies (2k + 2) words per sequence to the host instead of the vocabulary's logits.
+
+use crate::device::{cuda_err, ptr, Arg, Gpu};
+use cudarc::driver::{CudaSlice, PinnedHostSlice};
+use trit::sample::TopLogits;
+use trit::{Error, Result};
+
+/// Most candidates per row the kernel gives (its shared arrays; `TOPK_MAX` in topk.cu).
+pub const MAX_CANDIDATES: usize = 256;
+
+/// `TOPK_THREADS` in topk.cu.
+const THREADS: u32 = 1024;
+
+/// 32-bit words per row of the kernel's output.
+pub(crate) fn words_per_row(k: usize) -> usize {
+    2 * k + 2
+}
+
+/// Whether the kernel can give `k` candidates of `vocab`-entry rows.
+pub(crate) fn supported(k: usize, vocab: usize) -> bool {
+    (1..=MAX_CANDIDATES).contains(&k) && k <= vocab
+}
+
+/// Enqueues the reduction of `rows` rows of `vocab` logits at device address `logits` into
+/// `out` (`rows × words_per_row(k)` words).
+pub(crate) fn launch(
+    gpu: &Gpu,
+    logits: u64,
+    rows: usize,
+    vocab: usize,
+    k: usize,
+    out: u64,
+) -> Result<()> {
+    if !supported(k, vocab) {
+        return Err(Error::InvalidArgument(format!(
+            "{k} candidates of a {vocab}-entry row (1 to {MAX_CANDIDATES}, at most the row)"
+        )));
+    }
+    gpu.launch(
+        "row_top_candidates",
+        (rows as u32, 1),
+        THREADS,
+        &[
+            Arg::Ptr(logits),
+            Arg::I32(vocab as i32),
+            Arg::I32(k as i32),
+            Arg::Ptr(out),
+        ],
+    )
+}
+
+/// One row of the kernel's output; `None` where the row's normalizer is not finite (a NaN or
+/// +inf logit, or nothing but −inf), which only the full row can answer.
+pub(crate) fn unpack(words: &[u32], k: usize) -> Option<TopLogits> {
+    let bits = words[2 * k] as u64 | (words[2 * k + 1] as u64) << 32;
+    let log_z = f64::from_bits(bits);
+    if !log_z.is_finite() {
+        return None;
+    }
+    Some(TopLogits {
+        logits: words[..k].iter().map(|&w| f32::from_bits(w)).collect(),
+        ids: words[k..2 * k].to_vec(),
+        log_z,
+    })
+}
+
+/// Device and pinned host buffers of the kernel's output for up to `rows` rows.
+pub(crate) struct TopBuffers {
+    pub(crate) dev: CudaSlice<u32>,
+    pub(crate) host: PinnedHostSlice<u32>,
+}
+
+impl TopBuffers {
+    pub(crate) fn new(gpu: &Gpu, rows: usize) -> Result<TopBuffers> {
+        let n = rows * words_per_row(MAX_CANDIDATES);
+        Ok(TopBuffers {
+            dev: gpu.zeros(n)?,
+            // Plain page-locked memory, read by the host (not write-combined).
+            // SAFETY: read only after the copy into it and a stream synchronize.
+            host: unsafe { gpu.ctx.alloc_pinned_with_flags::<u32>(n, 0) }
+                .map_err(|e| cuda_err("allocating pinned memory", e))?,
+        })
+    }
+
+    /// Enqueues the kernel over `rows` rows at `logits`, copies the result to the host and
+    /// waits: each row's candidates, `None` for a row without a finite normalizer.
+    pub(crate) fn run(
+        &mut self,
+        gpu: &Gpu,
+        logits: u64,
+        rows: usize,
+        vocab: usize,
+        k: usize,
+    ) -> Result<Vec<Option<TopLogits>>> {
+        let w = words_per_row(k);
+        let n = rows * w;
+        if n > self.host.len() {
+            return Err(Error::InvalidArgument(format!(
+                "candidates of {rows} rows for buffers of {} words",
+                self.host.len()
+            )));
+        }
+        // Errors cudarc kept from calls that return none, named as such.
+        gpu.ctx.check_err().map_err(|e| {
+            cuda_err(
+                "an earlier operation (reported before the candidate kernel)",
+                e,
+            )
+        })?;
+        launch(gpu, logits, rows, vocab, k, ptr(&self.dev, &gpu.stream))?;
+        // Into the first `n` words: cudarc copies as many bytes as the destination holds.
+        let dst = &mut self
+            .host
+            .as_mut_slice()
+            .map_err(|e| cuda_err("waiting for pinned candidates", e))?[..n];
+        gpu.stream
+            .memcpy_dtoh(&self.dev.slice(0..n), dst)
+            .map_err(|e| cuda_err("copying candidates to the host", e))?;
+        gpu.sync()?;
+        let words = self
+            .host
+            .as_slice()
+            .map_err(|e| cuda_err("reading pinned candidates", e))?;
+        Ok(words[..n].chunks(w).map(|r| unpack(r, k)).collect())
+    }
+}
+
+/// The kernel once over `logits` (rows of `vocab` entries), for the tests.
+pub fn top_candidates_once(
+    gpu: &Gpu,
+    logits: &[f32],
+    vocab: usize,
+    k: usize,
+) -> Result<Vec<Option<TopLogits>>> {
+    if vocab == 0 || !logits.len().is_multiple_of(vocab) {
+        return Err(Error::InvalidArgument(
+            "logits are not whole rows of the vocabulary".into(),
+        ));
+    }
+    let rows = logits.len() / vocab;
+    let dev = gpu.upload(logits)?;
+    let mut bufs = TopBuffers::new(gpu, rows)?;
+    bufs.run(gpu, ptr(&dev, &gpu.stream), rows, vocab, k)
+}
