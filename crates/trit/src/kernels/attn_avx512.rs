@@ -10,6 +10,10 @@
 //! of one KV head sit one cache row apart (4 KiB on the 1.7B shape), each in its own 4 KiB
 //! page where the hardware prefetchers stop, so both are prefetched in software ahead of use.
 //!
+//! Keys and values are read in their stored type (f32, or f16 widened exactly by `vcvtph2ps`
+//! as they are loaded), so an f16 cache gives bit for bit what an f32 cache holding the same
+//! (rounded) numbers gives — half the bytes from memory, the same arithmetic.
+//!
 //! Same online softmax as the generic form (per `KEY_BLOCK` page: scores, running max, the
 //! exponentials of `ops::exp_approx`, running sum); only the summation order of the dot
 //! products differs, so results agree to rounding (tested against a direct f64 softmax).
@@ -18,7 +22,9 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::attn::{PagedKvHead, KEY_BLOCK};
+use super::kv_type::KvPages;
 use super::ops::exp_approx;
+use half::f16;
 use std::arch::x86_64::*;
 
 /// Most query rows per call.
@@ -26,11 +32,36 @@ pub(crate) const MAX_ROWS: usize = 4;
 /// Keys prefetched ahead of the one being scored.
 const PREFETCH_KEYS: usize = 16;
 
-/// Prefetches the `hd` floats at `p` (whole cache lines).
+/// A stored key/value element type: 16 of them load as 16 f32 lanes.
+trait Elem: Copy {
+    /// 16 elements from `p`, widened to f32 (exactly).
+    ///
+    /// # Safety
+    /// avx512f; 16 elements readable at `p`.
+    unsafe fn load16(p: *const Self) -> __m512;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    unsafe fn load16(p: *const f32) -> __m512 {
+        _mm512_loadu_ps(p)
+    }
+}
+
+impl Elem for f16 {
+    #[inline(always)]
+    unsafe fn load16(p: *const f16) -> __m512 {
+        // `f16` is a transparent u16: 16 of them are one unaligned 256-bit load.
+        _mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))
+    }
+}
+
+/// Prefetches the `hd` elements at `p` (whole cache lines).
 #[inline(always)]
-unsafe fn prefetch(p: *const f32, hd: usize) {
-    for l in (0..hd).step_by(16) {
-        _mm_prefetch::<_MM_HINT_T0>(p.add(l).cast());
+unsafe fn prefetch<T>(p: *const T, hd: usize) {
+    let bytes = hd * std::mem::size_of::<T>();
+    for l in (0..bytes).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(p.cast::<u8>().add(l).cast());
     }
 }
 
@@ -49,20 +80,57 @@ pub(crate) unsafe fn attend_few(
     out: &mut [f32],
     qs: &mut Vec<f32>,
 ) {
-    match visible.len() {
-        1 => attend::<1>(q, visible, kv, scale, out, qs),
-        2 => attend::<2>(q, visible, kv, scale, out, qs),
-        3 => attend::<3>(q, visible, kv, scale, out, qs),
-        _ => attend::<4>(q, visible, kv, scale, out, qs),
+    match (kv.key_pages, kv.value_pages) {
+        (KvPages::F16(k), KvPages::F16(v)) => typed(q, visible, k, v, kv, scale, out, qs),
+        (KvPages::F32(k), KvPages::F32(v)) => typed(q, visible, k, v, kv, scale, out, qs),
+        (KvPages::F16(k), KvPages::F32(v)) => typed(q, visible, k, v, kv, scale, out, qs),
+        (KvPages::F32(k), KvPages::F16(v)) => typed(q, visible, k, v, kv, scale, out, qs),
     }
+}
+
+/// `attend_few` for keys stored as `K` and values as `V`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn typed<K: Elem, V: Elem>(
+    q: &[f32],
+    visible: &[usize],
+    key_pages: &[&[K]],
+    value_pages: &[&[V]],
+    kv: PagedKvHead,
+    scale: f32,
+    out: &mut [f32],
+    qs: &mut Vec<f32>,
+) {
+    let pages = Pages {
+        keys: key_pages,
+        values: value_pages,
+        stride: kv.stride,
+        offset: kv.offset,
+    };
+    match visible.len() {
+        1 => attend::<1, K, V>(q, visible, pages, scale, out, qs),
+        2 => attend::<2, K, V>(q, visible, pages, scale, out, qs),
+        3 => attend::<3, K, V>(q, visible, pages, scale, out, qs),
+        _ => attend::<4, K, V>(q, visible, pages, scale, out, qs),
+    }
+}
+
+/// `PagedKvHead` with its element types known.
+#[derive(Clone, Copy)]
+struct Pages<'a, K, V> {
+    keys: &'a [&'a [K]],
+    values: &'a [&'a [V]],
+    stride: usize,
+    offset: usize,
 }
 
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn attend<const R: usize>(
+unsafe fn attend<const R: usize, K: Elem, V: Elem>(
     q: &[f32],
     visible: &[usize],
-    kv: PagedKvHead,
+    kv: Pages<K, V>,
     scale: f32,
     out: &mut [f32],
     qs: &mut Vec<f32>,
@@ -75,7 +143,7 @@ unsafe fn attend<const R: usize>(
     let qp = qs.as_ptr();
     let (stride, offset) = (kv.stride, kv.offset);
     let key_at = |j: usize| {
-        kv.key_pages[j / KEY_BLOCK]
+        kv.keys[j / KEY_BLOCK]
             .as_ptr()
             .add((j % KEY_BLOCK) * stride + offset)
     };
@@ -88,8 +156,8 @@ unsafe fn attend<const R: usize>(
     let mut s = [[0f32; KEY_BLOCK]; R];
     for j0 in (0..most).step_by(KEY_BLOCK) {
         let kb = (most - j0).min(KEY_BLOCK);
-        let keys = kv.key_pages[j0 / KEY_BLOCK].as_ptr().add(offset);
-        let values = kv.value_pages[j0 / KEY_BLOCK].as_ptr().add(offset);
+        let keys = kv.keys[j0 / KEY_BLOCK].as_ptr().add(offset);
+        let values = kv.values[j0 / KEY_BLOCK].as_ptr().add(offset);
         for j in 0..kb {
             if j0 + j + PREFETCH_KEYS < most {
                 prefetch(key_at(j0 + j + PREFETCH_KEYS), hd);
@@ -100,10 +168,7 @@ unsafe fn attend<const R: usize>(
             let mut a0 = [_mm512_setzero_ps(); R];
             let mut a1 = [_mm512_setzero_ps(); R];
             for c in (0..chunks - 1).step_by(2) {
-                let (k0, k1) = (
-                    _mm512_loadu_ps(k.add(16 * c)),
-                    _mm512_loadu_ps(k.add(16 * c + 16)),
-                );
+                let (k0, k1) = (K::load16(k.add(16 * c)), K::load16(k.add(16 * c + 16)));
                 for r in 0..R {
                     let qr = qp.add(r * hd + 16 * c);
                     a0[r] = _mm512_fmadd_ps(k0, _mm512_loadu_ps(qr), a0[r]);
@@ -112,7 +177,7 @@ unsafe fn attend<const R: usize>(
             }
             if chunks % 2 == 1 {
                 let c = chunks - 1;
-                let kc = _mm512_loadu_ps(k.add(16 * c));
+                let kc = K::load16(k.add(16 * c));
                 for r in 0..R {
                     let qc = _mm512_loadu_ps(qp.add(r * hd + 16 * c));
                     a0[r] = _mm512_fmadd_ps(kc, qc, a0[r]);
@@ -156,14 +221,14 @@ unsafe fn attend<const R: usize>(
         let wide = if R <= 2 { 8 } else { 4 };
         while c0 + wide <= chunks {
             if R <= 2 {
-                add_values::<R, 8>(out, hd, c0, &carry, &s, values, stride, kb);
+                add_values::<R, 8, V>(out, hd, c0, &carry, &s, values, stride, kb);
             } else {
-                add_values::<R, 4>(out, hd, c0, &carry, &s, values, stride, kb);
+                add_values::<R, 4, V>(out, hd, c0, &carry, &s, values, stride, kb);
             }
             c0 += wide;
         }
         for c in c0..chunks {
-            add_values::<R, 1>(out, hd, c, &carry, &s, values, stride, kb);
+            add_values::<R, 1, V>(out, hd, c, &carry, &s, values, stride, kb);
         }
     }
     for (o, &sm) in out.chunks_exact_mut(hd).zip(&sum) {
@@ -175,13 +240,13 @@ unsafe fn attend<const R: usize>(
 /// `o_r[16·c0 .. 16·(c0 + C)] = carry_r · o_r + Σ_{j < kb} p_rj · V_j` over that slice.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn add_values<const R: usize, const C: usize>(
+unsafe fn add_values<const R: usize, const C: usize, V: Elem>(
     out: &mut [f32],
     hd: usize,
     c0: usize,
     carry: &[f32; R],
     p: &[[f32; KEY_BLOCK]; R],
-    values: *const f32,
+    values: *const V,
     stride: usize,
     kb: usize,
 ) {
@@ -199,7 +264,7 @@ unsafe fn add_values<const R: usize, const C: usize>(
         let v = values.add(j * stride + 16 * c0);
         let pj: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(p[r][j]));
         for c in 0..C {
-            let vc = _mm512_loadu_ps(v.add(16 * c));
+            let vc = V::load16(v.add(16 * c));
             for r in 0..R {
                 acc[r][c] = _mm512_fmadd_ps(pj[r], vc, acc[r][c]);
             }

@@ -14,7 +14,7 @@ pub mod rotation;
 pub mod transformer;
 pub mod weights;
 
-pub use kv_cache::KvCache;
+pub use kv_cache::{KvCache, KvType, KvTypes};
 pub use transformer::{BatchSeq, Logits, Transformer};
 
 use crate::format::config::{Arch, ModelConfig};
@@ -68,6 +68,8 @@ pub trait ExternalNet: Send + Sync {
 pub struct Model {
     net: Net,
     pool: ThreadPool,
+    /// How the caches it hands out store keys and values (f16 unless set).
+    kv_types: KvTypes,
 }
 
 impl Model {
@@ -91,6 +93,7 @@ impl Model {
         Ok(Model {
             net,
             pool: ThreadPool::new(threads.max(1)),
+            kv_types: KvTypes::default(),
         })
     }
 
@@ -99,6 +102,7 @@ impl Model {
         Model {
             net: Net::External(net),
             pool: ThreadPool::new(1),
+            kv_types: KvTypes::default(),
         }
     }
 
@@ -143,11 +147,27 @@ impl Model {
         self.pool.n_threads()
     }
 
+    /// Stores the keys and values of the caches made from now on as `types` (default: f16
+    /// both; f32 keeps them exact). A device backend keeps its own and ignores this.
+    pub fn set_kv_types(&mut self, types: KvTypes) {
+        self.kv_types = types;
+    }
+
+    /// [`set_kv_types`](Self::set_kv_types), by value.
+    pub fn with_kv_types(mut self, types: KvTypes) -> Self {
+        self.kv_types = types;
+        self
+    }
+
+    pub fn kv_types(&self) -> KvTypes {
+        self.kv_types
+    }
+
     /// A cache for `n_ctx` positions; for hybrid models it also holds the recurrent state.
     pub fn new_cache(&self, n_ctx: usize) -> KvCache {
         match &self.net {
-            Net::Dense(n) => n.new_cache(n_ctx),
-            Net::Hybrid(n) => n.new_cache(n_ctx),
+            Net::Dense(n) => n.new_cache(n_ctx).with_types(self.kv_types),
+            Net::Hybrid(n) => n.new_cache(n_ctx).with_types(self.kv_types),
             Net::External(n) => KvCache::new(n.config().n_layers, 0, n_ctx),
         }
     }
