@@ -157,3 +157,73 @@ fn chat_keeps_the_cache_between_turns() {
     assert!(stdout.contains("Paris"), "{stdout}");
     assert!(stdout.contains("(conversation cleared)"));
 }
+
+/// `--cache-type-k/-v` (and llama.cpp's `-ctk/-ctv`, and `TRIT_ARG_CACHE_TYPE_K/V`) choose how
+/// the KV cache stores keys and values: f16 (the default) takes half the bytes of f32, an
+/// unknown type is refused with the list of known ones, and a run with an f32 cache works.
+#[test]
+fn cache_types_are_chosen_like_llama_cpp() {
+    if default_model().is_none() {
+        eprintln!("skipped: no default model in models/default");
+        return;
+    }
+    let memory = |args: &[&str], env: Option<(&str, &str)>| {
+        let mut c = trit();
+        c.arg("info").args(args).args(["-c", "4096"]);
+        if let Some((k, v)) = env {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        stdout
+            .lines()
+            .find(|l| l.starts_with("memory:"))
+            .unwrap()
+            .to_string()
+    };
+    // 30 layers × 192 × 4096 positions × (K + V).
+    assert!(memory(&[], None).contains("KV cache 90.00 MiB at 4096 tokens (K f16, V f16)"));
+    let exact = memory(&["-ctk", "f32", "--cache-type-v=f32"], None);
+    assert!(
+        exact.contains("KV cache 180.00 MiB at 4096 tokens (K f32, V f32)"),
+        "{exact}"
+    );
+    let mixed = memory(&["-ctv=f32"], Some(("TRIT_ARG_CACHE_TYPE_K", "F32")));
+    assert!(mixed.contains("(K f32, V f32)"), "{mixed}");
+
+    let out = trit().args(["run", "-ctk", "q8_0", "hi"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("'q8_0'") && err.contains("f16 or f32"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+
+    let out = trit()
+        .args([
+            "run",
+            "--temp",
+            "0",
+            "-n",
+            "8",
+            "-ctk",
+            "f32",
+            "-ctv",
+            "f32",
+            "Once upon a time",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("tokens-per-sec"));
+}
