@@ -239,7 +239,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = parse()?;
     let files = trit::format::open(std::path::Path::new(&a.model))?;
     let tok = Arc::new(Tokenizer::from_source(&files.tokenizer)?);
-    let model = Arc::new(Model::load(&files, a.threads)?.with_kv_types(a.kv));
+    let model = Arc::new(Model::load(&files, a.threads)?.with_kv_types(a.kv)?);
     println!(
         "model {}, {} threads, depth {}, {} steps, {} rounds, KV cache K {} V {}",
         a.model, a.threads, a.depth, a.steps, a.reps, a.kv.k, a.kv.v

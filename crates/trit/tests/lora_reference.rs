@@ -42,7 +42,7 @@ fn tiny_mlx() -> (tempfile::TempDir, PathBuf) {
 fn logits(model: &Path, adapter: Option<&Path>, prompt: &[u32]) -> trit::Result<Vec<f32>> {
     let files = trit::format::open(model)?;
     // mlx-lm computed in f32: keys/values stay exact too.
-    let m = Model::load_with_adapter(&files, 2, adapter)?.with_kv_types(KvTypes::F32);
+    let m = Model::load_with_adapter(&files, 2, adapter)?.with_kv_types(KvTypes::F32)?;
     Session::new(Arc::new(m), 64).prefill(prompt)
 }
 

@@ -56,7 +56,7 @@ fn make_models(preset: &str) -> (tempfile::TempDir, PathBuf) {
 /// Last-position logits of `prompt` and `steps` greedy ids, keys/values stored as `kv`.
 fn run(path: &Path, prompt: &[u32], steps: usize, kv: KvTypes) -> (Vec<f32>, Vec<u32>) {
     let files = trit::format::open(path).unwrap();
-    let model = Arc::new(Model::load(&files, 2).unwrap().with_kv_types(kv));
+    let model = Arc::new(Model::load(&files, 2).unwrap().with_kv_types(kv).unwrap());
     common::greedy_run(&mut Session::new(model, 128), prompt, steps)
 }
 
@@ -194,4 +194,39 @@ fn f16_kv_cache_stays_close_to_mlx_lm() {
         let mlx_greedy = ids(&fx["mlx"]["greedy32"]["ids"]);
         assert_eq!(greedy[..comparable], mlx_greedy[..comparable], "{preset}");
     }
+}
+
+/// q8_0 keys/values need head rows of whole 32-value blocks: a model whose head dimension is
+/// 80 is refused with an error that says so (no panic), and runs with f16 ones.
+#[test]
+fn q8_kv_cache_refuses_heads_it_cannot_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = trit::format::testgen::Preset {
+        n_heads: 16,
+        n_kv_heads: 2,
+        head_dim: 80,
+        ..Preset::by_name("tiny").unwrap()
+    };
+    let mlx = OutFormat::parse("mlx").unwrap();
+    generate(&p, 0, dir.path(), &[mlx], &TokenizerAssets::Placeholder).unwrap();
+    let files = trit::format::open(&dir.path().join("mlx")).unwrap();
+    let q8 = trit::model::KvTypes::Q8_0;
+    let err = Model::load(&files, 1)
+        .unwrap()
+        .with_kv_types(q8)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("q8_0") && err.contains("head dimension 80"),
+        "{err}"
+    );
+    let model = Model::load(&files, 1)
+        .unwrap()
+        .with_kv_types(KvTypes::F16)
+        .unwrap();
+    let logits = Session::new(Arc::new(model), 16)
+        .prefill(&[1, 2, 3])
+        .unwrap();
+    assert!(logits.iter().all(|x| x.is_finite()));
 }

@@ -72,7 +72,7 @@ fn make_model() -> (tempfile::TempDir, PathBuf) {
 /// With keys/values stored as `kv` (the exact-path comparisons keep them in f32, as mlx-lm).
 fn load(path: &std::path::Path, kv: KvTypes) -> Arc<Model> {
     let files = trit::format::open(path).unwrap();
-    Arc::new(Model::load(&files, 2).unwrap().with_kv_types(kv))
+    Arc::new(Model::load(&files, 2).unwrap().with_kv_types(kv).unwrap())
 }
 
 use common::greedy_run as greedy;
@@ -168,7 +168,12 @@ fn gguf_files_match_mlx_lm() {
             let path = dir.path().join(f.file_name());
             let mut files = trit::format::open(&path).unwrap();
             let exact = |files: &trit::format::ModelFiles| {
-                Arc::new(Model::load(files, 2).unwrap().with_kv_types(KvTypes::F32))
+                Arc::new(
+                    Model::load(files, 2)
+                        .unwrap()
+                        .with_kv_types(KvTypes::F32)
+                        .unwrap(),
+                )
             };
             let plain_model = exact(&files);
             if let Some(r) = files.rotation.as_mut() {

@@ -37,7 +37,7 @@ fn load(kv: KvTypes) -> Option<(Arc<Model>, Tokenizer)> {
     let files = trit::format::open(&path).unwrap();
     let tok = Tokenizer::from_source(&files.tokenizer).unwrap();
     Some((
-        Arc::new(Model::load(&files, 2).unwrap().with_kv_types(kv)),
+        Arc::new(Model::load(&files, 2).unwrap().with_kv_types(kv).unwrap()),
         tok,
     ))
 }

@@ -435,7 +435,7 @@ fn load(
     let t0 = Instant::now();
     let files = trit::format::open(path).with_context(|| format!("loading {}", path.display()))?;
     let model = super::load_model(&files, threads, a.device, positions.max(1), None)?
-        .with_kv_types(a.cache_types.types());
+        .with_kv_types(a.cache_types.types())?;
     let load_secs = t0.elapsed().as_secs_f64();
     let (params, size, ty) = count_weights(&files)?;
     let c = model.config();

@@ -52,8 +52,9 @@ pub struct ModelArgs {
 /// How the CPU KV cache stores keys and values (llama.cpp's `--cache-type-k/-v`, `-ctk/-ctv`).
 #[derive(Args, Clone, Copy, Debug)]
 pub struct CacheTypeArgs {
-    /// KV cache type of keys: f16 (default: half the memory and cache reads of f32) or f32
-    /// (exact). Also `-ctk`. CPU only (a GPU model keeps its own).
+    /// KV cache type of keys: f16 (default: half the memory and cache reads of f32), f32
+    /// (exact) or q8_0 (8-bit, about a quarter of f32). Also `-ctk`. CPU only (a GPU model
+    /// keeps its own).
     #[arg(
         long = "cache-type-k",
         value_name = "TYPE",
@@ -62,7 +63,7 @@ pub struct CacheTypeArgs {
         env = "TRIT_ARG_CACHE_TYPE_K"
     )]
     pub k: KvType,
-    /// KV cache type of values: f16 (default) or f32. Also `-ctv`.
+    /// KV cache type of values: f16 (default), f32 or q8_0. Also `-ctv`.
     #[arg(
         long = "cache-type-v",
         value_name = "TYPE",
@@ -289,7 +290,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     }
     let model = Arc::new(
         load_model(&files, threads, args.device, n_ctx, args.adapter.as_deref())?
-            .with_kv_types(args.cache_types.types()),
+            .with_kv_types(args.cache_types.types())?,
     );
     Ok(Loaded {
         files,

@@ -486,7 +486,7 @@ fn attend_group<const FMA: bool, const R: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::kv_type::{KvPageList, KvType};
+    use crate::kernels::kv_type::{store_q8, KvPageList, KvType, Q8Page, Q8_BLOCK};
     use crate::kernels::KernelLevel;
     use half::f16;
 
@@ -501,24 +501,48 @@ mod tests {
     /// Keys or values stored as `t`: the pages, and the f32 numbers they hold.
     struct Stored {
         f16: Vec<f16>,
+        q: Vec<i8>,
+        d: Vec<f32>,
         f32: Vec<f32>,
         kind: KvType,
     }
 
     impl Stored {
+        /// `x` stored as `kind` (q8_0: in consecutive blocks of 32, so heads must start and
+        /// end on block boundaries).
         fn new(x: &[f32], kind: KvType) -> Self {
             let f16: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+            let (mut q, mut d) = (vec![0i8; x.len()], vec![0f32; x.len() / Q8_BLOCK]);
+            if kind == KvType::Q8_0 {
+                store_q8(&mut q, &mut d, x);
+            }
             let f32 = match kind {
                 KvType::F16 => f16.iter().map(|v| v.to_f32()).collect(),
                 KvType::F32 => x.to_vec(),
+                KvType::Q8_0 => (0..x.len())
+                    .map(|i| q[i] as f32 * d[i / Q8_BLOCK])
+                    .collect(),
             };
-            Stored { f16, f32, kind }
+            Stored {
+                f16,
+                q,
+                d,
+                f32,
+                kind,
+            }
         }
 
         fn pages(&self, stride: usize) -> KvPageList<'_> {
             match self.kind {
                 KvType::F16 => KvPageList::F16(pages_of(&self.f16, stride)),
                 KvType::F32 => KvPageList::F32(pages_of(&self.f32, stride)),
+                KvType::Q8_0 => KvPageList::Q8_0(
+                    pages_of(&self.q, stride)
+                        .into_iter()
+                        .zip(pages_of(&self.d, stride / Q8_BLOCK))
+                        .map(|(q, d)| Q8Page { q, d })
+                        .collect(),
+                ),
             }
         }
     }
@@ -555,12 +579,20 @@ mod tests {
     }
 
     /// (keys, values) type pairs a cache can have.
-    const TYPES: [(KvType, KvType); 4] = [
+    const TYPES: [(KvType, KvType); 6] = [
         (KvType::F32, KvType::F32),
         (KvType::F16, KvType::F16),
         (KvType::F32, KvType::F16),
         (KvType::F16, KvType::F32),
+        (KvType::Q8_0, KvType::Q8_0),
+        (KvType::Q8_0, KvType::F16),
     ];
+
+    /// Whether q8_0 pages can hold heads of this layout (whole blocks of 32 per head row).
+    fn fits(kt: KvType, vt: KvType, hd: usize, stride: usize, offset: usize) -> bool {
+        let q8 = kt == KvType::Q8_0 || vt == KvType::Q8_0;
+        !q8 || [hd, stride, offset].iter().all(|x| x % Q8_BLOCK == 0)
+    }
 
     /// A row's output is bit-identical whether it is computed alone or with other rows (a
     /// prompt's last token in a long prefill vs alone after a prefix-cache hit), at every level
@@ -642,6 +674,9 @@ mod tests {
                     .collect();
                 let scale = 1.0 / (hd as f32).sqrt();
                 for (kt, vt) in TYPES {
+                    if !fits(kt, vt, hd, stride, offset) {
+                        continue;
+                    }
                     let (ks, vs) = (Stored::new(&keys, kt), Stored::new(&values, vt));
                     let (key_pages, value_pages) = (ks.pages(stride), vs.pages(stride));
                     let paged = PagedKvHead {
@@ -666,7 +701,7 @@ mod tests {
                             "{l} {kt}/{vt} case {ci} [{i}]: {o} vs {w}"
                         );
                     }
-                    if kt == KvType::F16 && vt == KvType::F16 {
+                    if kt != KvType::F32 && vt == kt {
                         // The f32 kernel on the same rounded numbers.
                         let (kw, vw) = (pages_of(&ks.f32, stride), pages_of(&vs.f32, stride));
                         let wide = PagedKvHead {
@@ -681,7 +716,7 @@ mod tests {
                             out.iter()
                                 .zip(&same)
                                 .all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "{l} case {ci}: f16 pages differ from f32 pages of the same numbers"
+                            "{l} case {ci}: {kt} pages differ from f32 pages of the same numbers"
                         );
                     }
                 }

@@ -49,7 +49,7 @@ pub struct KvShape {
 impl KvShape {
     /// Bytes of keys and values of `tokens` positions.
     pub fn bytes_for(&self, tokens: usize) -> usize {
-        self.n_layers * self.row * tokens * self.types.bytes()
+        self.types.bytes_for(self.n_layers * self.row * tokens)
     }
 }
 
@@ -142,9 +142,16 @@ impl KvCache {
         }
     }
 
-    /// Stores keys and values as `types` (before anything is appended).
+    /// Stores keys and values as `types` (before anything is appended). Each KV head's row
+    /// must be a whole number of the types' blocks (`q8_0`: 32 values; `Model::set_kv_types`
+    /// refuses models that do not fit).
     pub fn with_types(mut self, types: KvTypes) -> Self {
         assert!(self.blocks.is_empty(), "KV types change on a cache in use");
+        assert!(
+            (self.row / self.heads).is_multiple_of(types.granule()),
+            "{types:?} in heads of {} values",
+            self.row / self.heads
+        );
         self.types = types;
         self
     }
@@ -536,55 +543,67 @@ mod tests {
         assert_eq!(KvBlock::bytes_for(c.shape()), 2 * 2 * BLOCK_TOKENS * 4 * 4);
     }
 
-    /// An f16 cache hands back what was appended rounded to the nearest half (the kernels'
-    /// pages and `key_row` agree), takes half the bytes of an f32 one, and copies shared
-    /// blocks before writing like any other.
+    /// What a store of type `t` holds for `row` (each head row of `hd` values on its own:
+    /// the q8_0 blocks never straddle two heads).
+    fn stored(t: KvType, row: &[f32], hd: usize) -> Vec<f32> {
+        match t {
+            KvType::F32 => row.to_vec(),
+            KvType::F16 => row
+                .iter()
+                .map(|&x| half::f16::from_f32(x).to_f32())
+                .collect(),
+            KvType::Q8_0 => row
+                .chunks(hd)
+                .flat_map(|h| {
+                    let (mut q, mut d) = (vec![0i8; hd], vec![0f32; hd / 32]);
+                    crate::kernels::kv_type::store_q8(&mut q, &mut d, h);
+                    (0..hd).map(move |i| q[i] as f32 * d[i / 32])
+                })
+                .collect(),
+        }
+    }
+
+    /// An f16 (or q8_0, or mixed) cache hands back what was appended rounded to its type (the
+    /// kernels' pages and `key_row` agree), takes the bytes of that type (f16: half of f32;
+    /// q8_0: 36 bytes per 32 values), and copies shared blocks before writing like any other.
     #[test]
-    fn f16_caches_store_rounded_halves_in_half_the_bytes() {
-        let (heads, hd, n) = (2, 16, BLOCK_TOKENS + 9);
+    fn f16_and_q8_caches_store_rounded_values_in_fewer_bytes() {
+        let (heads, hd, n) = (2, 32, BLOCK_TOKENS + 9);
         let row = heads * hd;
         let k = crate::test_values::uniform(3, n * row);
         let v: Vec<f32> = k.iter().map(|x| 100.0 * x - 50.0).collect();
-        let half = |x: &f32| half::f16::from_f32(*x).to_f32();
-        for types in [
-            KvTypes::F16,
-            KvTypes {
-                k: KvType::F32,
-                v: KvType::F16,
-            },
-        ] {
+        let (f16, f32, q8) = (KvType::F16, KvType::F32, KvType::Q8_0);
+        for (kt, vt) in [(f16, f16), (f32, f16), (q8, q8), (f16, q8)] {
+            let types = KvTypes { k: kt, v: vt };
             let mut c = KvCache::new(1, row, 256)
                 .with_heads(heads)
                 .with_types(types);
             c.append(0, &k, &v);
             c.advance(n);
-            let f32_bytes = KvBlock::bytes_for(KvShape {
-                types: KvTypes::F32,
-                ..c.shape()
-            });
-            let want_bytes = f32_bytes / 8 * (types.k.bytes() + types.v.bytes());
+            let elems = BLOCK_TOKENS * row;
+            let per = |t: KvType| match t {
+                KvType::F32 => 4 * elems,
+                KvType::F16 => 2 * elems,
+                KvType::Q8_0 => elems / 32 * 36,
+            };
+            let want_bytes = per(kt) + per(vt);
             assert_eq!(KvBlock::bytes_for(c.shape()), want_bytes);
             assert_eq!(c.bytes(), 2 * want_bytes);
             let (kp, vp) = c.pages(0, n);
             assert_eq!(
                 (kp.as_pages().page(0).kind(), vp.as_pages().page(1).kind()),
-                (types.k, types.v)
+                (kt, vt)
             );
             for p in [0, 5, BLOCK_TOKENS - 1, BLOCK_TOKENS, n - 1] {
-                let kr = &k[p * row..][..row];
-                let vr = &v[p * row..][..row];
-                let want_k: Vec<f32> = match types.k {
-                    KvType::F16 => kr.iter().map(half).collect(),
-                    KvType::F32 => kr.to_vec(),
-                };
-                let want_v: Vec<f32> = vr.iter().map(half).collect();
+                let want_k = stored(kt, &k[p * row..][..row], hd);
+                let want_v = stored(vt, &v[p * row..][..row], hd);
                 assert_eq!(c.key_row(0, p), want_k, "{types:?} key {p}");
                 assert_eq!(c.value_row(0, p), want_v, "{types:?} value {p}");
                 let (stride, offset) = c.head_layout(1);
                 let at = (p % BLOCK_TOKENS) * stride + offset;
                 assert_eq!(read(&vp, p / BLOCK_TOKENS, at, hd), want_v[hd..]);
             }
-            // Copy-on-write keeps the stored halves.
+            // Copy-on-write keeps the stored values.
             let mut d = KvCache::new(1, row, 256)
                 .with_heads(heads)
                 .with_types(types);
@@ -593,7 +612,7 @@ mod tests {
             d.advance(1);
             assert!(!Arc::ptr_eq(&c.blocks()[1], &d.blocks()[1]));
             assert_eq!(d.value_row(0, 66), c.value_row(0, 66));
-            assert_eq!(d.value_row(0, 70), vec![-1.5; row]);
+            assert_eq!(d.value_row(0, 70), stored(vt, &vec![-1.5; row], hd));
         }
     }
 

@@ -148,15 +148,26 @@ impl Model {
     }
 
     /// Stores the keys and values of the caches made from now on as `types` (default: f16
-    /// both; f32 keeps them exact). A device backend keeps its own and ignores this.
-    pub fn set_kv_types(&mut self, types: KvTypes) {
+    /// both; f32 keeps them exact; `q8_0` needs head dimensions that are multiples of 32). A
+    /// device backend keeps its own and ignores this.
+    pub fn set_kv_types(&mut self, types: KvTypes) -> Result<()> {
+        let hd = self.config().head_dim;
+        if !matches!(self.net, Net::External(_)) && !hd.is_multiple_of(types.granule()) {
+            return Err(crate::Error::Unsupported(format!(
+                "KV cache types {}/{} with head dimension {hd} (q8_0 stores blocks of {} values)",
+                types.k,
+                types.v,
+                types.granule()
+            )));
+        }
         self.kv_types = types;
+        Ok(())
     }
 
     /// [`set_kv_types`](Self::set_kv_types), by value.
-    pub fn with_kv_types(mut self, types: KvTypes) -> Self {
-        self.kv_types = types;
-        self
+    pub fn with_kv_types(mut self, types: KvTypes) -> Result<Self> {
+        self.set_kv_types(types)?;
+        Ok(self)
     }
 
     pub fn kv_types(&self) -> KvTypes {
