@@ -591,7 +591,9 @@ mod tests {
     /// Whether q8_0 pages can hold heads of this layout (whole blocks of 32 per head row).
     fn fits(kt: KvType, vt: KvType, hd: usize, stride: usize, offset: usize) -> bool {
         let q8 = kt == KvType::Q8_0 || vt == KvType::Q8_0;
-        !q8 || [hd, stride, offset].iter().all(|x| x % Q8_BLOCK == 0)
+        !q8 || [hd, stride, offset]
+            .iter()
+            .all(|x| x.is_multiple_of(Q8_BLOCK))
     }
 
     /// A row's output is bit-identical whether it is computed alone or with other rows (a

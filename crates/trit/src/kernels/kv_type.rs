@@ -215,7 +215,7 @@ impl KvStore {
             KvStore::F32(d) => d[at..][..src.len()].copy_from_slice(src),
             KvStore::F16(d) => store_f16(&mut d[at..][..src.len()], src),
             KvStore::Q8_0 { q, d } => {
-                assert!(at % Q8_BLOCK == 0, "q8_0 write inside a block");
+                assert!(at.is_multiple_of(Q8_BLOCK), "q8_0 write inside a block");
                 let blocks = src.len().div_ceil(Q8_BLOCK);
                 store_q8(
                     &mut q[at..][..src.len()],
