@@ -40,7 +40,7 @@ enum Command {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(cmd::llama_short_flags(std::env::args_os()));
     let result = match cli.command {
         Command::Run(a) => cmd::run::run(a),
         Command::Chat(a) => cmd::chat::run(a),

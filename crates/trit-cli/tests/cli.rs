@@ -157,3 +157,68 @@ fn chat_keeps_the_cache_between_turns() {
     assert!(stdout.contains("Paris"), "{stdout}");
     assert!(stdout.contains("(conversation cleared)"));
 }
+
+/// `--cache-type-k/-v` (and llama.cpp's `-ctk/-ctv`, and `TRIT_ARG_CACHE_TYPE_K/V`) choose how
+/// the KV cache stores keys and values: f16 (the default) takes half the bytes of f32, q8_0
+/// 36 bytes per 32 values, an unknown type is refused with the list of known ones, and runs
+/// with f32 and q8_0 caches work.
+#[test]
+fn cache_types_are_chosen_like_llama_cpp() {
+    if default_model().is_none() {
+        eprintln!("skipped: no default model in models/default");
+        return;
+    }
+    let memory = |args: &[&str], env: Option<(&str, &str)>| {
+        let mut c = trit();
+        c.arg("info").args(args).args(["-c", "4096"]);
+        if let Some((k, v)) = env {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        stdout
+            .lines()
+            .find(|l| l.starts_with("memory:"))
+            .unwrap()
+            .to_string()
+    };
+    // 30 layers × 192 × 4096 positions × (K + V); q8_0: 36 bytes per 32 values.
+    assert!(memory(&[], None).contains("KV cache 90.00 MiB at 4096 tokens (K f16, V f16)"));
+    let q8 = memory(&["-ctk", "q8_0", "-ctv", "q8_0"], None);
+    assert!(
+        q8.contains("KV cache 50.62 MiB at 4096 tokens (K q8_0, V q8_0)"),
+        "{q8}"
+    );
+    let exact = memory(&["-ctk", "f32", "--cache-type-v=f32"], None);
+    assert!(
+        exact.contains("KV cache 180.00 MiB at 4096 tokens (K f32, V f32)"),
+        "{exact}"
+    );
+    let mixed = memory(&["-ctv=f32"], Some(("TRIT_ARG_CACHE_TYPE_K", "F32")));
+    assert!(mixed.contains("(K f32, V f32)"), "{mixed}");
+
+    let out = trit().args(["run", "-ctk", "q4_0", "hi"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("'q4_0'") && err.contains("f16, f32, q8_0"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+
+    for t in ["f32", "q8_0"] {
+        let out = trit()
+            .args(["run", "--temp", "0", "-n", "8", "-ctk", t, "-ctv", t])
+            .arg("Once upon a time")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{t}: {stderr}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("tokens-per-sec"));
+    }
+}

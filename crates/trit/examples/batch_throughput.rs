@@ -4,8 +4,9 @@
 //! `Scheduler` that `trit serve` uses (sampling, stop checks and events included).
 //!
 //! cargo run --release -p trit --example batch_throughput -- MODEL [-t THREADS] [--streams 1,8]
-//!     [-n STEPS] [-d DEPTH] [-r REPS] [--profile]
+//!     [-n STEPS] [-d DEPTH] [-r REPS] [--profile] [-ctk f16|f32] [-ctv f16|f32]
 //!
+//! `-ctk`/`-ctv`: how the KV cache stores keys/values (default f16, as `trit`).
 //! `--profile`: one more round per stream count with the per-op counters on, printed as ms per
 //! step. The machine's load average and CPU pressure are printed before and after the runs.
 //!
@@ -20,7 +21,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Instant;
 use trit::engine::{GenerateOptions, Scheduler, SchedulerConfig, SeqEvent, SeqRequest};
-use trit::model::{BatchSeq, Logits, Model};
+use trit::model::{BatchSeq, KvType, KvTypes, Logits, Model};
 use trit::sample::SamplingParams;
 use trit::tokenizer::Tokenizer;
 
@@ -32,6 +33,7 @@ struct Args {
     depth: usize,
     reps: usize,
     profile: bool,
+    kv: KvTypes,
 }
 
 fn parse() -> Result<Args, String> {
@@ -44,6 +46,7 @@ fn parse() -> Result<Args, String> {
         depth: 64,
         reps: 3,
         profile: false,
+        kv: KvTypes::default(),
     };
     while let Some(arg) = it.next() {
         let mut value = || it.next().ok_or(format!("{arg} needs a value"));
@@ -53,6 +56,8 @@ fn parse() -> Result<Args, String> {
             "-d" => a.depth = value()?.parse().map_err(|e| format!("-d: {e}"))?,
             "--profile" => a.profile = true,
             "-r" => a.reps = value()?.parse().map_err(|e| format!("-r: {e}"))?,
+            "-ctk" => a.kv.k = KvType::parse(&value()?).map_err(|e| e.to_string())?,
+            "-ctv" => a.kv.v = KvType::parse(&value()?).map_err(|e| e.to_string())?,
             "--streams" => {
                 a.streams = value()?
                     .split(',')
@@ -234,10 +239,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = parse()?;
     let files = trit::format::open(std::path::Path::new(&a.model))?;
     let tok = Arc::new(Tokenizer::from_source(&files.tokenizer)?);
-    let model = Arc::new(Model::load(&files, a.threads)?);
+    let model = Arc::new(Model::load(&files, a.threads)?.with_kv_types(a.kv)?);
     println!(
-        "model {}, {} threads, depth {}, {} steps, {} rounds",
-        a.model, a.threads, a.depth, a.steps, a.reps
+        "model {}, {} threads, depth {}, {} steps, {} rounds, KV cache K {} V {}",
+        a.model, a.threads, a.depth, a.steps, a.reps, a.kv.k, a.kv.v
     );
     println!("before: {}", machine_load());
     // samples[i] = (raw, scheduler) tokens/s of each round for streams[i].

@@ -213,8 +213,9 @@ fn scheduler_with_budget(model: &Arc<Model>, tok: &Arc<Tokenizer>, bytes: usize)
     .unwrap()
 }
 
-/// Bytes of one KV block of the default model (30 layers, 3 KV heads × 64, 64 positions).
-const BLOCK_BYTES: usize = 30 * 2 * 64 * 3 * 64 * 4;
+/// Bytes of one KV block of the default model (30 layers, 3 KV heads × 64, 64 positions) in
+/// the default cache types: keys and values in f16, 2 bytes each.
+const BLOCK_BYTES: usize = 30 * 64 * 3 * 64 * (2 + 2);
 
 /// `n` token ids of ordinary text (a prompt longer than a few KV blocks).
 fn text_tokens(tok: &Tokenizer, seed: &str, n: usize) -> Vec<u32> {

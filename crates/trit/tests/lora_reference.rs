@@ -15,7 +15,7 @@ use trit::format::testgen::{generate, OutFormat, Preset, TokenizerAssets};
 use trit::format::Dtype;
 use trit::kernels::{best_level, set_level, KernelLevel};
 use trit::model::lora::LoraAdapter;
-use trit::model::Model;
+use trit::model::{KvTypes, Model};
 
 /// Named f32 tensors with their shapes, as written into a safetensors file.
 type Tensors = Vec<(String, Vec<usize>, Vec<f32>)>;
@@ -41,7 +41,8 @@ fn tiny_mlx() -> (tempfile::TempDir, PathBuf) {
 
 fn logits(model: &Path, adapter: Option<&Path>, prompt: &[u32]) -> trit::Result<Vec<f32>> {
     let files = trit::format::open(model)?;
-    let m = Model::load_with_adapter(&files, 2, adapter)?;
+    // mlx-lm computed in f32: keys/values stay exact too.
+    let m = Model::load_with_adapter(&files, 2, adapter)?.with_kv_types(KvTypes::F32)?;
     Session::new(Arc::new(m), 64).prefill(prompt)
 }
 

@@ -23,7 +23,7 @@ use trit::engine::Session;
 use trit::format::testgen::hybrid::{generate, HybridPreset};
 use trit::format::testgen::{OutFormat, TokenizerAssets};
 use trit::kernels::{best_level, set_level, KernelLevel};
-use trit::model::Model;
+use trit::model::{KvTypes, Model};
 
 static LEVEL: Mutex<()> = Mutex::new(());
 const PRESET: &str = "tiny-qwen35";
@@ -69,9 +69,10 @@ fn make_model() -> (tempfile::TempDir, PathBuf) {
     make_model_of(PRESET)
 }
 
-fn load(path: &std::path::Path) -> Arc<Model> {
+/// With keys/values stored as `kv` (the exact-path comparisons keep them in f32, as mlx-lm).
+fn load(path: &std::path::Path, kv: KvTypes) -> Arc<Model> {
     let files = trit::format::open(path).unwrap();
-    Arc::new(Model::load(&files, 2).unwrap())
+    Arc::new(Model::load(&files, 2).unwrap().with_kv_types(kv).unwrap())
 }
 
 use common::greedy_run as greedy;
@@ -83,7 +84,7 @@ fn exact_path_matches_mlx_lm() {
     for preset in PRESETS {
         let fx = fixture_of(preset);
         let (_tmp, dir) = make_model_of(preset);
-        let model = load(&dir);
+        let model = load(&dir, KvTypes::F32);
         for name in ["short", "long"] {
             let r = &fx["prompts"][name];
             let prompt = ids(&r["ids"]);
@@ -126,7 +127,7 @@ fn fast_kernels_stay_close_to_mlx_lm() {
     for preset in PRESETS {
         let fx = fixture_of(preset);
         let (_tmp, dir) = make_model_of(preset);
-        let model = load(&dir);
+        let model = load(&dir, KvTypes::default());
         for name in ["short", "long"] {
             let prompt = ids(&fx["prompts"][name]["ids"]);
             let mut s = Session::new(model.clone(), 512);
@@ -166,11 +167,19 @@ fn gguf_files_match_mlx_lm() {
             // the unmirrored logits differ only by that rounding (checked loosely below).
             let path = dir.path().join(f.file_name());
             let mut files = trit::format::open(&path).unwrap();
-            let plain_model = Arc::new(Model::load(&files, 2).unwrap());
+            let exact = |files: &trit::format::ModelFiles| {
+                Arc::new(
+                    Model::load(files, 2)
+                        .unwrap()
+                        .with_kv_types(KvTypes::F32)
+                        .unwrap(),
+                )
+            };
+            let plain_model = exact(&files);
             if let Some(r) = files.rotation.as_mut() {
                 r.embedding_f16 = true;
             }
-            let model = Arc::new(Model::load(&files, 2).unwrap());
+            let model = exact(&files);
             for name in ["short", "long"] {
                 let prompt = ids(&fx["prompts"][name]["ids"]);
                 let mut s = Session::new(model.clone(), 512);
@@ -209,7 +218,8 @@ fn gguf_agrees_with_llama_cpp() {
     let q2 = OutFormat::parse("q2_0").unwrap();
     let p = HybridPreset::by_name(PRESET).unwrap();
     generate(&p, 0, dir.path(), &[q2], &TokenizerAssets::Placeholder).unwrap();
-    let model = load(&dir.path().join(q2.file_name()));
+    // llama.cpp's default cache type, f16, like ours.
+    let model = load(&dir.path().join(q2.file_name()), KvTypes::default());
     for level in [KernelLevel::Reference, best_level()] {
         set_level(level).unwrap();
         for name in ["short", "long"] {
@@ -252,7 +262,8 @@ fn multi_turn_reuses_the_recurrent_state() {
     set_level(KernelLevel::Reference).unwrap();
     let fx = fixture();
     let (_tmp, dir) = make_model();
-    let model = load(&dir);
+    // The default f16 cache: reuse must give what a fresh run gives with the same cache type.
+    let model = load(&dir, KvTypes::default());
     let long = ids(&fx["prompts"]["long"]["ids"]);
     let (turn1, rest) = long.split_at(150);
     let fresh = |prompt: &[u32]| {

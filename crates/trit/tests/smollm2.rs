@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use trit::engine::perplexity::perplexity;
 use trit::engine::Session;
-use trit::model::Model;
+use trit::model::{KvTypes, Model};
 use trit::tokenizer::Tokenizer;
 
 fn reference() -> serde_json::Value {
@@ -31,16 +31,23 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
         .collect()
 }
 
-fn load() -> Option<(Arc<Model>, Tokenizer)> {
+/// The model with keys/values stored as `kv`.
+fn load(kv: KvTypes) -> Option<(Arc<Model>, Tokenizer)> {
     let path = common::asset("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")?;
     let files = trit::format::open(&path).unwrap();
     let tok = Tokenizer::from_source(&files.tokenizer).unwrap();
-    Some((Arc::new(Model::load(&files, 2).unwrap()), tok))
+    Some((
+        Arc::new(Model::load(&files, 2).unwrap().with_kv_types(kv).unwrap()),
+        tok,
+    ))
 }
 
 #[test]
 fn capital_of_france_is_paris() {
-    let Some((model, tok)) = load() else { return };
+    // Compared with an f32 reference at a tight tolerance: exact keys/values.
+    let Some((model, tok)) = load(KvTypes::F32) else {
+        return;
+    };
     let r = reference();
     let f32_ref = &r["f32_reference"];
     let prompt = tok.encode("The capital of France is", false).unwrap();
@@ -68,7 +75,10 @@ fn capital_of_france_is_paris() {
 
 #[test]
 fn perplexity_of_pride_and_prejudice_matches_llama_cpp() {
-    let Some((model, tok)) = load() else { return };
+    // The default f16 cache (llama.cpp's default too): within 0.1 % of the f32 reference.
+    let Some((model, tok)) = load(KvTypes::default()) else {
+        return;
+    };
     let Some(text) = common::asset("texts/prideprejudice.txt") else {
         return;
     };

@@ -104,6 +104,8 @@ pub struct BenchArgs {
     /// quantization, norms, RoPE, attention, SwiGLU) of every test's timed runs.
     #[arg(long)]
     pub profile: bool,
+    #[command(flatten)]
+    pub cache_types: super::CacheTypeArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -177,6 +179,8 @@ pub struct RunInfo {
     pub weight_bytes_per_token: usize,
     /// KV-cache bytes read per token per position already cached (K and V, all layers).
     pub kv_bytes_per_position: usize,
+    /// How the cache stores keys and values.
+    pub kv_types: trit::model::KvTypes,
     pub kernel_level: String,
     pub ubatch: usize,
     pub peak_rss: Option<u64>,
@@ -430,12 +434,18 @@ fn load(
 ) -> Result<LoadedBench> {
     let t0 = Instant::now();
     let files = trit::format::open(path).with_context(|| format!("loading {}", path.display()))?;
-    let model = super::load_model(&files, threads, a.device, positions.max(1), None)?;
+    let model = super::load_model(&files, threads, a.device, positions.max(1), None)?
+        .with_kv_types(a.cache_types.types())?;
     let load_secs = t0.elapsed().as_secs_f64();
     let (params, size, ty) = count_weights(&files)?;
     let c = model.config();
     let model_type = format!("{} {} {ty}", c.arch.name(), size_label(params));
-    let kv = KvCache::bytes_for(c.kv_layers(), c.n_kv_heads * c.head_dim, 1);
+    let kv = KvCache::bytes_for(
+        c.kv_layers(),
+        c.n_kv_heads * c.head_dim,
+        a.cache_types.types(),
+        1,
+    );
     let (vocab, max_ctx) = (c.vocab, c.max_ctx);
     Ok(LoadedBench {
         bench: Bench {
@@ -507,6 +517,7 @@ fn run_llama(a: &BenchArgs, path: &std::path::Path) -> Result<()> {
             load_secs: lb.load_secs,
             weight_bytes_per_token: lb.bench.model.bytes_per_token(),
             kv_bytes_per_position: lb.kv_bytes_per_position,
+            kv_types: a.cache_types.types(),
             kernel_level: match a.device {
                 super::Device::Cpu => trit::kernels::level().name().to_string(),
                 super::Device::Cuda => "cuda".to_string(),

@@ -94,7 +94,8 @@ pub fn run(a: InfoArgs) -> Result<()> {
         );
     }
     let ctx = a.model.ctx.unwrap_or(c.max_ctx.min(4096));
-    let kv = trit::model::KvCache::bytes_for(c.kv_layers(), c.n_kv_heads * c.head_dim, ctx);
+    let types = a.model.cache_types.types();
+    let kv = trit::model::KvCache::bytes_for(c.kv_layers(), c.n_kv_heads * c.head_dim, types, ctx);
     let state = c.state_bytes();
     let state_note = if state > 0 {
         format!(" + recurrent state {} (+ one snapshot)", gib(state))
@@ -102,9 +103,11 @@ pub fn run(a: InfoArgs) -> Result<()> {
         String::new()
     };
     println!(
-        "memory:        weights {} + KV cache {} at {ctx} tokens (f32){state_note} = {}",
+        "memory:        weights {} + KV cache {} at {ctx} tokens (K {}, V {}){state_note} = {}",
         gib(bytes),
         gib(kv),
+        types.k,
+        types.v,
         gib(bytes + kv + 2 * state)
     );
     let g = &files.generation;

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use trit::chat::ChatTemplate;
 use trit::format::ModelFiles;
-use trit::model::Model;
+use trit::model::{KvType, KvTypes, Model};
 use trit::sample::{Penalties, SamplingParams};
 use trit::tokenizer::Tokenizer;
 
@@ -45,6 +45,72 @@ pub struct ModelArgs {
     /// applied in full precision beside the ternary weights.
     #[arg(long, env = "TRIT_ADAPTER")]
     pub adapter: Option<PathBuf>,
+    #[command(flatten)]
+    pub cache_types: CacheTypeArgs,
+}
+
+/// How the CPU KV cache stores keys and values (llama.cpp's `--cache-type-k/-v`, `-ctk/-ctv`).
+#[derive(Args, Clone, Copy, Debug)]
+pub struct CacheTypeArgs {
+    /// KV cache type of keys: f16 (default: half the memory and cache reads of f32), f32
+    /// (exact) or q8_0 (8-bit, about a quarter of f32). Also `-ctk`. CPU only (a GPU model
+    /// keeps its own).
+    #[arg(
+        long = "cache-type-k",
+        value_name = "TYPE",
+        default_value = "f16",
+        value_parser = parse_kv_type,
+        env = "TRIT_ARG_CACHE_TYPE_K"
+    )]
+    pub k: KvType,
+    /// KV cache type of values: f16 (default), f32 or q8_0. Also `-ctv`.
+    #[arg(
+        long = "cache-type-v",
+        value_name = "TYPE",
+        default_value = "f16",
+        value_parser = parse_kv_type,
+        env = "TRIT_ARG_CACHE_TYPE_V"
+    )]
+    pub v: KvType,
+}
+
+impl CacheTypeArgs {
+    pub fn types(&self) -> KvTypes {
+        KvTypes {
+            k: self.k,
+            v: self.v,
+        }
+    }
+}
+
+fn parse_kv_type(s: &str) -> std::result::Result<KvType, String> {
+    KvType::parse(s).map_err(|e| e.to_string())
+}
+
+/// Rewrites llama.cpp's multi-letter short flags `-ctk`/`-ctv` (clap reads `-ctk` as `-c tk`)
+/// to their long forms, up to a `--` separator.
+pub fn llama_short_flags(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Vec<std::ffi::OsString> {
+    let mut rest = false;
+    args.into_iter()
+        .map(|a| {
+            if rest {
+                return a;
+            }
+            let Some(s) = a.to_str() else { return a };
+            rest = s == "--";
+            for (short, long) in [("-ctk", "--cache-type-k"), ("-ctv", "--cache-type-v")] {
+                if s == short {
+                    return long.into();
+                }
+                if let Some(v) = s.strip_prefix(short).and_then(|v| v.strip_prefix('=')) {
+                    return format!("{long}={v}").into();
+                }
+            }
+            a
+        })
+        .collect()
 }
 
 /// Where a model runs. Never falls back from one to the other silently.
@@ -222,13 +288,10 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
     if n_ctx == 0 {
         bail!("--ctx must be at least 1");
     }
-    let model = Arc::new(load_model(
-        &files,
-        threads,
-        args.device,
-        n_ctx,
-        args.adapter.as_deref(),
-    )?);
+    let model = Arc::new(
+        load_model(&files, threads, args.device, n_ctx, args.adapter.as_deref())?
+            .with_kv_types(args.cache_types.types())?,
+    );
     Ok(Loaded {
         files,
         model,
@@ -269,5 +332,35 @@ pub fn print_speed(g: &trit::engine::Generation) {
     );
     if let Some(b) = trit::engine::stats::peak_rss_bytes() {
         println!("Peak memory: {:.3} GB", b as f64 / 1e9);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama_cpp_short_cache_type_flags_become_long_ones() {
+        let args = [
+            "trit", "run", "-ctk", "f32", "-ctv=f16", "-c", "64", "--", "-ctk",
+        ];
+        let got = llama_short_flags(args.iter().map(|s| s.into()));
+        let want = [
+            "trit",
+            "run",
+            "--cache-type-k",
+            "f32",
+            "--cache-type-v=f16",
+            "-c",
+            "64",
+            "--",
+            "-ctk",
+        ];
+        assert_eq!(
+            got,
+            want.iter()
+                .map(std::ffi::OsString::from)
+                .collect::<Vec<_>>()
+        );
     }
 }

@@ -67,7 +67,13 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
             .map_or("model".into(), |s| s.to_string_lossy().into_owned())
     });
     let c = &loaded.files.config;
-    let block = trit::model::kv_cache::KvBlock::bytes_for(c.kv_layers(), c.n_kv_heads * c.head_dim);
+    // Bytes of one block as the cache stores it (`--cache-type-k/-v`): f16 blocks are half
+    // the size, so the default budget and `--kv-cache-mib` hold twice the positions.
+    let block = trit::model::kv_cache::KvBlock::bytes_for(trit::model::kv_cache::KvShape {
+        n_layers: c.kv_layers(),
+        row: c.n_kv_heads * c.head_dim,
+        types: loaded.model.kv_types(),
+    });
     // A sequence's worst case: its context in blocks, plus one for a copy-on-write.
     let per_sequence = (loaded.n_ctx.div_ceil(trit::model::kv_cache::BLOCK_TOKENS) + 1) * block;
     let kv_cache_bytes = match a.kv_cache_mib {
@@ -122,9 +128,12 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         let kv = if on_gpu {
             "keys/values in GPU slots, no prefix reuse".to_string()
         } else {
+            let t = loaded.model.kv_types();
             format!(
-                "KV cache {} MiB in blocks of {} tokens",
+                "KV cache {} MiB (K {}, V {}) in blocks of {} tokens",
                 kv_cache_bytes >> 20,
+                t.k,
+                t.v,
                 trit::model::kv_cache::BLOCK_TOKENS
             )
         };

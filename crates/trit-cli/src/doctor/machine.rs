@@ -151,8 +151,13 @@ fn gpu_report() -> Value {
 /// The largest context that fits on a GPU with `free` bytes beside the weights.
 #[cfg(feature = "cuda")]
 fn fit_gpu(m: &KnownModel, free: u64) -> Option<usize> {
-    let kv_per_token =
-        trit::model::KvCache::bytes_for(m.kv_layers, m.kv_heads * m.head_dim, 1) as u64 / 2;
+    // The GPU keeps keys and values in f16.
+    let kv_per_token = trit::model::KvCache::bytes_for(
+        m.kv_layers,
+        m.kv_heads * m.head_dim,
+        trit::model::KvTypes::F16,
+        1,
+    ) as u64;
     let fixed = m.weight_bytes + (512 << 20);
     let ctx = (free.checked_sub(fixed)? / kv_per_token).min(m.max_ctx as u64) as usize;
     (ctx >= 512).then_some(ctx)
@@ -160,8 +165,13 @@ fn fit_gpu(m: &KnownModel, free: u64) -> Option<usize> {
 
 /// The largest context (capped at the model's) that fits beside the weights, or None.
 fn fit(m: &KnownModel, available: u64) -> (u64, Option<usize>) {
-    let kv_per_token =
-        trit::model::KvCache::bytes_for(m.kv_layers, m.kv_heads * m.head_dim, 1) as u64;
+    // With the default cache types (`--cache-type-k/-v`).
+    let kv_per_token = trit::model::KvCache::bytes_for(
+        m.kv_layers,
+        m.kv_heads * m.head_dim,
+        trit::model::KvTypes::default(),
+        1,
+    ) as u64;
     let fixed = m.weight_bytes + 2 * m.state_bytes + HEADROOM_BYTES;
     if available <= fixed {
         return (kv_per_token, None);
@@ -286,7 +296,8 @@ mod tests {
     fn kv_bytes_follow_the_model_shapes() {
         // trit keeps K and V per KV layer; models.md gives 112 KiB (1.7B) and 144 KiB (8B) at
         // f16, so trit's per-token bytes are those times its element size over 2.
-        let elem = trit::model::KvCache::bytes_for(1, 1, 1) as u64 / 2;
+        let elem =
+            trit::model::KvCache::bytes_for(1, 1, trit::model::KvTypes::default(), 1) as u64 / 2;
         let (kv17, _) = fit(&MODELS[0], 0);
         let (kv8, _) = fit(&MODELS[2], 0);
         assert_eq!(kv17, 112 * 1024 / 2 * elem);

@@ -18,7 +18,7 @@
 //! useless). [`lookup_state`](BlockPool::lookup_state) finds the longest saved prefix of a
 //! prompt and returns its blocks and state together.
 
-use crate::model::kv_cache::{BlockSource, KvBlock, KvCache, BLOCK_TOKENS};
+use crate::model::kv_cache::{BlockSource, KvBlock, KvCache, KvShape, BLOCK_TOKENS};
 use crate::model::recurrent::RecurrentState;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -27,8 +27,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 const ROOT: u64 = 0;
 
 pub struct BlockPool {
-    n_layers: usize,
-    row: usize,
+    shape: KvShape,
     max_blocks: usize,
     inner: Mutex<Inner>,
 }
@@ -87,20 +86,20 @@ pub struct BlockStats {
 }
 
 impl BlockPool {
-    /// A pool of at most `budget_bytes` of blocks for caches of `n_layers` × `row` floats per
-    /// position (at least one block).
-    pub fn new(n_layers: usize, row: usize, budget_bytes: usize) -> Arc<Self> {
-        let max_blocks = budget_bytes / KvBlock::bytes_for(n_layers, row).max(1);
-        Self::with_max_blocks(n_layers, row, max_blocks)
+    /// A pool of at most `budget_bytes` of blocks for caches of `shape` (at least one block).
+    /// The budget counts bytes: blocks of an f16 cache take half those of an f32 one, so the
+    /// same budget holds twice the positions.
+    pub fn new(shape: KvShape, budget_bytes: usize) -> Arc<Self> {
+        let max_blocks = budget_bytes / KvBlock::bytes_for(shape).max(1);
+        Self::with_max_blocks(shape, max_blocks)
     }
 
     /// A pool of at most `max_blocks` blocks (at least one). For caches whose keys/values live
     /// on a device (`row` 0: the blocks only count positions), the budget is in positions.
-    pub fn with_max_blocks(n_layers: usize, row: usize, max_blocks: usize) -> Arc<Self> {
+    pub fn with_max_blocks(shape: KvShape, max_blocks: usize) -> Arc<Self> {
         let max_blocks = max_blocks.max(1);
         Arc::new(BlockPool {
-            n_layers,
-            row,
+            shape,
             max_blocks,
             inner: Mutex::new(Inner {
                 next_id: ROOT + 1,
@@ -135,7 +134,7 @@ impl BlockPool {
             used: g.allocated - g.free.len() - cached,
             cached,
             block_tokens: BLOCK_TOKENS,
-            block_bytes: KvBlock::bytes_for(self.n_layers, self.row),
+            block_bytes: KvBlock::bytes_for(self.shape),
             states: g.states.len(),
             state_blocks: g.state_units,
         }
@@ -188,7 +187,7 @@ impl BlockPool {
         if tokens.is_empty() {
             return;
         }
-        let block_bytes = KvBlock::bytes_for(self.n_layers, self.row).max(1);
+        let block_bytes = KvBlock::bytes_for(self.shape).max(1);
         let units = state.bytes().div_ceil(block_bytes).max(1);
         let mut g = self.lock();
         let tick = g.tick;
@@ -435,7 +434,7 @@ impl BlockSource for BlockPool {
             }
         }
         g.allocated += 1;
-        KvBlock::new(self.n_layers, self.row)
+        KvBlock::new(self.shape)
     }
 
     fn give_back(&self, block: KvBlock) {
@@ -457,11 +456,51 @@ pub(crate) fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 mod tests {
     use super::*;
 
+    use crate::model::kv_cache::{KvType, KvTypes};
+
     const LAYERS: usize = 2;
     const ROW: usize = 4;
+    const SHAPE: KvShape = KvShape {
+        n_layers: LAYERS,
+        row: ROW,
+        types: KvTypes::F32,
+    };
 
     fn pool(blocks: usize) -> Arc<BlockPool> {
-        BlockPool::new(LAYERS, ROW, blocks * KvBlock::bytes_for(LAYERS, ROW))
+        BlockPool::new(SHAPE, blocks * KvBlock::bytes_for(SHAPE))
+    }
+
+    /// The budget counts bytes: f16 blocks are half the size, so the same budget holds twice
+    /// as many (and mixed K/V types three quarters), and `/metrics` reports their real size.
+    #[test]
+    fn the_budget_counts_bytes_of_the_stored_types() {
+        let budget = 8 * KvBlock::bytes_for(SHAPE);
+        for (k, v, blocks) in [
+            (KvType::F32, KvType::F32, 8),
+            (KvType::F16, KvType::F16, 16),
+            (KvType::F32, KvType::F16, 10),
+        ] {
+            let shape = KvShape {
+                types: KvTypes { k, v },
+                ..SHAPE
+            };
+            let p = BlockPool::new(shape, budget);
+            let s = p.stats();
+            assert_eq!(
+                (s.total, s.block_bytes),
+                (blocks, KvBlock::bytes_for(shape))
+            );
+            assert!(s.total * s.block_bytes <= budget);
+            // A cache of these types fills it block by block.
+            let mut c = KvCache::new(LAYERS, ROW, 4096)
+                .with_types(shape.types)
+                .with_source(p.clone());
+            feed(&mut c, &tokens(blocks * BLOCK_TOKENS, 1));
+            assert_eq!(p.stats().used, blocks);
+            assert_eq!(c.key_row(1, 70), vec![tokens(71, 1)[70] as f32; ROW]);
+            drop(c);
+            assert_eq!(p.stats().used, 0);
+        }
     }
 
     fn cache(p: &Arc<BlockPool>) -> KvCache {

@@ -184,12 +184,12 @@ impl Scheduler {
         let parallel = config.parallel.clamp(1, model.max_sequences().max(1));
         let share_prefixes = model.shares_prefixes();
         let pool = if share_prefixes {
-            BlockPool::new(shape.n_layers(), shape.row(), config.kv_cache_bytes)
+            BlockPool::new(shape.shape(), config.kv_cache_bytes)
         } else {
             // A device backend's keys/values are in its slots, each for the full context: the
             // budget is `parallel` sequences' worst case (counted in positions, no bytes here).
             let per_sequence = BlockPool::blocks_for(config.n_ctx) + 1;
-            BlockPool::with_max_blocks(shape.n_layers(), shape.row(), parallel * per_sequence)
+            BlockPool::with_max_blocks(shape.shape(), parallel * per_sequence)
         };
         let stats = Arc::new(Mutex::new(SchedulerStats {
             kv_blocks: pool.stats(),

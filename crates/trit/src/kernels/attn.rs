@@ -19,6 +19,7 @@
 //! blocks): one key block of the loop is exactly one page, so the paging costs one slice
 //! lookup per 64 keys and nothing inside the inner loops.
 
+use super::kv_type::{KvPage, KvPages};
 use super::ops::exp_approx;
 
 /// Keys per block (the scores of a block: 64 × 16 floats, 4 KiB).
@@ -40,21 +41,54 @@ struct KvHead<'a> {
 
 /// One KV head across the pages of a cache: key `j` is key `j % KEY_BLOCK` of page
 /// `j / KEY_BLOCK`, each page laid out as `[position][stride]` with the head at `offset`.
+/// Keys and values are in their stored types (`kv_type`); the kernels widen them to f32.
 #[derive(Clone, Copy)]
 pub struct PagedKvHead<'a> {
-    pub key_pages: &'a [&'a [f32]],
-    pub value_pages: &'a [&'a [f32]],
+    pub key_pages: KvPages<'a>,
+    pub value_pages: KvPages<'a>,
     pub stride: usize,
     pub offset: usize,
 }
 
 impl<'a> PagedKvHead<'a> {
-    fn page(&self, p: usize) -> KvHead<'a> {
+    /// Page `p` as f32 for the generic kernel: borrowed when both are stored as f32, else
+    /// the `kb` keys and values of this head widened into `keys`/`values` (contiguous, so
+    /// stride `hd`, offset 0). Widening is exact, so either way the kernel sees the same
+    /// numbers.
+    fn f32_page<'s>(
+        &self,
+        p: usize,
+        kb: usize,
+        hd: usize,
+        keys: &'s mut Vec<f32>,
+        values: &'s mut Vec<f32>,
+    ) -> KvHead<'s>
+    where
+        'a: 's,
+    {
+        if let (KvPages::F32(k), KvPages::F32(v)) = (self.key_pages, self.value_pages) {
+            return KvHead {
+                keys: k[p],
+                values: v[p],
+                stride: self.stride,
+                offset: self.offset,
+            };
+        }
+        for (pages, buf) in [
+            (self.key_pages, &mut *keys),
+            (self.value_pages, &mut *values),
+        ] {
+            let page = pages.page(p);
+            buf.resize(kb * hd, 0.0);
+            for (j, row) in buf.chunks_exact_mut(hd).enumerate() {
+                page.read(j * self.stride + self.offset, row);
+            }
+        }
         KvHead {
-            keys: self.key_pages[p],
-            values: self.value_pages[p],
-            stride: self.stride,
-            offset: self.offset,
+            keys,
+            values,
+            stride: hd,
+            offset: 0,
         }
     }
 
@@ -66,35 +100,36 @@ impl<'a> PagedKvHead<'a> {
             && (0..pages).all(|p| {
                 let keys = (n - p * KEY_BLOCK).min(KEY_BLOCK);
                 let need = (keys - 1) * self.stride + self.offset + hd;
-                self.key_pages[p].len() >= need && self.value_pages[p].len() >= need
+                self.key_pages.page(p).len() >= need && self.value_pages.page(p).len() >= need
             })
     }
 }
 
-/// Asks for the cache lines of `row` ahead of use. A KV head's keys (and values) sit one cache
-/// row (4 KiB on the 1.7B shape) apart, each in its own 4 KiB page, where the hardware
-/// prefetchers stop; decode, with its few query rows per key, is bound by how fast these
-/// scattered 512-byte rows arrive from memory.
+/// Asks for the cache lines of `hd` elements from element `at` of `page` ahead of use. A KV
+/// head's keys (and values) sit one cache row (4 KiB on the 1.7B shape in f32) apart, each in
+/// its own 4 KiB page, where the hardware prefetchers stop; decode, with its few query rows per
+/// key, is bound by how fast these scattered rows arrive from memory.
 #[inline(always)]
-fn prefetch_row(row: &[f32]) {
+fn prefetch_row(page: KvPage, at: usize, hd: usize) {
+    let (p, size) = page.addr(at);
     #[cfg(target_arch = "x86_64")]
-    for line in row.chunks(16) {
-        // SAFETY: a prefetch hint never faults; the address is inside `row`.
+    for line in (0..hd * size).step_by(64) {
+        // SAFETY: a prefetch hint never faults; the address is inside the page's row.
         unsafe {
             std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                line.as_ptr().cast(),
+                p.add(line).cast(),
             )
         };
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = row;
+    let _ = (p, size, hd);
 }
 
 /// Keys prefetched ahead of the scores being computed.
 const PREFETCH_KEYS: usize = 16;
 
 /// Splits contiguous `[position][stride]` rows into the pages `PagedKvHead` reads.
-pub fn pages_of(rows: &[f32], stride: usize) -> Vec<&[f32]> {
+pub fn pages_of<T>(rows: &[T], stride: usize) -> Vec<&[T]> {
     rows.chunks(KEY_BLOCK * stride).collect()
 }
 
@@ -103,6 +138,9 @@ pub fn pages_of(rows: &[f32], stride: usize) -> Vec<&[f32]> {
 pub struct AttnScratch {
     qt: Vec<f32>,
     values: Vec<f32>,
+    /// A page's keys and values widened to f32 (generic kernel, f16 cache).
+    wide_keys: Vec<f32>,
+    wide_values: Vec<f32>,
 }
 
 /// `attend_rows_at` at the global kernel level.
@@ -318,39 +356,52 @@ fn attend_group<const FMA: bool, const R: usize>(
     // Padding rows see nothing: all their scores are masked and they are never written.
     let mut vis = [0usize; R];
     vis[..rows].copy_from_slice(visible);
-    scratch.qt.clear();
-    scratch.qt.resize(hd * R, 0.0);
+    let AttnScratch {
+        qt,
+        values: value_copy,
+        wide_keys,
+        wide_values,
+    } = scratch;
+    qt.clear();
+    qt.resize(hd * R, 0.0);
     for r in 0..rows {
         for i in 0..hd {
-            scratch.qt[i * R + r] = q[r * hd + i] * scale;
+            qt[i * R + r] = q[r * hd + i] * scale;
         }
     }
     let mut max = [f32::NEG_INFINITY; R];
     let mut sum = [0f32; R];
     out.fill(0.0);
     let mut s = [[0f32; R]; KEY_BLOCK];
+    let (stride, offset) = (kv.stride, kv.offset);
     for j0 in (0..most).step_by(KEY_BLOCK) {
         let kb = (most - j0).min(KEY_BLOCK);
-        // This key block is one page: indices below are relative to its first key.
-        let page = kv.page(j0 / KEY_BLOCK);
+        let pi = j0 / KEY_BLOCK;
         if j0 == 0 {
             for j in 0..PREFETCH_KEYS.min(most) {
-                prefetch_row(&page.keys[j * page.stride + page.offset..][..hd]);
+                prefetch_row(kv.key_pages.page(0), j * stride + offset, hd);
             }
         }
+        // This key block is one page: indices below are relative to its first key. A cache
+        // in f16 is widened here, a page at a time (the prefetches below still go to the
+        // stored pages).
+        let page = kv.f32_page(pi, kb, hd, wide_keys, wide_values);
+        let widened = !matches!(
+            (kv.key_pages, kv.value_pages),
+            (KvPages::F32(_), KvPages::F32(_))
+        );
         for c0 in (0..kb).step_by(8) {
             for c in 0..8 {
                 let ahead = j0 + c0 + PREFETCH_KEYS + c;
                 if ahead < most {
-                    let p = kv.page(ahead / KEY_BLOCK);
-                    let at = (ahead % KEY_BLOCK) * p.stride + p.offset;
-                    prefetch_row(&p.keys[at..][..hd]);
+                    let at = (ahead % KEY_BLOCK) * stride + offset;
+                    prefetch_row(kv.key_pages.page(ahead / KEY_BLOCK), at, hd);
                 }
                 if c0 + c < kb {
-                    prefetch_row(&page.values[(c0 + c) * page.stride + page.offset..][..hd]);
+                    prefetch_row(kv.value_pages.page(pi), (c0 + c) * stride + offset, hd);
                 }
             }
-            let block = scores_8_keys::<FMA, R>(&scratch.qt, page, hd, c0, kb - 1);
+            let block = scores_8_keys::<FMA, R>(qt, page, hd, c0, kb - 1);
             for (c, sc) in block.iter().enumerate() {
                 if c0 + c < KEY_BLOCK {
                     s[c0 + c] = *sc;
@@ -393,15 +444,16 @@ fn attend_group<const FMA: bool, const R: usize>(
         // so 64 of them map to the same few L1 sets and evict each other while 16 rows reread
         // them; contiguous, the 64 × hd floats stay in L1. With a decode step's few rows each
         // value is read only a few times, and the copy would cost as much as the reads.
-        let (block_values, vj0) = if R > NARROW_ROWS {
-            scratch.values.clear();
+        // A widened page is contiguous already.
+        let (block_values, vj0) = if R > NARROW_ROWS && !widened {
+            value_copy.clear();
             for j in 0..kb {
                 let v = &page.values[j * page.stride + page.offset..][..hd];
-                scratch.values.extend_from_slice(v);
+                value_copy.extend_from_slice(v);
             }
             let contiguous = KvHead {
                 keys: &[],
-                values: &scratch.values,
+                values: value_copy,
                 stride: hd,
                 offset: 0,
             };
@@ -434,7 +486,9 @@ fn attend_group<const FMA: bool, const R: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::kv_type::{store_q8, KvPageList, KvType, Q8Page, Q8_BLOCK};
     use crate::kernels::KernelLevel;
+    use half::f16;
 
     /// `n` values in [-2, 2).
     fn data(n: usize, seed: u64) -> Vec<f32> {
@@ -442,6 +496,55 @@ mod tests {
             .into_iter()
             .map(|x| 2.0 * x)
             .collect()
+    }
+
+    /// Keys or values stored as `t`: the pages, and the f32 numbers they hold.
+    struct Stored {
+        f16: Vec<f16>,
+        q: Vec<i8>,
+        d: Vec<f32>,
+        f32: Vec<f32>,
+        kind: KvType,
+    }
+
+    impl Stored {
+        /// `x` stored as `kind` (q8_0: in consecutive blocks of 32, so heads must start and
+        /// end on block boundaries).
+        fn new(x: &[f32], kind: KvType) -> Self {
+            let f16: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+            let (mut q, mut d) = (vec![0i8; x.len()], vec![0f32; x.len() / Q8_BLOCK]);
+            if kind == KvType::Q8_0 {
+                store_q8(&mut q, &mut d, x);
+            }
+            let f32 = match kind {
+                KvType::F16 => f16.iter().map(|v| v.to_f32()).collect(),
+                KvType::F32 => x.to_vec(),
+                KvType::Q8_0 => (0..x.len())
+                    .map(|i| q[i] as f32 * d[i / Q8_BLOCK])
+                    .collect(),
+            };
+            Stored {
+                f16,
+                q,
+                d,
+                f32,
+                kind,
+            }
+        }
+
+        fn pages(&self, stride: usize) -> KvPageList<'_> {
+            match self.kind {
+                KvType::F16 => KvPageList::F16(pages_of(&self.f16, stride)),
+                KvType::F32 => KvPageList::F32(pages_of(&self.f32, stride)),
+                KvType::Q8_0 => KvPageList::Q8_0(
+                    pages_of(&self.q, stride)
+                        .into_iter()
+                        .zip(pages_of(&self.d, stride / Q8_BLOCK))
+                        .map(|(q, d)| Q8Page { q, d })
+                        .collect(),
+                ),
+            }
+        }
     }
 
     /// Direct f64 softmax average, one row at a time.
@@ -475,49 +578,75 @@ mod tests {
         out
     }
 
+    /// (keys, values) type pairs a cache can have.
+    const TYPES: [(KvType, KvType); 6] = [
+        (KvType::F32, KvType::F32),
+        (KvType::F16, KvType::F16),
+        (KvType::F32, KvType::F16),
+        (KvType::F16, KvType::F32),
+        (KvType::Q8_0, KvType::Q8_0),
+        (KvType::Q8_0, KvType::F16),
+    ];
+
+    /// Whether q8_0 pages can hold heads of this layout (whole blocks of 32 per head row).
+    fn fits(kt: KvType, vt: KvType, hd: usize, stride: usize, offset: usize) -> bool {
+        let q8 = kt == KvType::Q8_0 || vt == KvType::Q8_0;
+        !q8 || [hd, stride, offset]
+            .iter()
+            .all(|x| x.is_multiple_of(Q8_BLOCK))
+    }
+
     /// A row's output is bit-identical whether it is computed alone or with other rows (a
-    /// prompt's last token in a long prefill vs alone after a prefix-cache hit), at every level.
+    /// prompt's last token in a long prefill vs alone after a prefix-cache hit), at every level
+    /// and for every stored type.
     #[test]
     fn a_rows_result_does_not_depend_on_the_other_rows_of_the_call() {
         let (hd, n, stride, offset) = (128, 150, 512, 128);
         let keys = data(n * stride, 71);
         let values = data(n * stride, 72);
-        let (key_pages, value_pages) = (pages_of(&keys, stride), pages_of(&values, stride));
-        let kv = PagedKvHead {
-            key_pages: &key_pages,
-            value_pages: &value_pages,
-            stride,
-            offset,
-        };
         // 2 heads × 10 tokens of a causal prefill ending at 150 keys.
         let visible: Vec<usize> = (0..20).map(|r| 141 + r / 2).collect();
         let q: Vec<f32> = data(visible.len() * hd, 73)
             .iter()
             .map(|v| v * 3.0)
             .collect();
-        for &l in &KernelLevel::available() {
-            let mut scratch = AttnScratch::default();
-            let mut all = vec![f32::NAN; q.len()];
-            attend_rows_at(l, &q, &visible, kv, 0.09, &mut all, &mut scratch);
-            for (r, &vis) in visible.iter().enumerate() {
-                for take in [1, 2, 3, 5] {
-                    let r0 = r.min(visible.len() - take);
-                    let (qs, vs) = (&q[r0 * hd..(r0 + take) * hd], &visible[r0..r0 + take]);
-                    let mut some = vec![f32::NAN; take * hd];
-                    attend_rows_at(l, qs, vs, kv, 0.09, &mut some, &mut scratch);
-                    let got = &some[(r - r0) * hd..][..hd];
-                    let want = &all[r * hd..][..hd];
-                    assert!(
-                        got.iter()
-                            .zip(want)
-                            .all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{l}: row {r} (sees {vis}) in a call of {take} rows from {r0}"
-                    );
+        for (kt, vt) in TYPES {
+            let (ks, vs) = (Stored::new(&keys, kt), Stored::new(&values, vt));
+            let (key_pages, value_pages) = (ks.pages(stride), vs.pages(stride));
+            let kv = PagedKvHead {
+                key_pages: key_pages.as_pages(),
+                value_pages: value_pages.as_pages(),
+                stride,
+                offset,
+            };
+            for &l in &KernelLevel::available() {
+                let mut scratch = AttnScratch::default();
+                let mut all = vec![f32::NAN; q.len()];
+                attend_rows_at(l, &q, &visible, kv, 0.09, &mut all, &mut scratch);
+                for (r, &vis) in visible.iter().enumerate() {
+                    for take in [1, 2, 3, 5] {
+                        let r0 = r.min(visible.len() - take);
+                        let (qs, vs) = (&q[r0 * hd..(r0 + take) * hd], &visible[r0..r0 + take]);
+                        let mut some = vec![f32::NAN; take * hd];
+                        attend_rows_at(l, qs, vs, kv, 0.09, &mut some, &mut scratch);
+                        let got = &some[(r - r0) * hd..][..hd];
+                        let want = &all[r * hd..][..hd];
+                        assert!(
+                            got.iter()
+                                .zip(want)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{l} {kt}/{vt}: row {r} (sees {vis}) in a call of {take} rows from {r0}"
+                        );
+                    }
                 }
             }
         }
     }
 
+    /// Against a direct f64 softmax over the numbers the cache holds (f16 caches: the rounded
+    /// ones), on shapes that exercise every path; and an f16 cache gives bit for bit what an
+    /// f32 cache holding the same rounded numbers gives (widening is exact, the arithmetic is
+    /// the same).
     #[test]
     fn matches_a_direct_softmax_on_awkward_shapes_at_every_level() {
         // (head dim, keys in cache, stride, offset, visible per row)
@@ -545,29 +674,53 @@ mod tests {
                     .iter()
                     .map(|v| v * 3.0)
                     .collect();
-                let kv = KvHead {
-                    keys: &keys,
-                    values: &values,
-                    stride,
-                    offset,
-                };
-                let (key_pages, value_pages) = (pages_of(&keys, stride), pages_of(&values, stride));
-                let paged = PagedKvHead {
-                    key_pages: &key_pages,
-                    value_pages: &value_pages,
-                    stride,
-                    offset,
-                };
                 let scale = 1.0 / (hd as f32).sqrt();
-                let mut out = vec![f32::NAN; q.len()];
-                let mut scratch = AttnScratch::default();
-                attend_rows_at(l, &q, visible, paged, scale, &mut out, &mut scratch);
-                let want = reference(&q, visible, kv, scale);
-                for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
-                    assert!(
-                        (o as f64 - w).abs() < 2e-5,
-                        "{l} case {ci} [{i}]: {o} vs {w}"
-                    );
+                for (kt, vt) in TYPES {
+                    if !fits(kt, vt, hd, stride, offset) {
+                        continue;
+                    }
+                    let (ks, vs) = (Stored::new(&keys, kt), Stored::new(&values, vt));
+                    let (key_pages, value_pages) = (ks.pages(stride), vs.pages(stride));
+                    let paged = PagedKvHead {
+                        key_pages: key_pages.as_pages(),
+                        value_pages: value_pages.as_pages(),
+                        stride,
+                        offset,
+                    };
+                    let mut out = vec![f32::NAN; q.len()];
+                    let mut scratch = AttnScratch::default();
+                    attend_rows_at(l, &q, visible, paged, scale, &mut out, &mut scratch);
+                    let held = KvHead {
+                        keys: &ks.f32,
+                        values: &vs.f32,
+                        stride,
+                        offset,
+                    };
+                    let want = reference(&q, visible, held, scale);
+                    for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
+                        assert!(
+                            (o as f64 - w).abs() < 2e-5,
+                            "{l} {kt}/{vt} case {ci} [{i}]: {o} vs {w}"
+                        );
+                    }
+                    if kt != KvType::F32 && vt == kt {
+                        // The f32 kernel on the same rounded numbers.
+                        let (kw, vw) = (pages_of(&ks.f32, stride), pages_of(&vs.f32, stride));
+                        let wide = PagedKvHead {
+                            key_pages: KvPages::F32(&kw),
+                            value_pages: KvPages::F32(&vw),
+                            stride,
+                            offset,
+                        };
+                        let mut same = vec![f32::NAN; q.len()];
+                        attend_rows_at(l, &q, visible, wide, scale, &mut same, &mut scratch);
+                        assert!(
+                            out.iter()
+                                .zip(&same)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{l} case {ci}: {kt} pages differ from f32 pages of the same numbers"
+                        );
+                    }
                 }
             }
         }

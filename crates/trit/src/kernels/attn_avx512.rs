@@ -10,6 +10,10 @@
 //! of one KV head sit one cache row apart (4 KiB on the 1.7B shape), each in its own 4 KiB
 //! page where the hardware prefetchers stop, so both are prefetched in software ahead of use.
 //!
+//! Keys and values are read in their stored type (f32, or f16 widened exactly by `vcvtph2ps`
+//! as they are loaded), so an f16 cache gives bit for bit what an f32 cache holding the same
+//! (rounded) numbers gives — half the bytes from memory, the same arithmetic.
+//!
 //! Same online softmax as the generic form (per `KEY_BLOCK` page: scores, running max, the
 //! exponentials of `ops::exp_approx`, running sum); only the summation order of the dot
 //! products differs, so results agree to rounding (tested against a direct f64 softmax).
@@ -18,7 +22,9 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::attn::{PagedKvHead, KEY_BLOCK};
+use super::kv_type::{KvPages, Q8Page, Q8_BLOCK};
 use super::ops::exp_approx;
+use half::f16;
 use std::arch::x86_64::*;
 
 /// Most query rows per call.
@@ -26,11 +32,65 @@ pub(crate) const MAX_ROWS: usize = 4;
 /// Keys prefetched ahead of the one being scored.
 const PREFETCH_KEYS: usize = 16;
 
-/// Prefetches the `hd` floats at `p` (whole cache lines).
+/// One page of keys or values in its stored type: 16 elements load as 16 f32 lanes.
+trait Page: Copy {
+    /// Elements `at..at + 16` widened to f32 (exactly as `KvPage::read` widens them).
+    ///
+    /// # Safety
+    /// avx512f; the 16 elements are inside the page; `at` a multiple of 16.
+    unsafe fn load16(self, at: usize) -> __m512;
+
+    /// Asks for the cache lines of elements `at..at + n`.
+    ///
+    /// # Safety
+    /// The elements are inside the page.
+    unsafe fn prefetch(self, at: usize, n: usize);
+}
+
+/// Prefetches `bytes` bytes from `p` (whole cache lines).
 #[inline(always)]
-unsafe fn prefetch(p: *const f32, hd: usize) {
-    for l in (0..hd).step_by(16) {
+unsafe fn prefetch_bytes(p: *const u8, bytes: usize) {
+    for l in (0..bytes).step_by(64) {
         _mm_prefetch::<_MM_HINT_T0>(p.add(l).cast());
+    }
+}
+
+impl Page for &[f32] {
+    #[inline(always)]
+    unsafe fn load16(self, at: usize) -> __m512 {
+        _mm512_loadu_ps(self.as_ptr().add(at))
+    }
+    #[inline(always)]
+    unsafe fn prefetch(self, at: usize, n: usize) {
+        prefetch_bytes(self.as_ptr().add(at).cast(), 4 * n)
+    }
+}
+
+impl Page for &[f16] {
+    #[inline(always)]
+    unsafe fn load16(self, at: usize) -> __m512 {
+        // `f16` is a transparent u16: 16 of them are one unaligned 256-bit load.
+        _mm512_cvtph_ps(_mm256_loadu_si256(self.as_ptr().add(at).cast()))
+    }
+    #[inline(always)]
+    unsafe fn prefetch(self, at: usize, n: usize) {
+        prefetch_bytes(self.as_ptr().add(at).cast(), 2 * n)
+    }
+}
+
+impl Page for Q8Page<'_> {
+    #[inline(always)]
+    unsafe fn load16(self, at: usize) -> __m512 {
+        // 16 codes of one 32-element block (`at` is a multiple of 16): `q · d`, one rounding,
+        // as `KvPage::read` computes it.
+        let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(self.q.as_ptr().add(at).cast()));
+        let d = _mm512_set1_ps(*self.d.get_unchecked(at / Q8_BLOCK));
+        _mm512_mul_ps(_mm512_cvtepi32_ps(q), d)
+    }
+    #[inline(always)]
+    unsafe fn prefetch(self, at: usize, n: usize) {
+        prefetch_bytes(self.q.as_ptr().add(at).cast(), n);
+        prefetch_bytes(self.d.as_ptr().add(at / Q8_BLOCK).cast(), 4 * n / Q8_BLOCK);
     }
 }
 
@@ -49,20 +109,63 @@ pub(crate) unsafe fn attend_few(
     out: &mut [f32],
     qs: &mut Vec<f32>,
 ) {
-    match visible.len() {
-        1 => attend::<1>(q, visible, kv, scale, out, qs),
-        2 => attend::<2>(q, visible, kv, scale, out, qs),
-        3 => attend::<3>(q, visible, kv, scale, out, qs),
-        _ => attend::<4>(q, visible, kv, scale, out, qs),
+    // Every pair of stored types, each its own instantiation.
+    macro_rules! pairs {
+        ($($k:ident $v:ident),*) => {
+            match (kv.key_pages, kv.value_pages) {
+                $((KvPages::$k(k), KvPages::$v(v)) => typed(q, visible, k, v, kv, scale, out, qs),)*
+            }
+        };
     }
+    pairs!(
+        F16 F16, F32 F32, Q8_0 Q8_0,
+        F16 F32, F32 F16, F16 Q8_0, Q8_0 F16, F32 Q8_0, Q8_0 F32
+    )
+}
+
+/// `attend_few` for keys stored as `K` and values as `V`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn typed<K: Page, V: Page>(
+    q: &[f32],
+    visible: &[usize],
+    key_pages: &[K],
+    value_pages: &[V],
+    kv: PagedKvHead,
+    scale: f32,
+    out: &mut [f32],
+    qs: &mut Vec<f32>,
+) {
+    let pages = Pages {
+        keys: key_pages,
+        values: value_pages,
+        stride: kv.stride,
+        offset: kv.offset,
+    };
+    match visible.len() {
+        1 => attend::<1, K, V>(q, visible, pages, scale, out, qs),
+        2 => attend::<2, K, V>(q, visible, pages, scale, out, qs),
+        3 => attend::<3, K, V>(q, visible, pages, scale, out, qs),
+        _ => attend::<4, K, V>(q, visible, pages, scale, out, qs),
+    }
+}
+
+/// `PagedKvHead` with its element types known.
+#[derive(Clone, Copy)]
+struct Pages<'a, K, V> {
+    keys: &'a [K],
+    values: &'a [V],
+    stride: usize,
+    offset: usize,
 }
 
 #[inline]
 #[target_feature(enable = "avx512f")]
-unsafe fn attend<const R: usize>(
+unsafe fn attend<const R: usize, K: Page, V: Page>(
     q: &[f32],
     visible: &[usize],
-    kv: PagedKvHead,
+    kv: Pages<K, V>,
     scale: f32,
     out: &mut [f32],
     qs: &mut Vec<f32>,
@@ -74,13 +177,11 @@ unsafe fn attend<const R: usize>(
     qs.extend(q.iter().map(|v| v * scale));
     let qp = qs.as_ptr();
     let (stride, offset) = (kv.stride, kv.offset);
-    let key_at = |j: usize| {
-        kv.key_pages[j / KEY_BLOCK]
-            .as_ptr()
-            .add((j % KEY_BLOCK) * stride + offset)
+    let prefetch_key = |j: usize| {
+        kv.keys[j / KEY_BLOCK].prefetch((j % KEY_BLOCK) * stride + offset, hd);
     };
     for j in 0..PREFETCH_KEYS.min(most) {
-        prefetch(key_at(j), hd);
+        prefetch_key(j);
     }
     let mut max = [f32::NEG_INFINITY; R];
     let mut sum = [0f32; R];
@@ -88,22 +189,19 @@ unsafe fn attend<const R: usize>(
     let mut s = [[0f32; KEY_BLOCK]; R];
     for j0 in (0..most).step_by(KEY_BLOCK) {
         let kb = (most - j0).min(KEY_BLOCK);
-        let keys = kv.key_pages[j0 / KEY_BLOCK].as_ptr().add(offset);
-        let values = kv.value_pages[j0 / KEY_BLOCK].as_ptr().add(offset);
+        let keys = kv.keys[j0 / KEY_BLOCK];
+        let values = kv.values[j0 / KEY_BLOCK];
         for j in 0..kb {
             if j0 + j + PREFETCH_KEYS < most {
-                prefetch(key_at(j0 + j + PREFETCH_KEYS), hd);
+                prefetch_key(j0 + j + PREFETCH_KEYS);
             }
-            prefetch(values.add(j * stride), hd);
-            let k = keys.add(j * stride);
+            values.prefetch(offset + j * stride, hd);
+            let k = offset + j * stride;
             // Two accumulators per row halve the FMA chain.
             let mut a0 = [_mm512_setzero_ps(); R];
             let mut a1 = [_mm512_setzero_ps(); R];
             for c in (0..chunks - 1).step_by(2) {
-                let (k0, k1) = (
-                    _mm512_loadu_ps(k.add(16 * c)),
-                    _mm512_loadu_ps(k.add(16 * c + 16)),
-                );
+                let (k0, k1) = (keys.load16(k + 16 * c), keys.load16(k + 16 * c + 16));
                 for r in 0..R {
                     let qr = qp.add(r * hd + 16 * c);
                     a0[r] = _mm512_fmadd_ps(k0, _mm512_loadu_ps(qr), a0[r]);
@@ -112,7 +210,7 @@ unsafe fn attend<const R: usize>(
             }
             if chunks % 2 == 1 {
                 let c = chunks - 1;
-                let kc = _mm512_loadu_ps(k.add(16 * c));
+                let kc = keys.load16(k + 16 * c);
                 for r in 0..R {
                     let qc = _mm512_loadu_ps(qp.add(r * hd + 16 * c));
                     a0[r] = _mm512_fmadd_ps(kc, qc, a0[r]);
@@ -156,14 +254,14 @@ unsafe fn attend<const R: usize>(
         let wide = if R <= 2 { 8 } else { 4 };
         while c0 + wide <= chunks {
             if R <= 2 {
-                add_values::<R, 8>(out, hd, c0, &carry, &s, values, stride, kb);
+                add_values::<R, 8, V>(out, hd, c0, &carry, &s, values, offset, stride, kb);
             } else {
-                add_values::<R, 4>(out, hd, c0, &carry, &s, values, stride, kb);
+                add_values::<R, 4, V>(out, hd, c0, &carry, &s, values, offset, stride, kb);
             }
             c0 += wide;
         }
         for c in c0..chunks {
-            add_values::<R, 1>(out, hd, c, &carry, &s, values, stride, kb);
+            add_values::<R, 1, V>(out, hd, c, &carry, &s, values, offset, stride, kb);
         }
     }
     for (o, &sm) in out.chunks_exact_mut(hd).zip(&sum) {
@@ -175,13 +273,14 @@ unsafe fn attend<const R: usize>(
 /// `o_r[16·c0 .. 16·(c0 + C)] = carry_r · o_r + Σ_{j < kb} p_rj · V_j` over that slice.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn add_values<const R: usize, const C: usize>(
+unsafe fn add_values<const R: usize, const C: usize, V: Page>(
     out: &mut [f32],
     hd: usize,
     c0: usize,
     carry: &[f32; R],
     p: &[[f32; KEY_BLOCK]; R],
-    values: *const f32,
+    values: V,
+    offset: usize,
     stride: usize,
     kb: usize,
 ) {
@@ -196,10 +295,10 @@ unsafe fn add_values<const R: usize, const C: usize>(
         }
     }
     for j in 0..kb {
-        let v = values.add(j * stride + 16 * c0);
+        let v = offset + j * stride + 16 * c0;
         let pj: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(p[r][j]));
         for c in 0..C {
-            let vc = _mm512_loadu_ps(v.add(16 * c));
+            let vc = values.load16(v + 16 * c);
             for r in 0..R {
                 acc[r][c] = _mm512_fmadd_ps(pj[r], vc, acc[r][c]);
             }

@@ -68,6 +68,7 @@ mod avx512_small;
 pub mod delta_rule;
 mod dense;
 pub mod hadamard;
+pub mod kv_type;
 pub mod ops;
 pub mod peak;
 pub(crate) mod pool;

@@ -109,8 +109,8 @@ pub fn attend_batch(
             let mut o = vec![0f32; rows_q.len()];
             let (stride, offset) = s.cache.head_layout(u.g);
             let kv = PagedKvHead {
-                key_pages: &pages[u.seq].0,
-                value_pages: &pages[u.seq].1,
+                key_pages: pages[u.seq].0.as_pages(),
+                value_pages: pages[u.seq].1.as_pages(),
                 stride,
                 offset,
             };

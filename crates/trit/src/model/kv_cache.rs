@@ -9,7 +9,8 @@
 //! Smaller blocks would share prefixes at a finer grain but would split the kernel's key blocks;
 //! larger ones waste more of the last block of every sequence (at most 63 positions here).
 //!
-//! A block holds every layer (`[layer][keys | values][kv_head][position][head_dim]` f32), so one
+//! A block holds every layer (keys `[layer][kv_head][position][head_dim]`, values alike, each in
+//! its stored type: f16 by default, f32 on request — see `kernels::kv_type` for why), so one
 //! table serves all layers. Head-major inside a page: the attention kernel walks one KV head's
 //! keys position after position, and these are then one contiguous run (64 × head_dim floats)
 //! instead of head_dim-wide pieces one whole row apart — 512-byte reads 4 KiB apart on the 1.7B
@@ -29,42 +30,70 @@
 use super::device_slot::DeviceSlot;
 use super::recurrent::RecurrentState;
 use crate::kernels::attn::KEY_BLOCK;
+use crate::kernels::kv_type::{KvPage, KvStore};
+pub use crate::kernels::kv_type::{KvPageList, KvType, KvTypes};
 use std::sync::Arc;
 
 /// Positions per block (one attention-kernel key block).
 pub const BLOCK_TOKENS: usize = KEY_BLOCK;
 
+/// What every block of a cache holds: `n_layers` layers of `row` (kv_heads · head_dim) keys and
+/// values per position, stored as `types`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvShape {
+    pub n_layers: usize,
+    pub row: usize,
+    pub types: KvTypes,
+}
+
+impl KvShape {
+    /// Bytes of keys and values of `tokens` positions.
+    pub fn bytes_for(&self, tokens: usize) -> usize {
+        self.types.bytes_for(self.n_layers * self.row * tokens)
+    }
+}
+
 /// Keys and values of `BLOCK_TOKENS` positions for every layer.
 #[derive(Clone)]
 pub struct KvBlock {
-    data: Vec<f32>,
+    keys: KvStore,
+    values: KvStore,
 }
 
 impl KvBlock {
-    /// A zeroed block for `n_layers` layers of `row` floats per position.
-    pub fn new(n_layers: usize, row: usize) -> Self {
+    /// A zeroed block of `shape`.
+    pub fn new(shape: KvShape) -> Self {
+        let len = shape.n_layers * BLOCK_TOKENS * shape.row;
         KvBlock {
-            data: vec![0.0; Self::floats(n_layers, row)],
+            keys: KvStore::zeroed(shape.types.k, len),
+            values: KvStore::zeroed(shape.types.v, len),
         }
     }
 
-    fn floats(n_layers: usize, row: usize) -> usize {
-        n_layers * 2 * BLOCK_TOKENS * row
+    /// Bytes of one block (what a `--kv-cache-mib` budget counts).
+    pub fn bytes_for(shape: KvShape) -> usize {
+        shape.bytes_for(BLOCK_TOKENS)
     }
 
-    /// Bytes of one block.
-    pub fn bytes_for(n_layers: usize, row: usize) -> usize {
-        Self::floats(n_layers, row) * 4
+    /// The types this block stores.
+    pub fn types(&self) -> KvTypes {
+        KvTypes {
+            k: self.keys.kind(),
+            v: self.values.kind(),
+        }
     }
 
-    fn page(&self, layer: usize, values: bool, row: usize) -> &[f32] {
+    fn store(&self, values: bool) -> &KvStore {
+        if values {
+            &self.values
+        } else {
+            &self.keys
+        }
+    }
+
+    fn page(&self, layer: usize, values: bool, row: usize) -> KvPage<'_> {
         let page = BLOCK_TOKENS * row;
-        &self.data[(2 * layer + values as usize) * page..][..page]
-    }
-
-    fn page_mut(&mut self, layer: usize, values: bool, row: usize) -> &mut [f32] {
-        let page = BLOCK_TOKENS * row;
-        &mut self.data[(2 * layer + values as usize) * page..][..page]
+        self.store(values).page(layer * page, page)
     }
 }
 
@@ -78,6 +107,7 @@ pub trait BlockSource: Send + Sync {
 pub struct KvCache {
     n_layers: usize,
     row: usize,
+    types: KvTypes,
     /// KV heads per row (`row / heads` floats each); 1 for caches without head structure.
     heads: usize,
     capacity: usize,
@@ -93,11 +123,14 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// `row` = kv_heads · head_dim; `capacity` = the context size in tokens.
+    /// `row` = kv_heads · head_dim; `capacity` = the context size in tokens. Stores f32 until
+    /// [`with_types`](Self::with_types) says otherwise (models hand out f16 caches by default:
+    /// `Model::new_cache`).
     pub fn new(n_layers: usize, row: usize, capacity: usize) -> Self {
         KvCache {
             n_layers,
             row,
+            types: KvTypes::F32,
             heads: 1,
             capacity,
             len: 0,
@@ -107,6 +140,33 @@ impl KvCache {
             snapshot: None,
             device_slot: None,
         }
+    }
+
+    /// Stores keys and values as `types` (before anything is appended). Each KV head's row
+    /// must be a whole number of the types' blocks (`q8_0`: 32 values; `Model::set_kv_types`
+    /// refuses models that do not fit).
+    pub fn with_types(mut self, types: KvTypes) -> Self {
+        assert!(self.blocks.is_empty(), "KV types change on a cache in use");
+        assert!(
+            (self.row / self.heads).is_multiple_of(types.granule()),
+            "{types:?} in heads of {} values",
+            self.row / self.heads
+        );
+        self.types = types;
+        self
+    }
+
+    /// Layers, row width and stored types: what each of this cache's blocks holds.
+    pub fn shape(&self) -> KvShape {
+        KvShape {
+            n_layers: self.n_layers,
+            row: self.row,
+            types: self.types,
+        }
+    }
+
+    pub fn types(&self) -> KvTypes {
+        self.types
     }
 
     /// Lays each page out head after head (`heads` must divide `row`): see the module doc.
@@ -280,8 +340,13 @@ impl KvCache {
 
     fn new_block(&self) -> KvBlock {
         match &self.source {
-            Some(src) => src.take(),
-            None => KvBlock::new(self.n_layers, self.row),
+            Some(src) => {
+                let b = src.take();
+                // A pool serves caches of one shape; a mix-up would misread every page.
+                assert_eq!(b.types(), self.types, "block source of other KV types");
+                b
+            }
+            None => KvBlock::new(self.shape()),
         }
     }
 
@@ -300,7 +365,8 @@ impl KvCache {
         for i in first..end.div_ceil(BLOCK_TOKENS) {
             if Arc::get_mut(&mut self.blocks[i]).is_none() {
                 let mut copy = self.new_block();
-                copy.data.copy_from_slice(&self.blocks[i].data);
+                copy.keys.copy_from(&self.blocks[i].keys);
+                copy.values.copy_from(&self.blocks[i].values);
                 let shared = std::mem::replace(&mut self.blocks[i], Arc::new(copy));
                 self.give_back(shared);
             }
@@ -320,11 +386,10 @@ impl KvCache {
             let pos = self.len + i;
             let (bi, off) = (pos / BLOCK_TOKENS, pos % BLOCK_TOKENS);
             let block = Arc::get_mut(&mut self.blocks[bi]).expect("prepared as private");
-            for (values, src) in [(false, kr), (true, vr)] {
-                let page = block.page_mut(layer, values, row);
+            let page = layer * BLOCK_TOKENS * row;
+            for (store, src) in [(&mut block.keys, kr), (&mut block.values, vr)] {
                 for h in 0..heads {
-                    page[(h * BLOCK_TOKENS + off) * hd..][..hd]
-                        .copy_from_slice(&src[h * hd..][..hd]);
+                    store.write(page + (h * BLOCK_TOKENS + off) * hd, &src[h * hd..][..hd]);
                 }
             }
         }
@@ -337,19 +402,13 @@ impl KvCache {
     /// Key and value pages of `layer` covering positions `0..n` (n may include rows appended
     /// but not yet advanced): page `p` holds positions `p·BLOCK_TOKENS..`, laid out as
     /// [`head_layout`](Self::head_layout) says.
-    pub fn pages(&self, layer: usize, n: usize) -> (Vec<&[f32]>, Vec<&[f32]>) {
+    pub fn pages(&self, layer: usize, n: usize) -> (KvPageList<'_>, KvPageList<'_>) {
         let count = n.div_ceil(BLOCK_TOKENS);
         let blocks = &self.blocks[..count];
-        (
-            blocks
-                .iter()
-                .map(|b| b.page(layer, false, self.row))
-                .collect(),
-            blocks
-                .iter()
-                .map(|b| b.page(layer, true, self.row))
-                .collect(),
-        )
+        let list = |values: bool, kind: KvType| {
+            KvPageList::collect(kind, blocks.iter().map(|b| b.page(layer, values, self.row)))
+        };
+        (list(false, self.types.k), list(true, self.types.v))
     }
 
     /// Keys of `layer` at position `pos`, every head (tests and checks).
@@ -364,26 +423,30 @@ impl KvCache {
 
     fn row_at(&self, layer: usize, values: bool, pos: usize) -> Vec<f32> {
         let page = self.blocks[pos / BLOCK_TOKENS].page(layer, values, self.row);
-        (0..self.heads)
-            .flat_map(|h| {
-                let (stride, offset) = self.head_layout(h);
-                &page[(pos % BLOCK_TOKENS) * stride + offset..][..stride]
-            })
-            .copied()
-            .collect()
+        let mut row = vec![0f32; self.row];
+        for (h, out) in row.chunks_exact_mut(self.row / self.heads).enumerate() {
+            let (stride, offset) = self.head_layout(h);
+            page.read((pos % BLOCK_TOKENS) * stride + offset, out);
+        }
+        row
     }
 
     /// Bytes of the blocks this cache references (shared blocks counted in full) plus its
     /// recurrent state.
     pub fn bytes(&self) -> usize {
-        self.blocks.len() * KvBlock::bytes_for(self.n_layers, self.row)
+        self.blocks.len() * KvBlock::bytes_for(self.shape())
             + self.recurrent.as_ref().map_or(0, |r| r.bytes())
     }
 
-    /// Bytes of keys/values of `tokens` positions (for `trit info`; a cache rounds up to whole
-    /// blocks).
-    pub fn bytes_for(n_layers: usize, row: usize, tokens: usize) -> usize {
-        2 * n_layers * row * tokens * 4
+    /// Bytes of keys/values of `tokens` positions of `n_layers` × `row` stored as `types` (for
+    /// `trit info`; a cache rounds up to whole blocks).
+    pub fn bytes_for(n_layers: usize, row: usize, types: KvTypes, tokens: usize) -> usize {
+        let shape = KvShape {
+            n_layers,
+            row,
+            types,
+        };
+        shape.bytes_for(tokens)
     }
 }
 
@@ -397,6 +460,13 @@ impl Drop for KvCache {
 mod tests {
     use super::*;
     use std::sync::Mutex;
+
+    /// Elements `at..at + n` of page `p`, as f32.
+    fn read(list: &KvPageList, p: usize, at: usize, n: usize) -> Vec<f32> {
+        let mut out = vec![0f32; n];
+        list.as_pages().page(p).read(at, &mut out);
+        out
+    }
 
     fn fill(c: &mut KvCache, n: usize, v: f32) {
         for layer in 0..c.n_layers() {
@@ -433,12 +503,12 @@ mod tests {
                 for p in 0..n {
                     let at = (p % BLOCK_TOKENS) * stride + offset;
                     let want: Vec<f32> = (0..hd).map(|e| val(l, p, h, e)).collect();
-                    assert_eq!(&kp[p / BLOCK_TOKENS][at..at + hd], &want[..]);
+                    assert_eq!(read(&kp, p / BLOCK_TOKENS, at, hd), want);
                     let neg: Vec<f32> = want.iter().map(|x| -x).collect();
-                    assert_eq!(&vp[p / BLOCK_TOKENS][at..at + hd], &neg[..]);
+                    assert_eq!(read(&vp, p / BLOCK_TOKENS, at, hd), neg);
                 }
                 // One head's keys of a full page are one run of BLOCK_TOKENS · hd floats.
-                let run = &kp[0][offset..offset + BLOCK_TOKENS * hd];
+                let run = read(&kp, 0, offset, BLOCK_TOKENS * hd);
                 assert_eq!(run[hd], val(l, 1, h, 0));
             }
             let row: Vec<f32> = (0..heads)
@@ -465,8 +535,85 @@ mod tests {
         assert_eq!(c.key_row(0, 64), &[5.0; 4]);
         assert_eq!(c.key_row(0, 63), &[1.0; 4]);
         let (k, v) = c.pages(1, 66);
-        assert_eq!((k.len(), v.len(), k[0].len()), (2, 2, BLOCK_TOKENS * 4));
-        assert_eq!(c.bytes(), 2 * KvBlock::bytes_for(2, 4));
+        assert_eq!(
+            (k.len(), v.len(), k.as_pages().page(0).len()),
+            (2, 2, BLOCK_TOKENS * 4)
+        );
+        assert_eq!(c.bytes(), 2 * KvBlock::bytes_for(c.shape()));
+        assert_eq!(KvBlock::bytes_for(c.shape()), 2 * 2 * BLOCK_TOKENS * 4 * 4);
+    }
+
+    /// What a store of type `t` holds for `row` (each head row of `hd` values on its own:
+    /// the q8_0 blocks never straddle two heads).
+    fn stored(t: KvType, row: &[f32], hd: usize) -> Vec<f32> {
+        match t {
+            KvType::F32 => row.to_vec(),
+            KvType::F16 => row
+                .iter()
+                .map(|&x| half::f16::from_f32(x).to_f32())
+                .collect(),
+            KvType::Q8_0 => row
+                .chunks(hd)
+                .flat_map(|h| {
+                    let (mut q, mut d) = (vec![0i8; hd], vec![0f32; hd / 32]);
+                    crate::kernels::kv_type::store_q8(&mut q, &mut d, h);
+                    (0..hd).map(move |i| q[i] as f32 * d[i / 32])
+                })
+                .collect(),
+        }
+    }
+
+    /// An f16 (or q8_0, or mixed) cache hands back what was appended rounded to its type (the
+    /// kernels' pages and `key_row` agree), takes the bytes of that type (f16: half of f32;
+    /// q8_0: 36 bytes per 32 values), and copies shared blocks before writing like any other.
+    #[test]
+    fn f16_and_q8_caches_store_rounded_values_in_fewer_bytes() {
+        let (heads, hd, n) = (2, 32, BLOCK_TOKENS + 9);
+        let row = heads * hd;
+        let k = crate::test_values::uniform(3, n * row);
+        let v: Vec<f32> = k.iter().map(|x| 100.0 * x - 50.0).collect();
+        let (f16, f32, q8) = (KvType::F16, KvType::F32, KvType::Q8_0);
+        for (kt, vt) in [(f16, f16), (f32, f16), (q8, q8), (f16, q8)] {
+            let types = KvTypes { k: kt, v: vt };
+            let mut c = KvCache::new(1, row, 256)
+                .with_heads(heads)
+                .with_types(types);
+            c.append(0, &k, &v);
+            c.advance(n);
+            let elems = BLOCK_TOKENS * row;
+            let per = |t: KvType| match t {
+                KvType::F32 => 4 * elems,
+                KvType::F16 => 2 * elems,
+                KvType::Q8_0 => elems / 32 * 36,
+            };
+            let want_bytes = per(kt) + per(vt);
+            assert_eq!(KvBlock::bytes_for(c.shape()), want_bytes);
+            assert_eq!(c.bytes(), 2 * want_bytes);
+            let (kp, vp) = c.pages(0, n);
+            assert_eq!(
+                (kp.as_pages().page(0).kind(), vp.as_pages().page(1).kind()),
+                (kt, vt)
+            );
+            for p in [0, 5, BLOCK_TOKENS - 1, BLOCK_TOKENS, n - 1] {
+                let want_k = stored(kt, &k[p * row..][..row], hd);
+                let want_v = stored(vt, &v[p * row..][..row], hd);
+                assert_eq!(c.key_row(0, p), want_k, "{types:?} key {p}");
+                assert_eq!(c.value_row(0, p), want_v, "{types:?} value {p}");
+                let (stride, offset) = c.head_layout(1);
+                let at = (p % BLOCK_TOKENS) * stride + offset;
+                assert_eq!(read(&vp, p / BLOCK_TOKENS, at, hd), want_v[hd..]);
+            }
+            // Copy-on-write keeps the stored values.
+            let mut d = KvCache::new(1, row, 256)
+                .with_heads(heads)
+                .with_types(types);
+            d.map_prefix(c.blocks().to_vec(), 70);
+            d.append(0, &vec![1.5; row], &vec![-1.5; row]);
+            d.advance(1);
+            assert!(!Arc::ptr_eq(&c.blocks()[1], &d.blocks()[1]));
+            assert_eq!(d.value_row(0, 66), c.value_row(0, 66));
+            assert_eq!(d.value_row(0, 70), stored(vt, &vec![-1.5; row], hd));
+        }
     }
 
     /// Counts what goes in and out, like the scheduler's pool.
@@ -479,7 +626,11 @@ mod tests {
     impl BlockSource for Counting {
         fn take(&self) -> KvBlock {
             *self.taken.lock().unwrap() += 1;
-            KvBlock::new(1, 2)
+            KvBlock::new(KvShape {
+                n_layers: 1,
+                row: 2,
+                types: KvTypes::F32,
+            })
         }
         fn give_back(&self, _: KvBlock) {
             *self.returned.lock().unwrap() += 1;

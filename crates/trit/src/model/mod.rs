@@ -14,7 +14,7 @@ pub mod rotation;
 pub mod transformer;
 pub mod weights;
 
-pub use kv_cache::KvCache;
+pub use kv_cache::{KvCache, KvType, KvTypes};
 pub use transformer::{BatchSeq, Logits, Transformer};
 
 use crate::format::config::{Arch, ModelConfig};
@@ -89,6 +89,8 @@ pub trait ExternalNet: Send + Sync {
 pub struct Model {
     net: Net,
     pool: ThreadPool,
+    /// How the caches it hands out store keys and values (f16 unless set).
+    kv_types: KvTypes,
 }
 
 impl Model {
@@ -112,6 +114,7 @@ impl Model {
         Ok(Model {
             net,
             pool: ThreadPool::new(threads.max(1)),
+            kv_types: KvTypes::default(),
         })
     }
 
@@ -120,6 +123,7 @@ impl Model {
         Model {
             net: Net::External(net),
             pool: ThreadPool::new(1),
+            kv_types: KvTypes::default(),
         }
     }
 
@@ -164,11 +168,38 @@ impl Model {
         self.pool.n_threads()
     }
 
+    /// Stores the keys and values of the caches made from now on as `types` (default: f16
+    /// both; f32 keeps them exact; `q8_0` needs head dimensions that are multiples of 32). A
+    /// device backend keeps its own and ignores this.
+    pub fn set_kv_types(&mut self, types: KvTypes) -> Result<()> {
+        let hd = self.config().head_dim;
+        if !matches!(self.net, Net::External(_)) && !hd.is_multiple_of(types.granule()) {
+            return Err(crate::Error::Unsupported(format!(
+                "KV cache types {}/{} with head dimension {hd} (q8_0 stores blocks of {} values)",
+                types.k,
+                types.v,
+                types.granule()
+            )));
+        }
+        self.kv_types = types;
+        Ok(())
+    }
+
+    /// [`set_kv_types`](Self::set_kv_types), by value.
+    pub fn with_kv_types(mut self, types: KvTypes) -> Result<Self> {
+        self.set_kv_types(types)?;
+        Ok(self)
+    }
+
+    pub fn kv_types(&self) -> KvTypes {
+        self.kv_types
+    }
+
     /// A cache for `n_ctx` positions; for hybrid models it also holds the recurrent state.
     pub fn new_cache(&self, n_ctx: usize) -> KvCache {
         match &self.net {
-            Net::Dense(n) => n.new_cache(n_ctx),
-            Net::Hybrid(n) => n.new_cache(n_ctx),
+            Net::Dense(n) => n.new_cache(n_ctx).with_types(self.kv_types),
+            Net::Hybrid(n) => n.new_cache(n_ctx).with_types(self.kv_types),
             Net::External(n) => KvCache::new(n.config().n_layers, 0, n_ctx),
         }
     }
