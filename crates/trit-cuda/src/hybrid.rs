@@ -91,7 +91,7 @@ pub struct CudaHybrid {
     rows_per_warp: usize,
     max_split: usize,
     use_graph: bool,
-    /// Matrices whose input preparation runs in the fused GEMV's prologue (none by default).
+    /// Matrices whose input preparation runs in the fused GEMV's prologue.
     fused: FusedSet,
     /// The kernel that runs the DeltaNet mixer in one launch where it can (`None`: five).
     dn_step: Option<&'static str>,
@@ -158,13 +158,13 @@ impl CudaHybrid {
             ));
         }
         check_shapes(&cfg, &hy)?;
-        // The fused GEMV is off for hybrids unless TRIT_CUDA_FUSED asks for it: on the 27B's
-        // widths (H200, 27b-qwen35-4l tg128, same run) the fused q/k/v/z, gate‖up and head ran
-        // at 1,400 t/s against 1,710 with the separate norm kernels (ncu: fused norm + gate‖up
-        // 37.6 µs against 4.8 + 21.7 for norm then GEMV). `opts.fused` is the dense default.
+        // The fused GEMV (now the streaming kernel, gemv_stream.cu) takes the dense default
+        // set, q/k/v/z, gate‖up and the head: 27B tg128 on an H200, same run, 211.2 t/s
+        // against 199.9 with the separate norm kernels. (The register-pipelined fused kernel
+        // had been slower there: 1,400 against 1,710 t/s on 27b-qwen35-4l.)
         let fused = match std::env::var("TRIT_CUDA_FUSED") {
             Ok(v) => FusedSet::parse(&v)?,
-            Err(_) => FusedSet::NONE,
+            Err(_) => opts.fused,
         };
         // `0`: the five separate DeltaNet kernels; `2`: the hoisted one-kernel variant (not yet
         // run on a GPU); else the measured one-kernel mixer.
