@@ -42,7 +42,8 @@ step llama.cpp; wait $LLPID; tail -1 $OUT/llama_build.log | tee -a $S
 LB=/tmp/ll/build/bin/llama-bench
 if [ -x $LB ]; then
   for m in 8b 1.7b; do
-    timeout 120 $LB -m /tmp/models/$m/model-q2_0.gguf -ngl 99 -fa 1 -p 512 -n 128 -r 5 2>&1 | tee $OUT/llama_$m.txt | grep -E "\| (pp|tg)" | tee -a $S
+    timeout 120 $LB -m /tmp/models/$m/model-q2_0.gguf -ngl 99 -fa 1 -p 512 -n 128 -r 5 > /tmp/llama_$m.txt 2>&1
+    echo "llama-bench rc=$?" | tee -a $S; grep -E "(pp|tg)[0-9]+ " /tmp/llama_$m.txt | tee -a $S; tail -3 /tmp/llama_$m.txt
     tb $m 5
   done
 fi
