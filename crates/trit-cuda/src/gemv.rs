@@ -226,31 +226,32 @@ pub fn launch_ternary_fused_with(
     // At most two blocks per multiprocessor (one where the registers allow no more): each
     // block re-reads the whole input.
     let resident = gpu.sm_count * gpu.resident_blocks(kernel, threads)?.min(2);
+    let args = fused_kernel_args(m, input, y, o);
+    gpu.launch(kernel, (needed.min(resident), 1), threads, &args)
+}
+
+/// The argument list shared by the fused and the streaming GEMV kernels.
+fn fused_kernel_args(m: &TernaryArgs, input: FusedInput, y: u64, o: FusedOpts) -> [Arg; 13] {
     let (mode, x, gamma, eps, q, meta) = match input {
         FusedInput::Q { q, meta } => (0, 0, 0, 0.0, q, meta),
         FusedInput::F32 { x } => (1, x, 0, 0.0, 0, 0),
         FusedInput::Norm { x, gamma, eps } => (2, x, gamma, eps, 0, 0),
     };
-    gpu.launch(
-        kernel,
-        (needed.min(resident), 1),
-        threads,
-        &[
-            Arg::Ptr(m.codes),
-            Arg::Ptr(m.scales),
-            Arg::I32(m.rows as i32),
-            Arg::I32((m.cols / 64) as i32),
-            Arg::I32(mode),
-            Arg::Ptr(x),
-            Arg::Ptr(gamma),
-            Arg::F32(eps),
-            Arg::Ptr(q),
-            Arg::Ptr(meta),
-            Arg::Ptr(y),
-            Arg::I32((o.accumulate && !o.glu) as i32),
-            Arg::I32(o.glu as i32),
-        ],
-    )
+    [
+        Arg::Ptr(m.codes),
+        Arg::Ptr(m.scales),
+        Arg::I32(m.rows as i32),
+        Arg::I32((m.cols / 64) as i32),
+        Arg::I32(mode),
+        Arg::Ptr(x),
+        Arg::Ptr(gamma),
+        Arg::F32(eps),
+        Arg::Ptr(q),
+        Arg::Ptr(meta),
+        Arg::Ptr(y),
+        Arg::I32((o.accumulate && !o.glu) as i32),
+        Arg::I32(o.glu as i32),
+    ]
 }
 
 /// Shape of the streaming GEMV (`kernels/gemv_stream.cu`): warps per block, shared-memory
@@ -423,31 +424,13 @@ fn launch_stream(
     ))?;
     let nb = m.cols / 64;
     let smem = stream_smem_bytes(nb, o.r, shape.warps, cfg.stages);
-    let (mode, x, gamma, eps, q, meta) = match input {
-        FusedInput::Q { q, meta } => (0, 0, 0, 0.0, q, meta),
-        FusedInput::F32 { x } => (1, x, 0, 0.0, 0, 0),
-        FusedInput::Norm { x, gamma, eps } => (2, x, gamma, eps, 0, 0),
-    };
+    let args = fused_kernel_args(m, input, y, o);
     gpu.launch_smem(
         kernel,
         (shape.blocks, 1),
         32 * shape.warps,
         smem as u32,
-        &[
-            Arg::Ptr(m.codes),
-            Arg::Ptr(m.scales),
-            Arg::I32(m.rows as i32),
-            Arg::I32(nb as i32),
-            Arg::I32(mode),
-            Arg::Ptr(x),
-            Arg::Ptr(gamma),
-            Arg::F32(eps),
-            Arg::Ptr(q),
-            Arg::Ptr(meta),
-            Arg::Ptr(y),
-            Arg::I32((o.accumulate && !o.glu) as i32),
-            Arg::I32(o.glu as i32),
-        ],
+        &args,
     )
 }
 

@@ -186,52 +186,31 @@ fn batched_rows_asked_as_candidates_are_the_candidates_of_the_full_rows() {
     eprintln!("batched candidates equal the host reference of the twin rows for 5 steps");
 }
 
-/// The GPU model with only `forward_batch` (the trait's default `forward_batch_top`): every
-/// row comes back in full, as before candidates existed.
-struct FullRows(Arc<CudaModel>);
-
-impl ExternalNet for FullRows {
-    fn config(&self) -> &ModelConfig {
-        self.0.config()
-    }
-    fn forward(&self, t: &[u32], c: &mut KvCache, w: Logits) -> trit::Result<Vec<f32>> {
-        self.0.forward(t, c, w)
-    }
-    fn weight_bytes(&self) -> usize {
-        self.0.weight_bytes()
-    }
-    fn bytes_per_token(&self) -> usize {
-        self.0.bytes_per_token()
-    }
-    fn max_sequences(&self) -> usize {
-        self.0.max_sequences()
-    }
-    fn forward_batch(&self, s: &mut [BatchSeq<'_>]) -> trit::Result<Vec<Vec<f32>>> {
-        self.0.forward_batch(s)
-    }
+/// The GPU model, shared, answering the scheduler with candidates where it asks for them
+/// (`candidates`), or with every row in full, as the trait's default `forward_batch_top` does.
+struct Shared {
+    gpu: Arc<CudaModel>,
+    candidates: bool,
 }
 
-/// The GPU model itself, shared (candidates where the scheduler asks for them).
-struct Candidates(Arc<CudaModel>);
-
-impl ExternalNet for Candidates {
+impl ExternalNet for Shared {
     fn config(&self) -> &ModelConfig {
-        self.0.config()
+        self.gpu.config()
     }
     fn forward(&self, t: &[u32], c: &mut KvCache, w: Logits) -> trit::Result<Vec<f32>> {
-        self.0.forward(t, c, w)
+        self.gpu.forward(t, c, w)
     }
     fn weight_bytes(&self) -> usize {
-        self.0.weight_bytes()
+        self.gpu.weight_bytes()
     }
     fn bytes_per_token(&self) -> usize {
-        self.0.bytes_per_token()
+        self.gpu.bytes_per_token()
     }
     fn max_sequences(&self) -> usize {
-        self.0.max_sequences()
+        self.gpu.max_sequences()
     }
     fn forward_batch(&self, s: &mut [BatchSeq<'_>]) -> trit::Result<Vec<Vec<f32>>> {
-        self.0.forward_batch(s)
+        self.gpu.forward_batch(s)
     }
     fn forward_batch_top(
         &self,
@@ -239,7 +218,15 @@ impl ExternalNet for Candidates {
         k: usize,
         want_top: &[bool],
     ) -> trit::Result<Vec<trit::sample::RowLogits>> {
-        self.0.forward_batch_top(s, k, want_top)
+        if self.candidates {
+            return self.gpu.forward_batch_top(s, k, want_top);
+        }
+        Ok(self
+            .gpu
+            .forward_batch(s)?
+            .into_iter()
+            .map(RowLogits::Full)
+            .collect())
     }
 }
 
@@ -345,7 +332,10 @@ fn scheduler_on_the_gpu_samples_the_same_from_candidates_as_from_full_rows() {
         .collect();
     // Candidates first: the full-row run is the reference either way.
     let top = serve(
-        Box::new(Candidates(gpu.clone())),
+        Box::new(Shared {
+            gpu: gpu.clone(),
+            candidates: true,
+        }),
         &tok,
         &prompts,
         &requests,
@@ -353,7 +343,10 @@ fn scheduler_on_the_gpu_samples_the_same_from_candidates_as_from_full_rows() {
         "candidates",
     );
     let full = serve(
-        Box::new(FullRows(gpu.clone())),
+        Box::new(Shared {
+            gpu: gpu.clone(),
+            candidates: false,
+        }),
         &tok,
         &prompts,
         &requests,

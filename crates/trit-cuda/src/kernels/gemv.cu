@@ -253,6 +253,27 @@ __device__ __forceinline__ void team_barrier(int team, int warps) {
     asm volatile("bar.sync %0, %1;" ::"r"(team + 1), "r"(32 * warps) : "memory");
 }
 
+// The R sums of the SPLIT warps of one team, added in a fixed order through shared memory
+// `red` (one row per warp of the block); every lane of the team gets them in v.
+template <int R, int SPLIT>
+__device__ __forceinline__ void team_sum(float* v, float (*red)[R], int warp, int team,
+                                         int lane) {
+    if (SPLIT == 1) return;
+    if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < R; i++) red[warp][i] = v[i];
+    }
+    team_barrier(team, SPLIT);
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        float t = 0.0f;
+#pragma unroll
+        for (int w = 0; w < SPLIT; w++) t += red[team * SPLIT + w][i];
+        v[i] = t;
+    }
+    team_barrier(team, SPLIT);
+}
+
 // The block's int8 activations and their (d, d·Σq) per 64 values, into xs / ms (blockDim.x
 // threads, a multiple of 16).
 __device__ __forceinline__ void fg_prologue(int mode, int nb, const float* __restrict__ x,
@@ -370,6 +391,21 @@ __device__ __forceinline__ unsigned word_of(const uint4& w, int c) {
     return c == 0 ? w.x : c == 1 ? w.y : c == 2 ? w.z : w.w;
 }
 
+// The R integer dot products of block b: row i's 16 bytes of codes `w[i]` against the block's
+// int8 activations in shared memory (fg_chunk layout).
+template <int R>
+__device__ __forceinline__ void fg_block_dots(const uint4 (&w)[R], const uint4* xs, int b,
+                                              int (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; i++) d[i] = 0;
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        const uint4 a = xs[fg_chunk(b, c)];
+#pragma unroll
+        for (int i = 0; i < R; i++) d[i] = dot_block_word(word_of(w[i], c), a, d[i]);
+    }
+}
+
 template <int R, int SPLIT, typename S>
 __device__ __forceinline__ void ternary_gemv_fused(
     const uint4* __restrict__ codes, const S* __restrict__ scales, int rows, int nb, int mode,
@@ -424,14 +460,7 @@ __device__ __forceinline__ void ternary_gemv_fused(
         const int b = 32 * (sub + SPLIT * j) + lane;
         if (b < nb) {
             int d[R];
-#pragma unroll
-            for (int i = 0; i < R; i++) d[i] = 0;
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const uint4 a = xs[fg_chunk(b, c)];
-#pragma unroll
-                for (int i = 0; i < R; i++) d[i] = dot_block_word(word_of(cur.w[i], c), a, d[i]);
-            }
+            fg_block_dots<R>(cur.w, xs, b, d);
             const float2 m = ms[b];
 #pragma unroll
             for (int i = 0; i < R; i++) acc[i] += cur.s[i] * (m.x * (float)d[i] - m.y);
@@ -443,21 +472,7 @@ __device__ __forceinline__ void ternary_gemv_fused(
                 v[i] = warp_sum(acc[i]);
                 acc[i] = 0.0f;
             }
-            if (SPLIT > 1) {
-                if (lane == 0) {
-#pragma unroll
-                    for (int i = 0; i < R; i++) red[warp][i] = v[i];
-                }
-                team_barrier(team, SPLIT);
-#pragma unroll
-                for (int i = 0; i < R; i++) {
-                    float t = 0.0f;
-#pragma unroll
-                    for (int w = 0; w < SPLIT; w++) t += red[team * SPLIT + w][i];
-                    v[i] = t;
-                }
-                team_barrier(team, SPLIT);
-            }
+            team_sum<R, SPLIT>(v, red, warp, team, lane);
             if (sub == 0) fg_store<R>(v, g, rows, half, glu, y, accumulate, lane);
         }
         cur = nx1;

@@ -130,18 +130,11 @@ __device__ __forceinline__ void ternary_gemv_stream(
         const unsigned* sc = (const unsigned*)(slot + StreamSlot<R>::CODE_CHUNKS);
         const int b = 32 * (sub + SPLIT * j) + lane;
         if (b < nb) {
-            int d[R];
-#pragma unroll
-            for (int i = 0; i < R; i++) d[i] = 0;
             uint4 w[R];
 #pragma unroll
             for (int i = 0; i < R; i++) w[i] = slot[i * 32 + lane];
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const uint4 a = xs[fg_chunk(b, c)];
-#pragma unroll
-                for (int i = 0; i < R; i++) d[i] = dot_block_word(word_of(w[i], c), a, d[i]);
-            }
+            int d[R];
+            fg_block_dots<R>(w, xs, b, d);
             const float2 m = ms[b];
 #pragma unroll
             for (int i = 0; i < R; i++) {
@@ -156,22 +149,7 @@ __device__ __forceinline__ void ternary_gemv_stream(
                 v[i] = warp_sum(acc[i]);
                 acc[i] = 0.0f;
             }
-            if (SPLIT > 1) {
-                // The team's warps meet: sums in shared memory, read by all, in a fixed order.
-                if (lane == 0) {
-#pragma unroll
-                    for (int i = 0; i < R; i++) red[warp][i] = v[i];
-                }
-                team_barrier(team, SPLIT);
-#pragma unroll
-                for (int i = 0; i < R; i++) {
-                    float t = 0.0f;
-#pragma unroll
-                    for (int w = 0; w < SPLIT; w++) t += red[team * SPLIT + w][i];
-                    v[i] = t;
-                }
-                team_barrier(team, SPLIT);
-            }
+            team_sum<R, SPLIT>(v, red, warp, team, lane);
             if (sub == 0) fg_store<R>(v, g, rows, half, glu, y, accumulate, lane);
             j = 0;
             g += stride;
