@@ -201,6 +201,23 @@ fn collect(rx: &mpsc::Receiver<SeqEvent>) -> (Vec<u32>, SeqSummary) {
     }
 }
 
+/// A device model stores keys and values in f16: asking it for another type is an error, not
+/// a silently ignored flag.
+#[test]
+fn device_models_refuse_kv_cache_types_they_do_not_store() {
+    let (files, _) = default_model();
+    let net = Arc::new(SlotNet::new(Model::load(&files, 2).unwrap(), 1, 64, true));
+    let model = Model::from_external(Box::new(Shared(net)));
+    let model = model.with_kv_types(trit::model::KvTypes::F16).unwrap();
+    assert_eq!(model.kv_types(), trit::model::KvTypes::F16);
+    let err = model
+        .with_kv_types(trit::model::KvTypes::F32)
+        .err()
+        .expect("f32 keys/values on a device model")
+        .to_string();
+    assert!(err.contains("f16"), "{err}");
+}
+
 #[test]
 fn device_backend_runs_at_most_its_slots_without_prefix_reuse_and_returns_every_slot() {
     let (files, tok) = default_model();

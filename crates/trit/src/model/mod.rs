@@ -172,6 +172,15 @@ impl Model {
     /// both; f32 keeps them exact; `q8_0` needs head dimensions that are multiples of 32). A
     /// device backend keeps its own and ignores this.
     pub fn set_kv_types(&mut self, types: KvTypes) -> Result<()> {
+        if matches!(self.net, Net::External(_)) && types != KvTypes::F16 {
+            // A device model keeps its keys and values on the device, in f16; a request for
+            // another type must not be ignored silently.
+            return Err(crate::Error::Unsupported(format!(
+                "KV cache types {}/{} on a device: the GPU keeps keys and values in f16 \
+                 (--cache-type-k/-v choose the CPU's cache)",
+                types.k, types.v
+            )));
+        }
         let hd = self.config().head_dim;
         if !matches!(self.net, Net::External(_)) && !hd.is_multiple_of(types.granule()) {
             return Err(crate::Error::Unsupported(format!(
