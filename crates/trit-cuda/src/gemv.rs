@@ -4,7 +4,7 @@
 
 use crate::device::{cuda_err, ptr, Arg, Gpu};
 use crate::repack::{PackedScales, PackedTernary};
-use crate::weights::DevScales;
+use crate::weights::{DevMatrix, DevScales};
 use cudarc::driver::{CudaSlice, CudaStream};
 use trit::{Error, Result};
 
@@ -137,6 +137,54 @@ pub fn launch_ternary(
             Arg::I32(accumulate as i32),
         ],
     )
+}
+
+/// The activations a decode GEMV reads: f32 values for dense matrices, int8 blocks and their
+/// `(d, d·Σq)` for ternary ones (device addresses).
+#[derive(Clone, Copy, Debug)]
+pub struct GemvInput {
+    pub f32: u64,
+    pub q: u64,
+    pub meta: u64,
+}
+
+/// `y (+)= m·x` for a device matrix of either kind: the ternary GEMV (`r` rows per warp, at
+/// most `max_split` warps per row group) or the dense f32 one.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_matrix_gemv(
+    gpu: &Gpu,
+    m: &DevMatrix,
+    x: GemvInput,
+    y: u64,
+    accumulate: bool,
+    r: usize,
+    max_split: usize,
+) -> Result<()> {
+    let s = &gpu.stream;
+    match m {
+        DevMatrix::Ternary {
+            rows,
+            cols,
+            codes,
+            scales,
+        } => {
+            let args = TernaryArgs::new(*rows, *cols, codes, scales, s);
+            launch_ternary(gpu, &args, x.q, x.meta, y, accumulate, r, max_split)
+        }
+        DevMatrix::Dense { rows, cols, w } => gpu.launch(
+            "dense_gemv",
+            (rows.div_ceil(4) as u32, 1),
+            128,
+            &[
+                Arg::Ptr(ptr(w, s)),
+                Arg::I32(*rows as i32),
+                Arg::I32(*cols as i32),
+                Arg::Ptr(x.f32),
+                Arg::Ptr(y),
+                Arg::I32(accumulate as i32),
+            ],
+        ),
+    }
 }
 
 /// Widest input the fused GEMV holds in shared memory (`FG_MAX_COLS` in gemv.cu).

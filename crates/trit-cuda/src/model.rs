@@ -10,7 +10,8 @@
 
 use crate::device::{ptr, Arg, Gpu};
 use crate::gemv::{
-    fused_fits, launch_ternary, launch_ternary_fused, FusedInput, FusedOpts, TernaryArgs,
+    fused_fits, launch_matrix_gemv, launch_ternary_fused, FusedInput, FusedOpts, GemvInput,
+    TernaryArgs,
 };
 use crate::graph::{copy_to_pinned, StepGraph};
 use crate::launch;
@@ -393,42 +394,13 @@ impl CudaModel {
         y: u64,
         accumulate: bool,
     ) -> Result<()> {
-        let s = &st.gpu.stream;
-        let acc = Arg::I32(accumulate as i32);
-        match m {
-            DevMatrix::Ternary {
-                rows,
-                cols,
-                codes,
-                scales,
-            } => {
-                let r = self.rows_per_warp.unwrap_or(DEFAULT_ROWS_PER_WARP);
-                let m = TernaryArgs::new(*rows, *cols, codes, scales, s);
-                launch_ternary(
-                    &st.gpu,
-                    &m,
-                    inp.q,
-                    inp.meta,
-                    y,
-                    accumulate,
-                    r,
-                    self.max_split,
-                )
-            }
-            DevMatrix::Dense { rows, cols, w } => st.gpu.launch(
-                "dense_gemv",
-                (rows.div_ceil(4) as u32, 1),
-                128,
-                &[
-                    Arg::Ptr(ptr(w, s)),
-                    Arg::I32(*rows as i32),
-                    Arg::I32(*cols as i32),
-                    Arg::Ptr(inp.f32),
-                    Arg::Ptr(y),
-                    acc,
-                ],
-            ),
-        }
+        let x = GemvInput {
+            f32: inp.f32,
+            q: inp.q,
+            meta: inp.meta,
+        };
+        let r = self.rows_per_warp.unwrap_or(DEFAULT_ROWS_PER_WARP);
+        launch_matrix_gemv(&st.gpu, m, x, y, accumulate, r, self.max_split)
     }
 
     /// The fused GEMV's view of `m` when the decode step may use it for `m` (ternary, fits in

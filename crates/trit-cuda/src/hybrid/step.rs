@@ -18,7 +18,8 @@
 use super::{CudaHybrid, State, DN_ROWS};
 use crate::device::{ptr, Arg};
 use crate::gemv::{
-    fused_fits, launch_ternary, launch_ternary_fused, FusedInput, FusedOpts, TernaryArgs,
+    fused_fits, launch_matrix_gemv, launch_ternary_fused, FusedInput, FusedOpts, GemvInput,
+    TernaryArgs,
 };
 use crate::hybrid_weights::{DevDeltaNet, DevFullAttention, DevMixer};
 use crate::launch::{self, QuantOut};
@@ -143,7 +144,6 @@ impl CudaHybrid {
         glu: bool,
     ) -> Result<()> {
         let g = &st.gpu;
-        let s = &g.stream;
         let fused_input = match input {
             Input::Norm { x, gamma } => Some(FusedInput::Norm {
                 x,
@@ -168,39 +168,8 @@ impl CudaHybrid {
         let Input::Ready { f32, q, meta } = input else {
             unreachable!("handled above")
         };
-        match m {
-            DevMatrix::Ternary {
-                rows,
-                cols,
-                codes,
-                scales,
-            } => {
-                let args = TernaryArgs::new(*rows, *cols, codes, scales, s);
-                launch_ternary(
-                    g,
-                    &args,
-                    q,
-                    meta,
-                    y,
-                    accumulate,
-                    self.rows_per_warp,
-                    self.max_split,
-                )
-            }
-            DevMatrix::Dense { rows, cols, w } => g.launch(
-                "dense_gemv",
-                (rows.div_ceil(4) as u32, 1),
-                128,
-                &[
-                    Arg::Ptr(ptr(w, s)),
-                    Arg::I32(*rows as i32),
-                    Arg::I32(*cols as i32),
-                    Arg::Ptr(f32),
-                    Arg::Ptr(y),
-                    Arg::I32(accumulate as i32),
-                ],
-            ),
-        }
+        let x = GemvInput { f32, q, meta };
+        launch_matrix_gemv(g, m, x, y, accumulate, self.rows_per_warp, self.max_split)
     }
 
     /// Enqueues one decode step (position and token from device memory).
