@@ -106,6 +106,24 @@ pub struct GemmCase {
     pub want: Vec<f32>,
 }
 
+/// A GEMM's `ntok` tokens of `rows` outputs against the emulation: token 3 (all-zero
+/// activations) exactly zero, the others within 1e-5 relative error.
+pub fn check_gemm_tokens(got: &[f32], want: &[f32], rows: usize, ntok: usize, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: output length");
+    for t in 0..ntok {
+        let (g, w) = (
+            &got[t * rows..(t + 1) * rows],
+            &want[t * rows..(t + 1) * rows],
+        );
+        if t == 3 {
+            assert!(g.iter().all(|v| *v == 0.0), "{what}: zero token");
+            continue;
+        }
+        let err = rel_err(g, w);
+        assert!(err < 1e-5, "{what}, {ntok} tokens, token {t}: {err}");
+    }
+}
+
 /// A random Q2_0 matrix in the GPU layout and `ntok` tokens of int8 activations for it (each
 /// token its own scale range; token 3 all zeros), with the CPU emulation of the kernels'
 /// arithmetic per token (`repack::gemv_reference`).
