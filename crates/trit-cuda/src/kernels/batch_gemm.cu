@@ -23,7 +23,7 @@
 #define SG_TOKS 32
 #define SG_WARPS 8
 
-// mma_u8s8 and codes4 come from prefill.cu, load_scale from gemv.cu (compiled before this file).
+// mma_u8s8, codes4 and a_fragments come from prefill.cu, load_scale from gemv.cu (compiled before this file).
 
 template <typename S, bool WIDE>
 __device__ __forceinline__ void small_gemm(const uint4* __restrict__ codes,
@@ -85,14 +85,7 @@ __device__ __forceinline__ void small_gemm(const uint4* __restrict__ codes,
                 sr[mi][1] = sc[2 * mi + 1];
                 continue;
             }
-            af[mi][0][0] = codes4(w0.x, t);
-            af[mi][0][1] = codes4(w8.x, t);
-            af[mi][0][2] = codes4(w0.y, t);
-            af[mi][0][3] = codes4(w8.y, t);
-            af[mi][1][0] = codes4(w0.z, t);
-            af[mi][1][1] = codes4(w8.z, t);
-            af[mi][1][2] = codes4(w0.w, t);
-            af[mi][1][3] = codes4(w8.w, t);
+            a_fragments(w0, w8, t, af[mi]);
             sr[mi][0] = sc[2 * mi];
             sr[mi][1] = sc[2 * mi + 1];
         }

@@ -42,6 +42,20 @@ __device__ __forceinline__ void mma_u8s8(int (&c)[4], unsigned a0, unsigned a1, 
 
 __device__ __forceinline__ unsigned codes4(unsigned w, int t) { return (w >> (2 * t)) & 0x03030303u; }
 
+// The A operands of one m16 × k64 tile for lane-in-group t: rows g (words w0) and g + 8 (w8),
+// k halves 0–31 (words x, y) and 32–63 (z, w).
+__device__ __forceinline__ void a_fragments(const uint4& w0, const uint4& w8, int t,
+                                            unsigned (&a)[2][4]) {
+    a[0][0] = codes4(w0.x, t);
+    a[0][1] = codes4(w8.x, t);
+    a[0][2] = codes4(w0.y, t);
+    a[0][3] = codes4(w8.y, t);
+    a[1][0] = codes4(w0.z, t);
+    a[1][1] = codes4(w8.z, t);
+    a[1][2] = codes4(w0.w, t);
+    a[1][3] = codes4(w8.w, t);
+}
+
 // (cp.async helpers: common.cuh.)
 template <typename S, int KS, int STAGES>
 __device__ __forceinline__ void ternary_gemm(const uint4* __restrict__ codes,
@@ -148,14 +162,7 @@ __device__ __forceinline__ void ternary_gemm(const uint4* __restrict__ codes,
             for (int mi = 0; mi < 2; mi++) {
                 const int r = wm * 32 + mi * 16 + g;
                 const uint4 w0 = sw[buf][kb][r], w8 = sw[buf][kb][r + 8];
-                af[mi][0][0] = codes4(w0.x, t);
-                af[mi][0][1] = codes4(w8.x, t);
-                af[mi][0][2] = codes4(w0.y, t);
-                af[mi][0][3] = codes4(w8.y, t);
-                af[mi][1][0] = codes4(w0.z, t);
-                af[mi][1][1] = codes4(w8.z, t);
-                af[mi][1][2] = codes4(w0.w, t);
-                af[mi][1][3] = codes4(w8.w, t);
+                a_fragments(w0, w8, t, af[mi]);
                 sr[mi][0] = ss[buf][kb][r];
                 sr[mi][1] = ss[buf][kb][r + 8];
             }
