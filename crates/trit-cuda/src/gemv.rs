@@ -256,7 +256,7 @@ pub fn launch_ternary_fused_with(
     }
     if let Some(cfg) = stream {
         if let Some(shape) = stream_plan(gpu, m, o.r, o.glu, &cfg) {
-            return launch_stream(gpu, m, input, y, o, &cfg, shape);
+            return launch_stream(gpu, m, input, y, o, shape);
         }
     }
     let steps = (m.cols / 64).div_ceil(32);
@@ -302,31 +302,32 @@ fn fused_kernel_args(m: &TernaryArgs, input: FusedInput, y: u64, o: FusedOpts) -
     ]
 }
 
-/// Shape of the streaming GEMV (`kernels/gemv_stream.cu`): warps per block, shared-memory
-/// slots per warp, warps that share a row group, and blocks per multiprocessor. `warps` or
-/// `split` 0: chosen per matrix by [`stream_shape`].
+/// Shared-memory slots per warp of the streaming GEMV (`STREAM_STAGES` in gemv_stream.cu).
+pub const STREAM_STAGES: usize = 4;
+
+/// Shape of the streaming GEMV (`kernels/gemv_stream.cu`): warps per block, warps that share
+/// a row group, and blocks per multiprocessor. `warps` or `split` 0: chosen per matrix by
+/// [`stream_shape`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StreamConfig {
     pub warps: u32,
-    pub stages: u32,
     pub split: u32,
     pub blocks_per_sm: u32,
 }
 
 impl StreamConfig {
-    /// Per-matrix shapes with 4 slots per warp and one block per multiprocessor. 8B tg128
-    /// on an H200 (same run, one fixed shape for every matrix): 669 tok/s with 16 warps × 4
-    /// stages, 634 with 8 × 4 and two blocks per multiprocessor, 600 with 8 × 8, 508 with
-    /// 8 × 4; the register-pipelined kernel 596.
+    /// Per-matrix shapes, one block per multiprocessor. 8B tg128 on an H200 (same run, one
+    /// fixed shape for every matrix, warps × slots): 669 tok/s with 16 × 4, 634 with 8 × 4
+    /// and two blocks per multiprocessor, 600 with 8 × 8, 508 with 8 × 4; the
+    /// register-pipelined kernel 596.
     pub const DEFAULT: StreamConfig = StreamConfig {
         warps: 0,
-        stages: 4,
         split: 0,
         blocks_per_sm: 1,
     };
 
     /// `TRIT_CUDA_STREAM`: unset → the default, `0` → off (the register-pipelined fused
-    /// kernel), or `warps,stages[,blocks_per_sm[,split]]` (warps or split 0: per matrix).
+    /// kernel), or `warps[,blocks_per_sm[,split]]` (warps or split 0: per matrix).
     /// Read once per process.
     pub fn get() -> Option<StreamConfig> {
         static CFG: std::sync::OnceLock<Option<StreamConfig>> = std::sync::OnceLock::new();
@@ -342,29 +343,26 @@ impl StreamConfig {
             return None;
         }
         let n: Vec<u32> = v.split(',').filter_map(|p| p.trim().parse().ok()).collect();
-        if !(2..=4).contains(&n.len()) {
+        if !(1..=3).contains(&n.len()) {
             return Some(StreamConfig::DEFAULT);
         }
         let c = StreamConfig {
             warps: n[0],
-            stages: n[1],
-            blocks_per_sm: n.get(2).copied().unwrap_or(1),
-            split: n.get(3).copied().unwrap_or(0),
+            blocks_per_sm: n.get(1).copied().unwrap_or(1),
+            split: n.get(2).copied().unwrap_or(0),
         };
-        let ok = c.warps <= 32
-            && [4, 8].contains(&c.stages)
-            && (1..=4).contains(&c.blocks_per_sm)
-            && [0, 1, 2, 4].contains(&c.split);
+        let ok =
+            c.warps <= 32 && (1..=4).contains(&c.blocks_per_sm) && [0, 1, 2, 4].contains(&c.split);
         Some(if ok { c } else { StreamConfig::DEFAULT })
     }
 }
 
 /// Dynamic shared memory of one streaming-GEMV block (the layout in gemv_stream.cu: the
-/// int8 input and its block scales, then per warp `stages` slots of `r` rows' codes and scale
-/// words).
-pub fn stream_smem_bytes(nb: usize, r: usize, warps: u32, stages: u32) -> usize {
+/// int8 input and its block scales, then per warp `STREAM_STAGES` slots of `r` rows' codes and
+/// scale words).
+pub fn stream_smem_bytes(nb: usize, r: usize, warps: u32) -> usize {
     let slot = r * 32 * 16 + r * 32 * 4;
-    nb * 64 + nb.div_ceil(2) * 16 + (warps * stages) as usize * slot
+    nb * 64 + nb.div_ceil(2) * 16 + warps as usize * STREAM_STAGES * slot
 }
 
 /// One launch of the streaming GEMV: warps per block, warps per row group, blocks.
@@ -452,7 +450,7 @@ fn stream_plan(
         m.rows.div_ceil(r)
     };
     stream_shape(groups, nb.div_ceil(32), gpu.sm_count, cfg, |w| {
-        stream_smem_bytes(nb, r, w, cfg.stages) <= gpu.max_dyn_smem
+        stream_smem_bytes(nb, r, w) <= gpu.max_dyn_smem
     })
 }
 
@@ -462,16 +460,15 @@ fn launch_stream(
     input: FusedInput,
     y: u64,
     o: FusedOpts,
-    cfg: &StreamConfig,
     shape: StreamShape,
 ) -> Result<()> {
     let kind = if m.f16 { "f16" } else { "f32" };
     let kernel = kernel_name(&format!(
-        "ternary_gemv_stream_r{}_t{}_s{}_{kind}",
-        o.r, cfg.stages, shape.split
+        "ternary_gemv_stream_r{}_s{}_{kind}",
+        o.r, shape.split
     ))?;
     let nb = m.cols / 64;
-    let smem = stream_smem_bytes(nb, o.r, shape.warps, cfg.stages);
+    let smem = stream_smem_bytes(nb, o.r, shape.warps);
     let args = fused_kernel_args(m, input, y, o);
     gpu.launch_smem(
         kernel,
@@ -749,9 +746,9 @@ mod tests {
     #[test]
     fn stream_config_parses_off_shapes_and_falls_back_on_garbage() {
         assert_eq!(StreamConfig::parse("0"), None);
-        let c = StreamConfig::parse("16,8,2,4").unwrap();
-        assert_eq!((c.warps, c.stages, c.blocks_per_sm, c.split), (16, 8, 2, 4));
-        assert_eq!(StreamConfig::parse("16,5"), Some(StreamConfig::DEFAULT));
+        let c = StreamConfig::parse("16,2,4").unwrap();
+        assert_eq!((c.warps, c.blocks_per_sm, c.split), (16, 2, 4));
+        assert_eq!(StreamConfig::parse("16,1,3"), Some(StreamConfig::DEFAULT));
         assert_eq!(StreamConfig::parse("x"), Some(StreamConfig::DEFAULT));
     }
 }
