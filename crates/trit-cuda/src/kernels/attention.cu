@@ -29,43 +29,6 @@
 #define DEC_U 4
 #define DEC_CHUNK (DEC_WARPS * DEC_U)
 
-// RMSNorm (when `norm` is set) and rotation of the head vector `src` (hd floats) into `dst`
-// (shared memory), scaled by `scale`. All threads of the block take part.
-__device__ void norm_rope(const float* src, const float* norm, float eps, const float2* cs,
-                          int hd, int adjacent, float scale, float* tmp, float* dst,
-                          float* scratch) {
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        const float v = src[i];
-        tmp[i] = v;
-        ss += v * v;
-    }
-    ss = block_sum(ss, scratch);
-    const float inv = norm != nullptr ? 1.0f / sqrtf(ss / (float)hd + eps) : 1.0f;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        if (norm != nullptr) tmp[i] *= inv * norm[i];
-    }
-    __syncthreads();
-    const int half = hd / 2;
-    for (int t = threadIdx.x; t < hd; t += blockDim.x) {
-        int i, partner;
-        bool first;
-        if (adjacent) {
-            i = t / 2;
-            first = (t % 2) == 0;
-            partner = first ? t + 1 : t - 1;
-        } else {
-            first = t < half;
-            i = first ? t : t - half;
-            partner = first ? t + half : t - half;
-        }
-        const float2 c = cs[i];
-        const float x0 = first ? tmp[t] : tmp[partner], x1 = first ? tmp[partner] : tmp[t];
-        dst[t] = scale * (first ? x0 * c.x - x1 * c.y : x0 * c.y + x1 * c.x);
-    }
-    __syncthreads();
-}
-
 // Rotation of pair element t of a head (NEOX halves or adjacent pairs) from the normalized
 // values in `src`.
 __device__ __forceinline__ float rope_at(const float* src, const float2* cs, int t, int hd,
@@ -85,6 +48,27 @@ __device__ __forceinline__ float rope_at(const float* src, const float2* cs, int
     const float2 c = cs[i];
     const float x0 = first ? src[t] : src[partner], x1 = first ? src[partner] : src[t];
     return first ? x0 * c.x - x1 * c.y : x0 * c.y + x1 * c.x;
+}
+
+// RMSNorm (when `norm` is set) and rotation of the head vector `src` (hd floats) into `dst`
+// (shared memory), scaled by `scale`. All threads of the block take part.
+__device__ void norm_rope(const float* src, const float* norm, float eps, const float2* cs,
+                          int hd, int adjacent, float scale, float* tmp, float* dst,
+                          float* scratch) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        const float v = src[i];
+        tmp[i] = v;
+        ss += v * v;
+    }
+    ss = block_sum(ss, scratch);
+    const float inv = norm != nullptr ? 1.0f / sqrtf(ss / (float)hd + eps) : 1.0f;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        if (norm != nullptr) tmp[i] *= inv * norm[i];
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < hd; t += blockDim.x) dst[t] = scale * rope_at(tmp, cs, t, hd, adjacent);
+    __syncthreads();
 }
 
 // norm_rope of the q head and, when `ksrc` is set, the k head in one pass: one block
