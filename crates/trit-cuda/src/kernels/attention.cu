@@ -67,7 +67,8 @@ __device__ void norm_rope(const float* src, const float* norm, float eps, const 
         if (norm != nullptr) tmp[i] *= inv * norm[i];
     }
     __syncthreads();
-    for (int t = threadIdx.x; t < hd; t += blockDim.x) dst[t] = scale * rope_at(tmp, cs, t, hd, adjacent);
+    for (int t = threadIdx.x; t < hd; t += blockDim.x)
+        dst[t] = scale * rope_at(tmp, cs, t, hd, adjacent);
     __syncthreads();
 }
 
