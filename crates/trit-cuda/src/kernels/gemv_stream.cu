@@ -5,16 +5,18 @@
 // columns, 16 bytes of codes per row and lane), and the register-pipelined kernels keep at
 // most two of them in flight, so a warp waits about one memory round trip per item or two,
 // and a block asks for nothing until its last register slot frees. Here each warp owns a ring
-// of ST = STREAM_STAGES shared-memory slots of one item each (codes and scales); ST − 1 items are requested
-// before griddepcontrol.wait (weights never depend on the previous kernel, so they load while
-// it finishes), then one more per item computed. In flight per block: ST − 1 items per warp,
-// holding no registers.
+// of ST = STREAM_STAGES shared-memory slots of one item each (codes and scales): ST − 1 items
+// are requested before griddepcontrol.wait (weights never depend on the previous kernel, so
+// they load while it finishes), then one more per item computed. In flight per block: ST − 1
+// items per warp, holding no registers.
 //
 // Teams of SPLIT warps take row groups: team t of the grid takes groups t, t + (all teams),
 // ..., and its warps share each group's lane-steps (long rows of a matrix with few groups are
 // read by several warps at once, so every multiprocessor gets work); their partial sums meet
-// in shared memory at the group's end. With SPLIT = 1 warps are independent. A lane reads only what it copied itself, so a slot needs no warp barrier:
-// the lane's cp.async.wait_group orders its own copies before its reads.
+// in shared memory at the group's end. With SPLIT = 1 warps are independent.
+//
+// A lane reads only what it copied itself, so a slot needs no warp barrier: the lane's
+// cp.async.wait_group orders its own copies before its reads.
 //
 // Dynamic shared memory (host: stream_smem_bytes in gemv.rs):
 //   xs: 4·nb 16-byte chunks | ms: nb (d, d·Σq), padded to 16 bytes | ring: [warp][ST] slots.
