@@ -13,7 +13,7 @@ use cudarc::driver::CudaSlice;
 use trit::format::config::{HybridConfig, ModelConfig};
 use trit::format::rotation::RotationSpec;
 use trit::format::WeightSource;
-use trit::model::weights::{require, to_f32, vector};
+use trit::model::weights::{require, to_f32};
 use trit::{Error, Result};
 
 pub struct DevDeltaNet {
@@ -132,21 +132,7 @@ pub fn load(
         let w = |t: &str| format!("blk.{i}.{t}.weight");
         let mixer = if is_linear {
             let (cd, vw, hv) = (hy.conv_dim(), hy.value_width(), hy.v_heads);
-            // The same two spellings the CPU loader accepts: −exp(A_log) stored, or A_log.
-            let a_neg = match src.tensor(&format!("blk.{i}.ssm_a"))? {
-                Some(v) => to_f32(&v)?,
-                None => vector(src, &format!("blk.{i}.ssm_a_log"), hv)?
-                    .iter()
-                    .map(|&x| -x.exp())
-                    .collect(),
-            };
-            if a_neg.len() != hv {
-                return Err(Error::ShapeMismatch {
-                    tensor: format!("blk.{i}.ssm_a"),
-                    found: vec![a_neg.len()],
-                    expected: vec![hv],
-                });
-            }
+            let a_neg = trit::model::qwen35::decay_rates(src, i, hv)?;
             let conv_view = require(src, &w("ssm_conv1d"))?;
             let conv = to_f32(&conv_view)?;
             if conv.len() != cd * hy.conv_kernel {

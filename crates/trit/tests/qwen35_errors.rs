@@ -378,3 +378,40 @@ fn rotation_on_a_dense_model_is_refused_not_ignored() {
     let e = load_err(&dst);
     assert!(e.contains("Hadamard-rotated qwen3"), "{e}");
 }
+
+/// A GGUF `ssm_a` (the decay rates, one per value head) of the wrong length is refused at load
+/// with the tensor's name.
+#[test]
+fn decay_rates_of_the_wrong_length_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = HybridPreset::by_name("tiny-qwen35").unwrap();
+    let q2 = OutFormat::parse("q2_0").unwrap();
+    generate(&p, 0, dir.path(), &[q2], &TokenizerAssets::Placeholder).unwrap();
+    let src = dir.path().join(q2.file_name());
+    let f = GgufFile::open(&src).unwrap();
+    let a = f
+        .tensors()
+        .iter()
+        .find(|t| t.name == "blk.0.ssm_a")
+        .expect("the generated GGUF stores blk.0.ssm_a");
+    assert!(a.shape.iter().product::<usize>() > 1);
+    let mut w = GgufWriter::new();
+    for (k, v) in f.metadata() {
+        w.add(k.clone(), v.clone()).unwrap();
+    }
+    for t in f.tensors() {
+        let data = f.tensor_data(t).to_vec();
+        if t.name == "blk.0.ssm_a" {
+            // One value fewer (F32: 4 bytes each).
+            let n = t.shape.iter().product::<usize>() - 1;
+            w.add_tensor(t.name.clone(), &[n], t.ty, data[..4 * n].to_vec())
+                .unwrap();
+        } else {
+            w.add_tensor(t.name.clone(), &t.shape, t.ty, data).unwrap();
+        }
+    }
+    let dst = dir.path().join("short_ssm_a.gguf");
+    w.write_file(&dst).unwrap();
+    let e = load_err(&dst);
+    assert!(e.contains("blk.0.ssm_a"), "{e}");
+}

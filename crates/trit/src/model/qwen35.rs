@@ -93,13 +93,7 @@ impl Qwen35 {
             let w = |t: &str| format!("blk.{i}.{t}.weight");
             let mixer = if is_linear {
                 let (cd, vw, hv) = (hy.conv_dim(), hy.value_width(), hy.v_heads);
-                let a_neg = match src.tensor(&format!("blk.{i}.ssm_a"))? {
-                    Some(v) => to_f32(&v)?,
-                    None => vector(src, &format!("blk.{i}.ssm_a_log"), hv)?
-                        .iter()
-                        .map(|&x| -x.exp())
-                        .collect(),
-                };
+                let a_neg = decay_rates(src, i, hv)?;
                 let conv_view = require(src, &w("ssm_conv1d"))?;
                 let conv = to_f32(&conv_view)?;
                 if conv.len() != cd * hy.conv_kernel {
@@ -416,6 +410,26 @@ impl Qwen35 {
 }
 
 /// Whether `name` is a projection this graph loads through `Rotations::linear`.
+/// Layer `layer`'s `−exp(A_log)` per value head, from either spelling files use: `ssm_a`
+/// (GGUF, already negated and exponentiated) or `ssm_a_log`.
+pub fn decay_rates(src: &dyn WeightSource, layer: usize, heads: usize) -> Result<Vec<f32>> {
+    let a_neg = match src.tensor(&format!("blk.{layer}.ssm_a"))? {
+        Some(v) => to_f32(&v)?,
+        None => vector(src, &format!("blk.{layer}.ssm_a_log"), heads)?
+            .iter()
+            .map(|&x| -x.exp())
+            .collect(),
+    };
+    if a_neg.len() != heads {
+        return Err(Error::ShapeMismatch {
+            tensor: format!("blk.{layer}.ssm_a"),
+            found: vec![a_neg.len()],
+            expected: vec![heads],
+        });
+    }
+    Ok(a_neg)
+}
+
 fn is_rotatable(hy: &HybridConfig, tied: bool, name: &str) -> bool {
     if name == "output.weight" {
         return !tied;
