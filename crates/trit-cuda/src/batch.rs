@@ -13,7 +13,7 @@
 //! (`kernels/batch.cu`), and the LM head for the B rows. No CUDA graph: with B rows the launch
 //! cost is shared.
 
-use crate::batch_gemm::{launch_small_gemm, SmallGemm};
+use crate::batch_gemm::{launch_small_gemm, SmallGemm, SplitScratch};
 use crate::device::{cuda_err, ptr, Arg, Gpu};
 use crate::gemv::TernaryArgs;
 use crate::graph::{copy_to_pinned, StepGraph};
@@ -94,6 +94,8 @@ pub(crate) struct BatchState {
     bufs: RowBuffers,
     /// The rows' best candidates (`forward_batch_top`), on the device and on the host.
     top: TopBuffers,
+    /// Partial tiles of the split-K GEMMs.
+    split: SplitScratch,
     /// Decode steps captured per number of rows (the row count is a launch argument; the
     /// tokens, positions, slots and slot table are read from device memory, so one graph
     /// serves every step of that size).
@@ -114,6 +116,7 @@ impl BatchState {
             tab_host,
             graphs: HashMap::new(),
             top: TopBuffers::new(gpu, max_seqs)?,
+            split: SplitScratch::new(gpu)?,
             bufs: RowBuffers {
                 toks: gpu.zeros(n)?,
                 step: gpu.zeros(2)?,
@@ -471,7 +474,9 @@ impl CudaModel {
             } if use_small_gemm() => {
                 let args = TernaryArgs::new(*rows, *cols, codes, scales, &st.gpu.stream);
                 let kernel = SmallGemm::from_env();
-                launch_small_gemm(&st.gpu, kernel, &args, n, inp.q, inp.meta, y, accumulate)
+                let split = &st.batch.as_ref().expect("made by forward_batch_gpu").split;
+                let (q, meta) = (inp.q, inp.meta);
+                launch_small_gemm(&st.gpu, kernel, &args, n, q, meta, y, accumulate, split)
             }
             _ => self.matmul(st, m, inp, n, y, accumulate),
         }

@@ -3,8 +3,10 @@
 //! the CPU emulation of its arithmetic (`repack::gemv_reference`, token by token).
 
 use crate::device::{ptr, Gpu};
-use crate::gemv::{launch_int8_gemm, Int8Gemm, OneShot, TernaryArgs};
+use crate::gemm::{launch_int8_gemm, Int8Gemm, SplitK, NO_SPLIT};
+use crate::gemv::{OneShot, TernaryArgs};
 use crate::repack::PackedTernary;
+use cudarc::driver::CudaSlice;
 use trit::{Error, Result};
 
 /// Which small-batch GEMM kernel: the 64 columns of a block in the mma's own k order, or
@@ -32,6 +34,7 @@ impl SmallGemm {
             f32: "ternary_gemm_small_f32",
             tile_toks: 32,
             tile_rows: 32,
+            split_k: true,
             what: "the batched decode GEMM",
         };
         const WIDE: Int8Gemm = Int8Gemm {
@@ -39,6 +42,7 @@ impl SmallGemm {
             f32: "ternary_gemm_small_wide_f32",
             tile_toks: 32,
             tile_rows: 32,
+            split_k: true,
             what: "the batched decode GEMM",
         };
         match self {
@@ -48,7 +52,84 @@ impl SmallGemm {
     }
 }
 
-/// `y (+)= W · x` for `ntok` token rows of int8 activations `q`/`meta` (device addresses).
+/// Column parts of a small GEMM with `tiles` output tiles of `col_blocks` 64-column blocks
+/// when `slots` blocks fit on the GPU at once: as many as fill the slots in one wave, each
+/// warp still taking at least two column blocks, and `parts × tiles` within `room` partial
+/// tiles; 1 (no split) where that gives fewer than 2. 8B at B = 32, 264 slots (132
+/// multiprocessors × 2): o and down 2; q‖k‖v, gate‖up and the head 1.
+pub fn small_split(tiles: usize, col_blocks: usize, slots: usize, room: usize) -> usize {
+    let parts = (slots / tiles.max(1))
+        .min(col_blocks / (2 * SG_WARPS))
+        .min(room / tiles.max(1))
+        .min(8);
+    if parts < 2 {
+        1
+    } else {
+        parts
+    }
+}
+
+/// Warps of a small-GEMM block (`SG_WARPS` in batch_gemm.cu).
+const SG_WARPS: usize = 8;
+
+/// Partial tiles and per-tile tickets of split-K small GEMMs (see batch_gemm.cu), room for
+/// four tiles per multiprocessor. One per batched path: its GEMMs run one after another.
+pub(crate) struct SplitScratch {
+    part: CudaSlice<f32>,
+    tickets: CudaSlice<u32>,
+    room: usize,
+}
+
+impl SplitScratch {
+    pub(crate) fn new(gpu: &Gpu) -> Result<SplitScratch> {
+        let room = 4 * gpu.sm_count as usize;
+        Ok(SplitScratch {
+            part: gpu.zeros(room * 32 * 32)?,
+            tickets: gpu.zeros(room)?,
+            room,
+        })
+    }
+
+    /// The split of `m` for `ntok` rows with kernel `k`: `parts` where given, else
+    /// `TRIT_CUDA_SPLIT=N` (0 or 1: off), else [`small_split`]; clamped to what the scratch
+    /// holds.
+    fn split(
+        &self,
+        gpu: &Gpu,
+        k: &Int8Gemm,
+        m: &TernaryArgs,
+        ntok: usize,
+        parts: Option<usize>,
+    ) -> Result<SplitK> {
+        let tiles = ntok.div_ceil(32) * m.rows.div_ceil(32);
+        let parts = match parts.or_else(split_from_env) {
+            Some(p) => p.clamp(1, (self.room / tiles.max(1)).max(1)),
+            None => {
+                let kernel = if m.f16 { k.f16 } else { k.f32 };
+                let slots = gpu.sm_count * gpu.resident_blocks(kernel, 32 * SG_WARPS as u32)?;
+                small_split(tiles, m.cols / 64, slots as usize, self.room)
+            }
+        };
+        if parts < 2 {
+            return Ok(NO_SPLIT);
+        }
+        let s = &gpu.stream;
+        Ok(SplitK {
+            parts,
+            part: ptr(&self.part, s),
+            tickets: ptr(&self.tickets, s),
+        })
+    }
+}
+
+/// `TRIT_CUDA_SPLIT=N`, read once per process.
+fn split_from_env() -> Option<usize> {
+    static N: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::env::var("TRIT_CUDA_SPLIT").ok()?.trim().parse().ok())
+}
+
+/// `y (+)= W · x` for `ntok` token rows of int8 activations `q`/`meta` (device addresses),
+/// split-K where [`small_split`] says so.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_small_gemm(
     gpu: &Gpu,
@@ -59,12 +140,25 @@ pub(crate) fn launch_small_gemm(
     meta: u64,
     y: u64,
     accumulate: bool,
+    scratch: &SplitScratch,
 ) -> Result<()> {
-    launch_int8_gemm(gpu, kernel.kernels(), m, ntok, q, meta, y, accumulate)
+    let split = scratch.split(gpu, kernel.kernels(), m, ntok, None)?;
+    launch_int8_gemm(
+        gpu,
+        kernel.kernels(),
+        m,
+        ntok,
+        q,
+        meta,
+        y,
+        accumulate,
+        split,
+    )
 }
 
 /// Runs the small-batch GEMM once for `q.len() / m.cols` tokens, on top of `y0` (accumulating)
-/// or into fresh memory (`None`); returns `rows` values per token.
+/// or into fresh memory (`None`), its columns in `parts` split-K parts (`None`: as the decode
+/// step would choose); returns `rows` values per token.
 pub fn small_gemm_once(
     gpu: &Gpu,
     kernel: SmallGemm,
@@ -72,6 +166,7 @@ pub fn small_gemm_once(
     q: &[i8],
     meta: &[(f32, f32)],
     y0: Option<&[f32]>,
+    parts: Option<usize>,
 ) -> Result<Vec<f32>> {
     if m.cols == 0 || !q.len().is_multiple_of(m.cols) || meta.len() * 64 != q.len() {
         return Err(Error::InvalidArgument(
@@ -87,15 +182,45 @@ pub fn small_gemm_once(
         Some(y) => OneShot::upload_onto(gpu, m, q, meta, y)?,
         None => OneShot::upload(gpu, m, q, meta, ntok * m.rows)?,
     };
-    launch_small_gemm(
+    let scratch = SplitScratch::new(gpu)?;
+    let args = c.args(m, s);
+    let split = scratch.split(gpu, kernel.kernels(), &args, ntok, parts)?;
+    let (q, meta, y) = (ptr(&c.q, s), ptr(&c.meta, s), ptr(&c.y, s));
+    launch_int8_gemm(
         gpu,
-        kernel,
-        &c.args(m, s),
+        kernel.kernels(),
+        &args,
         ntok,
-        ptr(&c.q, s),
-        ptr(&c.meta, s),
-        ptr(&c.y, s),
+        q,
+        meta,
+        y,
         y0.is_some(),
+        split,
     )?;
     c.result(gpu, "small GEMM")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::small_split;
+
+    #[test]
+    fn few_row_tiles_split_their_columns_many_do_not() {
+        let room = 4 * 132;
+        // 8B at 32 rows (one token tile), 2 blocks per multiprocessor: o and down, q‖k‖v,
+        // gate‖up, the head.
+        assert_eq!(small_split(128, 64, 264, room), 2);
+        assert_eq!(small_split(128, 192, 264, room), 2);
+        assert_eq!(small_split(192, 64, 264, room), 1);
+        assert_eq!(small_split(768, 64, 264, room), 1);
+        assert_eq!(small_split(4748, 64, 264, room), 1);
+        // 3 blocks per multiprocessor: q‖k‖v splits too.
+        assert_eq!(small_split(128, 192, 396, room), 3);
+        assert_eq!(small_split(192, 64, 396, room), 2);
+        // Short rows keep at least two column blocks per warp.
+        assert_eq!(small_split(4, 40, 264, room), 2);
+        assert_eq!(small_split(4, 20, 264, room), 1);
+        // The scratch bounds the parts.
+        assert_eq!(small_split(4, 4096, 264, 12), 3);
+    }
 }

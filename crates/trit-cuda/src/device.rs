@@ -60,6 +60,7 @@ pub const KERNELS: &[&str] = &[
     "rms_norm_quant",
     "quantize_vec",
     "silu_mul_quant",
+    "silu_mul_quant_v4",
     "advance_position",
     "attn_decode",
     "rms_norm_quant_v4",
@@ -182,14 +183,24 @@ pub fn compile(arch: &str) -> Result<String> {
                 .into(),
         ));
     }
+    let mut options = vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()];
+    options.extend(extra_defines());
     let opts = CompileOptions {
-        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
+        options,
         name: Some("trit_kernels.cu".into()),
         ..Default::default()
     };
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(program_source(), opts)
         .map_err(|e| Error::Unsupported(format!("CUDA: compiling the kernels failed: {e}")))?;
     Ok(ptx.to_src())
+}
+
+/// `TRIT_CUDA_DEFINES="-DNAME=VALUE ..."`: compile-time tunables of the kernels (e.g.
+/// `-DSG_MIN_BLOCKS=3`), for measuring variants without a rebuild. Part of the cache key.
+fn extra_defines() -> Vec<String> {
+    std::env::var("TRIT_CUDA_DEFINES")
+        .map(|v| v.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default()
 }
 
 fn cache_dir() -> Option<PathBuf> {
@@ -208,6 +219,7 @@ fn ptx_for(arch: &str) -> Result<String> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     program_source().hash(&mut h);
     arch.hash(&mut h);
+    extra_defines().hash(&mut h);
     let file = cache_dir().map(|d| d.join(format!("kernels-{arch}-{:016x}.ptx", h.finish())));
     if let Some(f) = &file {
         if let Ok(text) = std::fs::read_to_string(f) {
@@ -355,6 +367,29 @@ impl Gpu {
         smem: u32,
         args: &[Arg],
     ) -> Result<()> {
+        self.launch_grid(kernel, (grid.0, grid.1, 1), block, smem, args)
+    }
+
+    /// [`launch`](Self::launch) on a three-dimensional grid.
+    pub fn launch_3d(
+        &self,
+        kernel: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        self.launch_grid(kernel, grid, block, 0, args)
+    }
+
+    fn launch_grid(
+        &self,
+        kernel: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        let grid = (grid.0.max(1), grid.1.max(1), grid.2.max(1));
         let f = self
             .funcs
             .get(kernel)
@@ -371,7 +406,7 @@ impl Gpu {
             };
         }
         let cfg = LaunchConfig {
-            grid_dim: (grid.0.max(1), grid.1.max(1), 1),
+            grid_dim: grid,
             block_dim: (block, 1, 1),
             shared_mem_bytes: smem,
         };
@@ -388,7 +423,7 @@ impl Gpu {
         &self,
         kernel: &str,
         f: &CudaFunction,
-        grid: (u32, u32),
+        grid: (u32, u32, u32),
         block: u32,
         smem: u32,
         args: &[Arg],
@@ -413,9 +448,9 @@ impl Gpu {
         attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         attr.value.programmaticStreamSerializationAllowed = 1;
         let config = sys::CUlaunchConfig {
-            gridDimX: grid.0.max(1),
-            gridDimY: grid.1.max(1),
-            gridDimZ: 1,
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
             blockDimX: block,
             blockDimY: 1,
             blockDimZ: 1,

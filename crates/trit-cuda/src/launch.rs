@@ -94,7 +94,7 @@ pub(crate) fn rms_norm_quant(
             "rms_norm_quant"
         },
         (1, rows),
-        1024,
+        norm_threads(g, vectorized, rows),
         &[
             Arg::Ptr(x),
             Arg::Ptr(w),
@@ -105,6 +105,18 @@ pub(crate) fn rms_norm_quant(
             Arg::Ptr(out.meta),
         ],
     )
+}
+
+/// Threads per row of the norm kernels: 1024 while the rows fit on the GPU at once that way
+/// (a decode step's few rows; one 1024-thread block per multiprocessor), else 256 for the
+/// vectorized kernel (a prefill's 512 rows then all fit, each thread with several loads in
+/// flight).
+fn norm_threads(g: &Gpu, vectorized: bool, rows: u32) -> u32 {
+    if vectorized && rows > g.sm_count {
+        256
+    } else {
+        1024
+    }
 }
 
 /// int8 quantization of `n` contiguous values at `x` (64-value blocks).
@@ -119,6 +131,18 @@ pub(crate) fn quantize_vec(g: &Gpu, x: u64, n: usize, q: u64, meta: u64) -> Resu
 
 /// SwiGLU of `rows` rows of stacked gate‖up (`ffn` each) into `out` (f32 + int8).
 pub(crate) fn silu_mul_quant(g: &Gpu, gu: u64, ffn: usize, out: QuantOut, rows: u32) -> Result<()> {
+    if ffn.is_multiple_of(64) {
+        // Four values per lane (`silu_mul_quant_v4`), 256 lanes per block.
+        let args = [
+            Arg::Ptr(gu),
+            Arg::I32(ffn as i32),
+            Arg::Ptr(out.f32),
+            Arg::Ptr(out.q),
+            Arg::Ptr(out.meta),
+        ];
+        let grid = ((ffn / 4).div_ceil(256) as u32, rows);
+        return g.launch("silu_mul_quant_v4", grid, 256, &args);
+    }
     g.launch(
         "silu_mul_quant",
         (ffn.div_ceil(64).div_ceil(4) as u32, rows),

@@ -27,6 +27,7 @@ mod batch;
 pub mod batch_gemm;
 pub mod device;
 pub mod flash;
+pub mod gemm;
 pub mod gemv;
 mod graph;
 pub mod hybrid;

@@ -8,7 +8,8 @@
 
 use crate::device::{ptr, Arg, Gpu};
 use crate::flash::{attn_prefill_kernel, FLASH_QT};
-use crate::gemv::{launch_ternary_gemm, TernaryArgs};
+use crate::gemm::launch_ternary_gemm;
+use crate::gemv::TernaryArgs;
 use crate::launch;
 use crate::model::{CudaModel, Input, State};
 use crate::weights::DevMatrix;

@@ -284,25 +284,19 @@ fn small_batch_gemm_matches_its_cpu_emulation_on_ragged_shapes() {
         {
             let seed = 300 + 10 * i as u64;
             let GemmCase { m, q, meta, want } = gemm_case(rows, cols, ntok, seed);
-            let got =
-                trit_cuda::batch_gemm::small_gemm_once(&gpu, kernel, &m, &q, &meta, None).unwrap();
-            check_gemm_tokens(
-                &got,
-                &want,
-                rows,
-                ntok,
-                &format!("{kernel:?} {rows}x{cols}"),
-            );
-            // Accumulating: y0 + W·x.
+            use trit_cuda::batch_gemm::small_gemm_once;
             let y0: Vec<f32> = (0..ntok * rows).map(|k| (k % 7) as f32 - 3.0).collect();
-            let acc =
-                trit_cuda::batch_gemm::small_gemm_once(&gpu, kernel, &m, &q, &meta, Some(&y0))
-                    .unwrap();
-            let sum: Vec<f32> = got.iter().zip(&y0).map(|(a, b)| a + b).collect();
-            assert!(
-                rel_err(&acc, &sum) < 1e-6,
-                "{kernel:?} {rows}x{cols}: accumulate"
-            );
+            // Whole rows per block, split-K in 3 ragged parts, and the decode step's choice.
+            for parts in [Some(1), Some(3), None] {
+                let what = format!("{kernel:?} {rows}x{cols}, parts {parts:?}");
+                let got = small_gemm_once(&gpu, kernel, &m, &q, &meta, None, parts).unwrap();
+                check_gemm_tokens(&got, &want, rows, ntok, &what);
+                // Accumulating: y0 + W·x. (Reusing the tickets across launches is covered by
+                // the batched decode tests: every step's GEMMs share one scratch.)
+                let acc = small_gemm_once(&gpu, kernel, &m, &q, &meta, Some(&y0), parts);
+                let sum: Vec<f32> = got.iter().zip(&y0).map(|(a, b)| a + b).collect();
+                assert!(rel_err(&acc.unwrap(), &sum) < 1e-6, "{what}: accumulate");
+            }
         }
     }
     eprintln!("small-batch GEMMs (plain, wide) equal their CPU emulation on 5 ragged shapes");

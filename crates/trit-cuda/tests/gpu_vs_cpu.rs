@@ -367,7 +367,7 @@ fn gemm_kernel_matches_its_cpu_emulation_on_ragged_shapes() {
         let seed = 100 + 10 * i as u64;
         let GemmCase { m, q, meta, want } = gemm_case(rows, cols, ntok, seed);
         {
-            let got = trit_cuda::gemv::ternary_gemm_once(&gpu, &m, &q, &meta).unwrap();
+            let got = trit_cuda::gemm::ternary_gemm_once(&gpu, &m, &q, &meta).unwrap();
             check_gemm_tokens(&got, &want, rows, ntok, &format!("{rows}x{cols}"));
         }
     }

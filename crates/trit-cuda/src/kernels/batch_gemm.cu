@@ -13,6 +13,14 @@
 // the 8 partial tiles are summed in shared memory at the end. Grid: (B / 32, rows / 32).
 // Token tiles of 8 past the last token are skipped (B = 1 does one eighth of the mma work).
 //
+// Split-K (gridDim.z = S > 1, host: `small_split` in batch_gemm.rs): with few row tiles (8B o
+// and down: 128 tiles for 132 multiprocessors) one block per multiprocessor keeps one weight
+// load per warp in flight, and o + down measured 56 µs each on average at B = 32 (0.2 TB/s).
+// Block z then takes the z-th of S contiguous ranges of 64-column blocks; each block writes
+// its partial tile to `part`, and the last of the S blocks of a tile to arrive (a ticket per
+// tile in `tickets`, reset by that block for the next launch) adds the S partials in order
+// z = 0, 1, ... and writes y, so the result does not depend on which block finished first.
+//
 // WIDE (the `_wide` kernels): the same sums with the 64 columns of a block handed to the mma
 // k-slots in another order — lane t takes columns 16t..16t+15 of every row and token, which a
 // dot product over k allows as long as weights and activations agree. Each lane then loads
@@ -22,6 +30,10 @@
 #define SG_ROWS 32
 #define SG_TOKS 32
 #define SG_WARPS 8
+// Blocks per multiprocessor the registers are capped for (98 registers uncapped: 2 blocks).
+#ifndef SG_MIN_BLOCKS
+#define SG_MIN_BLOCKS 2
+#endif
 
 // mma_u8s8, codes4 and a_fragments come from prefill.cu, load_scale from gemv.cu (compiled before this file).
 
@@ -30,14 +42,18 @@ __device__ __forceinline__ void small_gemm(const uint4* __restrict__ codes,
                                            const S* __restrict__ scales, int rows, int nb,
                                            int ntok, const i8* __restrict__ xq,
                                            const float2* __restrict__ meta,
-                                           float* __restrict__ y, int accumulate) {
+                                           float* __restrict__ y, int accumulate,
+                                           float* __restrict__ part, unsigned* tickets) {
     // Partial tiles, [warp][accumulator][lane] (lane fastest: conflict-free both ways).
     __shared__ float red[SG_WARPS][32][32];
+    __shared__ unsigned ticket;
     pdl_launch_dependents();
     const int tok0 = blockIdx.x * SG_TOKS, row0 = blockIdx.y * SG_ROWS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const size_t K = (size_t)nb * QBLOCK;
+    // This block's range of 64-column blocks (all of them without split-K).
+    const int kb_end = (int)((long long)nb * (blockIdx.z + 1) / gridDim.z);
     // This lane's weight rows: g, g + 8, g + 16, g + 24 of the tile (clamped on load).
     int wr[4];
 #pragma unroll
@@ -62,11 +78,11 @@ __device__ __forceinline__ void small_gemm(const uint4* __restrict__ codes,
             sc[i] = load_scale(scales, (size_t)wr[i] * nb + b);
         }
     };
-    int b = warp;
-    if (b < nb) load_w(b);
+    int b = (int)((long long)nb * blockIdx.z / gridDim.z) + warp;
+    if (b < kb_end) load_w(b);
     // Weights are read-only: loaded before the wait; activations only after it.
     pdl_wait();
-    for (; b < nb; b += SG_WARPS) {
+    for (; b < kb_end; b += SG_WARPS) {
         unsigned af[2][2][4];  // [m tile][half][reg]
         float sr[2][2];
 #pragma unroll
@@ -89,7 +105,7 @@ __device__ __forceinline__ void small_gemm(const uint4* __restrict__ codes,
             sr[mi][0] = sc[2 * mi];
             sr[mi][1] = sc[2 * mi + 1];
         }
-        if (b + SG_WARPS < nb) load_w(b + SG_WARPS);
+        if (b + SG_WARPS < kb_end) load_w(b + SG_WARPS);
 #pragma unroll
         for (int ni = 0; ni < 4; ni++) {
             if (ni >= ntiles) break;
@@ -126,7 +142,27 @@ __device__ __forceinline__ void small_gemm(const uint4* __restrict__ codes,
 #pragma unroll
             for (int c = 0; c < 4; c++) red[warp][(mi * 4 + ni) * 4 + c][lane] = acc[mi][ni][c];
     __syncthreads();
-    // 1024 outputs, 4 per thread: accumulator k of lane l, summed over the warps in order.
+    const int splits = gridDim.z;
+    const size_t tile = (size_t)blockIdx.y * gridDim.x + blockIdx.x;
+    if (splits > 1) {
+        // Partial tile z of this tile, then a ticket; only the last block goes on.
+        float* mine = part + ((size_t)blockIdx.z * gridDim.x * gridDim.y + tile) * 1024;
+        for (int o = threadIdx.x; o < 32 * 32; o += blockDim.x) {
+            float s = 0.0f;
+#pragma unroll
+            for (int wi = 0; wi < SG_WARPS; wi++) s += red[wi][o >> 5][o & 31];
+            mine[o] = s;
+        }
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) ticket = atomicAdd(&tickets[tile], 1u);
+        __syncthreads();
+        if (ticket != (unsigned)splits - 1) return;
+        __threadfence();
+        if (threadIdx.x == 0) tickets[tile] = 0;
+    }
+    // 1024 outputs, 4 per thread: accumulator k of lane l, summed over the warps (or the
+    // split's partial tiles) in order.
     for (int o = threadIdx.x; o < 32 * 32; o += blockDim.x) {
         const int k = o >> 5, l = o & 31;
         const int mi = k >> 4, ni = (k >> 2) & 3, c = k & 3;
@@ -134,31 +170,26 @@ __device__ __forceinline__ void small_gemm(const uint4* __restrict__ codes,
         const int tk = tok0 + ni * 8 + 2 * (l & 3) + (c & 1);
         if (r >= rows || tk >= ntok) continue;
         float s = 0.0f;
+        if (splits > 1) {
+            for (int z = 0; z < splits; z++)
+                s += __ldcg(part + ((size_t)z * gridDim.x * gridDim.y + tile) * 1024 + o);
+        } else {
 #pragma unroll
-        for (int wi = 0; wi < SG_WARPS; wi++) s += red[wi][k][l];
+            for (int wi = 0; wi < SG_WARPS; wi++) s += red[wi][k][l];
+        }
         float* out = y + (size_t)tk * rows + r;
         *out = accumulate ? *out + s : s;
     }
 }
 
-extern "C" __global__ void __launch_bounds__(SG_WARPS * 32)
-ternary_gemm_small_f16(const uint4* codes, const half_bits* scales, int rows, int nb, int ntok,
-                       const i8* xq, const float2* meta, float* y, int accumulate) {
-    small_gemm<half_bits, false>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate);
-}
-extern "C" __global__ void __launch_bounds__(SG_WARPS * 32)
-ternary_gemm_small_f32(const uint4* codes, const float* scales, int rows, int nb, int ntok,
-                       const i8* xq, const float2* meta, float* y, int accumulate) {
-    small_gemm<float, false>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate);
-}
-extern "C" __global__ void __launch_bounds__(SG_WARPS * 32)
-ternary_gemm_small_wide_f16(const uint4* codes, const half_bits* scales, int rows, int nb,
-                            int ntok, const i8* xq, const float2* meta, float* y,
-                            int accumulate) {
-    small_gemm<half_bits, true>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate);
-}
-extern "C" __global__ void __launch_bounds__(SG_WARPS * 32)
-ternary_gemm_small_wide_f32(const uint4* codes, const float* scales, int rows, int nb, int ntok,
-                            const i8* xq, const float2* meta, float* y, int accumulate) {
-    small_gemm<float, true>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate);
-}
+#define SMALL_GEMM(NAME, S, WIDE)                                                              \
+    extern "C" __global__ void __launch_bounds__(SG_WARPS * 32, SG_MIN_BLOCKS)                 \
+        NAME(const uint4* codes, const S* scales, int rows, int nb, int ntok, const i8* xq,     \
+             const float2* meta, float* y, int accumulate, float* part, unsigned* tickets) {    \
+        small_gemm<S, WIDE>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate, part,      \
+                            tickets);                                                          \
+    }
+SMALL_GEMM(ternary_gemm_small_f16, half_bits, false)
+SMALL_GEMM(ternary_gemm_small_f32, float, false)
+SMALL_GEMM(ternary_gemm_small_wide_f16, half_bits, true)
+SMALL_GEMM(ternary_gemm_small_wide_f32, float, true)

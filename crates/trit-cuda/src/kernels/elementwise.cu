@@ -72,7 +72,11 @@ extern "C" __global__ void rms_norm_quant(const float* __restrict__ x, const flo
 }
 
 // The same with four values per thread kept in registers (d a multiple of 64, at most 8192,
-// 1024 threads): one reduction, no re-read; a 64-value block is 16 consecutive threads.
+// blockDim.x a multiple of 32 with d / blockDim.x ≤ 32): one reduction, no re-read; a
+// 64-value block is 16 consecutive threads. One row takes 1024 threads; many rows (a
+// prefill) take 256 each, so the whole prompt's rows fit on the GPU at once and each thread
+// has several loads in flight.
+#define NORM_V4_MAX 8
 extern "C" __global__ void rms_norm_quant_v4(const float* __restrict__ x,
                                              const float* __restrict__ w, float eps, int d,
                                              float* __restrict__ xn, i8* q, float2* meta) {
@@ -83,21 +87,21 @@ extern "C" __global__ void rms_norm_quant_v4(const float* __restrict__ x,
     if (xn != nullptr) xn += (size_t)blockIdx.y * d;  // null: only the int8 blocks are wanted
     q += (size_t)blockIdx.y * d;
     meta += (size_t)blockIdx.y * (d / QBLOCK);
-    const int n4 = d / 4;
-    float4 v[2];
+    const int n4 = d / 4, nt = blockDim.x;
+    float4 v[NORM_V4_MAX];
     float ss = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 2; j++) {
-        const int c = threadIdx.x + j * 1024;
+    for (int j = 0; j < NORM_V4_MAX; j++) {
+        const int c = threadIdx.x + j * nt;
         v[j] = c < n4 ? ((const float4*)x)[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
     }
     ss = block_sum(ss, scratch);
     const float inv = 1.0f / sqrtf(ss / (float)d + eps);
 #pragma unroll
-    for (int j = 0; j < 2; j++) {
-        const int c = threadIdx.x + j * 1024;
-        if (j * 1024 >= n4) break;  // uniform over the block
+    for (int j = 0; j < NORM_V4_MAX; j++) {
+        const int c = threadIdx.x + j * nt;
+        if (j * nt >= n4) break;  // uniform over the block
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (c < n4) {
             const float4 g = ((const float4*)w)[c];
@@ -145,6 +149,32 @@ extern "C" __global__ void silu_mul_quant(const float* __restrict__ gu, int ffn,
     if (h != nullptr && i0 < ffn) h[i0] = a;
     if (h != nullptr && i1 < ffn) h[i1] = c;
     if (ffn % QBLOCK == 0) quant_block_warp(a, c, q + b * QBLOCK, meta + b);
+}
+
+// The same for ffn a multiple of 64, four values per lane (float4 loads of gate and up): a
+// 64-value block is 16 consecutive lanes (quant_block_float4, the same codes as
+// quant_block_warp). Block (x, y): values 1024x .. 1024x + 1023 of row y.
+extern "C" __global__ void silu_mul_quant_v4(const float* __restrict__ gu, int ffn,
+                                             float* __restrict__ h, i8* q, float2* meta) {
+    pdl_launch_dependents();
+    pdl_wait();
+    gu += (size_t)blockIdx.y * 2 * ffn;
+    if (h != nullptr) h += (size_t)blockIdx.y * ffn;
+    q += (size_t)blockIdx.y * ffn;
+    meta += (size_t)blockIdx.y * (ffn / QBLOCK);
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;  // float4 index in the row
+    if ((c & ~31) * 4 >= ffn) return;                      // whole warps leave
+    const bool in = c * 4 < ffn;
+    const float4 g = in ? ((const float4*)gu)[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float4 u = in ? ((const float4*)(gu + ffn))[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float4 o = make_float4(silu_mul(g.x, u.x), silu_mul(g.y, u.y), silu_mul(g.z, u.z),
+                                 silu_mul(g.w, u.w));
+    float2 bm;
+    const char4 packed = quant_block_float4(o, bm);
+    if (!in) return;
+    if (h != nullptr) ((float4*)h)[c] = o;
+    ((char4*)q)[c] = packed;
+    if ((c & 15) == 0) meta[c / 16] = bm;
 }
 
 // The last kernel of a captured step: the next replay runs one position further.
