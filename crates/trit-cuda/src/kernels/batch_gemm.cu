@@ -30,7 +30,7 @@
 #define SG_ROWS 32
 #define SG_TOKS 32
 #define SG_WARPS 8
-// Blocks per multiprocessor the registers are capped for (98 registers uncapped: 2 blocks).
+// Blocks per multiprocessor the registers are capped for (about 100 registers uncapped: 2).
 #ifndef SG_MIN_BLOCKS
 #define SG_MIN_BLOCKS 2
 #endif
