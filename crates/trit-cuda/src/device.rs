@@ -17,6 +17,10 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("gemv.cu", include_str!("kernels/gemv.cu")),
     ("gemv_stream.cu", include_str!("kernels/gemv_stream.cu")),
+    (
+        "decode_persist.cu",
+        include_str!("kernels/decode_persist.cu"),
+    ),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("prefill.cu", include_str!("kernels/prefill.cu")),
@@ -35,6 +39,8 @@ pub const SOURCES: &[(&str, &str)] = &[
 /// Kernels the decode step and the batched prefill launch (all must exist in the compiled
 /// module).
 pub const KERNELS: &[&str] = &[
+    "mlp_persist_r4_f16",
+    "mlp_persist_r4_f32",
     "ternary_gemv_r2_s1_f16",
     "ternary_gemv_r2_s2_f16",
     "ternary_gemv_r2_s4_f16",
@@ -143,7 +149,7 @@ pub const KERNELS: &[&str] = &[
 ];
 
 /// Kernels (name prefixes) that take dynamic shared memory beyond the default 48 KB.
-const DYNAMIC_SMEM_KERNELS: &[&str] = &["ternary_gemv_stream_"];
+const DYNAMIC_SMEM_KERNELS: &[&str] = &["ternary_gemv_stream_", "mlp_persist_"];
 /// Bytes of the opt-in shared memory left for those kernels' static arrays (the streaming
 /// GEMV's are at most 1,152: its scratch and the split reduction of 32 warps × 8 rows).
 const STATIC_SMEM_ROOM: usize = 4096;

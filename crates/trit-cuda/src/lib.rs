@@ -34,6 +34,7 @@ pub mod hybrid;
 mod hybrid_weights;
 mod launch;
 pub mod model;
+mod persist;
 mod prefill;
 pub mod repack;
 pub mod rotation;

@@ -52,6 +52,8 @@ pub(crate) struct Buffers {
     part_ml: CudaSlice<f32>,
     /// Per head: splits of the current step done (the last one merges; reset to 0 by it).
     counters: CudaSlice<u32>,
+    /// Barrier counter of the persistent MLP kernel (`persist.rs`).
+    persist: CudaSlice<u32>,
     pub(crate) logits: CudaSlice<f32>,
     /// Page-locked copy target (a pageable copy of 600 KB costs tens of microseconds more).
     host_logits: PinnedHostSlice<f32>,
@@ -85,6 +87,7 @@ pub struct CudaModel {
     max_split: usize,
     use_graph: bool,
     fused: FusedSet,
+    persist_mlp: bool,
     weight_bytes: usize,
     bytes_per_token: usize,
     device_name: String,
@@ -115,6 +118,9 @@ pub struct CudaOptions {
     pub att_splits: usize,
     /// Fewest positions per flash-decoding split (a multiple of 32, at most 4096).
     pub att_min_chunk: usize,
+    /// Prototype: o, gate‖up and down of each decode layer as one persistent kernel
+    /// (`persist.rs`; `TRIT_CUDA_PERSIST=1`).
+    pub persist_mlp: bool,
 }
 
 /// Which matrices of the decode step take the fused GEMV.
@@ -215,6 +221,7 @@ impl CudaOptions {
             att_min_chunk: env("TRIT_CUDA_ATT_MIN_CHUNK")
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(ATT_MIN_CHUNK),
+            persist_mlp: env("TRIT_CUDA_PERSIST").is_some_and(|v| v == "1"),
         }
     }
 }
@@ -305,6 +312,7 @@ impl CudaModel {
             max_split: opts.max_split,
             use_graph: opts.graph,
             fused,
+            persist_mlp: opts.persist_mlp,
             weight_bytes,
             bytes_per_token,
             device_name: gpu.name.clone(),
@@ -362,6 +370,7 @@ impl Buffers {
             part_o: gpu.zeros(c.n_heads * n_splits * hd)?,
             part_ml: gpu.zeros(2 * c.n_heads * n_splits)?,
             counters: gpu.zeros(c.n_heads)?,
+            persist: gpu.zeros(1)?,
             logits: gpu.zeros(c.vocab)?,
             // SAFETY: read only after the copy into it and a stream synchronize.
             host_logits: unsafe { gpu.ctx.alloc_pinned::<f32>(c.vocab) }
@@ -514,6 +523,9 @@ impl CudaModel {
             if !fused_quant && nq.is_multiple_of(64) {
                 launch::quantize_vec(g, p(&b.att), nq, xq, xm)?;
             }
+            if self.persist_mlp && nq.is_multiple_of(64) && self.mlp_persist(st, blk)? {
+                continue;
+            }
             let att_in = Input {
                 f32: p(&b.att),
                 q: xq,
@@ -572,6 +584,44 @@ impl CudaModel {
             }
         }
         g.launch("advance_position", (1, 1), 32, &[Arg::Ptr(step)])
+    }
+
+    /// o, gate‖up and down of `blk` as one persistent kernel, where it runs them (all three
+    /// ternary, one scale type, shared memory enough); false: the caller takes the chain.
+    fn mlp_persist(&self, st: &State, blk: &weights::DevBlock) -> Result<bool> {
+        let s = &st.gpu.stream;
+        let args = |m: &DevMatrix| match m {
+            DevMatrix::Ternary {
+                rows,
+                cols,
+                codes,
+                scales,
+            } => Some(TernaryArgs::new(*rows, *cols, codes, scales, s)),
+            DevMatrix::Dense { .. } => None,
+        };
+        let (Some(o), Some(gate_up), Some(down)) =
+            (args(&blk.o), args(&blk.gate_up), args(&blk.down))
+        else {
+            return Ok(false);
+        };
+        let b = &st.b;
+        let job = crate::persist::MlpPersist {
+            o: &o,
+            gate_up: &gate_up,
+            down: &down,
+            att_q: ptr(&b.xq, s),
+            att_meta: ptr(&b.xm, s),
+            gamma: ptr(&blk.ffn_norm, s),
+            eps: self.config.norm_eps,
+            x: ptr(&b.x, s),
+            h: ptr(&b.h, s),
+            counter: ptr(&b.persist, s),
+        };
+        if !job.fits(&st.gpu) {
+            return Ok(false);
+        }
+        job.launch(&st.gpu)?;
+        Ok(true)
     }
 
     fn capture(&self, st: &State, with_head: bool) -> Result<StepGraph> {

@@ -294,7 +294,7 @@ __device__ __forceinline__ void fg_prologue(int mode, int nb, const float* __res
         float ss = 0.0f;
 #pragma unroll 4
         for (int c = t; c < n4; c += T) {
-            const float4 v = x4[c];
+            const float4 v = __ldcg(x4 + c);
             ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
         }
         ss = block_sum(ss, scratch);
@@ -306,7 +306,9 @@ __device__ __forceinline__ void fg_prologue(int mode, int nb, const float* __res
         const int c = c0 + t;
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (c < n4) {
-            const float4 v = x4[c];
+            // Through L2 (ld.global.cg): a persistent caller's earlier phase may have left
+            // stale lines of x in this block's L1 (decode_persist.cu).
+            const float4 v = __ldcg(x4 + c);
             if (mode == FG_IN_NORM) {
                 const float4 g = ((const float4*)gamma)[c];
                 o = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z,
@@ -369,9 +371,9 @@ __device__ __forceinline__ void fg_store(const float* v, int g, int rows, int ha
         for (int i = 0; i < R; i++)
             if (lane == i) val = v[i];
         const int r = g * R + lane;
-        if (lane < R && r < rows) {
-            if (accumulate) y[r] += val; else y[r] = val;
-        }
+        // The residual read through L2 (ld.global.cg): in a persistent kernel an earlier phase
+        // may have left a stale L1 line holding row r (decode_persist.cu).
+        if (lane < R && r < rows) y[r] = accumulate ? __ldcg(y + r) + val : val;
         return;
     }
     constexpr int H = R / 2;

@@ -81,7 +81,7 @@ __device__ __forceinline__ void ternary_gemv_stream(
     const uint4* __restrict__ codes, const S* __restrict__ scales, int rows, int nb, int mode,
     const float* __restrict__ x, const float* __restrict__ gamma, float eps,
     const uint4* __restrict__ q, const float2* __restrict__ meta, float* __restrict__ y,
-    int accumulate, int glu) {
+    int accumulate, int glu, bool dependents = true) {
     constexpr int ST = STREAM_STAGES;
     extern __shared__ uint4 dyn[];
     __shared__ float scratch[32];
@@ -99,7 +99,8 @@ __device__ __forceinline__ void ternary_gemv_stream(
     const int stride = gridDim.x * teams;
     const int g0 = blockIdx.x * teams + team;
     const int mine = g0 < groups ? ((groups - 1 - g0) / stride + 1) * per : 0;
-    pdl_launch_dependents();
+    // (A persistent caller lets the next kernel in only in its last phase: decode_persist.cu.)
+    if (dependents) pdl_launch_dependents();
     // (gi, ji): the next item to request; every round commits one group, empty or not, so
     // "all but the newest ST − 1 groups have landed" always means "the current item has".
     int gi = g0, ji = 0;
