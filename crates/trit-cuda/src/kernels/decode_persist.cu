@@ -14,7 +14,8 @@
 // - every block must be resident before any block waits at a barrier: the grid is at most one
 //   block per multiprocessor with the shared memory of the widest phase, and the next kernel is
 //   let in (griddepcontrol.launch_dependents) only in phase C, after the last barrier;
-// - x and h written in one phase are read in the next through L2 (fg_prologue uses __ldcg);
+// - x and h written in one phase are read in the next through L2 (`L2` of the streaming GEMV:
+//   fg_prologue and fg_store's residual read use ld.global.cg — L1 is not coherent);
 // - the barrier counter is reset by the block whose final arrival makes 3 × gridDim.x, when no
 //   block can still be spinning on it.
 // Next: issue the next phase's first weight items before waiting at each barrier.
@@ -42,13 +43,13 @@ __device__ __forceinline__ void mlp_persist(
     const float2* att_meta, const uint4* gu_codes, const S* gu_scales, int ffn, int nb_d,
     const float* gamma, float eps, const uint4* down_codes, const S* down_scales, int nb_ffn,
     float* x, float* h, unsigned* counter) {
-    ternary_gemv_stream<4, 1, S>(o_codes, o_scales, d, nb_o, FG_IN_Q, nullptr, nullptr, 0.0f,
+    ternary_gemv_stream<4, 1, S, true>(o_codes, o_scales, d, nb_o, FG_IN_Q, nullptr, nullptr, 0.0f,
                                  att_q, att_meta, x, 1, 0, false);
     grid_barrier(counter, 1);
-    ternary_gemv_stream<4, 1, S>(gu_codes, gu_scales, 2 * ffn, nb_d, FG_IN_NORM, x, gamma, eps,
+    ternary_gemv_stream<4, 1, S, true>(gu_codes, gu_scales, 2 * ffn, nb_d, FG_IN_NORM, x, gamma, eps,
                                  nullptr, nullptr, h, 0, 1, false);
     grid_barrier(counter, 2);
-    ternary_gemv_stream<4, 2, S>(down_codes, down_scales, d, nb_ffn, FG_IN_F32, h, nullptr, 0.0f,
+    ternary_gemv_stream<4, 2, S, true>(down_codes, down_scales, d, nb_ffn, FG_IN_F32, h, nullptr, 0.0f,
                                  nullptr, nullptr, x, 1, 0, true);
     __syncthreads();
     if (threadIdx.x == 0 && atomicAdd(counter, 1u) == 3 * gridDim.x - 1) *counter = 0;

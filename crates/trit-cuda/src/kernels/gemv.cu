@@ -276,6 +276,14 @@ __device__ __forceinline__ void team_sum(float* v, float (*red)[R], int warp, in
 
 // The block's int8 activations and their (d, d·Σq) per 64 values, into xs / ms (blockDim.x
 // threads, a multiple of 16).
+// L2: read x through L2 only (ld.global.cg) — a persistent kernel's earlier phase may have left
+// stale lines of x in this block's L1 (decode_persist.cu); the separate kernels read it plainly.
+template <bool L2 = false>
+__device__ __forceinline__ float4 fg_load_x(const float4* p) {
+    return L2 ? __ldcg(p) : *p;
+}
+
+template <bool L2 = false>
 __device__ __forceinline__ void fg_prologue(int mode, int nb, const float* __restrict__ x,
                                             const float* __restrict__ gamma, float eps,
                                             const uint4* __restrict__ q,
@@ -294,7 +302,7 @@ __device__ __forceinline__ void fg_prologue(int mode, int nb, const float* __res
         float ss = 0.0f;
 #pragma unroll 4
         for (int c = t; c < n4; c += T) {
-            const float4 v = __ldcg(x4 + c);
+            const float4 v = fg_load_x<L2>(x4 + c);
             ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
         }
         ss = block_sum(ss, scratch);
@@ -306,9 +314,7 @@ __device__ __forceinline__ void fg_prologue(int mode, int nb, const float* __res
         const int c = c0 + t;
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (c < n4) {
-            // Through L2 (ld.global.cg): a persistent caller's earlier phase may have left
-            // stale lines of x in this block's L1 (decode_persist.cu).
-            const float4 v = __ldcg(x4 + c);
+            const float4 v = fg_load_x<L2>(x4 + c);
             if (mode == FG_IN_NORM) {
                 const float4 g = ((const float4*)gamma)[c];
                 o = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z,
@@ -362,7 +368,7 @@ __device__ __forceinline__ void fg_load(WItem<R, S>& it, const uint4* __restrict
 }
 
 // Stores the R sums of group g (every lane holds all of them).
-template <int R>
+template <int R, bool L2 = false>
 __device__ __forceinline__ void fg_store(const float* v, int g, int rows, int half, int glu,
                                          float* __restrict__ y, int accumulate, int lane) {
     if (!glu) {
@@ -371,9 +377,12 @@ __device__ __forceinline__ void fg_store(const float* v, int g, int rows, int ha
         for (int i = 0; i < R; i++)
             if (lane == i) val = v[i];
         const int r = g * R + lane;
-        // The residual read through L2 (ld.global.cg): in a persistent kernel an earlier phase
-        // may have left a stale L1 line holding row r (decode_persist.cu).
-        if (lane < R && r < rows) y[r] = accumulate ? __ldcg(y + r) + val : val;
+        // With L2 the residual is read through L2 (see fg_load_x).
+        if (lane < R && r < rows) {
+            if (!accumulate) y[r] = val;
+            else if (L2) y[r] = __ldcg(y + r) + val;
+            else y[r] += val;
+        }
         return;
     }
     constexpr int H = R / 2;

@@ -76,7 +76,9 @@ __device__ __forceinline__ void stream_issue(uint4* slot, const uint4* __restric
 // more slots fewer warps fit in shared memory).
 #define STREAM_STAGES 4
 
-template <int R, int SPLIT, typename S>
+// L2 and dependents: for a persistent caller (decode_persist.cu) — x and the residual read
+// through L2, and the next kernel let in only when `dependents`.
+template <int R, int SPLIT, typename S, bool L2 = false>
 __device__ __forceinline__ void ternary_gemv_stream(
     const uint4* __restrict__ codes, const S* __restrict__ scales, int rows, int nb, int mode,
     const float* __restrict__ x, const float* __restrict__ gamma, float eps,
@@ -99,7 +101,6 @@ __device__ __forceinline__ void ternary_gemv_stream(
     const int stride = gridDim.x * teams;
     const int g0 = blockIdx.x * teams + team;
     const int mine = g0 < groups ? ((groups - 1 - g0) / stride + 1) * per : 0;
-    // (A persistent caller lets the next kernel in only in its last phase: decode_persist.cu.)
     if (dependents) pdl_launch_dependents();
     // (gi, ji): the next item to request; every round commits one group, empty or not, so
     // "all but the newest ST − 1 groups have landed" always means "the current item has".
@@ -117,7 +118,7 @@ __device__ __forceinline__ void ternary_gemv_stream(
         cp_async_commit();
     }
     pdl_wait();
-    fg_prologue(mode, nb, x, gamma, eps, q, meta, xs, ms, scratch);
+    fg_prologue<L2>(mode, nb, x, gamma, eps, q, meta, xs, ms, scratch);
     __syncthreads();
     float acc[R];
 #pragma unroll
@@ -158,7 +159,7 @@ __device__ __forceinline__ void ternary_gemv_stream(
                 acc[i] = 0.0f;
             }
             team_sum<R, SPLIT>(v, red, warp, team, lane);
-            if (sub == 0) fg_store<R>(v, g, rows, half, glu, y, accumulate, lane);
+            if (sub == 0) fg_store<R, L2>(v, g, rows, half, glu, y, accumulate, lane);
             j = 0;
             g += stride;
         }
