@@ -35,6 +35,8 @@ while [ ! -f /tmp/models/1.7b.done ]; do sleep 2; done
 step trit bench; tb 8b 5; tb 1.7b 5
 step tg128 with o fused too
 for m in 8b 1.7b; do TRIT_CUDA_FUSED=qkv,o,gate_up,head timeout 60 $T bench --device cuda -m /tmp/models/$m/model-q2_0.gguf -p 0 -n 128 -r 3 2>&1 | grep -E "tg128|rror" | tee -a $S; done
+step "tg128 with the persistent MLP kernel (prototype, TRIT_CUDA_PERSIST=1)"
+for m in 8b 1.7b; do TRIT_CUDA_PERSIST=1 timeout 60 $T bench --device cuda -m /tmp/models/$m/model-q2_0.gguf -p 0 -n 128 -r 3 2>&1 | grep -E "tg128|rror" | tee -a $S; echo "rc=$?" | tee -a $S; done
 step batch_decode
 for m in 8b 1.7b; do timeout 90 /tmp/bin/batch_decode /tmp/models/$m/model-q2_0.gguf --batches 32,64 --steps 64 --rows full,top 2>&1 | grep "B=" | tee -a $S; done
 step ncu decode GEMVs 8B
