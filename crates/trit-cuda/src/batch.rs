@@ -15,7 +15,6 @@
 
 use crate::batch_gemm::{launch_small_gemm, SmallGemm, SplitScratch};
 use crate::device::{cuda_err, ptr, Arg, Gpu};
-use crate::gemv::TernaryArgs;
 use crate::graph::{copy_to_pinned, StepGraph};
 use crate::launch;
 use crate::model::{CudaModel, Input, State};
@@ -465,14 +464,8 @@ impl CudaModel {
         y: u64,
         accumulate: bool,
     ) -> Result<()> {
-        match m {
-            DevMatrix::Ternary {
-                rows,
-                cols,
-                codes,
-                scales,
-            } if use_small_gemm() => {
-                let args = TernaryArgs::new(*rows, *cols, codes, scales, &st.gpu.stream);
+        match m.ternary_args(&st.gpu.stream) {
+            Some(args) if use_small_gemm() => {
                 let kernel = SmallGemm::from_env();
                 let split = &st.batch.as_ref().expect("made by forward_batch_gpu").split;
                 let (q, meta) = (inp.q, inp.meta);

@@ -162,13 +162,8 @@ pub fn launch_matrix_gemv(
 ) -> Result<()> {
     let s = &gpu.stream;
     match m {
-        DevMatrix::Ternary {
-            rows,
-            cols,
-            codes,
-            scales,
-        } => {
-            let args = TernaryArgs::new(*rows, *cols, codes, scales, s);
+        DevMatrix::Ternary { .. } => {
+            let args = m.ternary_args(s).expect("a ternary matrix");
             launch_ternary(gpu, &args, x.q, x.meta, y, accumulate, r, max_split)
         }
         DevMatrix::Dense { rows, cols, w } => gpu.launch(

@@ -419,18 +419,8 @@ impl CudaModel {
         if !which || ![2, 4, 8].contains(&r) {
             return None;
         }
-        match m {
-            DevMatrix::Ternary {
-                rows,
-                cols,
-                codes,
-                scales,
-            } => {
-                let a = TernaryArgs::new(*rows, *cols, codes, scales, &st.gpu.stream);
-                fused_fits(&a, glu).then_some(a)
-            }
-            DevMatrix::Dense { .. } => None,
-        }
+        let a = m.ternary_args(&st.gpu.stream)?;
+        fused_fits(&a, glu).then_some(a)
     }
 
     fn fused_gemv(
@@ -590,18 +580,11 @@ impl CudaModel {
     /// ternary, one scale type, shared memory enough); false: the caller takes the chain.
     fn mlp_persist(&self, st: &State, blk: &weights::DevBlock) -> Result<bool> {
         let s = &st.gpu.stream;
-        let args = |m: &DevMatrix| match m {
-            DevMatrix::Ternary {
-                rows,
-                cols,
-                codes,
-                scales,
-            } => Some(TernaryArgs::new(*rows, *cols, codes, scales, s)),
-            DevMatrix::Dense { .. } => None,
-        };
-        let (Some(o), Some(gate_up), Some(down)) =
-            (args(&blk.o), args(&blk.gate_up), args(&blk.down))
-        else {
+        let (Some(o), Some(gate_up), Some(down)) = (
+            blk.o.ternary_args(s),
+            blk.gate_up.ternary_args(s),
+            blk.down.ternary_args(s),
+        ) else {
             return Ok(false);
         };
         let b = &st.b;

@@ -9,7 +9,6 @@
 use crate::device::{ptr, Arg, Gpu};
 use crate::flash::{attn_prefill_kernel, FLASH_QT};
 use crate::gemm::launch_ternary_gemm;
-use crate::gemv::TernaryArgs;
 use crate::launch;
 use crate::model::{CudaModel, Input, State};
 use crate::weights::DevMatrix;
@@ -84,13 +83,8 @@ impl CudaModel {
     ) -> Result<()> {
         let s = &st.gpu.stream;
         match m {
-            DevMatrix::Ternary {
-                rows,
-                cols,
-                codes,
-                scales,
-            } => {
-                let args = TernaryArgs::new(*rows, *cols, codes, scales, s);
+            DevMatrix::Ternary { .. } => {
+                let args = m.ternary_args(s).expect("a ternary matrix");
                 launch_ternary_gemm(&st.gpu, &args, ntok, inp.q, inp.meta, y, accumulate)
             }
             // Dense matrices (f16/f32 checkpoints) keep the exact f32 path: one product per

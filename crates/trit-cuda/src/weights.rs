@@ -3,8 +3,9 @@
 //! CPU loader does (`trit::model::weights::to_linear`), norms as f32 vectors.
 
 use crate::device::{cuda_err, Gpu};
+use crate::gemv::TernaryArgs;
 use crate::repack::{self, PackedScales, PackedTernary};
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaStream};
 use trit::format::config::{Arch, ModelConfig};
 use trit::format::{Dtype, TensorData, TensorView, WeightSource};
 use trit::kernels::Linear;
@@ -37,6 +38,19 @@ impl DevMatrix {
     /// A dense (f16/f32) matrix: its products read f32 activations, not int8 blocks.
     pub(crate) fn is_dense(&self) -> bool {
         matches!(self, DevMatrix::Dense { .. })
+    }
+
+    /// The kernel arguments of a ternary matrix (`None` for a dense one).
+    pub(crate) fn ternary_args(&self, s: &CudaStream) -> Option<TernaryArgs> {
+        match self {
+            DevMatrix::Ternary {
+                rows,
+                cols,
+                codes,
+                scales,
+            } => Some(TernaryArgs::new(*rows, *cols, codes, scales, s)),
+            DevMatrix::Dense { .. } => None,
+        }
     }
 }
 

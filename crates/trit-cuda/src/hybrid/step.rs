@@ -55,18 +55,11 @@ impl CudaHybrid {
 
     /// `m`'s arguments when the fused GEMV can run it (ternary, fits) and `on`.
     fn fusable(&self, st: &State, m: &DevMatrix, on: bool, glu: bool) -> Option<TernaryArgs> {
-        match m {
-            DevMatrix::Ternary {
-                rows,
-                cols,
-                codes,
-                scales,
-            } if on => {
-                let a = TernaryArgs::new(*rows, *cols, codes, scales, &st.gpu.stream);
-                fused_fits(&a, glu).then_some(a)
-            }
-            _ => None,
+        if !on {
+            return None;
         }
+        let a = m.ternary_args(&st.gpu.stream)?;
+        fused_fits(&a, glu).then_some(a)
     }
 
     /// The input of the projections after an RMSNorm of the residual stream with `gamma`:
