@@ -78,6 +78,8 @@ pub(crate) struct SplitScratch {
     part: CudaSlice<f32>,
     tickets: CudaSlice<u32>,
     room: usize,
+    /// Parts for every GEMM instead of [`small_split`]'s (`TRIT_CUDA_SPLIT=N`; 0 or 1: off).
+    forced: Option<usize>,
 }
 
 impl SplitScratch {
@@ -87,22 +89,17 @@ impl SplitScratch {
             part: gpu.zeros(room * 32 * 32)?,
             tickets: gpu.zeros(room)?,
             room,
+            forced: std::env::var("TRIT_CUDA_SPLIT")
+                .ok()
+                .and_then(|v| v.trim().parse().ok()),
         })
     }
 
-    /// The split of `m` for `ntok` rows with kernel `k`: `parts` where given, else
-    /// `TRIT_CUDA_SPLIT=N` (0 or 1: off), else [`small_split`]; clamped to what the scratch
-    /// holds.
-    fn split(
-        &self,
-        gpu: &Gpu,
-        k: &Int8Gemm,
-        m: &TernaryArgs,
-        ntok: usize,
-        parts: Option<usize>,
-    ) -> Result<SplitK> {
+    /// The split of `m` for `ntok` rows with kernel `k`: the forced parts, else
+    /// [`small_split`]'s; clamped to what the scratch holds.
+    fn split(&self, gpu: &Gpu, k: &Int8Gemm, m: &TernaryArgs, ntok: usize) -> Result<SplitK> {
         let tiles = ntok.div_ceil(32) * m.rows.div_ceil(32);
-        let parts = match parts.or_else(split_from_env) {
+        let parts = match self.forced {
             Some(p) => p.clamp(1, (self.room / tiles.max(1)).max(1)),
             None => {
                 let kernel = if m.f16 { k.f16 } else { k.f32 };
@@ -122,12 +119,6 @@ impl SplitScratch {
     }
 }
 
-/// `TRIT_CUDA_SPLIT=N`, read once per process.
-fn split_from_env() -> Option<usize> {
-    static N: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *N.get_or_init(|| std::env::var("TRIT_CUDA_SPLIT").ok()?.trim().parse().ok())
-}
-
 /// `y (+)= W · x` for `ntok` token rows of int8 activations `q`/`meta` (device addresses),
 /// split-K where [`small_split`] says so.
 #[allow(clippy::too_many_arguments)]
@@ -142,18 +133,9 @@ pub(crate) fn launch_small_gemm(
     accumulate: bool,
     scratch: &SplitScratch,
 ) -> Result<()> {
-    let split = scratch.split(gpu, kernel.kernels(), m, ntok, None)?;
-    launch_int8_gemm(
-        gpu,
-        kernel.kernels(),
-        m,
-        ntok,
-        q,
-        meta,
-        y,
-        accumulate,
-        split,
-    )
+    let k = kernel.kernels();
+    let split = scratch.split(gpu, k, m, ntok)?;
+    launch_int8_gemm(gpu, k, m, ntok, q, meta, y, accumulate, split)
 }
 
 /// Runs the small-batch GEMM once for `q.len() / m.cols` tokens, on top of `y0` (accumulating)
@@ -182,21 +164,11 @@ pub fn small_gemm_once(
         Some(y) => OneShot::upload_onto(gpu, m, q, meta, y)?,
         None => OneShot::upload(gpu, m, q, meta, ntok * m.rows)?,
     };
-    let scratch = SplitScratch::new(gpu)?;
-    let args = c.args(m, s);
-    let split = scratch.split(gpu, kernel.kernels(), &args, ntok, parts)?;
+    let mut scratch = SplitScratch::new(gpu)?;
+    scratch.forced = parts.or(scratch.forced);
     let (q, meta, y) = (ptr(&c.q, s), ptr(&c.meta, s), ptr(&c.y, s));
-    launch_int8_gemm(
-        gpu,
-        kernel.kernels(),
-        &args,
-        ntok,
-        q,
-        meta,
-        y,
-        y0.is_some(),
-        split,
-    )?;
+    let args = c.args(m, s);
+    launch_small_gemm(gpu, kernel, &args, ntok, q, meta, y, y0.is_some(), &scratch)?;
     c.result(gpu, "small GEMM")
 }
 
