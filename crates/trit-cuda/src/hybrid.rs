@@ -166,8 +166,8 @@ impl CudaHybrid {
             Ok(v) => FusedSet::parse(&v)?,
             Err(_) => opts.fused,
         };
-        // `0`: the five separate DeltaNet kernels; `2`: the hoisted one-kernel variant (not yet
-        // run on a GPU); else the measured one-kernel mixer.
+        // `0`: the five separate DeltaNet kernels; `2`: the hoisted one-kernel variant (as fast,
+        // BENCHMARKS "GPU, session 7"); else the measured one-kernel mixer.
         let dn_step = match std::env::var("TRIT_CUDA_DN_STEP").as_deref() {
             Ok("0") => None,
             Ok("2") => Some("deltanet_step_hoisted"),

@@ -6,7 +6,7 @@
 //! and quantization were five kernels; the a/b product alone, 96 f32 rows on 96 warps, took
 //! 16 µs of the layer's ~100 in ncu.) Full-attention layers: norm, q/k/v, prep, attention,
 //! quantization, o, and the same MLP. `TRIT_CUDA_DN_STEP=0` switches back to the five kernels
-//! (`=2`: `deltanet_step_hoisted`, loads reordered, not yet run on a GPU);
+//! (`=2`: `deltanet_step_hoisted`, loads reordered, measured as fast as the default);
 //! `TRIT_CUDA_FUSED` (as for dense models, default off here) moves the norms into the fused
 //! GEMV's prologue (q/k/v/z, gate‖up with SwiGLU, head), which measured slower on the 27B
 //! widths.

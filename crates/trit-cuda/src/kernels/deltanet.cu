@@ -174,8 +174,8 @@ __device__ __forceinline__ void dn_load_rows(float (*s)[DN_MAX_DK / 32], const f
 // the warp's first state rows right after it, both in flight while the norm, the dots and the
 // conv run. `deltanet_step` (ROWS 4, not hoisted) is the variant measured on the H200 (ncu,
 // 27B widths: 15.1 µs against 33 µs for the five kernels it replaces); `deltanet_step_hoisted`
-// (ROWS 8, hoisted; TRIT_CUDA_DN_STEP=2) compiles without spills (128 registers) but has not
-// run on a GPU yet.
+// (ROWS 8, hoisted; TRIT_CUDA_DN_STEP=2) compiles without spills (128 registers) and measured
+// as fast on the 27B probe (BENCHMARKS "GPU, session 7"), not faster.
 template <int ROWS, bool HOIST>
 __device__ __forceinline__ void deltanet_step_impl(
     const float* __restrict__ x, const float* __restrict__ gamma, float eps, int d,
