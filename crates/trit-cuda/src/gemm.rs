@@ -1,5 +1,6 @@
 //! Int8 tensor-core GEMMs over the 2-bit ternary layout: the prefill's (`ternary_gemm` in
-//! kernels/prefill.cu) and, with the same arguments, the batched decode's (`batch_gemm.rs`).
+//! kernels/prefill.cu) and the batched decode's (`batch_gemm.rs`, the same arguments plus two
+//! for its split-K).
 
 use crate::device::{ptr, Arg, Gpu};
 use crate::gemv::{OneShot, TernaryArgs};
@@ -7,7 +8,7 @@ use crate::repack::PackedTernary;
 use trit::{Error, Result};
 
 /// An int8 tensor-core GEMM kernel pair (f16 / f32 weight scales): the prefill's and the
-/// batched decode's take the same arguments and differ in their output tile.
+/// batched decode's differ in their output tile and whether they take split-K arguments.
 pub(crate) struct Int8Gemm {
     pub f16: &'static str,
     pub f32: &'static str,
