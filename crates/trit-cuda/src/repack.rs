@@ -30,7 +30,7 @@ pub struct PackedTernary {
     pub cols: usize,
     /// `rows × cols/64 × 4` words.
     pub codes: Vec<u32>,
-    /// `rows × cols/64` scales.
+    /// `rows × cols/64` scales (f16: one zero more where that count is odd).
     pub scales: PackedScales,
 }
 
@@ -62,6 +62,12 @@ pub fn pack(parts: &[&dyn TernaryRows]) -> Result<PackedTernary> {
     }
     let nb = cols / BLOCK;
     let rows: usize = parts.iter().map(|p| p.rows()).sum();
+    // The decode kernels index blocks with 32-bit integers (gemv.cu).
+    if rows * nb > i32::MAX as usize {
+        return Err(Error::InvalidArgument(format!(
+            "a {rows} × {cols} ternary matrix has more blocks than the GPU kernels index"
+        )));
+    }
     let mut codes = vec![0u32; rows * nb * 4];
     let mut scales = vec![0f32; rows * nb];
     let mut r0 = 0;
@@ -86,7 +92,13 @@ pub fn pack(parts: &[&dyn TernaryRows]) -> Result<PackedTernary> {
         .par_iter()
         .all(|&s| f16::from_f32(s).to_f32().to_bits() == s.to_bits());
     let scales = if exact {
-        PackedScales::F16(scales.iter().map(|&s| f16::from_f32(s).to_bits()).collect())
+        // An even count (a zero pads an odd one): the streaming GEMV copies scales as aligned
+        // 4-byte pairs and need not check for the last one.
+        let mut half: Vec<u16> = scales.iter().map(|&s| f16::from_f32(s).to_bits()).collect();
+        if half.len() % 2 == 1 {
+            half.push(0);
+        }
+        PackedScales::F16(half)
     } else {
         PackedScales::F32(scales)
     };

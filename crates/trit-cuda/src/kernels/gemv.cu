@@ -1,5 +1,9 @@
 // Matrix-vector products of the decode step.
 //
+// Block indices (row · blocks per row + block) are 32-bit in the decode GEMVs: a model's
+// matrices have far fewer than 2^32 blocks (repack.rs checks), and the 64-bit index arithmetic
+// per row and item was a visible share of these issue-bound kernels' instructions.
+//
 // Ternary layout (see repack.rs): per row, one 16-byte word per 64 columns. u32 word j of a
 // block covers columns 16j..16j+16; bits 2s..2s+2 of its byte k hold code (t + 1) of column
 // 16j + 4s + k. So (word >> 2s) & 0x03030303 is four codes of four consecutive columns, the
@@ -9,12 +13,42 @@
 // the warp is 512 contiguous bytes of one row (coalesced, 16 bytes per thread), R of them in
 // flight per lane, and the activation block it loads is reused for the R rows.
 
-__device__ __forceinline__ int dot_block_word(unsigned w, uint4 a, int acc) {
-    acc = __dp4a((int)(w & 0x03030303u), (int)a.x, acc);
-    acc = __dp4a((int)((w >> 2) & 0x03030303u), (int)a.y, acc);
-    acc = __dp4a((int)((w >> 4) & 0x03030303u), (int)a.z, acc);
-    acc = __dp4a((int)((w >> 6) & 0x03030303u), (int)a.w, acc);
-    return acc;
+// dp4a of four unsigned bytes (masked codes, up to 0xc0) against four signed int8 activations.
+__device__ __forceinline__ int dp4a_us(unsigned a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// Per-class partial sums of a block row: class s (the codes at bits 2s of every byte) is
+// masked in place, not shifted down, so its products come out 4^s times too large; the four
+// sums are scaled back once per block (block_dot). 16 codes cost one mask and one dp4a instead
+// of a shift, a mask and a dp4a — ncu showed the decode GEMVs bound by instruction issue.
+struct ClassSums {
+    int c[4];
+};
+
+__device__ __forceinline__ void class_sums_add(ClassSums& s, unsigned w, uint4 a) {
+    s.c[0] = dp4a_us(w & 0x03030303u, (int)a.x, s.c[0]);
+    s.c[1] = dp4a_us(w & 0x0c0c0c0cu, (int)a.y, s.c[1]);
+    s.c[2] = dp4a_us(w & 0x30303030u, (int)a.z, s.c[2]);
+    s.c[3] = dp4a_us(w & 0xc0c0c0c0u, (int)a.w, s.c[3]);
+}
+
+// The exact dot product: 64·c0 + 16·c1 + 4·c2 + c3 is 64 times it (c_s is 4^s times a sum).
+__device__ __forceinline__ int block_dot(const ClassSums& s) {
+    return (64 * s.c[0] + 16 * s.c[1] + 4 * s.c[2] + s.c[3]) >> 6;
+}
+
+// One block row's 16 bytes of codes against the block's 64 int8 activations (a[j]: columns
+// 16j..16j+16).
+__device__ __forceinline__ int dot_block(uint4 w, const uint4 (&a)[4]) {
+    ClassSums s = {{0, 0, 0, 0}};
+    class_sums_add(s, w.x, a[0]);
+    class_sums_add(s, w.y, a[1]);
+    class_sums_add(s, w.z, a[2]);
+    class_sums_add(s, w.w, a[3]);
+    return block_dot(s);
 }
 
 __device__ __forceinline__ float load_scale(const half_bits* s, size_t i) { return h2f(__ldg(s + i)); }
@@ -46,7 +80,7 @@ __device__ __forceinline__ void load_item_weights(Item<R, S>& it, const uint4* _
 #pragma unroll
     for (int i = 0; i < R; i++) {
         if (b < nb) {
-            const size_t at = (size_t)min(g * R + i, rows - 1) * nb + b;
+            const unsigned at = (unsigned)min(g * R + i, rows - 1) * nb + b;
             it.w[i] = load_stream(codes + at);
             it.s[i] = load_scale(scales, at);
         } else {
@@ -84,7 +118,7 @@ __device__ __forceinline__ void load_item(Item<R, S>& it, const uint4* __restric
     if (b < nb) {
 #pragma unroll
         for (int i = 0; i < R; i++) {
-            const size_t at = (size_t)min(g * R + i, rows - 1) * nb + b;
+            const unsigned at = (unsigned)min(g * R + i, rows - 1) * nb + b;
             it.w[i] = load_stream(codes + at);
             it.s[i] = load_scale(scales, at);
         }
@@ -142,10 +176,7 @@ __device__ __forceinline__ void ternary_gemv(const uint4* __restrict__ codes,
         if (more) load_item<R, S>(nxt, codes, scales, rows, nb, xq, meta, g2, sub + SPLIT * j2, lane);
 #pragma unroll
         for (int i = 0; i < R; i++) {
-            int d = dot_block_word(cur.w[i].x, cur.a[0], 0);
-            d = dot_block_word(cur.w[i].y, cur.a[1], d);
-            d = dot_block_word(cur.w[i].z, cur.a[2], d);
-            d = dot_block_word(cur.w[i].w, cur.a[3], d);
+            const int d = dot_block(cur.w[i], cur.a);
             acc[i] += cur.s[i] * (cur.m.x * (float)d - cur.m.y);
         }
         if (j == per - 1) {
@@ -337,10 +368,10 @@ __device__ __forceinline__ void fg_prologue(int mode, int nb, const float* __res
 // Row of the matrix behind slot i of row group g (clamped: a partial group re-reads a valid
 // row and its result is not stored).
 template <int R>
-__device__ __forceinline__ size_t fg_row(int g, int i, int rows, int half, int glu) {
-    if (!glu) return (size_t)min(g * R + i, rows - 1);
+__device__ __forceinline__ unsigned fg_row(int g, int i, int rows, int half, int glu) {
+    if (!glu) return min(g * R + i, rows - 1);
     constexpr int H = R / 2;
-    return i < H ? (size_t)min(g * H + i, half - 1) : (size_t)(half + min(g * H + i - H, half - 1));
+    return i < H ? min(g * H + i, half - 1) : half + min(g * H + i - H, half - 1);
 }
 
 template <int R, typename S>
@@ -357,7 +388,7 @@ __device__ __forceinline__ void fg_load(WItem<R, S>& it, const uint4* __restrict
 #pragma unroll
     for (int i = 0; i < R; i++) {
         if (b < nb) {
-            const size_t at = fg_row<R>(g, i, rows, half, glu) * nb + b;
+            const unsigned at = fg_row<R>(g, i, rows, half, glu) * nb + b;
             it.w[i] = load_stream(codes + at);
             it.s[i] = load_scale(scales, at);
         } else {
@@ -403,18 +434,21 @@ __device__ __forceinline__ unsigned word_of(const uint4& w, int c) {
 }
 
 // The R integer dot products of block b: row i's 16 bytes of codes `w[i]` against the block's
-// int8 activations in shared memory (fg_chunk layout).
+// int8 activations in shared memory (fg_chunk layout), each chunk loaded once for all R rows.
 template <int R>
 __device__ __forceinline__ void fg_block_dots(const uint4 (&w)[R], const uint4* xs, int b,
                                               int (&d)[R]) {
+    ClassSums s[R];
 #pragma unroll
-    for (int i = 0; i < R; i++) d[i] = 0;
+    for (int i = 0; i < R; i++) s[i] = ClassSums{{0, 0, 0, 0}};
 #pragma unroll
     for (int c = 0; c < 4; c++) {
         const uint4 a = xs[fg_chunk(b, c)];
 #pragma unroll
-        for (int i = 0; i < R; i++) d[i] = dot_block_word(word_of(w[i], c), a, d[i]);
+        for (int i = 0; i < R; i++) class_sums_add(s[i], word_of(w[i], c), a);
     }
+#pragma unroll
+    for (int i = 0; i < R; i++) d[i] = block_dot(s[i]);
 }
 
 template <int R, int SPLIT, typename S>

@@ -37,38 +37,50 @@ __device__ __forceinline__ void cp_async4_zfill(void* dst, const void* src, int 
                  : "memory");
 }
 
-// The 4-byte scale word holding scale `at` of `total`.
-__device__ __forceinline__ void issue_scale(unsigned* dst, const half_bits* s, size_t at,
-                                            size_t total, bool in) {
-    const size_t pair = at & ~(size_t)1;
-    cp_async4_zfill(dst, s + pair, in ? (pair + 1 < total ? 4 : 2) : 0);
+// The 4-byte scale word holding scale `at` (f16 scales are padded to an even count, so the
+// aligned pair always exists; repack.rs).
+__device__ __forceinline__ void issue_scale(unsigned* dst, const half_bits* s, unsigned at, bool in) {
+    cp_async4_zfill(dst, s + (at & ~1u), in ? 4 : 0);
 }
-__device__ __forceinline__ void issue_scale(unsigned* dst, const float* s, size_t at, size_t,
-                                            bool in) {
+__device__ __forceinline__ void issue_scale(unsigned* dst, const float* s, unsigned at, bool in) {
     cp_async4_zfill(dst, s + at, in ? 4 : 0);
 }
-__device__ __forceinline__ float slot_scale(const unsigned* w, const half_bits*, size_t at) {
-    return h2f((half_bits)((at & 1) ? (*w >> 16) : (*w & 0xffffu)));
+// Scale of the word: `odd` says which half of an f16 pair.
+__device__ __forceinline__ float slot_scale(const unsigned* w, const half_bits*, unsigned odd) {
+    return h2f((half_bits)(odd ? (*w >> 16) : (*w & 0xffffu)));
 }
-__device__ __forceinline__ float slot_scale(const unsigned* w, const float*, size_t) {
+__device__ __forceinline__ float slot_scale(const unsigned* w, const float*, unsigned) {
     return __uint_as_float(*w);
 }
 
-// Requests item (group g, lane-step k) into `slot`; each lane copies only what it will read
-// itself (its 16 bytes of codes and its scale word per row), so no lane waits for another.
-// Blocks past the row's end are zero-filled and not computed.
+// The first block index (row · nb) of each row of a group, computed once per group rather
+// than per item: the streaming GEMV is issue-bound, and this address arithmetic was a fifth of
+// its instructions.
+template <int R>
+struct RowBases {
+    unsigned at[R];
+    __device__ __forceinline__ void set(int g, int rows, int half, int glu, int nb) {
+#pragma unroll
+        for (int i = 0; i < R; i++) at[i] = fg_row<R>(g, i, rows, half, glu) * nb;
+    }
+};
+
+// Requests the item at lane-step k of the group whose rows are `rb` into `slot`; each lane
+// copies only what it will read itself (its 16 bytes of codes and its scale word per row), so
+// no lane waits for another. Blocks past the row's end are zero-filled and not computed.
 template <int R, typename S>
 __device__ __forceinline__ void stream_issue(uint4* slot, const uint4* __restrict__ codes,
-                                             const S* __restrict__ scales, int rows, int half,
-                                             int glu, int nb, int g, int k, int lane) {
+                                             const S* __restrict__ scales,
+                                             const RowBases<R>& rb, int nb, int k, int lane) {
     const int b = 32 * k + lane;
     const bool in = b < nb;
+    const unsigned bc = min(b, nb - 1);
     unsigned* sc = (unsigned*)(slot + StreamSlot<R>::CODE_CHUNKS);
 #pragma unroll
     for (int i = 0; i < R; i++) {
-        const size_t at = fg_row<R>(g, i, rows, half, glu) * nb + min(b, nb - 1);
+        const unsigned at = rb.at[i] + bc;
         cp_async16_zfill(slot + i * 32 + lane, codes + at, in ? 16 : 0);
-        issue_scale(sc + i * 32 + lane, scales, at, (size_t)rows * nb, in);
+        issue_scale(sc + i * 32 + lane, scales, at, in);
     }
 }
 
@@ -105,14 +117,18 @@ __device__ __forceinline__ void ternary_gemv_stream(
     // (gi, ji): the next item to request; every round commits one group, empty or not, so
     // "all but the newest ST − 1 groups have landed" always means "the current item has".
     int gi = g0, ji = 0;
+    RowBases<R> ri;  // rows of group gi
+    ri.set(gi, rows, half, glu, nb);
+    const RowBases<R> r0 = ri;
 #pragma unroll
     for (int n = 0; n < ST - 1; n++) {
         if (n < mine) {
-            stream_issue<R, S>(ring + n * StreamSlot<R>::CHUNKS, codes, scales, rows, half,
-                               glu, nb, gi, sub + SPLIT * ji, lane);
+            stream_issue<R, S>(ring + n * StreamSlot<R>::CHUNKS, codes, scales, ri, nb,
+                               sub + SPLIT * ji, lane);
             if (++ji == per) {
                 ji = 0;
                 gi += stride;
+                ri.set(gi, rows, half, glu, nb);
             }
         }
         cp_async_commit();
@@ -124,13 +140,15 @@ __device__ __forceinline__ void ternary_gemv_stream(
 #pragma unroll
     for (int i = 0; i < R; i++) acc[i] = 0.0f;
     int g = g0, j = 0;
+    RowBases<R> rc = r0;  // rows of group g
     for (int n = 0; n < mine; n++) {
         if (n + ST - 1 < mine) {
             stream_issue<R, S>(ring + ((n + ST - 1) % ST) * StreamSlot<R>::CHUNKS, codes,
-                               scales, rows, half, glu, nb, gi, sub + SPLIT * ji, lane);
+                               scales, ri, nb, sub + SPLIT * ji, lane);
             if (++ji == per) {
                 ji = 0;
                 gi += stride;
+                ri.set(gi, rows, half, glu, nb);
             }
         }
         cp_async_commit();
@@ -146,10 +164,9 @@ __device__ __forceinline__ void ternary_gemv_stream(
             fg_block_dots<R>(w, xs, b, d);
             const float2 m = ms[b];
 #pragma unroll
-            for (int i = 0; i < R; i++) {
-                const size_t at = fg_row<R>(g, i, rows, half, glu) * nb + b;
-                acc[i] += slot_scale(sc + i * 32 + lane, scales, at) * (m.x * (float)d[i] - m.y);
-            }
+            for (int i = 0; i < R; i++)
+                acc[i] += slot_scale(sc + i * 32 + lane, scales, (rc.at[i] + b) & 1) *
+                          (m.x * (float)d[i] - m.y);
         }
         if (++j == per) {
             float v[R];
@@ -162,6 +179,7 @@ __device__ __forceinline__ void ternary_gemv_stream(
             if (sub == 0) fg_store<R, L2>(v, g, rows, half, glu, y, accumulate, lane);
             j = 0;
             g += stride;
+            rc.set(g, rows, half, glu, nb);
         }
     }
 }
