@@ -72,13 +72,15 @@ __device__ void norm_rope(const float* src, const float* norm, float eps, const 
     __syncthreads();
 }
 
-// norm_rope of the q head and, when `ksrc` is set, the k head in one pass: one block
-// reduction for both sums of squares and one rotation loop (the decode kernel's chain of
-// barriers and dependent loads is most of its time at short contexts).
-__device__ void norm_rope_qk(const float* qsrc, const float* ksrc, const float* q_norm,
-                             const float* k_norm, float eps, const float2* cs, int hd,
-                             int adjacent, float scale, float* qt, float* kt, float* qdst,
-                             float* kdst, float2* scratch2) {
+// norm_rope of the q head and, when `ksrc` is set, the k head in one pass, with the v head
+// (`vsrc`, copied to `vdst`) loaded alongside: one block reduction for both sums of squares and
+// one rotation loop (the decode kernel's chain of barriers and dependent loads is most of its
+// time at short contexts).
+__device__ void norm_rope_qk(const float* qsrc, const float* ksrc, const float* vsrc,
+                             const float* q_norm, const float* k_norm, float eps,
+                             const float2* cs, int hd, int adjacent, float scale, float* qt,
+                             float* kt, float* qdst, float* kdst, float* vdst,
+                             float2* scratch2) {
     float sq = 0.0f, sk = 0.0f;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         const float a = qsrc[i];
@@ -88,6 +90,7 @@ __device__ void norm_rope_qk(const float* qsrc, const float* ksrc, const float* 
             const float b = ksrc[i];
             kt[i] = b;
             sk += b * b;
+            vdst[i] = vsrc[i];
         }
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -138,6 +141,26 @@ __device__ __forceinline__ void load_halves(const half_bits* p, float* out) {
     }
 }
 
+// One round of a warp's cache reads: positions p0 .. p0 + DEC_U of head row `kv` (E values per
+// lane); zeros past `end` and at the current position `pos` (not in the cache yet: the caller
+// puts it in from shared memory).
+template <int E>
+__device__ __forceinline__ void load_round(const half_bits* kc, const half_bits* vc, int hd,
+                                           int p0, int end, int pos, int lane,
+                                           float (&kk)[DEC_U][E], float (&vv)[DEC_U][E]) {
+#pragma unroll
+    for (int u = 0; u < DEC_U; u++) {
+        const int p = p0 + u;
+        if (p < end && p != pos) {
+            load_halves<E>(kc + (size_t)p * hd + lane * E, kk[u]);
+            load_halves<E>(vc + (size_t)p * hd + lane * E, vv[u]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < E; e++) kk[u][e] = vv[u][e] = 0.0f;
+        }
+    }
+}
+
 // Head h's output (`o`, in shared memory, each value written by the thread that stores it)
 // to `att`, and with `quant` its int8 blocks (a warp per 64 values).
 __device__ __forceinline__ void write_head(const float* o, int h, int hd, float* att, i8* q,
@@ -153,9 +176,10 @@ __device__ __forceinline__ void write_head(const float* o, int h, int hd, float*
     }
 }
 
-// E = head_dim / 32 values per lane. Each warp takes DEC_U consecutive positions at a time and
-// issues all their K and V loads before the first dot product, so a warp waits for memory
-// once per DEC_U positions, not once per position.
+// E = head_dim / 32 values per lane. Each warp takes DEC_U consecutive positions at a time (a
+// round) and issues all their K and V loads before the first dot product, so a warp waits for
+// memory once per round, not once per position — and its first round is requested before the
+// q/k/v prologue, the next one during the current (E ≤ 4), so at most one wait is exposed.
 template <int E>
 __device__ __forceinline__ void attn_decode_impl(
     const float* __restrict__ qkv, const float* q_norm, const float* k_norm, float eps,
@@ -171,6 +195,7 @@ __device__ __forceinline__ void attn_decode_impl(
     __shared__ bool is_last;
     pdl_launch_dependents();
     pdl_wait();
+    PROBE_SKIP(1);
     const int h = blockIdx.x, s = blockIdx.y, n_splits = gridDim.y;
     const int pos = step[0], len = pos + 1;
     // Positions per split: len spread over the grid's splits, a multiple of DEC_CHUNK, and
@@ -184,23 +209,30 @@ __device__ __forceinline__ void attn_decode_impl(
     const float2* cs = cos_sin + (size_t)pos * (hd / 2);
     const size_t kv_row = (size_t)kvh * ctx * hd;
 
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // The warp's first round of cache reads is requested before the q/k/v prologue, so it
+    // loads during that chain of dependent loads and barriers; with E ≤ 4 each later round is
+    // requested one round ahead (more would cost registers).
+    constexpr bool PIPE = E <= 4;
+    constexpr int ROUND = DEC_WARPS * DEC_U;
+    const half_bits* kh = kc + kv_row;
+    const half_bits* vh = vc + kv_row;
+    int p0 = start + warp * DEC_U;
+    float kk[DEC_U][E], vv[DEC_U][E];
+    if (p0 < end) load_round<E>(kh, vh, hd, p0, end, pos, lane, kk, vv);
+
     const bool has_current = end == len;
     norm_rope_qk(qkv + (size_t)h * hd,
-                 has_current ? qkv + (size_t)(n_heads + kvh) * hd : nullptr, q_norm, k_norm, eps,
-                 cs, hd, adjacent, scale, tmp, ktmp, qs, kcur, scratch2);
-    if (has_current) {
-        const float* v = qkv + (size_t)(n_heads + n_kv + kvh) * hd;
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) vcur[i] = v[i];
-        __syncthreads();
-        if (h % group == 0) {
-            for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-                kc[kv_row + (size_t)pos * hd + i] = f2h(kcur[i]);
-                vc[kv_row + (size_t)pos * hd + i] = f2h(vcur[i]);
-            }
+                 has_current ? qkv + (size_t)(n_heads + kvh) * hd : nullptr,
+                 qkv + (size_t)(n_heads + n_kv + kvh) * hd, q_norm, k_norm, eps, cs, hd,
+                 adjacent, scale, tmp, ktmp, qs, kcur, vcur, scratch2);
+    if (has_current && h % group == 0) {
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+            kc[kv_row + (size_t)pos * hd + i] = f2h(kcur[i]);
+            vc[kv_row + (size_t)pos * hd + i] = f2h(vcur[i]);
         }
     }
 
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float qv[E], acc[E];
 #pragma unroll
     for (int e = 0; e < E; e++) {
@@ -208,22 +240,21 @@ __device__ __forceinline__ void attn_decode_impl(
         acc[e] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (int p0 = start + warp * DEC_U; p0 < end; p0 += DEC_WARPS * DEC_U) {
-        float kk[DEC_U][E], vv[DEC_U][E];
+    while (p0 < end) {
+        if (has_current && pos >= p0 && pos < p0 + DEC_U) {
 #pragma unroll
-        for (int u = 0; u < DEC_U; u++) {
-            const int p = p0 + u;
-            if (p < end && p != pos) {
-                load_halves<E>(kc + kv_row + (size_t)p * hd + lane * E, kk[u]);
-                load_halves<E>(vc + kv_row + (size_t)p * hd + lane * E, vv[u]);
-            } else {
+            for (int u = 0; u < DEC_U; u++)
+                if (p0 + u == pos) {
 #pragma unroll
-                for (int e = 0; e < E; e++) {
-                    kk[u][e] = p == pos ? kcur[lane * E + e] : 0.0f;
-                    vv[u][e] = p == pos ? vcur[lane * E + e] : 0.0f;
+                    for (int e = 0; e < E; e++) {
+                        kk[u][e] = kcur[lane * E + e];
+                        vv[u][e] = vcur[lane * E + e];
+                    }
                 }
-            }
         }
+        const int p1 = p0 + ROUND;
+        float nk[DEC_U][E], nv[DEC_U][E];
+        if (PIPE && p1 < end) load_round<E>(kh, vh, hd, p1, end, pos, lane, nk, nv);
         float dots[DEC_U];
 #pragma unroll
         for (int u = 0; u < DEC_U; u++) {
@@ -242,6 +273,19 @@ __device__ __forceinline__ void attn_decode_impl(
             for (int e = 0; e < E; e++) acc[e] = acc[e] * corr + pe * vv[u][e];
             m = m_new;
         }
+        if (p1 >= end) break;
+        if (PIPE) {
+#pragma unroll
+            for (int u = 0; u < DEC_U; u++)
+#pragma unroll
+                for (int e = 0; e < E; e++) {
+                    kk[u][e] = nk[u][e];
+                    vv[u][e] = nv[u][e];
+                }
+        } else {
+            load_round<E>(kh, vh, hd, p1, end, pos, lane, kk, vv);
+        }
+        p0 = p1;
     }
     if (lane == 0) {
         sm_m[warp] = m;

@@ -24,6 +24,28 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// The warp sums of R values at once (R a power of two ≤ 32): each halving step sends half of
+// the values still held to the partner lane and keeps the other half, so R = 4 sums take 6
+// shuffles instead of 20. Returns, in lane l, the sum of v[l / (32 / R)] over the warp.
+template <int R>
+__device__ __forceinline__ float warp_sum_rows(float (&v)[R]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int n = R, off = 16; n > 1; n /= 2, off /= 2) {
+        const bool up = lane & off;
+#pragma unroll
+        for (int i = 0; i < n / 2; i++) {
+            const float keep = up ? v[i + n / 2] : v[i];
+            const float send = up ? v[i] : v[i + n / 2];
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+        }
+    }
+    float t = v[0];
+#pragma unroll
+    for (int off = 16 / R; off > 0; off /= 2) t += __shfl_xor_sync(0xffffffffu, t, off);
+    return t;
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -95,6 +117,18 @@ __device__ __forceinline__ char4 quant_block_float4(float4 o, float2& meta) {
 // successor may then be scheduled) and pdl_wait() before it touches anything a predecessor
 // wrote or may still read; only read-only weights are loaded before the wait. Without the
 // attribute (or before sm_90) both are no-ops.
+// Measurement only (TRIT_CUDA_DEFINES="-DTRIT_PROBE_SKIP=N"): kernels of the kinds whose bits
+// are set in N return right after waiting for their inputs, so a decode step's time without
+// them shows what they really cost inside the captured graph (where PDL overlaps neighbours and
+// a profiler's serialized durations mislead). 1 attention, 2 quantize, 4 register GEMV,
+// 8 streaming GEMV. The outputs are then garbage: never for results.
+#ifdef TRIT_PROBE_SKIP
+#define PROBE_SKIP(KIND) \
+    if (TRIT_PROBE_SKIP & (KIND)) return
+#else
+#define PROBE_SKIP(KIND)
+#endif
+
 __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -18,7 +18,8 @@
 //   fg_prologue and fg_store's residual read use ld.global.cg — L1 is not coherent);
 // - the barrier counter is reset by the block whose final arrival makes 3 × gridDim.x, when no
 //   block can still be spinning on it.
-// Next: issue the next phase's first weight items before waiting at each barrier.
+// - each warp requests its first items of the next phase (weights only) before it waits at a
+//   barrier, into a ring placed past the widest phase's input, so DRAM works during the wait.
 
 // Arrive at barrier `k` (1, 2, ...) of this launch and wait until every block has.
 __device__ __forceinline__ void grid_barrier(unsigned* counter, unsigned k) {
@@ -43,14 +44,22 @@ __device__ __forceinline__ void mlp_persist(
     const float2* att_meta, const uint4* gu_codes, const S* gu_scales, int ffn, int nb_d,
     const float* gamma, float eps, const uint4* down_codes, const S* down_scales, int nb_ffn,
     float* x, float* h, unsigned* counter) {
-    ternary_gemv_stream<4, 1, S, true>(o_codes, o_scales, d, nb_o, FG_IN_Q, nullptr, nullptr, 0.0f,
-                                 att_q, att_meta, x, 1, 0, false);
+    // One ring position for all phases, past the widest phase's input: a warp requests the
+    // next phase's weights while its neighbours may still read this phase's slots and input.
+    const int ring_at = stream_ring_at(max(max(nb_o, nb_d), nb_ffn));
+    StreamWarp<4> a = stream_begin<4, 1, S>(o_codes, o_scales, d, nb_o, 0, ring_at);
+    pdl_wait();
+    stream_finish<4, 1, S, true>(a, o_codes, o_scales, d, nb_o, FG_IN_Q, nullptr, nullptr, 0.0f,
+                                 att_q, att_meta, x, 1, 0);
+    StreamWarp<4> b = stream_begin<4, 1, S>(gu_codes, gu_scales, 2 * ffn, nb_d, 1, ring_at);
     grid_barrier(counter, 1);
-    ternary_gemv_stream<4, 1, S, true>(gu_codes, gu_scales, 2 * ffn, nb_d, FG_IN_NORM, x, gamma, eps,
-                                 nullptr, nullptr, h, 0, 1, false);
+    stream_finish<4, 1, S, true>(b, gu_codes, gu_scales, 2 * ffn, nb_d, FG_IN_NORM, x, gamma, eps,
+                                 nullptr, nullptr, h, 0, 1);
+    StreamWarp<4> c = stream_begin<4, 2, S>(down_codes, down_scales, d, nb_ffn, 0, ring_at);
     grid_barrier(counter, 2);
-    ternary_gemv_stream<4, 2, S, true>(down_codes, down_scales, d, nb_ffn, FG_IN_F32, h, nullptr, 0.0f,
-                                 nullptr, nullptr, x, 1, 0, true);
+    pdl_launch_dependents();
+    stream_finish<4, 2, S, true>(c, down_codes, down_scales, d, nb_ffn, FG_IN_F32, h, nullptr, 0.0f,
+                                 nullptr, nullptr, x, 1, 0);
     __syncthreads();
     if (threadIdx.x == 0 && atomicAdd(counter, 1u) == 3 * gridDim.x - 1) *counter = 0;
 }

@@ -162,6 +162,7 @@ __device__ __forceinline__ void ternary_gemv(const uint4* __restrict__ codes,
     // Weights do not depend on the previous kernel: the first load is issued before waiting.
     load_item_weights<R, S>(cur, codes, scales, rows, nb, g, sub, lane);
     pdl_wait();
+    PROBE_SKIP(4);
     load_item_acts<R, S>(cur, nb, xq, meta, sub, lane);
     float acc[R];
 #pragma unroll
@@ -303,6 +304,43 @@ __device__ __forceinline__ void team_sum(float* v, float (*red)[R], int warp, in
         v[i] = t;
     }
     team_barrier(team, SPLIT);
+}
+
+// team_sum for sums spread over lanes (warp_sum_rows: lane l holds row l / (32 / R)): the
+// team's total of the lane's row, added in a fixed order.
+template <int R, int SPLIT>
+__device__ __forceinline__ float team_sum_rows(float t, float (*red)[R], int warp, int team,
+                                               int lane) {
+    if (SPLIT == 1) return t;
+    constexpr int L = 32 / R;
+    if (lane % L == 0) red[warp][lane / L] = t;
+    team_barrier(team, SPLIT);
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < SPLIT; w++) s += red[team * SPLIT + w][lane / L];
+    team_barrier(team, SPLIT);
+    return s;
+}
+
+// fg_store for sums spread over lanes (lane l holds row l / (32 / R) of group g).
+template <int R, bool L2 = false>
+__device__ __forceinline__ void fg_store_rows(float t, int g, int rows, int half, int glu,
+                                              float* __restrict__ y, int accumulate, int lane) {
+    constexpr int L = 32 / R;
+    const int i = lane / L;
+    if (!glu) {
+        const int r = g * R + i;
+        if (lane % L == 0 && r < rows) {
+            if (!accumulate) y[r] = t;
+            else if (L2) y[r] = __ldcg(y + r) + t;
+            else y[r] += t;
+        }
+        return;
+    }
+    constexpr int H = R / 2;
+    const float up = __shfl_down_sync(0xffffffffu, t, H * L);  // row i + H
+    const int r = g * H + i;
+    if (lane % L == 0 && i < H && r < half) y[r] = silu_mul(t, up);
 }
 
 // The block's int8 activations and their (d, d·Σq) per 64 values, into xs / ms (blockDim.x

@@ -88,100 +88,145 @@ __device__ __forceinline__ void stream_issue(uint4* slot, const uint4* __restric
 // more slots fewer warps fit in shared memory).
 #define STREAM_STAGES 4
 
-// L2 and dependents: for a persistent caller (decode_persist.cu) — x and the residual read
-// through L2, and the next kernel let in only when `dependents`.
-template <int R, int SPLIT, typename S, bool L2 = false>
-__device__ __forceinline__ void ternary_gemv_stream(
-    const uint4* __restrict__ codes, const S* __restrict__ scales, int rows, int nb, int mode,
-    const float* __restrict__ x, const float* __restrict__ gamma, float eps,
+// Where the ring starts in dynamic shared memory (16-byte chunks) for rows of up to nb blocks.
+__device__ __forceinline__ int stream_ring_at(int nb) { return 4 * nb + (nb + 1) / 2; }
+
+// The items one warp takes of one matrix, and how far its requests have got. Team t of the
+// grid takes groups t, t + (all teams), ...; warp `sub` of a team takes lane-steps sub,
+// sub + SPLIT, ... of each (a step past the row's end is an empty item, so all warps of a team
+// agree on the count).
+template <int R>
+struct StreamWarp {
+    int g0, per, stride, mine;  // first group, lane-steps per group, group stride, items
+    int gi, ji;                 // the next item to request
+    RowBases<R> ri, r0;         // rows of group gi and of group g0
+    uint4* ring;
+};
+
+// Plans the warp's items of a rows × (64·nb) matrix and requests the first ST − 1 of them into
+// its ring (at `ring_at` chunks, then ST slots per warp). Only weights are read, so this may
+// run before the input exists: before griddepcontrol.wait, or — in a persistent kernel —
+// before the grid barrier that ends the previous phase. Every round commits one group, empty
+// or not, so "all but the newest ST − 1 groups have landed" always means "the current item
+// has".
+template <int R, int SPLIT, typename S>
+__device__ __forceinline__ StreamWarp<R> stream_begin(const uint4* __restrict__ codes,
+                                                      const S* __restrict__ scales, int rows,
+                                                      int nb, int glu, int ring_at) {
+    constexpr int ST = STREAM_STAGES;
+    extern __shared__ uint4 dyn[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int team = warp / SPLIT, sub = warp % SPLIT, teams = warps / SPLIT;
+    const int half = rows / 2;
+    const int groups = glu ? (half + R / 2 - 1) / (R / 2) : (rows + R - 1) / R;
+    StreamWarp<R> w;
+    w.ring = dyn + ring_at + warp * ST * StreamSlot<R>::CHUNKS;
+    w.per = ((nb + 31) / 32 + SPLIT - 1) / SPLIT;
+    w.stride = gridDim.x * teams;
+    w.g0 = blockIdx.x * teams + team;
+    w.mine = w.g0 < groups ? ((groups - 1 - w.g0) / w.stride + 1) * w.per : 0;
+    w.gi = w.g0;
+    w.ji = 0;
+    w.ri.set(w.gi, rows, half, glu, nb);
+    w.r0 = w.ri;
+#pragma unroll
+    for (int n = 0; n < ST - 1; n++) {
+        if (n < w.mine) {
+            stream_issue<R, S>(w.ring + n * StreamSlot<R>::CHUNKS, codes, scales, w.ri, nb,
+                               sub + SPLIT * w.ji, lane);
+            if (++w.ji == w.per) {
+                w.ji = 0;
+                w.gi += w.stride;
+                w.ri.set(w.gi, rows, half, glu, nb);
+            }
+        }
+        cp_async_commit();
+    }
+    return w;
+}
+
+// The rest once the input exists: every block builds the int8 input (fg_prologue), then each
+// warp computes its items, requesting one more per item. L2: x and the residual are read
+// through L2 (a persistent caller's other blocks wrote them in its previous phase).
+template <int R, int SPLIT, typename S, bool L2>
+__device__ __forceinline__ void stream_finish(
+    StreamWarp<R>& w, const uint4* __restrict__ codes, const S* __restrict__ scales, int rows,
+    int nb, int mode, const float* __restrict__ x, const float* __restrict__ gamma, float eps,
     const uint4* __restrict__ q, const float2* __restrict__ meta, float* __restrict__ y,
-    int accumulate, int glu, bool dependents = true) {
+    int accumulate, int glu) {
     constexpr int ST = STREAM_STAGES;
     extern __shared__ uint4 dyn[];
     __shared__ float scratch[32];
     __shared__ float red[SPLIT > 1 ? 32 : 1][R];
     uint4* xs = dyn;
     float2* ms = (float2*)(dyn + 4 * nb);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const int team = warp / SPLIT, sub = warp % SPLIT, teams = warps / SPLIT;
-    uint4* ring = dyn + 4 * nb + (nb + 1) / 2 + warp * ST * StreamSlot<R>::CHUNKS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int team = warp / SPLIT, sub = warp % SPLIT;
     const int half = rows / 2;
-    const int groups = glu ? (half + R / 2 - 1) / (R / 2) : (rows + R - 1) / R;
-    // Lane-steps of a group per warp of the team (warp `sub` takes steps sub, sub + SPLIT,
-    // ...; a step past the row's end is an empty item, so all warps of a team agree).
-    const int per = ((nb + 31) / 32 + SPLIT - 1) / SPLIT;
-    const int stride = gridDim.x * teams;
-    const int g0 = blockIdx.x * teams + team;
-    const int mine = g0 < groups ? ((groups - 1 - g0) / stride + 1) * per : 0;
-    if (dependents) pdl_launch_dependents();
-    // (gi, ji): the next item to request; every round commits one group, empty or not, so
-    // "all but the newest ST − 1 groups have landed" always means "the current item has".
-    int gi = g0, ji = 0;
-    RowBases<R> ri;  // rows of group gi
-    ri.set(gi, rows, half, glu, nb);
-    const RowBases<R> r0 = ri;
-#pragma unroll
-    for (int n = 0; n < ST - 1; n++) {
-        if (n < mine) {
-            stream_issue<R, S>(ring + n * StreamSlot<R>::CHUNKS, codes, scales, ri, nb,
-                               sub + SPLIT * ji, lane);
-            if (++ji == per) {
-                ji = 0;
-                gi += stride;
-                ri.set(gi, rows, half, glu, nb);
-            }
-        }
-        cp_async_commit();
-    }
-    pdl_wait();
     fg_prologue<L2>(mode, nb, x, gamma, eps, q, meta, xs, ms, scratch);
     __syncthreads();
     float acc[R];
 #pragma unroll
     for (int i = 0; i < R; i++) acc[i] = 0.0f;
-    int g = g0, j = 0;
-    RowBases<R> rc = r0;  // rows of group g
-    for (int n = 0; n < mine; n++) {
-        if (n + ST - 1 < mine) {
-            stream_issue<R, S>(ring + ((n + ST - 1) % ST) * StreamSlot<R>::CHUNKS, codes,
-                               scales, ri, nb, sub + SPLIT * ji, lane);
-            if (++ji == per) {
-                ji = 0;
-                gi += stride;
-                ri.set(gi, rows, half, glu, nb);
+    int g = w.g0, j = 0;
+    RowBases<R> rc = w.r0;  // rows of group g
+    for (int n = 0; n < w.mine; n++) {
+        if (n + ST - 1 < w.mine) {
+            stream_issue<R, S>(w.ring + ((n + ST - 1) % ST) * StreamSlot<R>::CHUNKS, codes,
+                               scales, w.ri, nb, sub + SPLIT * w.ji, lane);
+            if (++w.ji == w.per) {
+                w.ji = 0;
+                w.gi += w.stride;
+                w.ri.set(w.gi, rows, half, glu, nb);
             }
         }
         cp_async_commit();
         cp_async_wait_group<ST - 1>();
-        const uint4* slot = ring + (n % ST) * StreamSlot<R>::CHUNKS;
+        const uint4* slot = w.ring + (n % ST) * StreamSlot<R>::CHUNKS;
         const unsigned* sc = (const unsigned*)(slot + StreamSlot<R>::CODE_CHUNKS);
         const int b = 32 * (sub + SPLIT * j) + lane;
         if (b < nb) {
-            uint4 w[R];
+            uint4 c[R];
 #pragma unroll
-            for (int i = 0; i < R; i++) w[i] = slot[i * 32 + lane];
+            for (int i = 0; i < R; i++) c[i] = slot[i * 32 + lane];
             int d[R];
-            fg_block_dots<R>(w, xs, b, d);
+            fg_block_dots<R>(c, xs, b, d);
             const float2 m = ms[b];
 #pragma unroll
             for (int i = 0; i < R; i++)
                 acc[i] += slot_scale(sc + i * 32 + lane, scales, (rc.at[i] + b) & 1) *
                           (m.x * (float)d[i] - m.y);
         }
-        if (++j == per) {
-            float v[R];
+        if (++j == w.per) {
+            float t = warp_sum_rows<R>(acc);
 #pragma unroll
-            for (int i = 0; i < R; i++) {
-                v[i] = warp_sum(acc[i]);
-                acc[i] = 0.0f;
-            }
-            team_sum<R, SPLIT>(v, red, warp, team, lane);
-            if (sub == 0) fg_store<R, L2>(v, g, rows, half, glu, y, accumulate, lane);
+            for (int i = 0; i < R; i++) acc[i] = 0.0f;
+            t = team_sum_rows<R, SPLIT>(t, red, warp, team, lane);
+            if (sub == 0) fg_store_rows<R, L2>(t, g, rows, half, glu, y, accumulate, lane);
             j = 0;
-            g += stride;
+            g += w.stride;
             rc.set(g, rows, half, glu, nb);
         }
     }
+}
+
+// One matrix as one kernel: the first weights are requested before griddepcontrol.wait, so
+// they load while the previous kernel finishes.
+template <int R, int SPLIT, typename S>
+__device__ __forceinline__ void ternary_gemv_stream(
+    const uint4* __restrict__ codes, const S* __restrict__ scales, int rows, int nb, int mode,
+    const float* __restrict__ x, const float* __restrict__ gamma, float eps,
+    const uint4* __restrict__ q, const float2* __restrict__ meta, float* __restrict__ y,
+    int accumulate, int glu) {
+    pdl_launch_dependents();
+    StreamWarp<R> w = stream_begin<R, SPLIT, S>(codes, scales, rows, nb, glu, stream_ring_at(nb));
+    pdl_wait();
+#ifdef TRIT_PROBE_SKIP
+    if (TRIT_PROBE_SKIP & 8) cp_async_wait_all();  // no copy may outlive the block
+#endif
+    PROBE_SKIP(8);
+    stream_finish<R, SPLIT, S, false>(w, codes, scales, rows, nb, mode, x, gamma, eps, q, meta, y,
+                                      accumulate, glu);
 }
 
 #define TERNARY_GEMV_STREAM(R, SPLIT, SN, S)                                                   \
