@@ -263,16 +263,25 @@ __device__ __forceinline__ void attn_decode_impl(
             for (int e = 0; e < E; e++) dot += qv[e] * kk[u][e];
             dots[u] = warp_sum(dot);
         }
+        // One rescale per round (the round's maximum first), so the round's exponentials are
+        // independent of each other instead of a chain of DEC_U dependent updates.
+        float mx = m;
+#pragma unroll
+        for (int u = 0; u < DEC_U; u++)
+            if (p0 + u < end) mx = fmaxf(mx, dots[u]);  // p0 < end: mx is finite
+        const float corr = expf(m - mx);
+        l *= corr;
+#pragma unroll
+        for (int e = 0; e < E; e++) acc[e] *= corr;
 #pragma unroll
         for (int u = 0; u < DEC_U; u++) {
             if (p0 + u >= end) break;  // uniform over the warp
-            const float m_new = fmaxf(m, dots[u]);
-            const float corr = expf(m - m_new), pe = expf(dots[u] - m_new);
-            l = l * corr + pe;
+            const float pe = expf(dots[u] - mx);
+            l += pe;
 #pragma unroll
-            for (int e = 0; e < E; e++) acc[e] = acc[e] * corr + pe * vv[u][e];
-            m = m_new;
+            for (int e = 0; e < E; e++) acc[e] += pe * vv[u][e];
         }
+        m = mx;
         if (p1 >= end) break;
         if (PIPE) {
 #pragma unroll

@@ -181,12 +181,10 @@ __device__ __forceinline__ void ternary_gemv(const uint4* __restrict__ codes,
             acc[i] += cur.s[i] * (cur.m.x * (float)d - cur.m.y);
         }
         if (j == per - 1) {
+            const float t = warp_sum_rows<R>(acc);  // lane l: row l / (32 / R)
 #pragma unroll
-            for (int i = 0; i < R; i++) {
-                const float v = warp_sum(acc[i]);
-                if (lane == 0) red[sub][i] = v;
-                acc[i] = 0.0f;
-            }
+            for (int i = 0; i < R; i++) acc[i] = 0.0f;
+            if (lane % (32 / R) == 0) red[sub][lane / (32 / R)] = t;
             __syncthreads();
             if (sub == 0 && lane < R) {
                 float v = 0.0f;
