@@ -1,0 +1,23 @@
+#!/bin/bash
+# A/B of two builds on one machine start (session 8): every GPU test of the NEW binaries, then
+# tg128 of OLD and NEW alternated (twice) on the 8B and 1.7B shapes, once on the 27B hybrid.
+# Usage: OLD=.dev/gpu/A NEW=.dev/gpu/B bash crates/trit-cuda/scripts/h200_ab.sh, each folder
+# holding bins.tar.xz as h200_final.sh expects; carry both. VARIANTS="ENV=V ..." adds runs of
+# NEW with each setting (e.g. VARIANTS="TRIT_CUDA_ATT_MIN_CHUNK=64 TRIT_CUDA_PERSIST=1").
+cd "$(dirname "$0")/../../.." || exit 1
+mkdir -p /tmp/new /tmp/old /tmp/models
+tar -xJf "$NEW/bins.tar.xz" -C /tmp/new && tar -xJf "$OLD/bins.tar.xz" -C /tmp/old || exit 1
+NVRTC_DIR=$(dirname "$(find /usr/local /opt /usr/lib \( -name 'libnvrtc.so' -o -name 'libnvrtc.so.13' -o -name 'libnvrtc.so.12' \) 2>/dev/null | head -1)")
+export LD_LIBRARY_PATH=$NVRTC_DIR:/usr/local/cuda/lib64:${LD_LIBRARY_PATH}
+( for m in 8b 1.7b 27b-qwen35; do nice /tmp/new/gen_model --preset $m --out /tmp/models/$m --formats q2_0 > /tmp/gen_$m.log 2>&1; touch /tmp/models/$m.done; done ) &
+for t in ${TESTS:-gpu_vs_cpu gpu_batch gpu_hybrid gpu_sample}; do
+  echo "== $t"; TRIT_CUDA_CACHE=/tmp/cache_new timeout 150 /tmp/new/$t --ignored --test-threads 1 --nocapture > /tmp/$t.log 2>&1; echo "rc=$?"
+  grep -E "test result|panicked" /tmp/$t.log
+done
+tb() { echo -n "$1 $2 $3: "; env $3 TRIT_CUDA_CACHE=/tmp/cache_$2 timeout 90 /tmp/$2/trit bench --device cuda -m /tmp/models/$1/model-q2_0.gguf -p 0 -n 128 -r 3 2>&1 | grep -E "tg128|rror|anic" | awk -F'|' '{print $8}'; }
+for m in 8b 1.7b; do
+  while [ ! -f /tmp/models/$m.done ]; do sleep 2; done
+  for r in 1 2; do tb $m old X=0; tb $m new X=0; for v in $VARIANTS; do tb $m new $v; done; done
+done
+while [ ! -f /tmp/models/27b-qwen35.done ]; do sleep 2; done
+tb 27b-qwen35 old X=0; tb 27b-qwen35 new X=0
