@@ -33,12 +33,15 @@ for r in ks[a + 1:b + 1]:
     agg[k][1] += du(r)
 for k, (c, t) in sorted(agg.items(), key=lambda x: -x[1][1]):
     print(f'  {k:40s} x{c:4d} sum {t / 1000:8.1f} us  avg {t / c / 1000:6.2f}')
-w = ks[a + 1 + int(sys.argv[2]):a + 17 + int(sys.argv[2])]
+# SKIP < 0: the kernels around the step boundary (last layer, head, advance_position, the
+# next step's first kernels), where any gap is host time between graph launches.
+k0 = b - 6 if int(sys.argv[2]) < 0 else a + 1 + int(sys.argv[2])
+w = ks[k0:k0 + 16]
 t0, pe = st(w[0]), None
 for r in w:
     s = st(r) - t0
     e = s + du(r)
-    gap = '' if pe is None else f' after the previous end {(e - pe) / 1000:+.2f}'
+    gap = '' if pe is None else f' after the previous end {(e - pe) / 1000:+.2f}, idle before {(s - pe) / 1000:+.2f}'
     print(f"  {r['Name'][:40]:40s} start {s / 1000:7.2f} end {e / 1000:7.2f}{gap}")
     pe = e
 PY
