@@ -4,6 +4,7 @@
 
 pub mod block_pool;
 pub mod generate;
+mod parked_slots;
 pub mod perplexity;
 pub mod scheduler;
 pub mod sequence;

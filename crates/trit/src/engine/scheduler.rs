@@ -15,9 +15,10 @@
 //!
 //! A model on a device backend (the GPU) keeps each sequence's keys/values in one of a fixed
 //! number of device slots: at most that many sequences run (`parallel` is capped by
-//! [`Model::max_sequences`]; the rest wait in the queue), and there is no prefix reuse (a cached
-//! host block cannot fill a device slot; [`Model::shares_prefixes`]), so every prompt is
-//! computed in full.
+//! [`Model::max_sequences`]; the rest wait in the queue). A cached host block cannot fill a
+//! device slot ([`Model::shares_prefixes`]), so prefixes are reused by slot instead: a finished
+//! sequence's slot is parked with its tokens, and a prompt starting with at least 16 of them
+//! takes it over (`parked_slots.rs`); other prompts are computed in full.
 //!
 //! Hybrid models (Qwen3.5) also need the recurrent state of their Gated DeltaNet layers at the
 //! position where reuse starts, and that state exists only where a copy was kept. A finished
@@ -36,6 +37,7 @@
 
 use super::block_pool::{BlockPool, BlockStats};
 use super::generate::{FinishReason, GenerateOptions};
+use super::parked_slots::ParkedSlots;
 use super::sequence::{Decoding, TokenLogprob};
 use crate::model::kv_cache::{BlockSource, BLOCK_TOKENS};
 use crate::model::recurrent::RecurrentState;
@@ -181,15 +183,17 @@ impl Scheduler {
         let (tx, rx) = mpsc::channel();
         let waiting = Arc::new(AtomicUsize::new(0));
         let shape = model.new_cache(0);
-        let parallel = config.parallel.clamp(1, model.max_sequences().max(1));
+        let slots = model.max_sequences().max(1);
+        let parallel = config.parallel.clamp(1, slots);
         let share_prefixes = model.shares_prefixes();
         let pool = if share_prefixes {
             BlockPool::new(shape.shape(), config.kv_cache_bytes)
         } else {
             // A device backend's keys/values are in its slots, each for the full context: the
-            // budget is `parallel` sequences' worst case (counted in positions, no bytes here).
+            // budget is every slot's worst case, running or parked (counted in positions, no
+            // bytes here).
             let per_sequence = BlockPool::blocks_for(config.n_ctx) + 1;
-            BlockPool::with_max_blocks(shape.shape(), parallel * per_sequence)
+            BlockPool::with_max_blocks(shape.shape(), slots * per_sequence)
         };
         let stats = Arc::new(Mutex::new(SchedulerStats {
             kv_blocks: pool.stats(),
@@ -205,6 +209,7 @@ impl Scheduler {
             reserved_blocks: 0,
             parallel,
             share_prefixes,
+            parked: ParkedSlots::new(slots),
             waiting: waiting.clone(),
             stats: stats.clone(),
             n_ctx: config.n_ctx,
@@ -279,6 +284,8 @@ struct Worker {
     parallel: usize,
     /// Whether prompts may map cached blocks of earlier requests (not on a device backend).
     share_prefixes: bool,
+    /// A device backend's finished sequences, kept with their slots for prefix reuse.
+    parked: ParkedSlots,
     /// Submitted and not yet admitted (shared with `submit`).
     waiting: Arc<AtomicUsize>,
     stats: Arc<Mutex<SchedulerStats>>,
@@ -369,7 +376,19 @@ impl Worker {
             let (mut checkpoint_at, mut checkpoint) = (0, None);
             // The last prompt token is always evaluated: its logits give the first token.
             if !self.share_prefixes {
-                // Computed in full (see the module documentation).
+                // (Hybrids are never parked: their state exists only at the end position.)
+                let adopted = match cache.has_recurrent() {
+                    false => self.parked.adopt(&req.prompt, n - 1),
+                    true => None,
+                };
+                match adopted {
+                    Some((parked, len)) => {
+                        cache = parked;
+                        common = len;
+                    }
+                    // Starting without a slot: the backend must find one free.
+                    None => self.parked.make_room(self.running.len()),
+                }
             } else if !cache.has_recurrent() {
                 let (blocks, n) = self.pool.lookup(&req.prompt, n - 1);
                 if n > 0 {
@@ -577,12 +596,17 @@ impl Worker {
             req,
             decoding,
             cache,
+            tokens,
             cached_tokens,
             started,
             prompt_secs,
             ..
         } = r;
-        drop(cache);
+        if !self.share_prefixes {
+            self.parked.park(cache, tokens);
+        } else {
+            drop(cache);
+        }
         // The gauges include this sequence's release before its listener hears it is done.
         self.publish(|_| {});
         finish_sequence(req, &decoding, cached_tokens, started, prompt_secs, finish);
