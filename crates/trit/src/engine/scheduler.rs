@@ -602,7 +602,9 @@ impl Worker {
             prompt_secs,
             ..
         } = r;
-        if !self.share_prefixes {
+        // A device hybrid keeps its recurrent state on the device at the end position only,
+        // which no shorter prefix could resume from: its caches are not parked.
+        if !self.share_prefixes && self.model.config().hybrid.is_none() {
             self.parked.park(cache, tokens);
         } else {
             drop(cache);
