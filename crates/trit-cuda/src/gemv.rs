@@ -541,6 +541,35 @@ pub fn ternary_gemv_stream_once(
     fused_once(gpu, m, q, meta, r, 1, glu, Some(cfg))
 }
 
+/// [`ternary_gemv_stream_once`] on the residual stream `x` instead: the kernel's prologue
+/// RMS-normalizes it with `gamma` and quantizes it (the decode step's q‖k‖v and gate‖up).
+#[allow(clippy::too_many_arguments)]
+pub fn ternary_gemv_stream_norm_once(
+    gpu: &Gpu,
+    m: &PackedTernary,
+    x: &[f32],
+    gamma: &[f32],
+    eps: f32,
+    r: usize,
+    glu: bool,
+    cfg: StreamConfig,
+) -> Result<Vec<f32>> {
+    if x.len() != m.cols || gamma.len() != m.cols {
+        return Err(Error::InvalidArgument(
+            "input length differs from the matrix".into(),
+        ));
+    }
+    let (xd, gd) = (gpu.upload(x)?, gpu.upload(gamma)?);
+    let s = &gpu.stream;
+    let input = FusedInput::Norm {
+        x: ptr(&xd, s),
+        gamma: ptr(&gd, s),
+        eps,
+    };
+    let none = (vec![0i8; m.cols], vec![(0.0, 0.0); m.blocks()]);
+    fused_once_with(gpu, m, &none.0, &none.1, r, 1, glu, Some(cfg), Some(input))
+}
+
 #[allow(clippy::too_many_arguments)]
 fn fused_once(
     gpu: &Gpu,
@@ -552,6 +581,22 @@ fn fused_once(
     glu: bool,
     stream: Option<StreamConfig>,
 ) -> Result<Vec<f32>> {
+    fused_once_with(gpu, m, q, meta, r, max_split, glu, stream, None)
+}
+
+/// One fused GEMV on int8 `q`/`meta`, or on `input` where given.
+#[allow(clippy::too_many_arguments)]
+fn fused_once_with(
+    gpu: &Gpu,
+    m: &PackedTernary,
+    q: &[i8],
+    meta: &[(f32, f32)],
+    r: usize,
+    max_split: usize,
+    glu: bool,
+    stream: Option<StreamConfig>,
+    input: Option<FusedInput>,
+) -> Result<Vec<f32>> {
     if q.len() != m.cols || meta.len() != m.blocks() {
         return Err(Error::InvalidArgument(
             "activation length differs from the matrix".into(),
@@ -560,10 +605,10 @@ fn fused_once(
     let s = &gpu.stream;
     let outputs = if glu { m.rows / 2 } else { m.rows };
     let c = OneShot::upload(gpu, m, q, meta, outputs)?;
-    let input = FusedInput::Q {
+    let input = input.unwrap_or(FusedInput::Q {
         q: ptr(&c.q, s),
         meta: ptr(&c.meta, s),
-    };
+    });
     let opts = FusedOpts {
         r,
         max_split,

@@ -267,6 +267,72 @@ fn streaming_gemv_matches_its_cpu_emulation() {
     }
 }
 
+/// The streaming GEMV's prologue on the residual stream (q‖k‖v, gate‖up): RMSNorm with γ, int8
+/// quantization, then the product — against the CPU doing the same in f64 + the reference
+/// GEMV. 8,256 columns: wider than the values a block keeps in registers at 3 and 16 warps,
+/// so the loop over the rest runs too.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn streaming_gemv_normalizes_its_input_like_the_cpu() {
+    if gpu_missing() {
+        return;
+    }
+    use trit::quant::ternary::{encode_matrix, GgmlTernary};
+    use trit::quant::GgmlType;
+    use trit_cuda::gemv::{stream_smem_bytes, ternary_gemv_stream_norm_once, StreamConfig};
+    use trit_cuda::repack::{gemv_reference, pack, quantize_activations};
+    let gpu = trit_cuda::device::Gpu::open(0).unwrap();
+    let (cols, eps) = (8256, 1e-6f32);
+    let x: Vec<f32> = prompt(cols, 20001, 31)
+        .iter()
+        .map(|&v| v as f32 / 5000.0 - 2.0)
+        .collect();
+    let gamma: Vec<f32> = prompt(cols, 1001, 32)
+        .iter()
+        .map(|&v| 0.5 + v as f32 / 1000.0)
+        .collect();
+    let ms = x.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / cols as f64;
+    let inv = (1.0 / (ms + eps as f64).sqrt()) as f32;
+    let normed: Vec<f32> = x.iter().zip(&gamma).map(|(&v, &g)| v * inv * g).collect();
+    let (q, meta) = quantize_activations(&normed);
+    for (rows, glu) in [(37, false), (74, true)] {
+        let codes: Vec<u8> = prompt(rows * cols, 3, 33)
+            .iter()
+            .map(|&c| c as u8)
+            .collect();
+        let scales: Vec<f32> = prompt(rows * cols / 64, 1000, 34)
+            .iter()
+            .map(|&v| half::f16::from_f32(0.01 + v as f32 * 1e-4).to_f32())
+            .collect();
+        let bytes = encode_matrix(GgmlType::Q2_0, rows, cols, &codes, &scales).unwrap();
+        let m = pack(&[&GgmlTernary::new(GgmlType::Q2_0, &bytes, rows, cols).unwrap()]).unwrap();
+        let both = gemv_reference(&m, &q, &meta);
+        let want: Vec<f32> = if glu {
+            (0..rows / 2)
+                .map(|i| both[i] / (1.0 + (-both[i]).exp()) * both[rows / 2 + i])
+                .collect()
+        } else {
+            both
+        };
+        for (warps, split) in [(3, 1), (16, 1), (12, 4)] {
+            let cfg = StreamConfig {
+                warps,
+                split,
+                blocks_per_sm: 1,
+            };
+            if stream_smem_bytes(cols / 64, 4, warps) > gpu.max_dyn_smem {
+                continue;
+            }
+            let got =
+                ternary_gemv_stream_norm_once(&gpu, &m, &x, &gamma, eps, 4, glu, cfg).unwrap();
+            // The block sum's order differs from the CPU's, which may move a value across an
+            // int8 rounding boundary: a few codes one apart, not a wrong γ or block.
+            let err = rel_err(&got, &want);
+            assert!(err < 2e-3, "{cfg:?} glu={glu}: {err}");
+        }
+    }
+}
+
 /// Prompts through the batched prefill (chunks of 512, attention tiles of 8 queries) against
 /// the CPU: one token (the decode path), a partial tile, whole tiles, and 600 tokens that cross
 /// the chunk boundary; llama (adjacent RoPE, no QK-norm) and the dense f16 path too.

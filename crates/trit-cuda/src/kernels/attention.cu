@@ -76,20 +76,23 @@ __device__ void norm_rope(const float* src, const float* norm, float eps, const 
 // (`vsrc`, copied to `vdst`) loaded alongside: one block reduction for both sums of squares and
 // one rotation loop (the decode kernel's chain of barriers and dependent loads is most of its
 // time at short contexts).
+// One element per thread (hd ≤ blockDim.x); its norm weights qn / kn were loaded before the
+// kernel's wait (`q_norm` / `k_norm` only say whether there are any).
 __device__ void norm_rope_qk(const float* qsrc, const float* ksrc, const float* vsrc,
-                             const float* q_norm, const float* k_norm, float eps,
-                             const float2* cs, int hd, int adjacent, float scale, float* qt,
-                             float* kt, float* qdst, float* kdst, float* vdst,
+                             const float* q_norm, const float* k_norm, float qn, float kn,
+                             float eps, const float2* cs, int hd, int adjacent, float scale,
+                             float* qt, float* kt, float* qdst, float* kdst, float* vdst,
                              float2* scratch2) {
+    const int i = threadIdx.x;
     float sq = 0.0f, sk = 0.0f;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+    if (i < hd) {
         const float a = qsrc[i];
         qt[i] = a;
-        sq += a * a;
+        sq = a * a;
         if (ksrc != nullptr) {
             const float b = ksrc[i];
             kt[i] = b;
-            sk += b * b;
+            sk = b * b;
             vdst[i] = vsrc[i];
         }
     }
@@ -104,12 +107,12 @@ __device__ void norm_rope_qk(const float* qsrc, const float* ksrc, const float* 
     t.y = warp_sum(t.y);
     const float inv_q = q_norm != nullptr ? 1.0f / sqrtf(t.x / (float)hd + eps) : 1.0f;
     const float inv_k = k_norm != nullptr ? 1.0f / sqrtf(t.y / (float)hd + eps) : 1.0f;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        if (q_norm != nullptr) qt[i] *= inv_q * q_norm[i];
-        if (ksrc != nullptr && k_norm != nullptr) kt[i] *= inv_k * k_norm[i];
+    if (i < hd) {
+        if (q_norm != nullptr) qt[i] *= inv_q * qn;
+        if (ksrc != nullptr && k_norm != nullptr) kt[i] *= inv_k * kn;
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+    if (i < hd) {
         qdst[i] = scale * rope_at(qt, cs, i, hd, adjacent);
         if (ksrc != nullptr) kdst[i] = rope_at(kt, cs, i, hd, adjacent);
     }
@@ -193,7 +196,12 @@ __device__ __forceinline__ void attn_decode_impl(
     __shared__ float sm_m[DEC_WARPS], sm_l[DEC_WARPS];
     __shared__ float sm_o[DEC_WARPS][MAX_HD];
     __shared__ bool is_last;
+    static_assert(MAX_HD <= DEC_THREADS, "norm_rope_qk takes one element per thread");
     pdl_launch_dependents();
+    // Weights: loaded before the wait, off the chain that follows it.
+    const int tid = threadIdx.x;
+    const float qn = q_norm != nullptr && tid < hd ? q_norm[tid] : 1.0f;
+    const float kn = k_norm != nullptr && tid < hd ? k_norm[tid] : 1.0f;
     pdl_wait();
     PROBE_SKIP(1);
     const int h = blockIdx.x, s = blockIdx.y, n_splits = gridDim.y;
@@ -224,8 +232,8 @@ __device__ __forceinline__ void attn_decode_impl(
     const bool has_current = end == len;
     norm_rope_qk(qkv + (size_t)h * hd,
                  has_current ? qkv + (size_t)(n_heads + kvh) * hd : nullptr,
-                 qkv + (size_t)(n_heads + n_kv + kvh) * hd, q_norm, k_norm, eps, cs, hd,
-                 adjacent, scale, tmp, ktmp, qs, kcur, vcur, scratch2);
+                 qkv + (size_t)(n_heads + n_kv + kvh) * hd, q_norm, k_norm, qn, kn, eps, cs,
+                 hd, adjacent, scale, tmp, ktmp, qs, kcur, vcur, scratch2);
     if (has_current && h % group == 0) {
         for (int i = threadIdx.x; i < hd; i += blockDim.x) {
             kc[kv_row + (size_t)pos * hd + i] = f2h(kcur[i]);

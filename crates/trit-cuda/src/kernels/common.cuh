@@ -112,11 +112,6 @@ __device__ __forceinline__ char4 quant_block_float4(float4 o, float2& meta) {
     return make_char4((signed char)q0, (signed char)q1, (signed char)q2, (signed char)q3);
 }
 
-// Programmatic dependent launch (Hopper): a kernel launched with the PDL attribute may start
-// while its predecessor still runs. Each kernel calls pdl_launch_dependents() first (its
-// successor may then be scheduled) and pdl_wait() before it touches anything a predecessor
-// wrote or may still read; only read-only weights are loaded before the wait. Without the
-// attribute (or before sm_90) both are no-ops.
 // Measurement only (TRIT_CUDA_DEFINES="-DTRIT_PROBE_SKIP=N"): kernels of the kinds whose bits
 // are set in N return right after waiting for their inputs, so a decode step's time without
 // them shows what they really cost inside the captured graph (where PDL overlaps neighbours and
@@ -129,6 +124,11 @@ __device__ __forceinline__ char4 quant_block_float4(float4 o, float2& meta) {
 #define PROBE_SKIP(KIND)
 #endif
 
+// Programmatic dependent launch (Hopper): a kernel launched with the PDL attribute may start
+// while its predecessor still runs. Each kernel calls pdl_launch_dependents() first (its
+// successor may then be scheduled) and pdl_wait() before it touches anything a predecessor
+// wrote or may still read; only read-only weights are loaded before the wait. Without the
+// attribute (or before sm_90) both are no-ops.
 __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

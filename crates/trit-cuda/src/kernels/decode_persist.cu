@@ -49,17 +49,19 @@ __device__ __forceinline__ void mlp_persist(
     const int ring_at = stream_ring_at(max(max(nb_o, nb_d), nb_ffn));
     StreamWarp<4> a = stream_begin<4, 1, S>(o_codes, o_scales, d, nb_o, 0, ring_at);
     pdl_wait();
-    stream_finish<4, 1, S, true>(a, o_codes, o_scales, d, nb_o, FG_IN_Q, nullptr, nullptr, 0.0f,
-                                 att_q, att_meta, x, 1, 0);
+    const FgGamma none = fg_gamma(FG_IN_Q, 0, nullptr);
+    stream_finish<4, 1, S, true>(a, o_codes, o_scales, d, nb_o, FG_IN_Q, nullptr, none, nullptr,
+                                 0.0f, att_q, att_meta, x, 1, 0);
     StreamWarp<4> b = stream_begin<4, 1, S>(gu_codes, gu_scales, 2 * ffn, nb_d, 1, ring_at);
+    const FgGamma gr = fg_gamma(FG_IN_NORM, nb_d, gamma);
     grid_barrier(counter, 1);
-    stream_finish<4, 1, S, true>(b, gu_codes, gu_scales, 2 * ffn, nb_d, FG_IN_NORM, x, gamma, eps,
-                                 nullptr, nullptr, h, 0, 1);
+    stream_finish<4, 1, S, true>(b, gu_codes, gu_scales, 2 * ffn, nb_d, FG_IN_NORM, x, gr, gamma,
+                                 eps, nullptr, nullptr, h, 0, 1);
     StreamWarp<4> c = stream_begin<4, 2, S>(down_codes, down_scales, d, nb_ffn, 0, ring_at);
     grid_barrier(counter, 2);
     pdl_launch_dependents();
-    stream_finish<4, 2, S, true>(c, down_codes, down_scales, d, nb_ffn, FG_IN_F32, h, nullptr, 0.0f,
-                                 nullptr, nullptr, x, 1, 0);
+    stream_finish<4, 2, S, true>(c, down_codes, down_scales, d, nb_ffn, FG_IN_F32, h, none,
+                                 nullptr, 0.0f, nullptr, nullptr, x, 1, 0);
     __syncthreads();
     if (threadIdx.x == 0 && atomicAdd(counter, 1u) == 3 * gridDim.x - 1) *counter = 0;
 }

@@ -341,8 +341,6 @@ __device__ __forceinline__ void fg_store_rows(float t, int g, int rows, int half
     if (lane % L == 0 && i < H && r < half) y[r] = silu_mul(t, up);
 }
 
-// The block's int8 activations and their (d, d·Σq) per 64 values, into xs / ms (blockDim.x
-// threads, a multiple of 16).
 // L2: read x through L2 only (ld.global.cg) — a persistent kernel's earlier phase may have left
 // stale lines of x in this block's L1 (decode_persist.cu); the separate kernels read it plainly.
 template <bool L2 = false>
@@ -350,10 +348,43 @@ __device__ __forceinline__ float4 fg_load_x(const float4* p) {
     return L2 ? __ldcg(p) : *p;
 }
 
+// Float4s of x and γ per thread the prologue keeps in registers (rows up to 64·FG_REGS·
+// blockDim.x values; wider ones load the rest in a loop). 4 covers q‖k‖v of the 8B shape at
+// 384 threads and every 27B row at 512; a tunable (TRIT_CUDA_DEFINES="-DFG_REGS=2") because
+// the registers it costs (stream kernel 56 → 72) leave less room for the next kernel's early
+// blocks.
+#ifndef FG_REGS
+#define FG_REGS 4
+#endif
+
+// This thread's RMSNorm weights, loaded before the kernel waits for its input (weights never
+// depend on the previous kernel), so the prologue's chain — load x, block sum, scale, quantize —
+// has no γ round trip in it. Zeros where unused.
+struct FgGamma {
+    float4 g[FG_REGS];
+};
+
+__device__ __forceinline__ FgGamma fg_gamma(int mode, int nb, const float* __restrict__ gamma) {
+    const int t = threadIdx.x, T = blockDim.x, n4 = nb * 16;
+    FgGamma r;
+#pragma unroll
+    for (int k = 0; k < FG_REGS; k++) {
+        const int c = k * T + t;
+        r.g[k] = mode == FG_IN_NORM && c < n4 ? ((const float4*)gamma)[c]
+                                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    return r;
+}
+
+// The block's int8 input and its (d, d·Σq) per 64 values, into xs / ms (blockDim.x threads, a
+// multiple of 16): x RMS-normalized with γ (FG_IN_NORM) or as it is (FG_IN_F32), quantized per
+// 64 values; or the int8 blocks copied (FG_IN_Q). x is read once:
+// the first FG_REGS float4s per thread stay in registers between the sum of squares and the
+// quantization. 16 consecutive threads hold one 64-value block; every trip count is uniform.
 template <bool L2 = false>
 __device__ __forceinline__ void fg_prologue(int mode, int nb, const float* __restrict__ x,
-                                            const float* __restrict__ gamma, float eps,
-                                            const uint4* __restrict__ q,
+                                            const FgGamma& gr, const float* __restrict__ gamma,
+                                            float eps, const uint4* __restrict__ q,
                                             const float2* __restrict__ meta, uint4* xs,
                                             float2* ms, float* scratch) {
     const int t = threadIdx.x, T = blockDim.x;
@@ -364,32 +395,28 @@ __device__ __forceinline__ void fg_prologue(int mode, int nb, const float* __res
     }
     const int n4 = nb * 16;
     const float4* x4 = (const float4*)x;
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    auto sq = [](float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; };
+    float4 xv[FG_REGS];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < FG_REGS; k++) {
+        const int c = k * T + t;
+        xv[k] = c < n4 ? fg_load_x<L2>(x4 + c) : zero;
+        ss += sq(xv[k]);
+    }
     float inv = 1.0f;
     if (mode == FG_IN_NORM) {
-        float ss = 0.0f;
-#pragma unroll 4
-        for (int c = t; c < n4; c += T) {
-            const float4 v = fg_load_x<L2>(x4 + c);
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
+        for (int c = FG_REGS * T + t; c < n4; c += T) ss += sq(fg_load_x<L2>(x4 + c));
         ss = block_sum(ss, scratch);
         inv = 1.0f / sqrtf(ss / (float)(nb * QBLOCK) + eps);
     }
-    // 16 consecutive threads hold one 64-value block; the trip count is uniform.
-#pragma unroll 2
-    for (int c0 = 0; c0 < n4; c0 += T) {
-        const int c = c0 + t;
-        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (c < n4) {
-            const float4 v = fg_load_x<L2>(x4 + c);
-            if (mode == FG_IN_NORM) {
-                const float4 g = ((const float4*)gamma)[c];
-                o = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z,
-                                v.w * inv * g.w);
-            } else {
-                o = v;
-            }
-        }
+    auto emit = [&](int c, float4 v, float4 g) {
+        float4 o = zero;
+        if (c < n4)
+            o = mode == FG_IN_NORM
+                    ? make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w)
+                    : v;
         float2 bm;
         const char4 packed = quant_block_float4(o, bm);
         if (c < n4) {
@@ -398,6 +425,15 @@ __device__ __forceinline__ void fg_prologue(int mode, int nb, const float* __res
             dst[c & 3] = packed;
             if ((c & 15) == 0) ms[b] = bm;
         }
+    };
+#pragma unroll
+    for (int k = 0; k < FG_REGS; k++)
+        if (k * T < n4) emit(k * T + t, xv[k], gr.g[k]);
+    for (int c0 = FG_REGS * T; c0 < n4; c0 += T) {
+        const int c = c0 + t;
+        const bool in = c < n4;
+        emit(c, in ? fg_load_x<L2>(x4 + c) : zero,
+             in && mode == FG_IN_NORM ? ((const float4*)gamma)[c] : zero);
     }
 }
 
@@ -526,8 +562,9 @@ __device__ __forceinline__ void ternary_gemv_fused(
         fg_load<R, S>(nx1, codes, scales, rows, half, glu, nb, gl, sub + SPLIT * jl, lane);
         advance(gl, jl);
     }
+    const FgGamma gr = fg_gamma(mode, nb, gamma);
     pdl_wait();
-    fg_prologue(mode, nb, x, gamma, eps, q, meta, xs, ms, scratch);
+    fg_prologue(mode, nb, x, gr, gamma, eps, q, meta, xs, ms, scratch);
     __syncthreads();
     float acc[R];
 #pragma unroll

@@ -151,7 +151,8 @@ __device__ __forceinline__ StreamWarp<R> stream_begin(const uint4* __restrict__ 
 template <int R, int SPLIT, typename S, bool L2>
 __device__ __forceinline__ void stream_finish(
     StreamWarp<R>& w, const uint4* __restrict__ codes, const S* __restrict__ scales, int rows,
-    int nb, int mode, const float* __restrict__ x, const float* __restrict__ gamma, float eps,
+    int nb, int mode, const float* __restrict__ x, const FgGamma& gr,
+    const float* __restrict__ gamma, float eps,
     const uint4* __restrict__ q, const float2* __restrict__ meta, float* __restrict__ y,
     int accumulate, int glu) {
     constexpr int ST = STREAM_STAGES;
@@ -163,7 +164,7 @@ __device__ __forceinline__ void stream_finish(
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int team = warp / SPLIT, sub = warp % SPLIT;
     const int half = rows / 2;
-    fg_prologue<L2>(mode, nb, x, gamma, eps, q, meta, xs, ms, scratch);
+    fg_prologue<L2>(mode, nb, x, gr, gamma, eps, q, meta, xs, ms, scratch);
     __syncthreads();
     float acc[R];
 #pragma unroll
@@ -220,13 +221,14 @@ __device__ __forceinline__ void ternary_gemv_stream(
     int accumulate, int glu) {
     pdl_launch_dependents();
     StreamWarp<R> w = stream_begin<R, SPLIT, S>(codes, scales, rows, nb, glu, stream_ring_at(nb));
+    const FgGamma gr = fg_gamma(mode, nb, gamma);
     pdl_wait();
 #ifdef TRIT_PROBE_SKIP
     if (TRIT_PROBE_SKIP & 8) cp_async_wait_all();  // no copy may outlive the block
 #endif
     PROBE_SKIP(8);
-    stream_finish<R, SPLIT, S, false>(w, codes, scales, rows, nb, mode, x, gamma, eps, q, meta, y,
-                                      accumulate, glu);
+    stream_finish<R, SPLIT, S, false>(w, codes, scales, rows, nb, mode, x, gr, gamma, eps, q,
+                                      meta, y, accumulate, glu);
 }
 
 #define TERNARY_GEMV_STREAM(R, SPLIT, SN, S)                                                   \
