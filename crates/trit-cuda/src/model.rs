@@ -23,6 +23,7 @@ use trit::format::config::{ModelConfig, RopeStyle};
 use trit::format::ModelFiles;
 use trit::model::rope::Rope;
 use trit::model::{ExternalNet, KvCache, Logits, Model};
+use trit::sample::RowLogits;
 use trit::{Error, Result};
 
 /// Flash-decoding splits are multiples of this many positions (`DEC_CHUNK` in attention.cu).
@@ -74,6 +75,8 @@ pub(crate) struct State {
     pub(crate) device_pos: Option<usize>,
     /// Slots and row buffers of the batched path (`batch.rs`), made on its first use.
     pub(crate) batch: Option<crate::batch::BatchState>,
+    /// Candidate buffers of the single path's sampled steps (`topk.rs`), made on first use.
+    pub(crate) top: Option<crate::topk::TopBuffers>,
 }
 
 pub struct CudaModel {
@@ -326,6 +329,7 @@ impl CudaModel {
                 graphs: None,
                 device_pos: None,
                 batch: None,
+                top: None,
             }),
         })
     }
@@ -613,7 +617,7 @@ impl CudaModel {
         })
     }
 
-    fn run_step(&self, st: &mut State, with_head: bool) -> Result<()> {
+    pub(crate) fn run_step(&self, st: &mut State, with_head: bool) -> Result<()> {
         if !self.use_graph {
             return self.enqueue_step(st, with_head);
         }
@@ -635,21 +639,7 @@ impl CudaModel {
         which: Logits,
     ) -> Result<Vec<f32>> {
         let vocab = self.config.vocab;
-        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        {
-            let s = st.gpu.stream.clone();
-            let mut view = st.b.toks.slice_mut(pos0..pos0 + ids.len());
-            s.memcpy_htod(&ids, &mut view)
-                .map_err(|e| crate::device::cuda_err("uploading token ids", e))?;
-            if st.device_pos != Some(pos0) {
-                s.memcpy_htod(&[pos0 as i32, 0], &mut st.b.step)
-                    .map_err(|e| crate::device::cuda_err("setting the position", e))?;
-                // After an error a step may have stopped between a head's splits.
-                s.memset_zeros(&mut st.b.counters)
-                    .map_err(|e| crate::device::cuda_err("resetting counters", e))?;
-            }
-        }
-        st.device_pos = None;
+        self.upload_inputs(st, tokens, pos0)?;
         if self.use_prefill(st, tokens.len()) {
             // The prefill moves the device position itself; the next decode step re-uploads it.
             return self.prefill_locked(st, tokens, pos0, which);
@@ -669,6 +659,25 @@ impl CudaModel {
         debug_assert_eq!(out.len() % vocab, 0);
         st.device_pos = Some(pos0 + tokens.len());
         Ok(out)
+    }
+
+    /// The token ids at their positions and, where the device counter may differ, the
+    /// position; the counter is unknown until the caller's steps are done.
+    pub(crate) fn upload_inputs(&self, st: &mut State, tokens: &[u32], pos0: usize) -> Result<()> {
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let s = st.gpu.stream.clone();
+        let mut view = st.b.toks.slice_mut(pos0..pos0 + ids.len());
+        s.memcpy_htod(&ids, &mut view)
+            .map_err(|e| crate::device::cuda_err("uploading token ids", e))?;
+        if st.device_pos != Some(pos0) {
+            s.memcpy_htod(&[pos0 as i32, 0], &mut st.b.step)
+                .map_err(|e| crate::device::cuda_err("setting the position", e))?;
+            // After an error a step may have stopped between a head's splits.
+            s.memset_zeros(&mut st.b.counters)
+                .map_err(|e| crate::device::cuda_err("resetting counters", e))?;
+        }
+        st.device_pos = None;
+        Ok(())
     }
 
     pub(crate) fn read_logits(&self, st: &mut State) -> Result<Vec<f32>> {
@@ -737,6 +746,10 @@ impl ExternalNet for CudaModel {
         let out = self.forward_locked(&mut st, tokens, pos0, which)?;
         cache.advance(tokens.len());
         Ok(out)
+    }
+
+    fn forward_top(&self, tokens: &[u32], cache: &mut KvCache, k: usize) -> Result<RowLogits> {
+        self.forward_top_gpu(tokens, cache, k)
     }
 
     fn weight_bytes(&self) -> usize {

@@ -3,8 +3,10 @@
 //! copies (2k + 2) words per sequence to the host instead of the vocabulary's logits.
 
 use crate::device::{cuda_err, ptr, Arg, Gpu};
+use crate::model::{check_forward, poisoned, State};
 use cudarc::driver::{CudaSlice, PinnedHostSlice};
-use trit::sample::TopLogits;
+use trit::model::{ExternalNet, KvCache, Logits};
+use trit::sample::{RowLogits, TopLogits};
 use trit::{Error, Result};
 
 /// Most candidates per row the kernel gives (its shared arrays; `TOPK_MAX` in topk.cu).
@@ -124,6 +126,54 @@ impl TopBuffers {
             .as_slice()
             .map_err(|e| cuda_err("reading pinned candidates", e))?;
         Ok(words[..n].chunks(w).map(|r| unpack(r, k)).collect())
+    }
+}
+
+impl crate::model::CudaModel {
+    /// `ExternalNet::forward_top` on the single-sequence path: one decode step (the captured
+    /// graph), then the candidate kernel over its logits, so a sampled step copies
+    /// `2k + 2` words instead of the vocabulary and the host samples from `k` values. A prompt,
+    /// a `k` the kernel cannot give or a row without a finite normalizer come back in full.
+    pub(crate) fn forward_top_gpu(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        k: usize,
+    ) -> Result<RowLogits> {
+        let vocab = self.config.vocab;
+        if tokens.len() != 1 || !supported(k, vocab) {
+            return Ok(RowLogits::Full(ExternalNet::forward(
+                self,
+                tokens,
+                cache,
+                Logits::Last,
+            )?));
+        }
+        check_forward(tokens, cache, vocab, self.ctx)?;
+        let mut guard = self.state.lock().map_err(|_| poisoned())?;
+        let st: &mut State = &mut guard;
+        let pos0 = cache.len();
+        self.upload_inputs(st, tokens, pos0)?;
+        self.run_step(st, true)?;
+        if st.top.is_none() {
+            st.top = Some(TopBuffers::new(&st.gpu, 1)?);
+        }
+        let logits = ptr(&st.b.logits, &st.gpu.stream);
+        let top = st
+            .top
+            .as_mut()
+            .expect("made above")
+            .run(&st.gpu, logits, 1, vocab, k)?
+            .pop()
+            .flatten();
+        let row = match top {
+            Some(t) => RowLogits::Top(t),
+            None => RowLogits::Full(self.read_logits(st)?),
+        };
+        st.gpu.sync()?;
+        st.device_pos = Some(pos0 + 1);
+        cache.advance(1);
+        Ok(row)
     }
 }
 

@@ -1,7 +1,8 @@
 //! Sampling from the GPU's candidates instead of full logits: the candidate kernel
 //! (`kernels/topk.cu`) against the host reference `TopLogits::from_row` on random rows with
-//! ties and edge cases, and the scheduler over the GPU model giving every sequence the same
-//! tokens and log-probabilities with candidate rows as with full rows.
+//! ties and edge cases, the single-sequence path's candidate steps (`trit run` / `chat`), and
+//! the scheduler over the GPU model giving every sequence the same tokens and
+//! log-probabilities with candidate rows as with full rows.
 //!
 //! Needs an NVIDIA GPU, so every test is `#[ignore]`. Run on a GPU machine:
 //!     cargo test --release -p trit-cuda --test gpu_sample -- --ignored --test-threads 1
@@ -112,6 +113,54 @@ fn default_model_path() -> PathBuf {
     .into_iter()
     .find(|p| p.exists())
     .expect("default model not found (run from the repository root)")
+}
+
+/// `forward_top` on the single-sequence path (what `trit run` / `chat --device cuda` sample
+/// from): a session stepping with candidates and a twin stepping with full rows, fed the same
+/// tokens, on the same GPU model; every step's candidates are the host reference's candidates
+/// of the twin's full row (the same graph computes both rows, so the numbers are equal), which
+/// also shows the device position advancing right between the two kinds of step.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn single_path_steps_with_candidates_give_the_candidates_of_full_rows() {
+    if gpu_missing() {
+        return;
+    }
+    let files = trit::format::open(&default_model_path()).unwrap();
+    let vocab = files.config.vocab;
+    let gpu = Arc::new(Model::from_external(Box::new(
+        CudaModel::load(&files, &CudaOptions::new(96)).unwrap(),
+    )));
+    let k = trit::sample::TOP_CANDIDATES;
+    let (mut a, mut b) = (
+        trit::engine::Session::new(gpu.clone(), 96),
+        trit::engine::Session::new(gpu.clone(), 96),
+    );
+    let p = prompt(9, vocab, 91);
+    let first = a.prefill(&p).unwrap();
+    assert_eq!(first, b.prefill(&p).unwrap());
+    let mut tok = argmax(&first);
+    let mut tops = 0;
+    for step in 0..20 {
+        let full = b.step(tok).unwrap();
+        let want = TopLogits::from_row(&full, k).expect("finite logits");
+        match a.step_top(tok, k).unwrap() {
+            RowLogits::Top(got) => {
+                assert_eq!(got.ids, want.ids, "step {step}");
+                assert_eq!(got.logits, want.logits, "step {step}");
+                assert!((got.log_z - want.log_z).abs() < 1e-9 * want.log_z.abs().max(1.0));
+                tops += 1;
+            }
+            RowLogits::Full(row) => assert_eq!(row, full, "step {step}"),
+        }
+        tok = argmax(&full);
+    }
+    assert_eq!(tops, 20, "every step came back as candidates");
+    assert_eq!(a.tokens(), b.tokens());
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best }) as u32
 }
 
 /// `forward_batch_top` on the batched path, called directly: 6 sequences and their 6 twins

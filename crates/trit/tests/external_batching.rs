@@ -420,3 +420,142 @@ fn candidate_rows_give_the_tokens_and_logprobs_of_full_rows() {
     assert!(top_net.full_rows.load(Ordering::SeqCst) > 0);
     assert_eq!(full_net.top_rows.load(Ordering::SeqCst), decode_rows);
 }
+
+/// A device backend without slots (the GPU's single-sequence path): one sequence's keys and
+/// values in a CPU cache of the model inside, `forward_top` answered with the row's best
+/// candidates, as the GPU's candidate kernel does.
+struct TopNet {
+    inner: Model,
+    cache: Mutex<KvCache>,
+    /// Rows answered with candidates / in full.
+    top_rows: AtomicUsize,
+    full_rows: AtomicUsize,
+}
+
+impl TopNet {
+    /// The inner model's forward at the sequence's position (the caller's cache holds positions
+    /// only, like a device backend's).
+    fn run(&self, t: &[u32], c: &mut KvCache, w: Logits) -> trit::Result<Vec<f32>> {
+        let mut inner = self.cache.lock().unwrap();
+        inner.truncate(c.len());
+        let out = self.inner.forward(t, &mut inner, w)?;
+        c.advance(t.len());
+        Ok(out)
+    }
+}
+
+impl ExternalNet for TopNet {
+    fn config(&self) -> &ModelConfig {
+        self.inner.config()
+    }
+    fn forward(&self, t: &[u32], c: &mut KvCache, w: Logits) -> trit::Result<Vec<f32>> {
+        self.full_rows.fetch_add(1, Ordering::SeqCst);
+        self.run(t, c, w)
+    }
+    fn weight_bytes(&self) -> usize {
+        self.inner.weight_bytes()
+    }
+    fn bytes_per_token(&self) -> usize {
+        self.inner.bytes_per_token()
+    }
+    fn forward_top(
+        &self,
+        t: &[u32],
+        c: &mut KvCache,
+        k: usize,
+    ) -> trit::Result<trit::sample::RowLogits> {
+        let row = self.run(t, c, Logits::Last)?;
+        self.top_rows.fetch_add(1, Ordering::SeqCst);
+        Ok(match TopLogits::from_row(&row, k) {
+            Some(top) => trit::sample::RowLogits::Top(top),
+            None => trit::sample::RowLogits::Full(row),
+        })
+    }
+}
+
+/// `generate` on a backend that answers sampled steps with candidates gives the same tokens and
+/// text as the CPU model's full rows — greedy, seeded top-k/top-p sampling — and asks for
+/// candidates for every token after the first (which comes from the prompt's full row); a
+/// sampler that needs the whole row (top-k 0, penalties) never asks.
+#[test]
+fn generation_from_candidate_rows_equals_generation_from_full_rows() {
+    let (files, tok) = default_model();
+    let cpu = Arc::new(Model::load(&files, 2).unwrap());
+    let inner = Model::load(&files, 2).unwrap();
+    let net = Arc::new(TopNet {
+        cache: Mutex::new(inner.new_cache(128)),
+        inner,
+        top_rows: AtomicUsize::new(0),
+        full_rows: AtomicUsize::new(0),
+    });
+    struct Handle(Arc<TopNet>);
+    impl ExternalNet for Handle {
+        fn config(&self) -> &ModelConfig {
+            self.0.config()
+        }
+        fn forward(&self, t: &[u32], c: &mut KvCache, w: Logits) -> trit::Result<Vec<f32>> {
+            self.0.forward(t, c, w)
+        }
+        fn weight_bytes(&self) -> usize {
+            self.0.weight_bytes()
+        }
+        fn bytes_per_token(&self) -> usize {
+            self.0.bytes_per_token()
+        }
+        fn forward_top(
+            &self,
+            t: &[u32],
+            c: &mut KvCache,
+            k: usize,
+        ) -> trit::Result<trit::sample::RowLogits> {
+            self.0.forward_top(t, c, k)
+        }
+    }
+    let device = Arc::new(Model::from_external(Box::new(Handle(net.clone()))));
+    let sampled = |top_k: usize, repetition: f32| GenerateOptions {
+        max_tokens: 12,
+        sampling: SamplingParams {
+            temperature: 0.9,
+            top_k,
+            top_p: 0.95,
+            min_p: 0.0,
+            penalties: Penalties {
+                repetition,
+                ..Penalties::default()
+            },
+            seed: 42,
+        },
+        stop: vec![],
+        eos: vec![],
+    };
+    let prompt = tok
+        .encode("Once upon a time, in a quiet village,", false)
+        .unwrap();
+    for (opts, candidates) in [
+        (greedy(12), true),
+        (sampled(40, 1.0), true),
+        (sampled(0, 1.0), false),
+        (sampled(40, 1.3), false),
+    ] {
+        let (top0, full0) = (
+            net.top_rows.load(Ordering::SeqCst),
+            net.full_rows.load(Ordering::SeqCst),
+        );
+        let run = |m: &Arc<Model>| {
+            let mut session = Session::new(m.clone(), 128);
+            generate(&mut session, &tok, &prompt, &opts, &mut |_| true).unwrap()
+        };
+        let (want, got) = (run(&cpu), run(&device));
+        assert_eq!(got.tokens, want.tokens, "{:?}", opts.sampling);
+        assert_eq!(got.text, want.text);
+        assert_eq!(got.tokens.len(), 12);
+        let tops = net.top_rows.load(Ordering::SeqCst) - top0;
+        let fulls = net.full_rows.load(Ordering::SeqCst) - full0;
+        if candidates {
+            // The prompt in full, then one candidate row per fed-back token.
+            assert_eq!((fulls, tops), (1, 11), "{:?}", opts.sampling);
+        } else {
+            assert_eq!((fulls, tops), (12, 0), "{:?}", opts.sampling);
+        }
+    }
+}

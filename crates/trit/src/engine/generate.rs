@@ -3,7 +3,7 @@
 
 use super::sequence::Decoding;
 use super::session::Session;
-use crate::sample::SamplingParams;
+use crate::sample::{RowLogits, SamplingParams, TOP_CANDIDATES};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use std::time::Instant;
@@ -83,7 +83,7 @@ pub fn generate(
     check_context(prompt.len(), opts.max_tokens, session.n_ctx())?;
     let mut decoding = Decoding::new(prompt, opts)?;
     let t0 = Instant::now();
-    let mut logits = session.prefill(prompt)?;
+    let mut row = RowLogits::Full(session.prefill(prompt)?);
     let prompt_evaluated = session.last_evaluated();
     let prompt_secs = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
@@ -98,8 +98,8 @@ pub fn generate(
         gen_secs: 0.0,
     };
     loop {
-        let mut step = decoding.step(
-            &mut logits,
+        let mut step = decoding.step_row(
+            std::mem::replace(&mut row, RowLogits::Full(Vec::new())),
             tokenizer,
             session.tokens().len(),
             session.n_ctx(),
@@ -117,8 +117,13 @@ pub fn generate(
             out.finish = finish;
             break;
         }
+        // A sampler that needs only the best candidates gets only those from a device backend
+        // (the GPU reduces the row; a few hundred bytes cross instead of the vocabulary).
         match step.token {
-            Some(tok) => logits = session.step(tok)?,
+            Some(tok) if decoding.exact_on_top(TOP_CANDIDATES) => {
+                row = session.step_top(tok, TOP_CANDIDATES)?
+            }
+            Some(tok) => row = RowLogits::Full(session.step(tok)?),
             None => break,
         }
     }

@@ -3,6 +3,7 @@
 //! (multi-turn chat re-sends the whole history; only the new turn is computed).
 
 use crate::model::{KvCache, Logits, Model};
+use crate::sample::RowLogits;
 use crate::{Error, Result};
 use std::sync::Arc;
 
@@ -100,13 +101,30 @@ impl Session {
         Ok(logits)
     }
 
+    /// [`step`](Self::step) for a sampler that needs only the `k` best candidates: a device
+    /// backend may return just those (see [`Model::forward_top`]).
+    pub fn step_top(&mut self, token: u32, k: usize) -> Result<RowLogits> {
+        let row = self.run(&[token], |m, t, c| m.forward_top(t, c, k))?;
+        self.last_evaluated -= 1;
+        Ok(row)
+    }
+
     /// Evaluates tokens after the cache and returns logits for every one (perplexity).
     pub fn eval_all(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         self.eval(tokens, Logits::All)
     }
 
     fn eval(&mut self, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
-        let result = self.model.forward(tokens, &mut self.cache, which);
+        self.run(tokens, |m, t, c| m.forward(t, c, which))
+    }
+
+    /// Runs `forward` over `tokens` after the cache and keeps the books either way.
+    fn run<T>(
+        &mut self,
+        tokens: &[u32],
+        forward: impl FnOnce(&Model, &[u32], &mut KvCache) -> Result<T>,
+    ) -> Result<T> {
+        let result = forward(&self.model, tokens, &mut self.cache);
         match result {
             Ok(l) => {
                 self.tokens.extend_from_slice(tokens);

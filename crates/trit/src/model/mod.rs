@@ -53,6 +53,19 @@ pub trait ExternalNet: Send + Sync {
         1
     }
 
+    /// `forward` of one sampled token for a caller that samples from its `k` best candidates
+    /// (`Session::step_top`): the row may come back as those candidates and the row's
+    /// normalizer ([`RowLogits::Top`]) instead of every logit, so a device backend copies a
+    /// few hundred bytes per token instead of the vocabulary. By default: the full row.
+    fn forward_top(&self, tokens: &[u32], cache: &mut KvCache, k: usize) -> Result<RowLogits> {
+        let _ = k;
+        Ok(RowLogits::Full(self.forward(
+            tokens,
+            cache,
+            Logits::Last,
+        )?))
+    }
+
     /// Several sequences in one pass, logits in `seqs` order (as
     /// [`Transformer::forward_batch`]). By default: one sequence, through `forward`.
     fn forward_batch(&self, seqs: &mut [BatchSeq<'_>]) -> Result<Vec<Vec<f32>>> {
@@ -233,6 +246,20 @@ impl Model {
     /// Several sequences in one pass (weights read once for all); see
     /// [`Transformer::forward_batch`]. Hybrid models run the sequences one after another
     /// (a batched Gated DeltaNet step is not written yet), with the same results.
+    /// [`forward`](Self::forward) of the last position for a caller that samples from the `k`
+    /// best candidates: a device backend may answer with just those ([`RowLogits::Top`]); the
+    /// CPU networks give the full row.
+    pub fn forward_top(&self, tokens: &[u32], cache: &mut KvCache, k: usize) -> Result<RowLogits> {
+        match &self.net {
+            Net::External(n) if cache.device_slot().is_none() => n.forward_top(tokens, cache, k),
+            _ => Ok(RowLogits::Full(self.forward(
+                tokens,
+                cache,
+                Logits::Last,
+            )?)),
+        }
+    }
+
     pub fn forward_batch(&self, seqs: &mut [BatchSeq<'_>]) -> Result<Vec<Vec<f32>>> {
         match &self.net {
             Net::Dense(n) => n.forward_batch(&self.pool, seqs),
