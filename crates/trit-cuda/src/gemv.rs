@@ -524,7 +524,7 @@ pub fn ternary_gemv_fused_once(
     max_split: usize,
     glu: bool,
 ) -> Result<Vec<f32>> {
-    fused_once(gpu, m, q, meta, r, max_split, glu, None)
+    fused_once_with(gpu, m, q, meta, r, max_split, glu, None, None)
 }
 
 /// [`ternary_gemv_fused_once`] through the streaming kernel of shape `cfg`; an error where it
@@ -538,7 +538,7 @@ pub fn ternary_gemv_stream_once(
     glu: bool,
     cfg: StreamConfig,
 ) -> Result<Vec<f32>> {
-    fused_once(gpu, m, q, meta, r, 1, glu, Some(cfg))
+    fused_once_with(gpu, m, q, meta, r, 1, glu, Some(cfg), None)
 }
 
 /// [`ternary_gemv_stream_once`] on the residual stream `x` instead: the kernel's prologue
@@ -568,20 +568,6 @@ pub fn ternary_gemv_stream_norm_once(
     };
     let none = (vec![0i8; m.cols], vec![(0.0, 0.0); m.blocks()]);
     fused_once_with(gpu, m, &none.0, &none.1, r, 1, glu, Some(cfg), Some(input))
-}
-
-#[allow(clippy::too_many_arguments)]
-fn fused_once(
-    gpu: &Gpu,
-    m: &PackedTernary,
-    q: &[i8],
-    meta: &[(f32, f32)],
-    r: usize,
-    max_split: usize,
-    glu: bool,
-    stream: Option<StreamConfig>,
-) -> Result<Vec<f32>> {
-    fused_once_with(gpu, m, q, meta, r, max_split, glu, stream, None)
 }
 
 /// One fused GEMV on int8 `q`/`meta`, or on `input` where given.

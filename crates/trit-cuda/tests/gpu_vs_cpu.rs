@@ -201,6 +201,41 @@ fn gemv_kernel_matches_its_cpu_emulation_for_every_variant() {
     }
 }
 
+/// A random Q2_0 matrix repacked for the GPU (f16 scales), from the seeds of its codes and
+/// scales.
+fn random_q2_0(rows: usize, cols: usize, seeds: (u64, u64)) -> trit_cuda::repack::PackedTernary {
+    use trit::quant::ternary::{encode_matrix, GgmlTernary};
+    use trit::quant::GgmlType;
+    let codes: Vec<u8> = prompt(rows * cols, 3, seeds.0)
+        .iter()
+        .map(|&c| c as u8)
+        .collect();
+    let scales: Vec<f32> = prompt(rows * cols / 64, 1000, seeds.1)
+        .iter()
+        .map(|&v| half::f16::from_f32(0.01 + v as f32 * 1e-4).to_f32())
+        .collect();
+    let bytes = encode_matrix(GgmlType::Q2_0, rows, cols, &codes, &scales).unwrap();
+    trit_cuda::repack::pack(&[&GgmlTernary::new(GgmlType::Q2_0, &bytes, rows, cols).unwrap()])
+        .unwrap()
+}
+
+/// The reference GEMV's rows, or with `glu` the SwiGLU of its two halves.
+fn reference_outputs(
+    m: &trit_cuda::repack::PackedTernary,
+    q: &[i8],
+    meta: &[(f32, f32)],
+    glu: bool,
+) -> Vec<f32> {
+    let both = trit_cuda::repack::gemv_reference(m, q, meta);
+    if !glu {
+        return both;
+    }
+    let half = m.rows / 2;
+    (0..half)
+        .map(|i| both[i] / (1.0 + (-both[i]).exp()) * both[half + i])
+        .collect()
+}
+
 /// The streaming GEMV (weights staged in shared memory by cp.async) against the CPU emulation
 /// for every rows-per-warp, with warp counts that leave groups unevenly spread
 /// and 1, 2 or 4 warps per row group (the last two with empty items past the row's end): 129
@@ -213,10 +248,8 @@ fn streaming_gemv_matches_its_cpu_emulation() {
     if gpu_missing() {
         return;
     }
-    use trit::quant::ternary::{encode_matrix, GgmlTernary};
-    use trit::quant::GgmlType;
     use trit_cuda::gemv::{stream_smem_bytes, ternary_gemv_stream_once, StreamConfig};
-    use trit_cuda::repack::{gemv_reference, pack, quantize_activations, PackedScales};
+    use trit_cuda::repack::{quantize_activations, PackedScales};
     let gpu = trit_cuda::device::Gpu::open(0).unwrap();
     let cols = 8256;
     let x: Vec<f32> = prompt(cols, 20001, 9)
@@ -225,29 +258,17 @@ fn streaming_gemv_matches_its_cpu_emulation() {
         .collect();
     let (q, meta) = quantize_activations(&x);
     for (rows, glu) in [(37, false), (74, true)] {
-        let codes: Vec<u8> = prompt(rows * cols, 3, 27)
-            .iter()
-            .map(|&c| c as u8)
-            .collect();
-        let scales: Vec<f32> = prompt(rows * cols / 64, 1000, 28)
-            .iter()
-            .map(|&v| half::f16::from_f32(0.01 + v as f32 * 1e-4).to_f32())
-            .collect();
-        let bytes = encode_matrix(GgmlType::Q2_0, rows, cols, &codes, &scales).unwrap();
-        let f16 = pack(&[&GgmlTernary::new(GgmlType::Q2_0, &bytes, rows, cols).unwrap()]).unwrap();
+        let f16 = random_q2_0(rows, cols, (27, 28));
         assert!(matches!(f16.scales, PackedScales::F16(_)));
         // The same codes with scales an f16 cannot hold.
         let mut f32 = f16.clone();
-        f32.scales = PackedScales::F32(scales.iter().map(|s| s * 1.000_123).collect());
+        let scales: Vec<f32> = (0..rows)
+            .flat_map(|r| (0..cols / 64).map(move |b| (r, b)))
+            .map(|(r, b)| f16.scale(r, b) * 1.000_123)
+            .collect();
+        f32.scales = PackedScales::F32(scales);
         for m in [&f16, &f32] {
-            let both = gemv_reference(m, &q, &meta);
-            let want: Vec<f32> = if glu {
-                (0..rows / 2)
-                    .map(|i| both[i] / (1.0 + (-both[i]).exp()) * both[rows / 2 + i])
-                    .collect()
-            } else {
-                both
-            };
+            let want = reference_outputs(m, &q, &meta, glu);
             for r in [2, 4, 8] {
                 for (warps, split) in [(3, 1), (8, 1), (8, 2), (12, 4)] {
                     let cfg = StreamConfig {
@@ -277,10 +298,8 @@ fn streaming_gemv_normalizes_its_input_like_the_cpu() {
     if gpu_missing() {
         return;
     }
-    use trit::quant::ternary::{encode_matrix, GgmlTernary};
-    use trit::quant::GgmlType;
     use trit_cuda::gemv::{stream_smem_bytes, ternary_gemv_stream_norm_once, StreamConfig};
-    use trit_cuda::repack::{gemv_reference, pack, quantize_activations};
+    use trit_cuda::repack::quantize_activations;
     let gpu = trit_cuda::device::Gpu::open(0).unwrap();
     let (cols, eps) = (8256, 1e-6f32);
     let x: Vec<f32> = prompt(cols, 20001, 31)
@@ -296,24 +315,8 @@ fn streaming_gemv_normalizes_its_input_like_the_cpu() {
     let normed: Vec<f32> = x.iter().zip(&gamma).map(|(&v, &g)| v * inv * g).collect();
     let (q, meta) = quantize_activations(&normed);
     for (rows, glu) in [(37, false), (74, true)] {
-        let codes: Vec<u8> = prompt(rows * cols, 3, 33)
-            .iter()
-            .map(|&c| c as u8)
-            .collect();
-        let scales: Vec<f32> = prompt(rows * cols / 64, 1000, 34)
-            .iter()
-            .map(|&v| half::f16::from_f32(0.01 + v as f32 * 1e-4).to_f32())
-            .collect();
-        let bytes = encode_matrix(GgmlType::Q2_0, rows, cols, &codes, &scales).unwrap();
-        let m = pack(&[&GgmlTernary::new(GgmlType::Q2_0, &bytes, rows, cols).unwrap()]).unwrap();
-        let both = gemv_reference(&m, &q, &meta);
-        let want: Vec<f32> = if glu {
-            (0..rows / 2)
-                .map(|i| both[i] / (1.0 + (-both[i]).exp()) * both[rows / 2 + i])
-                .collect()
-        } else {
-            both
-        };
+        let m = random_q2_0(rows, cols, (33, 34));
+        let want = reference_outputs(&m, &q, &meta, glu);
         for (warps, split) in [(3, 1), (16, 1), (12, 4)] {
             let cfg = StreamConfig {
                 warps,

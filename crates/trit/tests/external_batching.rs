@@ -427,9 +427,9 @@ fn candidate_rows_give_the_tokens_and_logprobs_of_full_rows() {
 struct TopNet {
     inner: Model,
     cache: Mutex<KvCache>,
-    /// Rows answered with candidates / in full.
-    top_rows: AtomicUsize,
-    full_rows: AtomicUsize,
+    /// Rows answered with candidates / in full (the test keeps the other handles).
+    top_rows: Arc<AtomicUsize>,
+    full_rows: Arc<AtomicUsize>,
 }
 
 impl TopNet {
@@ -482,36 +482,13 @@ fn generation_from_candidate_rows_equals_generation_from_full_rows() {
     let (files, tok) = default_model();
     let cpu = Arc::new(Model::load(&files, 2).unwrap());
     let inner = Model::load(&files, 2).unwrap();
-    let net = Arc::new(TopNet {
+    let (top_rows, full_rows) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let device = Arc::new(Model::from_external(Box::new(TopNet {
         cache: Mutex::new(inner.new_cache(128)),
         inner,
-        top_rows: AtomicUsize::new(0),
-        full_rows: AtomicUsize::new(0),
-    });
-    struct Handle(Arc<TopNet>);
-    impl ExternalNet for Handle {
-        fn config(&self) -> &ModelConfig {
-            self.0.config()
-        }
-        fn forward(&self, t: &[u32], c: &mut KvCache, w: Logits) -> trit::Result<Vec<f32>> {
-            self.0.forward(t, c, w)
-        }
-        fn weight_bytes(&self) -> usize {
-            self.0.weight_bytes()
-        }
-        fn bytes_per_token(&self) -> usize {
-            self.0.bytes_per_token()
-        }
-        fn forward_top(
-            &self,
-            t: &[u32],
-            c: &mut KvCache,
-            k: usize,
-        ) -> trit::Result<trit::sample::RowLogits> {
-            self.0.forward_top(t, c, k)
-        }
-    }
-    let device = Arc::new(Model::from_external(Box::new(Handle(net.clone()))));
+        top_rows: top_rows.clone(),
+        full_rows: full_rows.clone(),
+    })));
     let sampled = |top_k: usize, repetition: f32| GenerateOptions {
         max_tokens: 12,
         sampling: SamplingParams {
@@ -538,8 +515,8 @@ fn generation_from_candidate_rows_equals_generation_from_full_rows() {
         (sampled(40, 1.3), false),
     ] {
         let (top0, full0) = (
-            net.top_rows.load(Ordering::SeqCst),
-            net.full_rows.load(Ordering::SeqCst),
+            top_rows.load(Ordering::SeqCst),
+            full_rows.load(Ordering::SeqCst),
         );
         let run = |m: &Arc<Model>| {
             let mut session = Session::new(m.clone(), 128);
@@ -549,8 +526,8 @@ fn generation_from_candidate_rows_equals_generation_from_full_rows() {
         assert_eq!(got.tokens, want.tokens, "{:?}", opts.sampling);
         assert_eq!(got.text, want.text);
         assert_eq!(got.tokens.len(), 12);
-        let tops = net.top_rows.load(Ordering::SeqCst) - top0;
-        let fulls = net.full_rows.load(Ordering::SeqCst) - full0;
+        let tops = top_rows.load(Ordering::SeqCst) - top0;
+        let fulls = full_rows.load(Ordering::SeqCst) - full0;
         if candidates {
             // The prompt in full, then one candidate row per fed-back token.
             assert_eq!((fulls, tops), (1, 11), "{:?}", opts.sampling);
