@@ -11,16 +11,18 @@
 //! head. The step's kernel sequence is `step.rs`; Hadamard-rotated (Bonsai 2) files run with
 //! their rotations applied on the GPU (`rotation.rs`).
 
-use crate::device::Gpu;
+use crate::device::{ptr, Gpu};
 use crate::graph::{copy_to_pinned, StepGraph};
 use crate::hybrid_weights::{self, DevHybrid};
 use crate::model::{check_forward, poisoned, CudaOptions, FusedSet};
+use crate::topk::TopBuffers;
 use cudarc::driver::{CudaSlice, PinnedHostSlice};
 use std::sync::Mutex;
 use trit::format::config::{HybridConfig, ModelConfig, RopeStyle};
 use trit::format::ModelFiles;
 use trit::model::rope::Rope;
 use trit::model::{ExternalNet, KvCache, Logits};
+use trit::sample::RowLogits;
 use trit::{Error, Result};
 
 mod step;
@@ -82,6 +84,8 @@ struct State {
     seq_len: Option<usize>,
     /// The sequence's tokens up to the last successful forward, replayed after a rewind.
     history: Vec<u32>,
+    /// Candidate buffers of sampled steps (`ExternalNet::forward_top`), made on first use.
+    top: Option<TopBuffers>,
 }
 
 pub struct CudaHybrid {
@@ -200,6 +204,7 @@ impl CudaHybrid {
                 b,
                 graphs: None,
                 device_pos: None,
+                top: None,
                 seq_len: Some(0),
                 history: Vec::new(),
             }),
@@ -296,12 +301,14 @@ impl CudaHybrid {
         Ok(())
     }
 
+    /// Runs `tokens` from `pos0`; returns the logits `which` asks for (`None`: the last
+    /// token's row stays on the device, for the candidate kernel).
     fn forward_locked(
         &self,
         st: &mut State,
         tokens: &[u32],
         pos0: usize,
-        which: Logits,
+        which: Option<Logits>,
     ) -> Result<Vec<f32>> {
         // Continuing where the state is: just the new tokens. Anywhere else (a rewind, a
         // restart, after an error): zero the state and replay the sequence's own earlier
@@ -337,13 +344,13 @@ impl CudaHybrid {
         let mut out = Vec::new();
         for i in 0..feed.len() {
             let mine = i >= skip;
-            let want = mine && (which == Logits::All || i + 1 == feed.len());
+            let want = mine && (which == Some(Logits::All) || i + 1 == feed.len());
             self.run_step(st, want)?;
-            if mine && which == Logits::All {
+            if mine && which == Some(Logits::All) {
                 out.extend(self.read_logits(st)?);
             }
         }
-        if which == Logits::Last {
+        if which == Some(Logits::Last) {
             out = self.read_logits(st)?;
         }
         st.gpu.sync()?;
@@ -369,9 +376,39 @@ impl ExternalNet for CudaHybrid {
         check_forward(tokens, cache, self.config.vocab, self.ctx)?;
         let mut st = self.state.lock().map_err(|_| poisoned())?;
         let pos0 = cache.len();
-        let out = self.forward_locked(&mut st, tokens, pos0, which)?;
+        let out = self.forward_locked(&mut st, tokens, pos0, Some(which))?;
         cache.advance(tokens.len());
         Ok(out)
+    }
+
+    /// One sampled step answered with the row's `k` best candidates (the candidate kernel on
+    /// the device's logits), as the dense model's single path does; a prompt, an unsupported
+    /// `k` or a non-finite normalizer come back in full.
+    fn forward_top(&self, tokens: &[u32], cache: &mut KvCache, k: usize) -> Result<RowLogits> {
+        let vocab = self.config.vocab;
+        if tokens.len() != 1 || !crate::topk::supported(k, vocab) {
+            return Ok(RowLogits::Full(self.forward(
+                tokens,
+                cache,
+                Logits::Last,
+            )?));
+        }
+        check_forward(tokens, cache, vocab, self.ctx)?;
+        let mut guard = self.state.lock().map_err(|_| poisoned())?;
+        let st: &mut State = &mut guard;
+        let pos0 = cache.len();
+        self.forward_locked(st, tokens, pos0, None)?;
+        if st.top.is_none() {
+            st.top = Some(TopBuffers::new(&st.gpu, 1)?);
+        }
+        let logits = ptr(&st.b.logits, &st.gpu.stream);
+        let top = st.top.as_mut().expect("made above");
+        let row = match top.run(&st.gpu, logits, 1, vocab, k)?.pop().flatten() {
+            Some(t) => RowLogits::Top(t),
+            None => RowLogits::Full(self.read_logits(st)?),
+        };
+        cache.advance(1);
+        Ok(row)
     }
 
     fn weight_bytes(&self) -> usize {

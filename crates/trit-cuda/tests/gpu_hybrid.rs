@@ -83,6 +83,43 @@ fn tiny_qwen35_greedy_tokens_match_the_cpu() {
     greedy_tokens_agree(&files, &ids, 64);
 }
 
+/// Sampled steps answered with candidates (`forward_top`, what `trit run` / `chat` use on a
+/// hybrid): each step's candidates are the host reference's candidates of the same step's full
+/// row, computed through a twin cache (the model replays the sequence whenever the other cache
+/// asks, so both see the same recurrent state and the same numbers).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn sampled_steps_with_candidates_give_the_candidates_of_full_rows() {
+    if gpu_missing() {
+        return;
+    }
+    use trit::sample::{RowLogits, TopLogits, TOP_CANDIDATES};
+    let dir = tempfile::tempdir().unwrap();
+    let (p, paths) = tiny_models(dir.path(), 8, &["q2_0"]);
+    let files = trit::format::open(&paths[0]).unwrap();
+    let gpu = load_model(&files, &CudaOptions::new(64)).unwrap();
+    let k = TOP_CANDIDATES.min(p.vocab);
+    let toks = prompt(6, p.vocab, 9);
+    let (mut a, mut b) = (gpu.new_cache(64), gpu.new_cache(64));
+    let first = gpu.forward(&toks, &mut b, Logits::Last).unwrap();
+    gpu.forward(&toks, &mut a, Logits::Last).unwrap();
+    let mut tok = argmax(&first);
+    for step in 0..12 {
+        let full = gpu.forward(&[tok], &mut b, Logits::Last).unwrap();
+        let want = TopLogits::from_row(&full, k).expect("finite logits");
+        match gpu.forward_top(&[tok], &mut a, k).unwrap() {
+            RowLogits::Top(got) => {
+                assert_eq!(got.ids, want.ids, "step {step}");
+                assert_eq!(got.logits, want.logits, "step {step}");
+                assert!((got.log_z - want.log_z).abs() < 1e-9 * want.log_z.abs().max(1.0));
+            }
+            RowLogits::Full(_) => panic!("step {step}: a full row"),
+        }
+        tok = argmax(&full);
+    }
+    assert_eq!((a.len(), b.len()), (18, 18));
+}
+
 /// Logits::All returns every position's logits (each equal to the step-by-step ones), the
 /// graph and the kernel-by-kernel launch agree, a restart at position 0 resets the recurrent
 /// state (same logits again), a rewind into the middle (a chat turn reusing a prefix) replays

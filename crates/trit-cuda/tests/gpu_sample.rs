@@ -159,10 +159,6 @@ fn single_path_steps_with_candidates_give_the_candidates_of_full_rows() {
     assert_eq!(a.tokens(), b.tokens());
 }
 
-fn argmax(row: &[f32]) -> u32 {
-    (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best }) as u32
-}
-
 /// `forward_batch_top` on the batched path, called directly: 6 sequences and their 6 twins
 /// (same prompts and tokens) in every call, the twins asking for candidates; each twin's
 /// candidates are the host reference's candidates of the other's full row (rows of a batch
