@@ -398,12 +398,8 @@ impl ExternalNet for CudaHybrid {
         let st: &mut State = &mut guard;
         let pos0 = cache.len();
         self.forward_locked(st, tokens, pos0, None)?;
-        if st.top.is_none() {
-            st.top = Some(TopBuffers::new(&st.gpu, 1)?);
-        }
         let logits = ptr(&st.b.logits, &st.gpu.stream);
-        let top = st.top.as_mut().expect("made above");
-        let row = match top.run(&st.gpu, logits, 1, vocab, k)?.pop().flatten() {
+        let row = match crate::topk::one_row(&mut st.top, &st.gpu, logits, vocab, k)? {
             Some(t) => RowLogits::Top(t),
             None => RowLogits::Full(self.read_logits(st)?),
         };

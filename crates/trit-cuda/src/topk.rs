@@ -129,6 +129,23 @@ impl TopBuffers {
     }
 }
 
+/// The candidates of the one row of `vocab` logits at `logits` (the buffers made on first
+/// use): what a single-sequence model's sampled step returns; `None` where only the full row
+/// can answer. Waits for the result.
+pub(crate) fn one_row(
+    bufs: &mut Option<TopBuffers>,
+    gpu: &Gpu,
+    logits: u64,
+    vocab: usize,
+    k: usize,
+) -> Result<Option<TopLogits>> {
+    if bufs.is_none() {
+        *bufs = Some(TopBuffers::new(gpu, 1)?);
+    }
+    let top = bufs.as_mut().expect("made above");
+    Ok(top.run(gpu, logits, 1, vocab, k)?.pop().flatten())
+}
+
 impl crate::model::CudaModel {
     /// `ExternalNet::forward_top` on the single-sequence path: one decode step (the captured
     /// graph), then the candidate kernel over its logits, so a sampled step copies
@@ -155,22 +172,11 @@ impl crate::model::CudaModel {
         let pos0 = cache.len();
         self.upload_inputs(st, tokens, pos0)?;
         self.run_step(st, true)?;
-        if st.top.is_none() {
-            st.top = Some(TopBuffers::new(&st.gpu, 1)?);
-        }
         let logits = ptr(&st.b.logits, &st.gpu.stream);
-        let top = st
-            .top
-            .as_mut()
-            .expect("made above")
-            .run(&st.gpu, logits, 1, vocab, k)?
-            .pop()
-            .flatten();
-        let row = match top {
+        let row = match one_row(&mut st.top, &st.gpu, logits, vocab, k)? {
             Some(t) => RowLogits::Top(t),
             None => RowLogits::Full(self.read_logits(st)?),
         };
-        st.gpu.sync()?;
         st.device_pos = Some(pos0 + 1);
         cache.advance(1);
         Ok(row)
