@@ -28,13 +28,17 @@ pub(crate) struct ParkedSlots {
     entries: Vec<Parked>,
     /// Device slots in all (running sequences + parked caches never exceed it).
     slots: usize,
+    /// Most caches kept: `slots`, or 0 for a model whose caches cannot be cut back (a hybrid's
+    /// recurrent state exists only at the end position, so no shorter prefix could resume).
+    keep: usize,
 }
 
 impl ParkedSlots {
-    pub(crate) fn new(slots: usize) -> ParkedSlots {
+    pub(crate) fn new(slots: usize, keep: usize) -> ParkedSlots {
         ParkedSlots {
             entries: Vec::new(),
             slots,
+            keep: keep.min(slots),
         }
     }
 
@@ -43,16 +47,15 @@ impl ParkedSlots {
         self.entries.len()
     }
 
-    /// Keeps a finished sequence's cache (with its device slot) for a later prompt. Only
-    /// caches whose keys/values sit in a device slot and that have no recurrent state (which
-    /// exists only at the end position, so a shorter prefix could not resume from it).
+    /// Keeps a finished sequence's cache (with its device slot) for a later prompt; any other
+    /// cache (no slot, too short, nothing kept) is dropped, its slot going back to the pool.
     pub(crate) fn park(&mut self, cache: KvCache, tokens: Vec<u32>) {
-        if cache.device_slot().is_none() || cache.has_recurrent() || tokens.len() < MIN_REUSE {
+        if self.keep == 0 || cache.device_slot().is_none() || tokens.len() < MIN_REUSE {
             return;
         }
         debug_assert_eq!(cache.len(), tokens.len());
         self.entries.push(Parked { cache, tokens });
-        if self.entries.len() > self.slots {
+        if self.entries.len() > self.keep {
             self.entries.remove(0);
         }
     }
@@ -98,7 +101,7 @@ mod tests {
     #[test]
     fn the_longest_shared_prefix_is_adopted_and_cut_to_it() {
         let pool = SlotPool::new(3);
-        let mut parked = ParkedSlots::new(3);
+        let mut parked = ParkedSlots::new(3, 3);
         let a: Vec<u32> = (0..40).collect();
         let mut b: Vec<u32> = (0..30).collect();
         b.extend(100..110);
@@ -121,10 +124,14 @@ mod tests {
     }
 
     #[test]
-    fn short_prefixes_unslotted_and_recurrent_caches_are_not_reused() {
+    fn short_prefixes_unslotted_caches_and_unkept_models_are_not_reused() {
         let pool = SlotPool::new(2);
-        let mut parked = ParkedSlots::new(2);
+        // A model whose caches cannot be cut back (a hybrid) keeps none: the slot comes back.
+        let mut none = ParkedSlots::new(2, 0);
         let a: Vec<u32> = (0..40).collect();
+        none.park(parked_cache(&pool, &a), a.clone());
+        assert_eq!((none.len(), pool.free_count()), (0, 2));
+        let mut parked = ParkedSlots::new(2, 2);
         parked.park(parked_cache(&pool, &a), a.clone());
         let mut prompt: Vec<u32> = (0..MIN_REUSE as u32 - 1).collect();
         prompt.push(999);
@@ -147,7 +154,7 @@ mod tests {
     #[test]
     fn room_is_made_oldest_first_and_slots_come_back() {
         let pool = SlotPool::new(3);
-        let mut parked = ParkedSlots::new(3);
+        let mut parked = ParkedSlots::new(3, 3);
         for k in 0..3u32 {
             let t: Vec<u32> = (0..20).map(|i| i + 100 * k).collect();
             parked.park(parked_cache(&pool, &t), t);

@@ -186,6 +186,7 @@ impl Scheduler {
         let slots = model.max_sequences().max(1);
         let parallel = config.parallel.clamp(1, slots);
         let share_prefixes = model.shares_prefixes();
+        let hybrid = model.config().hybrid.is_some();
         let pool = if share_prefixes {
             BlockPool::new(shape.shape(), config.kv_cache_bytes)
         } else {
@@ -209,7 +210,8 @@ impl Scheduler {
             reserved_blocks: 0,
             parallel,
             share_prefixes,
-            parked: ParkedSlots::new(slots),
+            // A hybrid's recurrent state exists only at the end position: nothing to resume.
+            parked: ParkedSlots::new(slots, if hybrid { 0 } else { slots }),
             waiting: waiting.clone(),
             stats: stats.clone(),
             n_ctx: config.n_ctx,
@@ -376,12 +378,7 @@ impl Worker {
             let (mut checkpoint_at, mut checkpoint) = (0, None);
             // The last prompt token is always evaluated: its logits give the first token.
             if !self.share_prefixes {
-                // (Hybrids are never parked: their state exists only at the end position.)
-                let adopted = match cache.has_recurrent() {
-                    false => self.parked.adopt(&req.prompt, n - 1),
-                    true => None,
-                };
-                match adopted {
+                match self.parked.adopt(&req.prompt, n - 1) {
                     Some((parked, len)) => {
                         cache = parked;
                         common = len;
@@ -602,9 +599,7 @@ impl Worker {
             prompt_secs,
             ..
         } = r;
-        // A device hybrid keeps its recurrent state on the device at the end position only,
-        // which no shorter prefix could resume from: its caches are not parked.
-        if !self.share_prefixes && self.model.config().hybrid.is_none() {
+        if !self.share_prefixes {
             self.parked.park(cache, tokens);
         } else {
             drop(cache);
