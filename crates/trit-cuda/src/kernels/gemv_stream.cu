@@ -101,6 +101,20 @@ struct StreamWarp {
     int gi, ji;                 // the next item to request
     RowBases<R> ri, r0;         // rows of group gi and of group g0
     uint4* ring;
+
+    // Requests the next item (group gi, lane-step sub + SPLIT·ji) into ring slot `s`.
+    template <int SPLIT, typename S>
+    __device__ __forceinline__ void issue_next(int s, const uint4* __restrict__ codes,
+                                               const S* __restrict__ scales, int rows, int nb,
+                                               int glu, int sub, int lane) {
+        stream_issue<R, S>(ring + s * StreamSlot<R>::CHUNKS, codes, scales, ri, nb,
+                           sub + SPLIT * ji, lane);
+        if (++ji == per) {
+            ji = 0;
+            gi += stride;
+            ri.set(gi, rows, rows / 2, glu, nb);
+        }
+    }
 };
 
 // Plans the warp's items of a rows × (64·nb) matrix and requests the first ST − 1 of them into
@@ -131,15 +145,7 @@ __device__ __forceinline__ StreamWarp<R> stream_begin(const uint4* __restrict__ 
     w.r0 = w.ri;
 #pragma unroll
     for (int n = 0; n < ST - 1; n++) {
-        if (n < w.mine) {
-            stream_issue<R, S>(w.ring + n * StreamSlot<R>::CHUNKS, codes, scales, w.ri, nb,
-                               sub + SPLIT * w.ji, lane);
-            if (++w.ji == w.per) {
-                w.ji = 0;
-                w.gi += w.stride;
-                w.ri.set(w.gi, rows, half, glu, nb);
-            }
-        }
+        if (n < w.mine) w.template issue_next<SPLIT, S>(n, codes, scales, rows, nb, glu, sub, lane);
         cp_async_commit();
     }
     return w;
@@ -172,15 +178,9 @@ __device__ __forceinline__ void stream_finish(
     int g = w.g0, j = 0;
     RowBases<R> rc = w.r0;  // rows of group g
     for (int n = 0; n < w.mine; n++) {
-        if (n + ST - 1 < w.mine) {
-            stream_issue<R, S>(w.ring + ((n + ST - 1) % ST) * StreamSlot<R>::CHUNKS, codes,
-                               scales, w.ri, nb, sub + SPLIT * w.ji, lane);
-            if (++w.ji == w.per) {
-                w.ji = 0;
-                w.gi += w.stride;
-                w.ri.set(w.gi, rows, half, glu, nb);
-            }
-        }
+        if (n + ST - 1 < w.mine)
+            w.template issue_next<SPLIT, S>((n + ST - 1) % ST, codes, scales, rows, nb, glu, sub,
+                                            lane);
         cp_async_commit();
         cp_async_wait_group<ST - 1>();
         const uint4* slot = w.ring + (n % ST) * StreamSlot<R>::CHUNKS;
