@@ -4,7 +4,9 @@
 # with their start, end and overlap. The machine's nsys sits in Nsight Compute's folder and
 # its QdstrmImporter needs libdw.so.1, libelf.so.1, libbz2.so.1.0 and liblzma.so.5, which the
 # machine lacks: copy them from this Debian machine into $G/lib and carry $G.
-# Usage: G=.dev/gpu/DIR (bins.tar.xz as h200_final.sh expects, plus lib/).
+# Usage: G=.dev/gpu/DIR (bins.tar.xz as h200_final.sh expects, plus lib/); SKIP="60 -1" prints
+# the 16 kernels from the step's 60th and those around the step boundary, from one trace.
+# TRACE=graph traces each graph as one item (the launch costs less under the tracer).
 cd "$(dirname "$0")/../../.." || exit 1
 mkdir -p /tmp/bin /tmp/models; tar -xJf "${G:?}/bins.tar.xz" -C /tmp/bin || exit 1
 NVRTC_DIR=$(dirname "$(find /usr/local /opt /usr/lib \( -name 'libnvrtc.so' -o -name 'libnvrtc.so.13' -o -name 'libnvrtc.so.12' \) 2>/dev/null | head -1)")
@@ -13,10 +15,33 @@ NS=$(find / -name nsys -type f -perm -u+x 2>/dev/null | head -1)
 IMP=$(find / -name QdstrmImporter -type f 2>/dev/null | head -1)
 M=${MODEL:-8b}
 /tmp/bin/gen_model --preset $M --out /tmp/models/$M --formats q2_0 > /dev/null 2>&1
-timeout 150 $NS profile --cuda-graph-trace=node -t cuda -o /tmp/ns -f true /tmp/bin/trit bench --device cuda -m /tmp/models/$M/model-q2_0.gguf -p 0 -n 24 -r 1 > /tmp/ns.log 2>&1
+timeout 150 $NS profile --cuda-graph-trace=${TRACE:-node} -t cuda -o /tmp/ns -f true /tmp/bin/trit bench --device cuda -m /tmp/models/$M/model-q2_0.gguf -p 0 -n 24 -r 1 > /tmp/ns.log 2>&1
 LD_LIBRARY_PATH=$PWD/$G/lib:$LD_LIBRARY_PATH $IMP -i /tmp/ns.qdstrm > /tmp/imp.log 2>&1 || tail -3 /tmp/imp.log
-$NS stats --report cuda_gpu_trace --format csv -o /tmp/tr /tmp/ns.nsys-rep > /dev/null 2>&1
-python3 - /tmp/tr_cuda_gpu_trace.csv "${SKIP:-60}" <<'PY'
+$NS stats --report cuda_gpu_trace,cuda_api_trace --format csv -o /tmp/tr /tmp/ns.nsys-rep > /dev/null 2>&1
+# The host between two decode steps: every driver call from one graph launch to the next (start
+# relative to the first launch, duration), and the copies the GPU ran in that window.
+python3 - /tmp/tr_cuda_api_trace.csv /tmp/tr_cuda_gpu_trace.csv <<'PY'
+import csv, sys
+api = list(csv.DictReader(open(sys.argv[1])))
+gpu = list(csv.DictReader(open(sys.argv[2])))
+st = lambda r: int(r['Start (ns)'])
+du = lambda r: int(r['Duration (ns)'])
+launches = [i for i, r in enumerate(api) if 'GraphLaunch' in r['Name']]
+if len(launches) < 3:
+    print('fewer than 3 graph launches traced'); sys.exit()
+a, b = launches[-3], launches[-2]
+t0 = st(api[a])
+print(f'host: launch to launch {(st(api[b]) - t0) / 1000:.1f} us')
+pe = t0
+for r in api[a:b + 1]:
+    s = st(r)
+    print(f"  {r['Name'][:34]:34s} at {(s - t0) / 1000:8.2f} took {du(r) / 1000:7.2f} (host gap before {(s - pe) / 1000:6.2f})")
+    pe = s + du(r)
+for r in gpu:
+    if ('[CUDA' in r['Name'] or 'raph' in r['Name']) and t0 <= st(r) <= st(api[b]):
+        print(f"  GPU {r['Name'][:30]:30s} at {(st(r) - t0) / 1000:8.2f} took {du(r) / 1000:7.2f} bytes {r.get('Bytes (MB)', r.get('Bytes', '?'))}")
+PY
+for skip in ${SKIP:-60}; do python3 - /tmp/tr_cuda_gpu_trace.csv "$skip" <<'PY'
 import csv, sys, collections
 rows = list(csv.DictReader(open(sys.argv[1])))
 ks = [r for r in rows if r.get('Name') and '[CUDA' not in r['Name']]
@@ -45,3 +70,4 @@ for r in w:
     print(f"  {r['Name'][:40]:40s} start {s / 1000:7.2f} end {e / 1000:7.2f}{gap}")
     pe = e
 PY
+done

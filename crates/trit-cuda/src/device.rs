@@ -143,7 +143,8 @@ pub const KERNELS: &[&str] = &[
     "hadamard_quant",
     "deltanet_step",
     "deltanet_step_hoisted",
-    "row_top_candidates",
+    "row_top_parts",
+    "row_top_merge",
     "ternary_gemm_small_wide_f16",
     "ternary_gemm_small_wide_f32",
 ];

@@ -25,14 +25,46 @@ pub(crate) fn supported(k: usize, vocab: usize) -> bool {
     (1..=MAX_CANDIDATES).contains(&k) && k <= vocab
 }
 
+/// Most slices a row is split into (row_top_parts' grid; at most `THREADS`, one per thread in
+/// row_top_merge).
+const MAX_PARTS: usize = 128;
+
+/// Blocks of row_top_parts worth filling the GPU with (two per multiprocessor of an H100/H200).
+const TARGET_BLOCKS: usize = 264;
+
+/// How many slices each of `rows` rows of `vocab` entries is split into: enough blocks to fill
+/// the GPU, each slice at least `k` entries (so it holds k candidates).
+fn parts_for(rows: usize, vocab: usize, k: usize) -> usize {
+    TARGET_BLOCKS
+        .div_ceil(rows.max(1))
+        .min(MAX_PARTS)
+        .min(vocab / k.max(1))
+        .max(1)
+}
+
+/// 32-bit words of row_top_parts' output for one slice (`part_words` in topk.cu).
+fn part_words(k: usize) -> usize {
+    2 * k + 4
+}
+
+/// Words of the slice scratch any `rows` ≤ `max_rows` and `k` ≤ `MAX_CANDIDATES` need.
+fn scratch_words(max_rows: usize) -> usize {
+    (1..=max_rows.max(1))
+        .map(|r| r * parts_for(r, usize::MAX, 1))
+        .max()
+        .unwrap_or(1)
+        * part_words(MAX_CANDIDATES)
+}
+
 /// Enqueues the reduction of `rows` rows of `vocab` logits at device address `logits` into
-/// `out` (`rows × words_per_row(k)` words).
-pub(crate) fn launch(
+/// `out` (`rows × words_per_row(k)` words), through `scratch` (`scratch_words` of the rows).
+fn launch(
     gpu: &Gpu,
     logits: u64,
     rows: usize,
     vocab: usize,
     k: usize,
+    scratch: u64,
     out: u64,
 ) -> Result<()> {
     if !supported(k, vocab) {
@@ -40,14 +72,27 @@ pub(crate) fn launch(
             "{k} candidates of a {vocab}-entry row (1 to {MAX_CANDIDATES}, at most the row)"
         )));
     }
+    let parts = parts_for(rows, vocab, k);
     gpu.launch(
-        "row_top_candidates",
-        (rows as u32, 1),
+        "row_top_parts",
+        (parts as u32, rows as u32),
         THREADS,
         &[
             Arg::Ptr(logits),
             Arg::I32(vocab as i32),
             Arg::I32(k as i32),
+            Arg::I32(parts as i32),
+            Arg::Ptr(scratch),
+        ],
+    )?;
+    gpu.launch(
+        "row_top_merge",
+        (rows as u32, 1),
+        THREADS,
+        &[
+            Arg::Ptr(scratch),
+            Arg::I32(k as i32),
+            Arg::I32(parts as i32),
             Arg::Ptr(out),
         ],
     )
@@ -71,6 +116,9 @@ pub(crate) fn unpack(words: &[u32], k: usize) -> Option<TopLogits> {
 /// Device and pinned host buffers of the kernel's output for up to `rows` rows.
 pub(crate) struct TopBuffers {
     pub(crate) dev: CudaSlice<u32>,
+    /// The slices' candidates (row_top_parts → row_top_merge).
+    scratch: CudaSlice<u32>,
+    max_rows: usize,
     pub(crate) host: PinnedHostSlice<u32>,
 }
 
@@ -79,6 +127,8 @@ impl TopBuffers {
         let n = rows * words_per_row(MAX_CANDIDATES);
         Ok(TopBuffers {
             dev: gpu.zeros(n)?,
+            scratch: gpu.zeros(scratch_words(rows))?,
+            max_rows: rows,
             // Plain page-locked memory, read by the host (not write-combined).
             // SAFETY: read only after the copy into it and a stream synchronize.
             host: unsafe { gpu.ctx.alloc_pinned_with_flags::<u32>(n, 0) }
@@ -98,7 +148,7 @@ impl TopBuffers {
     ) -> Result<Vec<Option<TopLogits>>> {
         let w = words_per_row(k);
         let n = rows * w;
-        if n > self.host.len() {
+        if n > self.host.len() || rows > self.max_rows {
             return Err(Error::InvalidArgument(format!(
                 "candidates of {rows} rows for buffers of {} words",
                 self.host.len()
@@ -111,7 +161,8 @@ impl TopBuffers {
                 e,
             )
         })?;
-        launch(gpu, logits, rows, vocab, k, ptr(&self.dev, &gpu.stream))?;
+        let s = &gpu.stream;
+        launch(gpu, logits, rows, vocab, k, ptr(&self.scratch, s), ptr(&self.dev, s))?;
         // Into the first `n` words: cudarc copies as many bytes as the destination holds.
         let dst = &mut self
             .host
@@ -199,4 +250,28 @@ pub fn top_candidates_once(
     let dev = gpu.upload(logits)?;
     let mut bufs = TopBuffers::new(gpu, rows)?;
     bufs.run(gpu, ptr(&dev, &gpu.stream), rows, vocab, k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_hold_k_entries_fill_the_gpu_and_fit_the_scratch() {
+        for rows in [1, 2, 7, 32, 64, 130, 300] {
+            let room = scratch_words(rows);
+            for (vocab, k) in [(151_936, 64), (151_936, 256), (248_320, 1), (1_000, 255), (70, 70)] {
+                let parts = parts_for(rows, vocab, k);
+                assert!((1..=MAX_PARTS).contains(&parts), "{rows} {vocab} {k}");
+                // Slice p is [p·vocab/parts, (p+1)·vocab/parts): the smallest has ⌊vocab/parts⌋.
+                assert!(vocab / parts >= k, "{rows} rows, {vocab}/{parts} < {k}");
+                if vocab / k >= MAX_PARTS {
+                    assert!(rows * parts >= TARGET_BLOCKS.min(rows * MAX_PARTS), "{rows} {parts}");
+                }
+                assert!(rows * parts * part_words(k) <= room, "{rows} {vocab} {k}");
+            }
+        }
+        assert_eq!(parts_for(1, 151_936, 64), MAX_PARTS);
+        assert_eq!(parts_for(1, 70, 70), 1);
+    }
 }
