@@ -41,6 +41,17 @@ fn use_graph() -> bool {
     std::env::var("TRIT_CUDA_BATCH_GRAPH").map_or(true, |v| v != "0")
 }
 
+/// Most decoding rows a step runs as single-path steps, one after another, each on its slot
+/// (TRIT_CUDA_BATCH_SINGLE=N; 0: always the batched kernels). H200, 8B: the batched kernels
+/// take ~3.2 ms for 1, 2 or 4 rows, the single path 1.37 ms per row, so a server with one or
+/// two clients decodes at the single path's speed (B=1: 314 → 728 tok/s).
+fn single_rows_max() -> usize {
+    std::env::var("TRIT_CUDA_BATCH_SINGLE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2)
+}
+
 /// Ternary GEMM of the decode step: the small-batch kernel (its wide-load variant;
 /// TRIT_CUDA_BATCH_GEMM=plain: the first one), or with TRIT_CUDA_BATCH_GEMM=prefill the
 /// prefill's (for comparison).
@@ -99,6 +110,9 @@ pub(crate) struct BatchState {
     /// tokens, positions, slots and slot table are read from device memory, so one graph
     /// serves every step of that size).
     graphs: HashMap<usize, StepGraph>,
+    /// The single path's decode step (with the LM head) captured per slot, whose cache
+    /// addresses it holds: a step of one row runs it (`decode_row_single`).
+    single: HashMap<usize, StepGraph>,
 }
 
 impl BatchState {
@@ -114,6 +128,7 @@ impl BatchState {
             tab: gpu.upload(&tab_host)?,
             tab_host,
             graphs: HashMap::new(),
+            single: HashMap::new(),
             top: TopBuffers::new(gpu, max_seqs)?,
             split: SplitScratch::new(gpu)?,
             bufs: RowBuffers {
@@ -350,6 +365,12 @@ impl CudaModel {
     fn decode_rows(&self, st: &mut State, rows: &[Row], k: usize) -> Result<Vec<RowLogits>> {
         let c = &self.config;
         let n = rows.len();
+        if n <= single_rows_max() {
+            return rows
+                .iter()
+                .map(|row| self.decode_row_single(st, row, k))
+                .collect();
+        }
         let timing = std::env::var("TRIT_CUDA_BATCH_TIMING").is_ok_and(|v| v == "1");
         let t0 = Instant::now();
         {
@@ -435,6 +456,40 @@ impl CudaModel {
             .into_iter()
             .map(|o| o.expect("every row answered above"))
             .collect())
+    }
+
+    /// One decode row as the single path's step (its graph, captured per slot) over the row's
+    /// slot: the GEMV kernels read each weight once for one row, where the batched GEMM's
+    /// tiles cost more than twice as long (up to `single_rows_max` rows). The same kernels as a lone sequence's step, so the
+    /// row's logits equal what the single path gives for the same cache.
+    fn decode_row_single(&self, st: &mut State, row: &Row, k: usize) -> Result<RowLogits> {
+        let batch = st.batch.as_ref().expect("created by forward_batch_gpu");
+        let t = batch.target(&st.gpu, row.slot, self.ctx);
+        let kv: Vec<(u64, u64)> = t.k.into_iter().zip(t.v).collect();
+        let captured = batch.single.contains_key(&row.slot);
+        // The position counter belongs to no sequence now (forward_batch_rows cleared it),
+        // so this uploads it too; after the step it is this slot's, so it stays unclaimed.
+        self.upload_inputs(st, &[row.token], row.pos)?;
+        if self.use_graph {
+            if !captured {
+                let graph = self.capture(st, true, &kv)?;
+                let batch = st.batch.as_mut().expect("created by forward_batch_gpu");
+                batch.single.insert(row.slot, graph);
+            }
+            let batch = st.batch.as_ref().expect("created by forward_batch_gpu");
+            batch.single[&row.slot].launch("decode")?;
+        } else {
+            self.enqueue_step(st, true, &kv)?;
+        }
+        st.device_pos = None;
+        let vocab = self.config.vocab;
+        if row.want_top && topk::supported(k, vocab) {
+            let logits = ptr(&st.b.logits, &st.gpu.stream);
+            if let Some(t) = topk::one_row(&mut st.top, &st.gpu, logits, vocab, k)? {
+                return Ok(RowLogits::Top(t));
+            }
+        }
+        Ok(RowLogits::Full(self.read_logits(st)?))
     }
 
     /// Runs the step for `n` rows: its graph (captured on first use), or kernel by kernel.

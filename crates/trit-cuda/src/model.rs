@@ -88,7 +88,7 @@ pub struct CudaModel {
     att_min_chunk: usize,
     rows_per_warp: Option<usize>,
     max_split: usize,
-    use_graph: bool,
+    pub(crate) use_graph: bool,
     fused: FusedSet,
     persist_mlp: bool,
     weight_bytes: usize,
@@ -446,7 +446,25 @@ impl CudaModel {
     }
 
     /// Enqueues one decode step (the position and token come from device memory).
-    fn enqueue_step(&self, st: &State, with_head: bool) -> Result<()> {
+    /// Per layer, the device addresses of the single path's own keys and values.
+    fn own_kv(st: &State) -> Vec<(u64, u64)> {
+        let s = &st.gpu.stream;
+        st.b.k_cache
+            .iter()
+            .zip(&st.b.v_cache)
+            .map(|(k, v)| (ptr(k, s), ptr(v, s)))
+            .collect()
+    }
+
+    /// Enqueues one decode step of the token at `toks[step]`, its keys and values appended
+    /// to the caches at `kv` (per layer, `[kv_head][ctx][head_dim]` f16: the single path's own,
+    /// or a batch slot's).
+    pub(crate) fn enqueue_step(
+        &self,
+        st: &State,
+        with_head: bool,
+        kv: &[(u64, u64)],
+    ) -> Result<()> {
         let c = &self.config;
         let (g, b, s) = (&st.gpu, &st.b, &st.gpu.stream);
         let p = |x: &CudaSlice<f32>| ptr(x, s);
@@ -500,8 +518,8 @@ impl CudaModel {
                     Arg::I32(c.n_kv_heads as i32),
                     Arg::I32(hd as i32),
                     Arg::I32((c.rope_style == RopeStyle::Adjacent) as i32),
-                    Arg::Ptr(ptr(&b.k_cache[li], s)),
-                    Arg::Ptr(ptr(&b.v_cache[li], s)),
+                    Arg::Ptr(kv[li].0),
+                    Arg::Ptr(kv[li].1),
                     Arg::I32(self.ctx as i32),
                     Arg::F32(scale),
                     Arg::Ptr(p(&b.part_o)),
@@ -611,19 +629,25 @@ impl CudaModel {
         Ok(true)
     }
 
-    fn capture(&self, st: &State, with_head: bool) -> Result<StepGraph> {
+    pub(crate) fn capture(
+        &self,
+        st: &State,
+        with_head: bool,
+        kv: &[(u64, u64)],
+    ) -> Result<StepGraph> {
         StepGraph::capture(&st.gpu.stream, "decode graph", || {
-            self.enqueue_step(st, with_head)
+            self.enqueue_step(st, with_head, kv)
         })
     }
 
     pub(crate) fn run_step(&self, st: &mut State, with_head: bool) -> Result<()> {
+        let kv = Self::own_kv(st);
         if !self.use_graph {
-            return self.enqueue_step(st, with_head);
+            return self.enqueue_step(st, with_head, &kv);
         }
         if st.graphs.is_none() {
-            let with = self.capture(st, true)?;
-            let without = self.capture(st, false)?;
+            let with = self.capture(st, true, &kv)?;
+            let without = self.capture(st, false, &kv)?;
             st.graphs = Some((with, without));
         }
         let (with, without) = st.graphs.as_ref().expect("captured above");

@@ -162,7 +162,15 @@ impl TopBuffers {
             )
         })?;
         let s = &gpu.stream;
-        launch(gpu, logits, rows, vocab, k, ptr(&self.scratch, s), ptr(&self.dev, s))?;
+        launch(
+            gpu,
+            logits,
+            rows,
+            vocab,
+            k,
+            ptr(&self.scratch, s),
+            ptr(&self.dev, s),
+        )?;
         // Into the first `n` words: cudarc copies as many bytes as the destination holds.
         let dst = &mut self
             .host
@@ -260,13 +268,22 @@ mod tests {
     fn slices_hold_k_entries_fill_the_gpu_and_fit_the_scratch() {
         for rows in [1, 2, 7, 32, 64, 130, 300] {
             let room = scratch_words(rows);
-            for (vocab, k) in [(151_936, 64), (151_936, 256), (248_320, 1), (1_000, 255), (70, 70)] {
+            for (vocab, k) in [
+                (151_936, 64),
+                (151_936, 256),
+                (248_320, 1),
+                (1_000, 255),
+                (70, 70),
+            ] {
                 let parts = parts_for(rows, vocab, k);
                 assert!((1..=MAX_PARTS).contains(&parts), "{rows} {vocab} {k}");
                 // Slice p is [p·vocab/parts, (p+1)·vocab/parts): the smallest has ⌊vocab/parts⌋.
                 assert!(vocab / parts >= k, "{rows} rows, {vocab}/{parts} < {k}");
                 if vocab / k >= MAX_PARTS {
-                    assert!(rows * parts >= TARGET_BLOCKS.min(rows * MAX_PARTS), "{rows} {parts}");
+                    assert!(
+                        rows * parts >= TARGET_BLOCKS.min(rows * MAX_PARTS),
+                        "{rows} {parts}"
+                    );
                 }
                 assert!(rows * parts * part_words(k) <= room, "{rows} {vocab} {k}");
             }

@@ -301,3 +301,103 @@ fn small_batch_gemm_matches_its_cpu_emulation_on_ragged_shapes() {
     }
     eprintln!("small-batch GEMMs (plain, wide) equal their CPU emulation on 5 ragged shapes");
 }
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn one_or_two_decoding_rows_run_the_single_path_on_their_slots() {
+    if gpu_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = tiny_model(dir.path(), "tiny");
+    let files = trit::format::open(&path).unwrap();
+    let ctx = 128;
+    let gpu = load_model(&files, &CudaOptions::new(ctx)).unwrap();
+    let cpu = Model::load(&files, 2).unwrap();
+    let vocab = files.config.vocab;
+    let a = &scripts(1, vocab, 8)[0];
+    let b_prompt = prompt(30, vocab, 9);
+    let alone = &run_alone(&gpu, std::slice::from_ref(a), ctx)[0];
+    let step = |feeds: &mut [(&mut KvCache, &[u32])], top: bool| -> Vec<trit::sample::RowLogits> {
+        let want_top = vec![top; feeds.len()];
+        let mut batch: Vec<BatchSeq<'_>> = feeds
+            .iter_mut()
+            .map(|(c, t)| BatchSeq {
+                tokens: t,
+                cache: c,
+                logits: Logits::Last,
+            })
+            .collect();
+        gpu.forward_batch_top(&mut batch, 64, &want_top).unwrap()
+    };
+    let full = |r: &trit::sample::RowLogits| match r {
+        trit::sample::RowLogits::Full(v) => v.clone(),
+        trit::sample::RowLogits::Top(_) => panic!("candidates where the full row was asked for"),
+    };
+    let mut ca = gpu.new_cache(ctx);
+    let mut got = vec![full(&step(&mut [(&mut ca, &a.prompt)], false)[0])];
+    // Steps 1–3 alone (step 2 asks for candidates), step 4 beside B's prompt, step 5 beside
+    // B's first step and C's prompt: one or two decoding rows each time, so the single path's
+    // kernels over A's slot — the very logits of A alone.
+    for (i, t) in a.steps[..3].iter().enumerate() {
+        let r = step(&mut [(&mut ca, std::slice::from_ref(t))], i == 1);
+        match &r[0] {
+            trit::sample::RowLogits::Top(top) => {
+                let want = trit::sample::TopLogits::from_row(&alone[i + 1], 64).unwrap();
+                assert_eq!(top.ids, want.ids, "candidates of the lone row");
+                got.push(alone[i + 1].clone());
+            }
+            row => got.push(full(row)),
+        }
+    }
+    let (mut cb, mut cc) = (gpu.new_cache(ctx), gpu.new_cache(ctx));
+    let c_prompt = prompt(7, vocab, 10);
+    let r = step(
+        &mut [(&mut ca, &a.steps[3..4]), (&mut cb, &b_prompt)],
+        false,
+    );
+    got.push(full(&r[0]));
+    let bt = [a.steps[0]];
+    let r = step(
+        &mut [
+            (&mut ca, &a.steps[4..5]),
+            (&mut cb, &bt),
+            (&mut cc, &c_prompt),
+        ],
+        false,
+    );
+    got.push(full(&r[0]));
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(
+            g, &alone[i],
+            "call {i}: the lone row's logits differ from A alone"
+        );
+    }
+    // Three decoding rows: the batched kernels; then B and C leave and A is alone again.
+    for t in &a.steps[5..7] {
+        let r = step(
+            &mut [
+                (&mut ca, std::slice::from_ref(t)),
+                (&mut cb, &bt),
+                (&mut cc, &bt),
+            ],
+            false,
+        );
+        got.push(full(&r[0]));
+    }
+    drop((cb, cc));
+    for t in &a.steps[7..] {
+        got.push(full(
+            &step(&mut [(&mut ca, std::slice::from_ref(t))], false)[0],
+        ));
+    }
+    assert_eq!(ca.len(), a.prompt.len() + a.steps.len());
+    let on_cpu = &run_alone(&cpu, std::slice::from_ref(a), ctx)[0];
+    let vs_cpu = worst(std::slice::from_ref(&got), std::slice::from_ref(on_cpu));
+    let alone_vs_cpu = worst(std::slice::from_ref(alone), std::slice::from_ref(on_cpu));
+    eprintln!("lone rows on a slot vs CPU {vs_cpu:.2e} (A alone vs CPU {alone_vs_cpu:.2e})");
+    assert!(
+        vs_cpu <= 2.0 * alone_vs_cpu + 1e-3 && vs_cpu < 0.1,
+        "{vs_cpu} against the CPU (alone {alone_vs_cpu})"
+    );
+}
