@@ -97,6 +97,8 @@ pub struct CudaHybrid {
     use_graph: bool,
     /// Matrices whose input preparation runs in the fused GEMV's prologue.
     fused: FusedSet,
+    /// `CudaOptions::stream_down`.
+    pub(crate) stream_down: bool,
     /// The kernel that runs the DeltaNet mixer in one launch where it can (`None`: five).
     dn_step: Option<&'static str>,
     weight_bytes: usize,
@@ -192,6 +194,7 @@ impl CudaHybrid {
             max_split: opts.max_split,
             use_graph: opts.graph,
             fused,
+            stream_down: opts.stream_down,
             dn_step,
             weight_bytes: w.weight_bytes(),
             bytes_per_token: w.bytes_per_token(),

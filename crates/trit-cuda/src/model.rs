@@ -91,6 +91,7 @@ pub struct CudaModel {
     pub(crate) use_graph: bool,
     fused: FusedSet,
     persist_mlp: bool,
+    stream_down: bool,
     weight_bytes: usize,
     bytes_per_token: usize,
     device_name: String,
@@ -124,6 +125,10 @@ pub struct CudaOptions {
     /// Prototype: o, gate‖up and down of each decode layer as one persistent kernel
     /// (`persist.rs`; `TRIT_CUDA_PERSIST=1`).
     pub persist_mlp: bool,
+    /// The down projection through the streaming GEMV over the int8 SwiGLU output (all its
+    /// first weights requested before the wait) instead of the register-pipelined kernel
+    /// (`TRIT_CUDA_STREAM_DOWN=1`).
+    pub stream_down: bool,
 }
 
 /// Which matrices of the decode step take the fused GEMV.
@@ -225,6 +230,7 @@ impl CudaOptions {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(ATT_MIN_CHUNK),
             persist_mlp: env("TRIT_CUDA_PERSIST").is_some_and(|v| v == "1"),
+            stream_down: env("TRIT_CUDA_STREAM_DOWN").is_some_and(|v| v == "1"),
         }
     }
 }
@@ -316,6 +322,7 @@ impl CudaModel {
             use_graph: opts.graph,
             fused,
             persist_mlp: opts.persist_mlp,
+            stream_down: opts.stream_down,
             weight_bytes,
             bytes_per_token,
             device_name: gpu.name.clone(),
@@ -576,6 +583,12 @@ impl CudaModel {
                 None => {
                     if !h_quantized && c.ffn.is_multiple_of(64) {
                         launch::quantize_vec(g, p(&b.h), c.ffn, xq, xm)?;
+                    }
+                    let streamed = self.stream_down && c.ffn.is_multiple_of(64);
+                    if let Some(m) = self.fused_args(st, &blk.down, streamed, false) {
+                        let input = FusedInput::Q { q: xq, meta: xm };
+                        self.fused_gemv(st, &m, input, p(&b.x), true, false)?;
+                        continue;
                     }
                     let h_in = Input {
                         f32: p(&b.h),

@@ -52,7 +52,8 @@ fn check(what: &str, errs: (f64, f64)) {
 
 /// GGUF Q2_0 (tiled value heads; the generator writes the hybrid preset's per-64 scales only
 /// as Q2_0) and MLX (grouped value heads): a 12-token
-/// prompt (longer than the conv window of 3) then 8 decode steps, every step's logits compared.
+/// prompt (longer than the conv window of 3) then 8 decode steps, every step's logits compared;
+/// each also with the down projection through the streaming GEMV.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn tiny_qwen35_logits_match_the_cpu_in_gguf_and_mlx() {
@@ -62,8 +63,13 @@ fn tiny_qwen35_logits_match_the_cpu_in_gguf_and_mlx() {
     let dir = tempfile::tempdir().unwrap();
     let (p, paths) = tiny_models(dir.path(), 3, &["q2_0", "mlx"]);
     for path in &paths {
-        let errs = compare(path, &prompt(12, p.vocab, 1), 8, 64);
-        check(&format!("tiny-qwen35 {}", path.display()), errs);
+        for stream_down in [false, true] {
+            let mut opts = CudaOptions::new(64);
+            opts.stream_down = stream_down;
+            let errs = compare_with(path, &prompt(12, p.vocab, 1), 8, &opts);
+            let how = if stream_down { ", down streamed" } else { "" };
+            check(&format!("tiny-qwen35 {}{how}", path.display()), errs);
+        }
     }
 }
 

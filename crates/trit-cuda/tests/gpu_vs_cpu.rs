@@ -544,17 +544,19 @@ fn fused_and_separate_decode_kernels_match_the_cpu() {
         generate(&p, 4, &out, &[q2], &TokenizerAssets::Placeholder).unwrap();
         let path = out.join("model-q2_0.gguf");
         let default = CudaOptions::new(128).fused;
-        for (name, set, min_chunk, persist) in [
-            ("all fused", FusedSet::ALL, 32, false),
-            ("none fused", FusedSet::NONE, 32, false),
-            ("default", default, 32, false),
-            ("default, one attention split", default, 128, false),
-            ("persistent o + gate‖up + down", default, 32, true),
+        for (name, set, min_chunk, persist, stream_down) in [
+            ("all fused", FusedSet::ALL, 32, false, false),
+            ("none fused", FusedSet::NONE, 32, false, false),
+            ("default", default, 32, false, false),
+            ("default, one attention split", default, 128, false, false),
+            ("persistent o + gate‖up + down", default, 32, true, false),
+            ("down streamed over int8", default, 32, false, true),
         ] {
             let mut opts = CudaOptions::new(128);
             opts.fused = set;
             opts.att_min_chunk = min_chunk;
             opts.persist_mlp = persist;
+            opts.stream_down = stream_down;
             let errs = compare_with(&path, &prompt(40, p.vocab, 3), 8, &opts);
             check(&format!("{preset} q2_0, {name}"), errs);
         }

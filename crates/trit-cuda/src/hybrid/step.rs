@@ -234,7 +234,19 @@ impl CudaHybrid {
                 }
             }
         };
-        self.project(st, &layer.down, down_in, Self::p(st, &b.x), true, false)
+        let x = Self::p(st, &b.x);
+        if let (true, Input::Ready { q, meta, .. }) = (self.stream_down, down_in) {
+            if let Some(a) = self.fusable(st, &layer.down, true, false) {
+                let opts = FusedOpts {
+                    r: self.rows_per_warp.max(FUSED_MIN_ROWS),
+                    max_split: self.max_split,
+                    accumulate: true,
+                    glu: false,
+                };
+                return launch_ternary_fused(g, &a, FusedInput::Q { q, meta }, x, opts);
+            }
+        }
+        self.project(st, &layer.down, down_in, x, true, false)
     }
 
     fn full_attention(
