@@ -143,6 +143,7 @@ pub const KERNELS: &[&str] = &[
     "hadamard_quant",
     "deltanet_step",
     "deltanet_step_hoisted",
+    "deltanet_step_early",
     "row_top_parts",
     "row_top_merge",
     "ternary_gemm_small_wide_f16",

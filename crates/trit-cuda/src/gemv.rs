@@ -209,6 +209,9 @@ pub struct FusedOpts {
     pub accumulate: bool,
     /// `W` is gate‖up stacked: `y[i] = silu(gate_i·x)·(up_i·x)` for the `rows / 2` outputs.
     pub glu: bool,
+    /// Let the next kernel start only after this one's wait for its predecessor, so that the
+    /// next may read this one's input before its own wait (`FG_LATE_TRIGGER` in gemv.cu).
+    pub late_trigger: bool,
 }
 
 /// Whether the fused GEMV can run `m` (its input fits in shared memory; gate‖up has an even
@@ -293,7 +296,7 @@ fn fused_kernel_args(m: &TernaryArgs, input: FusedInput, y: u64, o: FusedOpts) -
         Arg::Ptr(meta),
         Arg::Ptr(y),
         Arg::I32((o.accumulate && !o.glu) as i32),
-        Arg::I32(o.glu as i32),
+        Arg::I32(o.glu as i32 | (o.late_trigger as i32) << 1),
     ]
 }
 
@@ -600,6 +603,7 @@ fn fused_once_with(
         max_split,
         accumulate: false,
         glu,
+        late_trigger: false,
     };
     let args = c.args(m, s);
     if let Some(cfg) = &stream {

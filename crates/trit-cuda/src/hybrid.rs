@@ -101,6 +101,9 @@ pub struct CudaHybrid {
     pub(crate) stream_down: bool,
     /// The kernel that runs the DeltaNet mixer in one launch where it can (`None`: five).
     dn_step: Option<&'static str>,
+    /// `deltanet_step_early` behind the fused q‖k‖v‖z GEMV (`CudaOptions::deltanet_early`):
+    /// the gates and the state's L2 requests before griddepcontrol.wait.
+    pub(crate) dn_early: bool,
     weight_bytes: usize,
     bytes_per_token: usize,
     device_name: String,
@@ -172,8 +175,9 @@ impl CudaHybrid {
             Ok(v) => FusedSet::parse(&v)?,
             Err(_) => opts.fused,
         };
-        // `0`: the five separate DeltaNet kernels; `2`: the hoisted one-kernel variant (as fast,
-        // BENCHMARKS "GPU, session 7"); else the measured one-kernel mixer.
+        // `0`: the five separate DeltaNet kernels; `1`: the one-kernel mixer started like any
+        // kernel; `2`: its hoisted variant (as fast, BENCHMARKS "GPU, session 7"); else the
+        // one-kernel mixer, early where `opts.deltanet_early` (behind the fused GEMV).
         let dn_step = match std::env::var("TRIT_CUDA_DN_STEP").as_deref() {
             Ok("0") => None,
             Ok("2") => Some("deltanet_step_hoisted"),
@@ -196,6 +200,7 @@ impl CudaHybrid {
             fused,
             stream_down: opts.stream_down,
             dn_step,
+            dn_early: opts.deltanet_early,
             weight_bytes: w.weight_bytes(),
             bytes_per_token: w.bytes_per_token(),
             device_name: gpu.name.clone(),

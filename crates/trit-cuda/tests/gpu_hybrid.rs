@@ -53,7 +53,8 @@ fn check(what: &str, errs: (f64, f64)) {
 /// GGUF Q2_0 (tiled value heads; the generator writes the hybrid preset's per-64 scales only
 /// as Q2_0) and MLX (grouped value heads): a 12-token
 /// prompt (longer than the conv window of 3) then 8 decode steps, every step's logits compared;
-/// each also with the down projection through the streaming GEMV.
+/// each also with the down projection through the streaming GEMV, and with the DeltaNet step
+/// that computes its gates after its wait (the default computes them before).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn tiny_qwen35_logits_match_the_cpu_in_gguf_and_mlx() {
@@ -63,11 +64,15 @@ fn tiny_qwen35_logits_match_the_cpu_in_gguf_and_mlx() {
     let dir = tempfile::tempdir().unwrap();
     let (p, paths) = tiny_models(dir.path(), 3, &["q2_0", "mlx"]);
     for path in &paths {
-        for stream_down in [false, true] {
+        for (how, stream_down, early) in [
+            ("", false, true),
+            (", down streamed", true, true),
+            (", DeltaNet step not early", false, false),
+        ] {
             let mut opts = CudaOptions::new(64);
             opts.stream_down = stream_down;
+            opts.deltanet_early = early;
             let errs = compare_with(path, &prompt(12, p.vocab, 1), 8, &opts);
-            let how = if stream_down { ", down streamed" } else { "" };
             check(&format!("tiny-qwen35 {}{how}", path.display()), errs);
         }
     }

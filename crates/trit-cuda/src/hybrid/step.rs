@@ -136,6 +136,22 @@ impl CudaHybrid {
         accumulate: bool,
         glu: bool,
     ) -> Result<()> {
+        self.project_with(st, m, input, y, accumulate, glu, false)
+    }
+
+    /// `project`; `late_trigger` (an RMSNorm input only, which the fused GEMV takes): the next
+    /// kernel starts only once this one's input is final (`FusedOpts::late_trigger`).
+    #[allow(clippy::too_many_arguments)]
+    fn project_with(
+        &self,
+        st: &State,
+        m: &DevMatrix,
+        input: Input,
+        y: u64,
+        accumulate: bool,
+        glu: bool,
+        late_trigger: bool,
+    ) -> Result<()> {
         let g = &st.gpu;
         let fused_input = match input {
             Input::Norm { x, gamma } => Some(FusedInput::Norm {
@@ -155,6 +171,7 @@ impl CudaHybrid {
                 max_split: self.max_split,
                 accumulate,
                 glu,
+                late_trigger,
             };
             return launch_ternary_fused(g, &a, fi, y, opts);
         }
@@ -242,6 +259,7 @@ impl CudaHybrid {
                     max_split: self.max_split,
                     accumulate: true,
                     glu: false,
+                    late_trigger: false,
                 };
                 return launch_ternary_fused(g, &a, FusedInput::Q { q, meta }, x, opts);
             }
@@ -321,16 +339,26 @@ impl CudaHybrid {
         if self.one_kernel_mixer(m) {
             let fuse = self.fusable(st, &m.qkvz, self.fused.qkv, false).is_some();
             let input = self.norm_input(st, attn_norm, m.rot_in, fuse)?;
-            self.project(st, &m.qkvz, input, p(&b.proj), false, false)?;
+            // The early variant reads x before its wait: only behind the fused GEMV, which
+            // then starts it late (after its own wait).
+            let early = self.dn_early && matches!(input, Input::Norm { .. });
+            self.project_with(st, &m.qkvz, input, p(&b.proj), false, false, early)?;
             // The int8 blocks of the output in the same kernel unless it is rotated.
             let quant = m.rot_out.is_none() && hy.v_dim.is_multiple_of(64);
             let DevMatrix::Dense { w: ab, .. } = &m.ab else {
                 unreachable!("one_kernel_mixer checked")
             };
+            let (kernel, threads) = if early {
+                // 12 warps of 64 registers fit beside a streaming GEMV block (72 registers
+                // × 16 warps) on one multiprocessor; 16 do not, and would wait for it to end.
+                ("deltanet_step_early", 384)
+            } else {
+                (self.dn_step.expect("one_kernel_mixer checked"), 512)
+            };
             g.launch(
-                self.dn_step.expect("one_kernel_mixer checked"),
+                kernel,
                 (hy.v_heads as u32, 1),
-                512,
+                threads,
                 &[
                     Arg::Ptr(p(&b.x)),
                     Arg::Ptr(p(attn_norm)),

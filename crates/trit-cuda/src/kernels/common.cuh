@@ -53,6 +53,11 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 // Sum over the whole thread block (blockDim.x a multiple of 32, at most 1024).
+// Asks L2 for the 128-byte line holding p (no register, nothing waits for it).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     v = warp_sum(v);

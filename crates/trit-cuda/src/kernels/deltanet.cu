@@ -176,7 +176,7 @@ __device__ __forceinline__ void dn_load_rows(float (*s)[DN_MAX_DK / 32], const f
 // 27B widths: 15.1 µs against 33 µs for the five kernels it replaces); `deltanet_step_hoisted`
 // (ROWS 8, hoisted; TRIT_CUDA_DN_STEP=2) compiles without spills (128 registers) and measured
 // as fast on the 27B probe (BENCHMARKS "GPU, session 7"), not faster.
-template <int ROWS, bool HOIST>
+template <int ROWS, bool HOIST, bool EARLY>
 __device__ __forceinline__ void deltanet_step_impl(
     const float* __restrict__ x, const float* __restrict__ gamma, float eps, int d,
     const float* __restrict__ ab_w, const float* __restrict__ proj, float* __restrict__ window,
@@ -208,40 +208,62 @@ __device__ __forceinline__ void deltanet_step_impl(
             pb[k] = held && i < d ? wb[i] : 0.0f;
         }
     }
-    pdl_wait();
-    const int pos = step[0];
     float* hs = state + (size_t)head * dv * dk;
-    float s[ROWS][DN_MAX_DK / 32];
-    if (HOIST) dn_load_rows<ROWS>(s, hs, warp * ROWS, dv, dk, lane);
-
+    float g = 0.0f, beta = 0.0f;
     // 1. a and b of this head from RMSNorm(x)·gamma: Σ w·x·gamma, scaled by the norm's 1/rms.
-    float ss = 0.0f, sa = 0.0f, sb = 0.0f;
-    if (held) {
+    auto gates = [&]() {
+        float ss = 0.0f, sa = 0.0f, sb = 0.0f;
+        if (held) {
 #pragma unroll
-        for (int k = 0; k < (HOIST ? DN_AB_PER : 1); k++) {
-            const int i = t + k * T;
-            if (i < d) {
+            for (int k = 0; k < (HOIST ? DN_AB_PER : 1); k++) {
+                const int i = t + k * T;
+                if (i < d) {
+                    const float xi = x[i], xg = xi * gamma[i];
+                    ss += xi * xi;
+                    sa += pa[k] * xg;
+                    sb += pb[k] * xg;
+                }
+            }
+        } else {
+#pragma unroll 4
+            for (int i = t; i < d; i += T) {
                 const float xi = x[i], xg = xi * gamma[i];
                 ss += xi * xi;
-                sa += pa[k] * xg;
-                sb += pb[k] * xg;
+                sa += wa[i] * xg;
+                sb += wb[i] * xg;
             }
         }
-    } else {
-#pragma unroll 4
-        for (int i = t; i < d; i += T) {
-            const float xi = x[i], xg = xi * gamma[i];
-            ss += xi * xi;
-            sa += wa[i] * xg;
-            sb += wb[i] * xg;
+        ss = block_sum(ss, scratch);
+        sa = block_sum(sa, scratch);
+        sb = block_sum(sb, scratch);
+        const float inv = 1.0f / sqrtf(ss / (float)d + eps);
+        g = expf(a_neg[head] * dn_softplus(sa * inv + dt_bias[head]));
+        beta = dn_sigmoid(sb * inv);
+    };
+    int pos;
+    if (EARLY) {
+        // Launched by a q‖k‖v‖z GEMV that lets its dependents start only after its own wait,
+        // so x (and everything before it) is final here: the gates, the position and L2
+        // requests for this head's state and its window slots all run while that GEMV does.
+        pos = step[0];
+        gates();
+        for (int i = t * 32; i < dv * dk; i += T * 32) prefetch_l2(hs + i);
+        for (int j = t; j < 2 * dk + dv; j += T) {
+            const int c = j < dk ? kh * dk + j : j < 2 * dk ? kw + kh * dk + (j - dk)
+                                                            : 2 * kw + head * dv + (j - 2 * dk);
+            for (int i = 0; i < kernel - 1; i++) {
+                const int p = pos - (kernel - 1) + i;
+                if (p >= 0) prefetch_l2(window + (size_t)(p % kernel) * cd + c);
+            }
         }
+        pdl_wait();
+    } else {
+        pdl_wait();
+        pos = step[0];
     }
-    ss = block_sum(ss, scratch);
-    sa = block_sum(sa, scratch);
-    sb = block_sum(sb, scratch);
-    const float inv = 1.0f / sqrtf(ss / (float)d + eps);
-    const float g = expf(a_neg[head] * dn_softplus(sa * inv + dt_bias[head]));
-    const float beta = dn_sigmoid(sb * inv);
+    float s[ROWS][DN_MAX_DK / 32];
+    if (HOIST) dn_load_rows<ROWS>(s, hs, warp * ROWS, dv, dk, lane);
+    if (!EARLY) gates();
 
     // 2. Conv + SiLU over the window, oldest input first (the CPU's order).
     const bool owns_qk = v_tiled ? head < hk : head % (hv / hk) == 0;
@@ -338,15 +360,16 @@ __device__ __forceinline__ void deltanet_step_impl(
     }
 }
 
-#define DELTANET_STEP(NAME, ROWS, HOIST)                                                          \
+#define DELTANET_STEP(NAME, ROWS, HOIST, EARLY)                                                   \
     extern "C" __global__ void __launch_bounds__(512) NAME(                                      \
         const float* x, const float* gamma, float eps, int d, const float* ab_w,                  \
         const float* proj, float* window, const float* conv_w, int kernel, const int* step,      \
         const float* a_neg, const float* dt_bias, float* state, int hk, int dk, int dv,          \
         int v_tiled, const float* norm_w, int regroup, float* out, i8* q, float2* meta) {        \
-        deltanet_step_impl<ROWS, HOIST>(x, gamma, eps, d, ab_w, proj, window, conv_w, kernel,     \
-                                        step, a_neg, dt_bias, state, hk, dk, dv, v_tiled, norm_w, \
-                                        regroup, out, q, meta);                                   \
+        deltanet_step_impl<ROWS, HOIST, EARLY>(x, gamma, eps, d, ab_w, proj, window, conv_w,      \
+                                               kernel, step, a_neg, dt_bias, state, hk, dk, dv,    \
+                                               v_tiled, norm_w, regroup, out, q, meta);            \
     }
-DELTANET_STEP(deltanet_step, 4, false)
-DELTANET_STEP(deltanet_step_hoisted, 8, true)
+DELTANET_STEP(deltanet_step, 4, false, false)
+DELTANET_STEP(deltanet_step_hoisted, 8, true, false)
+DELTANET_STEP(deltanet_step_early, 4, false, true)

@@ -275,6 +275,10 @@ extern "C" __global__ void dense_gemv(const float* __restrict__ w, int rows, int
 #define FG_IN_Q 0
 #define FG_IN_F32 1
 #define FG_IN_NORM 2
+// Bit 1 of the fused GEMVs' flags argument (bit 0: gate‖up): the next kernel is let start only
+// after this one's griddepcontrol.wait, so everything written before this kernel (its input x
+// among it) is final wherever the next one runs — which may then read it before its own wait.
+#define FG_LATE_TRIGGER 2
 
 __device__ __forceinline__ int fg_chunk(int b, int j) { return 4 * b + (j ^ ((b >> 1) & 3)); }
 
@@ -528,7 +532,8 @@ __device__ __forceinline__ void ternary_gemv_fused(
     const uint4* __restrict__ codes, const S* __restrict__ scales, int rows, int nb, int mode,
     const float* __restrict__ x, const float* __restrict__ gamma, float eps,
     const uint4* __restrict__ q, const float2* __restrict__ meta, float* __restrict__ y,
-    int accumulate, int glu) {
+    int accumulate, int flags) {
+    const int glu = flags & 1, late = flags & FG_LATE_TRIGGER;
     __shared__ uint4 xs[FG_MAX_COLS / 16];
     __shared__ float2 ms[FG_MAX_COLS / QBLOCK];
     __shared__ float scratch[32];
@@ -543,7 +548,7 @@ __device__ __forceinline__ void ternary_gemv_fused(
     const int stride = gridDim.x * TEAMS;
     const int g0 = blockIdx.x * TEAMS + team;
     const int mine = g0 < groups ? ((groups - 1 - g0) / stride + 1) * per : 0;
-    pdl_launch_dependents();
+    if (!late) pdl_launch_dependents();
     // Item n of the warp is lane-step sub + SPLIT·(n % per) of group g0 + (n / per)·stride;
     // (gl, jl) is the next item to load.
     int gl = g0, jl = 0;
@@ -564,6 +569,7 @@ __device__ __forceinline__ void ternary_gemv_fused(
     }
     const FgGamma gr = fg_gamma(mode, nb, gamma);
     pdl_wait();
+    if (late) pdl_launch_dependents();
     fg_prologue(mode, nb, x, gr, gamma, eps, q, meta, xs, ms, scratch);
     __syncthreads();
     float acc[R];

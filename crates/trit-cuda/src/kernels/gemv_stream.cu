@@ -218,11 +218,14 @@ __device__ __forceinline__ void ternary_gemv_stream(
     const uint4* __restrict__ codes, const S* __restrict__ scales, int rows, int nb, int mode,
     const float* __restrict__ x, const float* __restrict__ gamma, float eps,
     const uint4* __restrict__ q, const float2* __restrict__ meta, float* __restrict__ y,
-    int accumulate, int glu) {
-    pdl_launch_dependents();
+    int accumulate, int flags) {
+    // flags: bit 0 gate‖up (SwiGLU), bit 1 FG_LATE_TRIGGER.
+    const int glu = flags & 1, late = flags & FG_LATE_TRIGGER;
+    if (!late) pdl_launch_dependents();
     StreamWarp<R> w = stream_begin<R, SPLIT, S>(codes, scales, rows, nb, glu, stream_ring_at(nb));
     const FgGamma gr = fg_gamma(mode, nb, gamma);
     pdl_wait();
+    if (late) pdl_launch_dependents();
 #ifdef TRIT_PROBE_SKIP
     if (TRIT_PROBE_SKIP & 8) cp_async_wait_all();  // no copy may outlive the block
 #endif
