@@ -51,8 +51,9 @@ fn check(what: &str, errs: (f64, f64)) {
 }
 
 /// GGUF Q2_0 (tiled value heads; the generator writes the hybrid preset's per-64 scales only
-/// as Q2_0) and MLX (grouped value heads): a 12-token
-/// prompt (longer than the conv window of 3) then 8 decode steps, every step's logits compared;
+/// as Q2_0) and MLX (grouped value heads): a 40-token
+/// prompt (longer than the conv window of 3, and than one round of the decode attention's 8
+/// warps × 4 positions) then 8 decode steps, every step's logits compared;
 /// each also with the down projection through the streaming GEMV, and with the DeltaNet step
 /// that computes its gates after its wait (the default computes them before).
 #[test]
@@ -72,7 +73,7 @@ fn tiny_qwen35_logits_match_the_cpu_in_gguf_and_mlx() {
             let mut opts = CudaOptions::new(64);
             opts.stream_down = stream_down;
             opts.deltanet_early = early;
-            let errs = compare_with(path, &prompt(12, p.vocab, 1), 8, &opts);
+            let errs = compare_with(path, &prompt(40, p.vocab, 1), 8, &opts);
             check(&format!("tiny-qwen35 {}{how}", path.display()), errs);
         }
     }

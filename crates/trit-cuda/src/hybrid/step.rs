@@ -305,7 +305,7 @@ impl CudaHybrid {
         g.launch(
             "hybrid_attn_decode",
             (nh as u32, 1),
-            128,
+            256, // HA_WARPS warps
             &[
                 Arg::Ptr(p(&b.q)),
                 Arg::Ptr(p(&b.gate)),
