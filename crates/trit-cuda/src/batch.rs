@@ -10,8 +10,9 @@
 //! runs as ONE step — B embedding rows, batched RMSNorm + int8 quantization, a tensor-core
 //! GEMM over the B token rows (every weight read once for all; `batch_gemm.rs`), RoPE + KV
 //! append at each row's (slot, position), attention of each row over its own slot
-//! (`kernels/batch.cu`), and the LM head for the B rows. No CUDA graph: with B rows the launch
-//! cost is shared.
+//! (`kernels/batch.cu`), and the LM head for the B rows, replayed from a CUDA graph per batch
+//! size. One or two decoding rows instead replay the single-sequence step on their slots
+//! (`decode_row_single`): for so few rows the GEMV kernels are faster than the GEMM tiles.
 
 use crate::batch_gemm::{launch_small_gemm, SmallGemm, SplitScratch};
 use crate::device::{cuda_err, ptr, Arg, Gpu};
@@ -460,8 +461,9 @@ impl CudaModel {
 
     /// One decode row as the single path's step (its graph, captured per slot) over the row's
     /// slot: the GEMV kernels read each weight once for one row, where the batched GEMM's
-    /// tiles cost more than twice as long (up to `single_rows_max` rows). The same kernels as a lone sequence's step, so the
-    /// row's logits equal what the single path gives for the same cache.
+    /// tiles cost more than twice as long (up to `single_rows_max` rows). The same kernels as
+    /// a lone sequence's step, so the row's logits equal what the single path gives for the
+    /// same cache.
     fn decode_row_single(&self, st: &mut State, row: &Row, k: usize) -> Result<RowLogits> {
         let batch = st.batch.as_ref().expect("created by forward_batch_gpu");
         let t = batch.target(&st.gpu, row.slot, self.ctx);

@@ -175,7 +175,11 @@ __device__ __forceinline__ void dn_load_rows(float (*s)[DN_MAX_DK / 32], const f
 // conv run. `deltanet_step` (ROWS 4, not hoisted) is the variant measured on the H200 (ncu,
 // 27B widths: 15.1 µs against 33 µs for the five kernels it replaces); `deltanet_step_hoisted`
 // (ROWS 8, hoisted; TRIT_CUDA_DN_STEP=2) compiles without spills (128 registers) and measured
-// as fast on the 27B probe (BENCHMARKS "GPU, session 7"), not faster.
+// as fast on the 27B probe (BENCHMARKS "GPU, session 7"), not faster. EARLY
+// (`deltanet_step_early`, the default, launched with 12 warps so that a block fits beside the
+// streaming GEMV's on a multiprocessor): the gates and the L2 requests for the state and the
+// window run before griddepcontrol.wait, which needs the q‖k‖v‖z GEMV before it to release its
+// dependents only after its own wait (FG_LATE_TRIGGER); H200 27B: 241.6 against 233 tok/s.
 template <int ROWS, bool HOIST, bool EARLY>
 __device__ __forceinline__ void deltanet_step_impl(
     const float* __restrict__ x, const float* __restrict__ gamma, float eps, int d,
