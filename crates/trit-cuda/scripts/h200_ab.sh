@@ -3,7 +3,8 @@
 # tg128 of OLD and NEW alternated (twice) on the 8B and 1.7B shapes, once on the 27B hybrid.
 # Usage: OLD=.dev/gpu/A NEW=.dev/gpu/B bash crates/trit-cuda/scripts/h200_ab.sh, each folder
 # holding bins.tar.xz as h200_final.sh expects; carry both. VARIANTS="ENV=V ..." adds runs of
-# NEW with each setting (e.g. VARIANTS="TRIT_CUDA_ATT_MIN_CHUNK=64 TRIT_CUDA_PERSIST=1").
+# NEW with each setting (e.g. VARIANTS="TRIT_CUDA_ATT_MIN_CHUNK=64 TRIT_CUDA_PERSIST=1") on the
+# 8B and 1.7B shapes, VARIANTS27 likewise on the 27B hybrid.
 cd "$(dirname "$0")/../../.." || exit 1
 mkdir -p /tmp/new /tmp/old /tmp/models
 tar -xJf "$NEW/bins.tar.xz" -C /tmp/new && tar -xJf "$OLD/bins.tar.xz" -C /tmp/old || exit 1
@@ -20,4 +21,5 @@ for m in 8b 1.7b; do
   for r in 1 2; do tb $m old X=0; tb $m new X=0; for v in $VARIANTS; do tb $m new $v; done; done
 done
 while [ ! -f /tmp/models/27b-qwen35.done ]; do sleep 2; done
-tb 27b-qwen35 old X=0; tb 27b-qwen35 new X=0
+for r in 1 2; do tb 27b-qwen35 old X=0; tb 27b-qwen35 new X=0; done
+for v in $VARIANTS27; do tb 27b-qwen35 new $v; done
