@@ -1,6 +1,6 @@
 #!/bin/bash
 # A/B of two builds on one machine start (session 8): every GPU test of the NEW binaries, then
-# tg128 of OLD and NEW alternated (twice) on the 8B and 1.7B shapes, once on the 27B hybrid.
+# tg128 of OLD and NEW alternated (twice) on the 8B and 1.7B shapes and on the 27B hybrid.
 # Usage: OLD=.dev/gpu/A NEW=.dev/gpu/B bash crates/trit-cuda/scripts/h200_ab.sh, each folder
 # holding bins.tar.xz as h200_final.sh expects; carry both. VARIANTS="ENV=V ..." adds runs of
 # NEW with each setting (e.g. VARIANTS="TRIT_CUDA_ATT_MIN_CHUNK=64 TRIT_CUDA_PERSIST=1") on the
