@@ -34,6 +34,7 @@ pub mod hybrid;
 mod hybrid_weights;
 mod launch;
 pub mod model;
+mod options;
 mod persist;
 mod prefill;
 pub mod repack;

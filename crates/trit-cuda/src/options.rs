@@ -1,0 +1,168 @@
+//! How a GPU model is loaded and which kernels its decode step takes: `CudaOptions` (with the
+//! `TRIT_CUDA_*` environment overrides) and `FusedSet`.
+
+use trit::{Error, Result};
+
+/// Most splits (blocks) per head: the kernel spreads the current length over at most this
+/// many, so short contexts launch few busy blocks and long ones stay parallel.
+const ATT_MAX_SPLITS: usize = 16;
+/// Fewest positions per split: a context of up to this many is attended by one block per
+/// head, which normalizes in place instead of merging partial results through memory (the
+/// merge's fence, counter and reloads cost more than the positions at short lengths).
+/// 8B tg128 (H200): 659 tok/s with 32, 650 with 128, 638 with 256.
+const ATT_MIN_CHUNK: usize = 32;
+
+/// Options of `CudaModel::load`.
+#[derive(Clone, Debug)]
+pub struct CudaOptions {
+    pub device: usize,
+    /// KV-cache positions allocated on the GPU (the longest context a session may use).
+    pub ctx: usize,
+    /// Replay the step from a CUDA graph (else launch kernel by kernel; for debugging).
+    pub graph: bool,
+    /// Rows each warp of the ternary GEMV computes (2, 4 or 8); `None`: the default (4).
+    pub rows_per_warp: Option<usize>,
+    /// Most warps that share one row group of the ternary GEMV (1, 2 or 4).
+    pub max_split: usize,
+    /// Run prompts of several tokens through the batched prefill (compute capability 8.0+).
+    pub prefill: bool,
+    /// The matrices the decode step runs through the fused GEMV (RMSNorm, quantization and
+    /// SwiGLU inside the matrix product instead of kernels of their own) where they are
+    /// ternary and fit; the others take the separate kernels.
+    pub fused: FusedSet,
+    /// Most flash-decoding splits per head (1 to 64).
+    pub att_splits: usize,
+    /// Fewest positions per flash-decoding split (a multiple of 32, at most 4096).
+    pub att_min_chunk: usize,
+    /// Prototype: o, gate‖up and down of each decode layer as one persistent kernel
+    /// (`persist.rs`; `TRIT_CUDA_PERSIST=1`).
+    pub persist_mlp: bool,
+    /// The down projection through the streaming GEMV over the int8 SwiGLU output (all its
+    /// first weights requested before the wait) instead of the register-pipelined kernel
+    /// (`TRIT_CUDA_STREAM_DOWN=1`).
+    pub stream_down: bool,
+    /// Hybrids: the DeltaNet mixer's gates and state requests before its wait for the
+    /// q‖k‖v‖z GEMV (`deltanet_step_early`; off with `TRIT_CUDA_DN_STEP=0|1|2`). H200, 27B
+    /// tg128: 241.6 / 241.6 tok/s against 233.2 / 232.0.
+    pub deltanet_early: bool,
+}
+
+/// Which matrices of the decode step take the fused GEMV.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FusedSet {
+    /// RMSNorm + q‖k‖v.
+    pub qkv: bool,
+    /// The attention output's projection (its int8 input comes from the attention kernel).
+    pub o: bool,
+    /// RMSNorm + gate‖up + SwiGLU.
+    pub gate_up: bool,
+    /// Quantization of the SwiGLU output + down.
+    pub down: bool,
+    /// Final RMSNorm + LM head.
+    pub head: bool,
+}
+
+impl FusedSet {
+    /// Every matrix (`TRIT_CUDA_FUSED=1`).
+    pub const ALL: FusedSet = FusedSet {
+        qkv: true,
+        o: true,
+        gate_up: true,
+        down: true,
+        head: true,
+    };
+    /// The norms fused into q‖k‖v, gate‖up (with SwiGLU) and the LM head; o and down run the
+    /// separate-kernel GEMV. H200, tg128 in one run: 8B 592.2 tok/s against 544.9 with every
+    /// matrix fused and 593.5 with none; 1.7B 1,182.9 against 1,173.4 and 1,068.5. (Fusing
+    /// down, whose block each re-quantizes the 12,288-wide SwiGLU output, cost the most.)
+    pub const DEFAULT: FusedSet = FusedSet {
+        qkv: true,
+        o: false,
+        gate_up: true,
+        down: false,
+        head: true,
+    };
+    /// The separate kernels everywhere (`TRIT_CUDA_FUSED=0`).
+    pub const NONE: FusedSet = FusedSet {
+        qkv: false,
+        o: false,
+        gate_up: false,
+        down: false,
+        head: false,
+    };
+
+    /// `1` (all), `0` (none) or a comma-separated list of `qkv`, `o`, `gate_up`, `down`, `head`.
+    pub fn parse(v: &str) -> Result<FusedSet> {
+        match v.trim() {
+            "1" | "" => return Ok(FusedSet::ALL),
+            "0" => return Ok(FusedSet::NONE),
+            _ => {}
+        }
+        let mut set = FusedSet::NONE;
+        for name in v.split(',').map(str::trim) {
+            let slot = match name {
+                "qkv" => &mut set.qkv,
+                "o" => &mut set.o,
+                "gate_up" => &mut set.gate_up,
+                "down" => &mut set.down,
+                "head" => &mut set.head,
+                other => {
+                    return Err(Error::InvalidArgument(format!(
+                        "TRIT_CUDA_FUSED: unknown matrix {other:?} (1, 0 or a list of qkv, o, \
+                         gate_up, down, head)"
+                    )))
+                }
+            };
+            *slot = true;
+        }
+        Ok(set)
+    }
+}
+
+impl CudaOptions {
+    /// Defaults, overridable by TRIT_CUDA_GRAPH=0, TRIT_CUDA_ROWS_PER_WARP=2|4|8,
+    /// TRIT_CUDA_MAX_SPLIT=1|2|4, TRIT_CUDA_PDL=0, TRIT_CUDA_PREFILL=0,
+    /// TRIT_CUDA_FUSED=0|1|list, TRIT_CUDA_ATT_SPLITS=N, TRIT_CUDA_ATT_MIN_CHUNK=N and
+    /// TRIT_CUDA_DEVICE=N. An unreadable
+    /// TRIT_CUDA_FUSED is reported by `CudaModel::load`.
+    pub fn new(ctx: usize) -> Self {
+        let env = |k: &str| std::env::var(k).ok();
+        CudaOptions {
+            device: env("TRIT_CUDA_DEVICE")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            ctx,
+            graph: env("TRIT_CUDA_GRAPH").is_none_or(|v| v != "0"),
+            rows_per_warp: env("TRIT_CUDA_ROWS_PER_WARP").and_then(|v| v.parse().ok()),
+            max_split: env("TRIT_CUDA_MAX_SPLIT")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(4),
+            prefill: env("TRIT_CUDA_PREFILL").is_none_or(|v| v != "0"),
+            fused: FusedSet::DEFAULT,
+            att_splits: env("TRIT_CUDA_ATT_SPLITS")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(ATT_MAX_SPLITS),
+            att_min_chunk: env("TRIT_CUDA_ATT_MIN_CHUNK")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(ATT_MIN_CHUNK),
+            persist_mlp: env("TRIT_CUDA_PERSIST").is_some_and(|v| v == "1"),
+            stream_down: env("TRIT_CUDA_STREAM_DOWN").is_some_and(|v| v == "1"),
+            deltanet_early: env("TRIT_CUDA_DN_STEP").is_none_or(|v| v == "3"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FusedSet;
+
+    #[test]
+    fn fused_set_parses_all_none_and_lists_and_rejects_unknown_names() {
+        assert_eq!(FusedSet::parse("1").unwrap(), FusedSet::ALL);
+        assert_eq!(FusedSet::parse("0").unwrap(), FusedSet::NONE);
+        let some = FusedSet::parse("qkv, gate_up,head").unwrap();
+        assert!(some.qkv && some.gate_up && some.head && !some.o && !some.down);
+        let err = FusedSet::parse("qkv,ffn").unwrap_err().to_string();
+        assert!(err.contains("ffn"), "{err}");
+    }
+}
