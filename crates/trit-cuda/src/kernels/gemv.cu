@@ -254,7 +254,7 @@ extern "C" __global__ void dense_gemv(const float* __restrict__ w, int rows, int
 // before the down projection), or RMS-normalized and quantized from the residual stream
 // (FG_IN_NORM). Every block computes the norm's Σx² itself: 16–48 KB of L2 reads per block
 // instead of a dependent kernel (its launch, ramp and drain). Which matrices use it is the
-// host's choice (model.rs, FusedSet): on the 8B shape o and down are faster on ternary_gemv. The quantization is rms_norm_quant_v4's and quant_block_warp's
+// host's choice (options.rs, FusedSet): on the 8B shape o and down are faster on ternary_gemv. The quantization is rms_norm_quant_v4's and quant_block_warp's
 // (the CPU's ActQ8 formula). Then teams of SPLIT warps take row groups of R rows as
 // ternary_gemv does, reading the activations from shared memory. In GLU mode the matrix is
 // gate‖up stacked (2·half rows) and a group's R rows are R/2 gate rows and the R/2 up rows of
