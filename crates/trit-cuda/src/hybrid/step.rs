@@ -136,11 +136,13 @@ impl CudaHybrid {
         accumulate: bool,
         glu: bool,
     ) -> Result<()> {
-        self.project_with(st, m, input, y, accumulate, glu, false)
+        self.project_with(st, m, input, y, accumulate, glu, false, false)
     }
 
     /// `project`; `late_trigger` (an RMSNorm input only, which the fused GEMV takes): the next
-    /// kernel starts only once this one's input is final (`FusedOpts::late_trigger`).
+    /// kernel starts only once this one's input is final (`FusedOpts::late_trigger`);
+    /// `streamed`: int8 input through the fused GEMV too (`CudaOptions::stream_down`; the
+    /// caller checked it runs `m`).
     #[allow(clippy::too_many_arguments)]
     fn project_with(
         &self,
@@ -151,6 +153,7 @@ impl CudaHybrid {
         accumulate: bool,
         glu: bool,
         late_trigger: bool,
+        streamed: bool,
     ) -> Result<()> {
         let g = &st.gpu;
         let fused_input = match input {
@@ -159,7 +162,7 @@ impl CudaHybrid {
                 gamma,
                 eps: self.config.norm_eps,
             }),
-            Input::Ready { q, meta, .. } if glu => Some(FusedInput::Q { q, meta }),
+            Input::Ready { q, meta, .. } if glu || streamed => Some(FusedInput::Q { q, meta }),
             Input::Ready { .. } => None,
         };
         if let Some(fi) = fused_input {
@@ -251,20 +254,9 @@ impl CudaHybrid {
                 }
             }
         };
+        let streamed = self.stream_down && self.fusable(st, &layer.down, true, false).is_some();
         let x = Self::p(st, &b.x);
-        if let (true, Input::Ready { q, meta, .. }) = (self.stream_down, down_in) {
-            if let Some(a) = self.fusable(st, &layer.down, true, false) {
-                let opts = FusedOpts {
-                    r: self.rows_per_warp.max(FUSED_MIN_ROWS),
-                    max_split: self.max_split,
-                    accumulate: true,
-                    glu: false,
-                    late_trigger: false,
-                };
-                return launch_ternary_fused(g, &a, FusedInput::Q { q, meta }, x, opts);
-            }
-        }
-        self.project(st, &layer.down, down_in, x, true, false)
+        self.project_with(st, &layer.down, down_in, x, true, false, false, streamed)
     }
 
     fn full_attention(
@@ -342,7 +334,7 @@ impl CudaHybrid {
             // The early variant reads x before its wait: only behind the fused GEMV, which
             // then starts it late (after its own wait).
             let early = self.dn_early && matches!(input, Input::Norm { .. });
-            self.project_with(st, &m.qkvz, input, p(&b.proj), false, false, early)?;
+            self.project_with(st, &m.qkvz, input, p(&b.proj), false, false, early, false)?;
             // The int8 blocks of the output in the same kernel unless it is rotated.
             let quant = m.rot_out.is_none() && hy.v_dim.is_multiple_of(64);
             let DevMatrix::Dense { w: ab, .. } = &m.ab else {
