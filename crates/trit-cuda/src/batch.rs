@@ -47,10 +47,13 @@ fn use_graph() -> bool {
 /// take ~3.2 ms for 1, 2 or 4 rows, the single path 1.37 ms per row, so a server with one or
 /// two clients decodes at the single path's speed (B=1: 314 → 728 tok/s).
 fn single_rows_max() -> usize {
-    std::env::var("TRIT_CUDA_BATCH_SINGLE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2)
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var("TRIT_CUDA_BATCH_SINGLE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2)
+    })
 }
 
 /// Ternary GEMM of the decode step: the small-batch kernel (its wide-load variant;
@@ -466,22 +469,26 @@ impl CudaModel {
     /// same cache.
     fn decode_row_single(&self, st: &mut State, row: &Row, k: usize) -> Result<RowLogits> {
         let batch = st.batch.as_ref().expect("created by forward_batch_gpu");
-        let t = batch.target(&st.gpu, row.slot, self.ctx);
-        let kv: Vec<(u64, u64)> = t.k.into_iter().zip(t.v).collect();
-        let captured = batch.single.contains_key(&row.slot);
+        // The slot's cache addresses, only where a step is recorded or enqueued from them.
+        let kv = (!self.use_graph || !batch.single.contains_key(&row.slot)).then(|| {
+            let t = batch.target(&st.gpu, row.slot, self.ctx);
+            t.k.into_iter().zip(t.v).collect::<Vec<(u64, u64)>>()
+        });
         // The position counter belongs to no sequence now (forward_batch_rows cleared it),
         // so this uploads it too; after the step it is this slot's, so it stays unclaimed.
         self.upload_inputs(st, &[row.token], row.pos)?;
-        if self.use_graph {
-            if !captured {
+        match (self.use_graph, kv) {
+            (true, Some(kv)) => {
                 let graph = self.capture(st, true, &kv)?;
+                graph.launch("decode")?;
                 let batch = st.batch.as_mut().expect("created by forward_batch_gpu");
                 batch.single.insert(row.slot, graph);
             }
-            let batch = st.batch.as_ref().expect("created by forward_batch_gpu");
-            batch.single[&row.slot].launch("decode")?;
-        } else {
-            self.enqueue_step(st, true, &kv)?;
+            (true, None) => {
+                let batch = st.batch.as_ref().expect("created by forward_batch_gpu");
+                batch.single[&row.slot].launch("decode")?;
+            }
+            (false, kv) => self.enqueue_step(st, true, &kv.expect("made without a graph"))?,
         }
         st.device_pos = None;
         let vocab = self.config.vocab;
