@@ -195,12 +195,7 @@ row_top_parts(const float* __restrict__ logits, int vocab, int k, int parts, uns
         else m = fmaxf(m, x);
     }
     bad = __syncthreads_or(bad);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-    if (lane == 0) s_max[warp] = m;
-    __syncthreads();
-    m = -INFINITY;
-    for (int w = 0; w < nwarps; w++) m = fmaxf(m, s_max[w]);
+    m = block_max(m, s_max);
 
     // Σ exp(l − max) in f64 (the host's log_sum_exp sums in f64 too; nothing to sum when
     // every entry is −inf).
@@ -236,13 +231,7 @@ row_top_merge(const unsigned* __restrict__ part_out, int k, int parts, unsigned*
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
     const float mp = tid < parts ? __uint_as_float(in[tid * words + 2 * k]) : -INFINITY;
     const int bad = __syncthreads_or(tid < parts && in[tid * words + 2 * k + 1]);
-    float m = mp;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-    if (lane == 0) s_max[warp] = m;
-    __syncthreads();
-    m = -INFINITY;
-    for (int w = 0; w < nwarps; w++) m = fmaxf(m, s_max[w]);
+    const float m = block_max(mp, s_max);
     double sum = 0.0;
     if (m != -INFINITY && !bad && mp != -INFINITY)
         sum = get_f64(in + tid * words + 2 * k + 2) * exp((double)mp - (double)m);
