@@ -79,6 +79,29 @@ fn tiny_qwen35_logits_match_the_cpu_in_gguf_and_mlx() {
     }
 }
 
+/// Key heads of 128 dims (the 27B's), which take `deltanet_step_early_dk128` (8 state rows per
+/// warp): tiny-qwen35 widened to them, Q2_0, a 40-token prompt and 8 decode steps against the
+/// CPU, with the generic early kernel's rule.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn key_heads_of_128_dims_match_the_cpu() {
+    if gpu_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = HybridPreset {
+        name: "tiny-qwen35-dk128",
+        k_dim: 128,
+        v_dim: 128,
+        ..HybridPreset::by_name("tiny-qwen35").unwrap()
+    };
+    let q2 = OutFormat::parse("q2_0").unwrap();
+    generate(&p, 11, dir.path(), &[q2], &TokenizerAssets::Placeholder).unwrap();
+    let path = dir.path().join(q2.file_name());
+    let errs = compare(&path, &prompt(40, p.vocab, 2), 8, 64);
+    check("tiny-qwen35 with 128-dim key heads", errs);
+}
+
 /// 16 greedy tokens, each device feeding back its own argmax, equal on a prompt. The two int8
 /// paths round differently, so where the CPU's best two tokens are within 0.2 logits of each
 /// other the GPU may pick the other one; there the runs part ways and the comparison stops.
