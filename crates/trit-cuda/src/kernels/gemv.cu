@@ -161,6 +161,30 @@ __device__ __forceinline__ void ternary_gemv(const uint4* __restrict__ codes,
     Item<R, S> cur, nxt;
     // Weights do not depend on the previous kernel: the first load is issued before waiting.
     load_item_weights<R, S>(cur, codes, scales, rows, nb, g, sub, lane);
+#ifdef GEMV_L2_AHEAD
+    // Measurement (TRIT_CUDA_DEFINES=-DGEMV_L2_AHEAD=N): the weights of the warp's next N items
+    // requested into L2 before the wait too, so that after it each item's load is an L2 hit
+    // rather than a DRAM round trip (the 27B's down has ~3.6 items per warp, one in flight).
+    {
+        int gg = g, jj = 0;
+        for (int n = 0; n < GEMV_L2_AHEAD; n++) {
+            if (++jj == per) {
+                jj = 0;
+                gg += gridDim.x;
+            }
+            if (gg >= groups) break;
+            const int b = 32 * (sub + SPLIT * jj) + lane;
+            if (b < nb) {
+#pragma unroll
+                for (int i = 0; i < R; i++) {
+                    const unsigned at = (unsigned)min(gg * R + i, rows - 1) * nb + b;
+                    prefetch_l2(codes + at);
+                    prefetch_l2(scales + at);
+                }
+            }
+        }
+    }
+#endif
     pdl_wait();
     PROBE_SKIP(4);
     load_item_acts<R, S>(cur, nb, xq, meta, sub, lane);
