@@ -31,18 +31,23 @@ struct StreamSlot {
     static constexpr int CHUNKS = CODE_CHUNKS + R * 32 * 4 / 16;
 };
 
-__device__ __forceinline__ void cp_async4_zfill(void* dst, const void* src, int bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(bytes)
+__device__ __forceinline__ void cp_async4_zfill(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async16_zfill_at(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes)
                  : "memory");
 }
 
 // The 4-byte scale word holding scale `at` (f16 scales are padded to an even count, so the
 // aligned pair always exists; repack.rs).
-__device__ __forceinline__ void issue_scale(unsigned* dst, const half_bits* s, unsigned at, bool in) {
-    cp_async4_zfill(dst, s + (at & ~1u), in ? 4 : 0);
+__device__ __forceinline__ void issue_scale(unsigned dst, const half_bits* s, unsigned at, bool in) {
+    // As 32-bit words (the pair's index at / 2): one shift and one wide multiply-add for the
+    // address, where `s + (at & ~1)` took a mask, a wide multiply and a 64-bit add per row.
+    cp_async4_zfill(dst, (const unsigned*)s + (at >> 1), in ? 4 : 0);
 }
-__device__ __forceinline__ void issue_scale(unsigned* dst, const float* s, unsigned at, bool in) {
+__device__ __forceinline__ void issue_scale(unsigned dst, const float* s, unsigned at, bool in) {
     cp_async4_zfill(dst, s + at, in ? 4 : 0);
 }
 // Scale of the word: `odd` says which half of an f16 pair.
@@ -75,12 +80,14 @@ __device__ __forceinline__ void stream_issue(uint4* slot, const uint4* __restric
     const int b = 32 * k + lane;
     const bool in = b < nb;
     const unsigned bc = min(b, nb - 1);
-    unsigned* sc = (unsigned*)(slot + StreamSlot<R>::CODE_CHUNKS);
+    // Shared addresses computed once: row i's are constant offsets from them.
+    const unsigned dc = smem_addr(slot + lane);
+    const unsigned ds = smem_addr((unsigned*)(slot + StreamSlot<R>::CODE_CHUNKS) + lane);
 #pragma unroll
     for (int i = 0; i < R; i++) {
         const unsigned at = rb.at[i] + bc;
-        cp_async16_zfill(slot + i * 32 + lane, codes + at, in ? 16 : 0);
-        issue_scale(sc + i * 32 + lane, scales, at, in);
+        cp_async16_zfill_at(dc + i * 32 * 16, codes + at, in ? 16 : 0);
+        issue_scale(ds + i * 32 * 4, scales, at, in);
     }
 }
 
@@ -177,6 +184,11 @@ __device__ __forceinline__ void stream_finish(
     for (int i = 0; i < R; i++) acc[i] = 0.0f;
     int g = w.g0, j = 0;
     RowBases<R> rc = w.r0;  // rows of group g
+    // Which half of its f16 pair a lane's scale is: (row base + b) mod 2, and b = 32k + lane
+    // has the lane's parity, so it stays for the whole group.
+    unsigned odd[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) odd[i] = (rc.at[i] + lane) & 1;
     for (int n = 0; n < w.mine; n++) {
         if (n + ST - 1 < w.mine)
             w.template issue_next<SPLIT, S>((n + ST - 1) % ST, codes, scales, rows, nb, glu, sub,
@@ -195,8 +207,7 @@ __device__ __forceinline__ void stream_finish(
             const float2 m = ms[b];
 #pragma unroll
             for (int i = 0; i < R; i++)
-                acc[i] += slot_scale(sc + i * 32 + lane, scales, (rc.at[i] + b) & 1) *
-                          (m.x * (float)d[i] - m.y);
+                acc[i] += slot_scale(sc + i * 32 + lane, scales, odd[i]) * (m.x * (float)d[i] - m.y);
         }
         if (++j == w.per) {
             float t = warp_sum_rows<R>(acc);
@@ -207,6 +218,8 @@ __device__ __forceinline__ void stream_finish(
             j = 0;
             g += w.stride;
             rc.set(g, rows, half, glu, nb);
+#pragma unroll
+            for (int i = 0; i < R; i++) odd[i] = (rc.at[i] + lane) & 1;
         }
     }
 }
