@@ -144,7 +144,6 @@ pub const KERNELS: &[&str] = &[
     "deltanet_step",
     "deltanet_step_hoisted",
     "deltanet_step_early",
-    "deltanet_step_early_dk128",
     "row_top_parts",
     "row_top_merge",
     "ternary_gemm_small_wide_f16",

@@ -343,12 +343,7 @@ impl CudaHybrid {
             let (kernel, threads) = if early {
                 // 12 warps of 64 registers fit beside a streaming GEMV block (72 registers
                 // × 16 warps) on one multiprocessor; 16 do not, and would wait for it to end.
-                let name = if hy.k_dim == 128 {
-                    "deltanet_step_early_dk128"
-                } else {
-                    "deltanet_step_early"
-                };
-                (name, 384)
+                ("deltanet_step_early", 384)
             } else {
                 (self.dn_step.expect("one_kernel_mixer checked"), 512)
             };

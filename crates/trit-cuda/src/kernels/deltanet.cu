@@ -155,14 +155,14 @@ extern "C" __global__ void deltanet_gated_norm(const float* __restrict__ o,
 #define DN_AB_PER 16
 
 // Rows i0.. of this warp's part of the head's state, loaded into s (zeros past dv).
-template <int ROWS, int PL>
-__device__ __forceinline__ void dn_load_rows(float (*s)[PL], const float* hs, int i0,
+template <int ROWS>
+__device__ __forceinline__ void dn_load_rows(float (*s)[DN_MAX_DK / 32], const float* hs, int i0,
                                              int dv, int dk, int lane) {
     const int per_lane = dk / 32;
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
 #pragma unroll
-        for (int u = 0; u < PL; u++) {
+        for (int u = 0; u < DN_MAX_DK / 32; u++) {
             s[r][u] = (u < per_lane && i0 + r < dv) ? hs[(size_t)(i0 + r) * dk + lane + 32 * u] : 0.0f;
         }
     }
@@ -180,7 +180,7 @@ __device__ __forceinline__ void dn_load_rows(float (*s)[PL], const float* hs, in
 // streaming GEMV's on a multiprocessor): the gates and the L2 requests for the state and the
 // window run before griddepcontrol.wait, which needs the q‖k‖v‖z GEMV before it to release its
 // dependents only after its own wait (FG_LATE_TRIGGER); H200 27B: 241.6 against 233 tok/s.
-template <int ROWS, bool HOIST, bool EARLY, int PL>
+template <int ROWS, bool HOIST, bool EARLY>
 __device__ __forceinline__ void deltanet_step_impl(
     const float* __restrict__ x, const float* __restrict__ gamma, float eps, int d,
     const float* __restrict__ ab_w, const float* __restrict__ proj, float* __restrict__ window,
@@ -265,8 +265,8 @@ __device__ __forceinline__ void deltanet_step_impl(
         pdl_wait();
         pos = step[0];
     }
-    float s[ROWS][PL];
-    if (HOIST) dn_load_rows<ROWS, PL>(s, hs, warp * ROWS, dv, dk, lane);
+    float s[ROWS][DN_MAX_DK / 32];
+    if (HOIST) dn_load_rows<ROWS>(s, hs, warp * ROWS, dv, dk, lane);
     if (!EARLY) gates();
 
     // 2. Conv + SiLU over the window, oldest input first (the CPU's order).
@@ -314,13 +314,13 @@ __device__ __forceinline__ void deltanet_step_impl(
     __syncthreads();
     const int per_lane = dk / 32;
     for (int i0 = warp * ROWS; i0 < dv; i0 += nw * ROWS) {
-        if (!HOIST || i0 != warp * ROWS) dn_load_rows<ROWS, PL>(s, hs, i0, dv, dk, lane);
+        if (!HOIST || i0 != warp * ROWS) dn_load_rows<ROWS>(s, hs, i0, dv, dk, lane);
 #pragma unroll
         for (int r = 0; r < ROWS; r++) {
             const int row = i0 + r;
             float dot_k = 0.0f;
 #pragma unroll
-            for (int u = 0; u < PL; u++) {
+            for (int u = 0; u < DN_MAX_DK / 32; u++) {
                 if (u < per_lane) {
                     s[r][u] *= g;
                     dot_k += s[r][u] * ks[lane + 32 * u];
@@ -330,7 +330,7 @@ __device__ __forceinline__ void deltanet_step_impl(
             const float delta = row < dv ? beta * (vs[row] - dot_k) : 0.0f;
             float dot_q = 0.0f;
 #pragma unroll
-            for (int u = 0; u < PL; u++) {
+            for (int u = 0; u < DN_MAX_DK / 32; u++) {
                 if (u < per_lane) {
                     s[r][u] += delta * ks[lane + 32 * u];
                     if (row < dv) hs[(size_t)row * dk + lane + 32 * u] = s[r][u];
@@ -364,20 +364,16 @@ __device__ __forceinline__ void deltanet_step_impl(
     }
 }
 
-#define DELTANET_STEP(NAME, ROWS, HOIST, EARLY, PL)                                               \
+#define DELTANET_STEP(NAME, ROWS, HOIST, EARLY)                                                   \
     extern "C" __global__ void __launch_bounds__(512) NAME(                                      \
         const float* x, const float* gamma, float eps, int d, const float* ab_w,                  \
         const float* proj, float* window, const float* conv_w, int kernel, const int* step,      \
         const float* a_neg, const float* dt_bias, float* state, int hk, int dk, int dv,          \
         int v_tiled, const float* norm_w, int regroup, float* out, i8* q, float2* meta) {        \
-        deltanet_step_impl<ROWS, HOIST, EARLY, PL>(x, gamma, eps, d, ab_w, proj, window, conv_w,  \
+        deltanet_step_impl<ROWS, HOIST, EARLY>(x, gamma, eps, d, ab_w, proj, window, conv_w,      \
                                                kernel, step, a_neg, dt_bias, state, hk, dk, dv,    \
                                                v_tiled, norm_w, regroup, out, q, meta);            \
     }
-DELTANET_STEP(deltanet_step, 4, false, false, DN_MAX_DK / 32)
-DELTANET_STEP(deltanet_step_hoisted, 8, true, false, DN_MAX_DK / 32)
-DELTANET_STEP(deltanet_step_early, 4, false, true, DN_MAX_DK / 32)
-// Key heads of 128 dims (the 27B's): 4 state values per lane and row, so 8 rows per warp in the
-// registers 4 rows take when any head size up to DN_MAX_DK is allowed — 12 warps cover the 128
-// rows of a value head in 2 passes instead of 3.
-DELTANET_STEP(deltanet_step_early_dk128, 8, false, true, 4)
+DELTANET_STEP(deltanet_step, 4, false, false)
+DELTANET_STEP(deltanet_step_hoisted, 8, true, false)
+DELTANET_STEP(deltanet_step_early, 4, false, true)
