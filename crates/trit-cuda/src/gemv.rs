@@ -311,6 +311,10 @@ pub struct StreamConfig {
     pub warps: u32,
     pub split: u32,
     pub blocks_per_sm: u32,
+    /// Most warps per block the per-matrix choice considers: 16 takes 4, 8, 12 or 16; more
+    /// takes any count from 4 up to it, and among shapes with equally few items for the
+    /// busiest warp the one whose busiest block has the least work (`TRIT_CUDA_STREAM_MAX_WARPS`).
+    pub max_warps: u32,
 }
 
 impl StreamConfig {
@@ -322,6 +326,7 @@ impl StreamConfig {
         warps: 0,
         split: 0,
         blocks_per_sm: 1,
+        max_warps: 16,
     };
 
     /// `TRIT_CUDA_STREAM`: unset → the default, `0` → off (the register-pipelined fused
@@ -329,9 +334,19 @@ impl StreamConfig {
     /// Read once per process.
     pub fn get() -> Option<StreamConfig> {
         static CFG: std::sync::OnceLock<Option<StreamConfig>> = std::sync::OnceLock::new();
-        *CFG.get_or_init(|| match std::env::var("TRIT_CUDA_STREAM") {
-            Err(_) => Some(StreamConfig::DEFAULT),
-            Ok(v) => StreamConfig::parse(&v),
+        *CFG.get_or_init(|| {
+            let cfg = match std::env::var("TRIT_CUDA_STREAM") {
+                Err(_) => Some(StreamConfig::DEFAULT),
+                Ok(v) => StreamConfig::parse(&v),
+            };
+            let max_warps = std::env::var("TRIT_CUDA_STREAM_MAX_WARPS")
+                .ok()
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                .filter(|w| (16..=32).contains(w));
+            cfg.map(|c| StreamConfig {
+                max_warps: max_warps.unwrap_or(c.max_warps),
+                ..c
+            })
         })
     }
 
@@ -348,6 +363,7 @@ impl StreamConfig {
             warps: n[0],
             blocks_per_sm: n.get(1).copied().unwrap_or(1),
             split: n.get(2).copied().unwrap_or(0),
+            ..StreamConfig::DEFAULT
         };
         let ok =
             c.warps <= 32 && (1..=4).contains(&c.blocks_per_sm) && [0, 1, 2, 4].contains(&c.split);
@@ -374,8 +390,13 @@ pub struct StreamShape {
 /// The launch shape for a matrix of `groups` row groups and `steps` lane-steps per row on
 /// `sms` multiprocessors: among the allowed warps and splits whose shared memory fits, those
 /// that keep at least 90 % of the multiprocessors busy, then the fewest items for the busiest
-/// warp (its chain of memory round trips sets the time), then the smaller split (fewer
-/// barriers), then more warps.
+/// warp (its chain of memory round trips sets the time), then (with `max_warps` above 16) the
+/// least work for the busiest block, then the smaller split (fewer barriers), then more warps.
+///
+/// Why the busiest block: teams take groups round-robin, so when the groups are not a multiple
+/// of all teams the first blocks hold one group per team more. The 27B's gate‖up (8,704
+/// groups) on 132 × 16 warps gives blocks 0–15 five groups per warp and the rest four; with 17
+/// warps every warp has at most four.
 pub fn stream_shape(
     groups: usize,
     steps: usize,
@@ -383,8 +404,11 @@ pub fn stream_shape(
     cfg: &StreamConfig,
     fits: impl Fn(u32) -> bool,
 ) -> Option<StreamShape> {
+    let balance = cfg.max_warps > 16;
     let warp_options: Vec<u32> = if cfg.warps > 0 {
         vec![cfg.warps]
+    } else if balance {
+        (4..=cfg.max_warps).collect()
     } else {
         vec![4, 8, 12, 16]
     };
@@ -394,7 +418,7 @@ pub fn stream_shape(
         vec![1, 2, 4]
     };
     let slots = sms * cfg.blocks_per_sm;
-    let mut best: Option<(bool, usize, u32, u32, StreamShape)> = None;
+    let mut best: Option<((bool, usize, usize, u32, u32), StreamShape)> = None;
     for &warps in &warp_options {
         for &split in &split_options {
             let teams = warps / split;
@@ -408,25 +432,36 @@ pub fn stream_shape(
             }
             let blocks = (groups.div_ceil(teams as usize) as u32).min(slots).max(1);
             let all_teams = blocks as usize * teams as usize;
-            let items = groups.div_ceil(all_teams) * steps.div_ceil(split as usize);
+            let most = groups.div_ceil(all_teams);
+            let per_group = steps.div_ceil(split as usize);
+            let items = most * per_group;
+            // Block 0 is the busiest: its teams come first in the round-robin.
+            let with_most = groups - (most - 1) * all_teams;
+            let t = teams as usize;
+            let block_work = (t.min(with_most) * most + t.saturating_sub(with_most) * (most - 1))
+                * per_group
+                * split as usize;
             let busy = blocks * 10 >= slots * 9;
             let shape = StreamShape {
                 warps,
                 split,
                 blocks,
             };
-            // Ordered: busy first, then fewer items, smaller split, more warps.
-            let key = (busy, usize::MAX - items, u32::MAX - split, warps, shape);
-            let better = match &best {
-                None => true,
-                Some(b) => (key.0, key.1, key.2, key.3) > (b.0, b.1, b.2, b.3),
-            };
-            if better {
-                best = Some(key);
+            // Ordered: busy first, then fewer items, lighter busiest block, smaller split, more
+            // warps.
+            let key = (
+                busy,
+                usize::MAX - items,
+                if balance { usize::MAX - block_work } else { 0 },
+                u32::MAX - split,
+                warps,
+            );
+            if best.as_ref().is_none_or(|b| key > b.0) {
+                best = Some((key, shape));
             }
         }
     }
-    best.map(|b| b.4)
+    best.map(|b| b.1)
 }
 
 /// The streaming GEMV's launch shape for `m` where it can run it: cp.async (sm_80+), aligned
@@ -667,6 +702,26 @@ mod tests {
         };
         let s = stream_shape(6144, 2, 132, &forced, |_| true).unwrap();
         assert_eq!((s.warps, s.split), (8, 2));
+    }
+
+    #[test]
+    fn more_warps_balance_the_blocks_when_allowed() {
+        let wide = StreamConfig {
+            max_warps: 17,
+            ..StreamConfig::DEFAULT
+        };
+        // 27B gate‖up (8,704 groups, 3 lane-steps): 16 warps leave 5 groups to blocks 0–15's
+        // warps; 17 give every warp at most 4.
+        let s = shape(8704, 3);
+        assert_eq!((s.warps, s.split), (16, 1));
+        let s = stream_shape(8704, 3, 132, &wide, |_| true).unwrap();
+        assert_eq!((s.warps, s.split, s.blocks), (17, 1, 132));
+        // Where 16 warps already divide the work evenly, the choice stays (8B gate‖up).
+        let s = stream_shape(6144, 2, 132, &wide, |_| true).unwrap();
+        assert_eq!((s.warps, s.split, s.blocks), (16, 1, 132));
+        // Shared memory still bounds the count.
+        let s = stream_shape(8704, 3, 132, &wide, |w| w <= 16).unwrap();
+        assert!(s.warps <= 16, "{s:?}");
     }
 
     #[test]

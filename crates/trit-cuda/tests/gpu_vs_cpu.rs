@@ -270,11 +270,12 @@ fn streaming_gemv_matches_its_cpu_emulation() {
         for m in [&f16, &f32] {
             let want = reference_outputs(m, &q, &meta, glu);
             for r in [2, 4, 8] {
-                for (warps, split) in [(3, 1), (8, 1), (8, 2), (12, 4)] {
+                for (warps, split) in [(3, 1), (8, 1), (8, 2), (12, 4), (17, 1)] {
                     let cfg = StreamConfig {
                         warps,
                         split,
                         blocks_per_sm: 1,
+                        ..StreamConfig::DEFAULT
                     };
                     if stream_smem_bytes(cols / 64, r, warps) > gpu.max_dyn_smem {
                         continue;
@@ -317,11 +318,12 @@ fn streaming_gemv_normalizes_its_input_like_the_cpu() {
     for (rows, glu) in [(37, false), (74, true)] {
         let m = random_q2_0(rows, cols, (33, 34));
         let want = reference_outputs(&m, &q, &meta, glu);
-        for (warps, split) in [(3, 1), (16, 1), (12, 4)] {
+        for (warps, split) in [(3, 1), (16, 1), (12, 4), (17, 1)] {
             let cfg = StreamConfig {
                 warps,
                 split,
                 blocks_per_sm: 1,
+                ..StreamConfig::DEFAULT
             };
             if stream_smem_bytes(cols / 64, 4, warps) > gpu.max_dyn_smem {
                 continue;
