@@ -430,7 +430,9 @@ pub fn stream_shape(
         vec![1, 2, 4]
     };
     let slots = sms * cfg.blocks_per_sm;
-    let mut best: Option<((bool, usize, usize, u32, u32), StreamShape)> = None;
+    // (busy, fewer items, lighter busiest block, smaller split, more warps): larger is better.
+    type Rank = (bool, usize, usize, u32, u32);
+    let mut best: Option<(Rank, StreamShape)> = None;
     for &warps in &warp_options {
         for &split in &split_options {
             let teams = warps / split;
@@ -460,9 +462,7 @@ pub fn stream_shape(
                 blocks,
                 paired: false,
             };
-            // Ordered: busy first, then fewer items, lighter busiest block, smaller split, more
-            // warps.
-            let key = (
+            let key: Rank = (
                 busy,
                 usize::MAX - items,
                 if balance { usize::MAX - block_work } else { 0 },
