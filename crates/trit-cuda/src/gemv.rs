@@ -315,10 +315,6 @@ pub struct StreamConfig {
     /// takes any count from 4 up to it, and among shapes with equally few items for the
     /// busiest warp the one whose busiest block has the least work (`TRIT_CUDA_STREAM_MAX_WARPS`).
     pub max_warps: u32,
-    /// Which matrices take the paired kernel where their rows' last lane-step holds at most 16
-    /// blocks (`ternary_gemv_stream_r*_s1p_*`; `TRIT_CUDA_STREAM_PAIR`): 0 none, 1 gate‖up,
-    /// 2 all.
-    pub pair: u32,
 }
 
 impl StreamConfig {
@@ -331,7 +327,6 @@ impl StreamConfig {
         split: 0,
         blocks_per_sm: 1,
         max_warps: 16,
-        pair: 0,
     };
 
     /// `TRIT_CUDA_STREAM`: unset → the default, `0` → off (the register-pipelined fused
@@ -348,13 +343,8 @@ impl StreamConfig {
                 .ok()
                 .and_then(|v| v.trim().parse::<u32>().ok())
                 .filter(|w| (16..=32).contains(w));
-            let pair = std::env::var("TRIT_CUDA_STREAM_PAIR")
-                .ok()
-                .and_then(|v| v.trim().parse::<u32>().ok())
-                .filter(|p| *p <= 2);
             cfg.map(|c| StreamConfig {
                 max_warps: max_warps.unwrap_or(c.max_warps),
-                pair: pair.unwrap_or(c.pair),
                 ..c
             })
         })
@@ -389,14 +379,12 @@ pub fn stream_smem_bytes(nb: usize, r: usize, warps: u32) -> usize {
     nb * 64 + nb.div_ceil(2) * 16 + warps as usize * STREAM_STAGES * slot
 }
 
-/// One launch of the streaming GEMV: warps per block, warps per row group, blocks, and whether
-/// each warp pairs its groups' last lane-steps (see `StreamWarp` in gemv_stream.cu).
+/// One launch of the streaming GEMV: warps per block, warps per row group, blocks.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StreamShape {
     pub warps: u32,
     pub split: u32,
     pub blocks: u32,
-    pub paired: bool,
 }
 
 /// The launch shape for a matrix of `groups` row groups and `steps` lane-steps per row on
@@ -460,7 +448,6 @@ pub fn stream_shape(
                 warps,
                 split,
                 blocks,
-                paired: false,
             };
             let key: Rank = (
                 busy,
@@ -495,16 +482,8 @@ fn stream_plan(
     } else {
         m.rows.div_ceil(r)
     };
-    let steps = nb.div_ceil(32);
-    let shape = stream_shape(groups, steps, gpu.sm_count, cfg, |w| {
+    stream_shape(groups, nb.div_ceil(32), gpu.sm_count, cfg, |w| {
         stream_smem_bytes(nb, r, w) <= gpu.max_dyn_smem
-    })?;
-    // The last lane-step holds nb − 32·(steps − 1) blocks.
-    let half_tail = nb + 16 <= 32 * steps;
-    let wanted = cfg.pair == 2 || (cfg.pair == 1 && glu);
-    Some(StreamShape {
-        paired: wanted && half_tail && shape.split == 1,
-        ..shape
     })
 }
 
@@ -517,9 +496,8 @@ fn launch_stream(
     shape: StreamShape,
 ) -> Result<()> {
     let kind = if m.f16 { "f16" } else { "f32" };
-    let pair = if shape.paired { "p" } else { "" };
     let kernel = kernel_name(&format!(
-        "ternary_gemv_stream_r{}_s{}{pair}_{kind}",
+        "ternary_gemv_stream_r{}_s{}_{kind}",
         o.r, shape.split
     ))?;
     let nb = m.cols / 64;

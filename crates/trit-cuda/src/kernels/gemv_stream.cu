@@ -70,13 +70,14 @@ struct RowBases {
     }
 };
 
-// Requests the lane's block b (of the rows `rb`) of an item into `slot`; each lane copies only
-// what it will read itself (its 16 bytes of codes and its scale word per row), so no lane waits
-// for another. Blocks past the row's end are zero-filled and not computed.
+// Requests the item at lane-step k of the group whose rows are `rb` into `slot`; each lane
+// copies only what it will read itself (its 16 bytes of codes and its scale word per row), so
+// no lane waits for another. Blocks past the row's end are zero-filled and not computed.
 template <int R, typename S>
 __device__ __forceinline__ void stream_issue(uint4* slot, const uint4* __restrict__ codes,
                                              const S* __restrict__ scales,
-                                             const RowBases<R>& rb, int nb, int b, int lane) {
+                                             const RowBases<R>& rb, int nb, int k, int lane) {
+    const int b = 32 * k + lane;
     const bool in = b < nb;
     const unsigned bc = min(b, nb - 1);
     // Shared addresses computed once: row i's are constant offsets from them.
@@ -101,50 +102,24 @@ __device__ __forceinline__ int stream_ring_at(int nb) { return 4 * nb + (nb + 1)
 // grid takes groups t, t + (all teams), ...; warp `sub` of a team takes lane-steps sub,
 // sub + SPLIT, ... of each (a step past the row's end is an empty item, so all warps of a team
 // agree on the count).
-//
-// PAIR (SPLIT = 1, rows whose last lane-step holds at most 16 blocks, such as the 27B's 80 or
-// 272): the warp takes its groups two at a time, the full lane-steps of the first, then of the
-// second, then one item for both last steps — lanes 0–15 the first group's blocks, lanes 16–31
-// the second's. The 27B's 5,120-column rows take 5 items per two groups instead of 6, where
-// half the lanes of every third item had nothing to do.
-template <int R, bool PAIR = false>
+template <int R>
 struct StreamWarp {
     int g0, per, stride, mine;  // first group, lane-steps per group, group stride, items
-    int gi, ji;                 // the next item to request: item ji of the unit at group gi
-    int groups;                 // PAIR: all groups (whether gi has a partner)
-    RowBases<R> ri, r0;         // rows of the group being requested and of group g0
+    int gi, ji;                 // the next item to request
+    RowBases<R> ri, r0;         // rows of group gi and of group g0
     uint4* ring;
 
-    // Requests the next item into ring slot `s`.
+    // Requests the next item (group gi, lane-step sub + SPLIT·ji) into ring slot `s`.
     template <int SPLIT, typename S>
     __device__ __forceinline__ void issue_next(int s, const uint4* __restrict__ codes,
                                                const S* __restrict__ scales, int rows, int nb,
                                                int glu, int sub, int lane) {
-        uint4* slot = ring + s * StreamSlot<R>::CHUNKS;
-        const int half = rows / 2;
-        if (PAIR && gi + stride < groups) {
-            const int full = per - 1;
-            if (ji < 2 * full) {
-                if (ji == full) ri.set(gi + stride, rows, half, glu, nb);
-                stream_issue<R, S>(slot, codes, scales, ri, nb, 32 * (ji < full ? ji : ji - full) + lane,
-                                   lane);
-                ji++;
-                return;
-            }
-            // Both groups' last lane-steps, 16 lanes each.
-            RowBases<R> rt;
-            rt.set(lane < 16 ? gi : gi + stride, rows, half, glu, nb);
-            stream_issue<R, S>(slot, codes, scales, rt, nb, 32 * full + (lane & 15), lane);
-            ji = 0;
-            gi += 2 * stride;
-            ri.set(gi, rows, half, glu, nb);
-            return;
-        }
-        stream_issue<R, S>(slot, codes, scales, ri, nb, 32 * (sub + SPLIT * ji) + lane, lane);
+        stream_issue<R, S>(ring + s * StreamSlot<R>::CHUNKS, codes, scales, ri, nb,
+                           sub + SPLIT * ji, lane);
         if (++ji == per) {
             ji = 0;
             gi += stride;
-            ri.set(gi, rows, half, glu, nb);
+            ri.set(gi, rows, rows / 2, glu, nb);
         }
     }
 };
@@ -155,26 +130,22 @@ struct StreamWarp {
 // before the grid barrier that ends the previous phase. Every round commits one group, empty
 // or not, so "all but the newest ST − 1 groups have landed" always means "the current item
 // has".
-template <int R, int SPLIT, typename S, bool PAIR = false>
-__device__ __forceinline__ StreamWarp<R, PAIR> stream_begin(const uint4* __restrict__ codes,
-                                                            const S* __restrict__ scales,
-                                                            int rows, int nb, int glu,
-                                                            int ring_at) {
+template <int R, int SPLIT, typename S>
+__device__ __forceinline__ StreamWarp<R> stream_begin(const uint4* __restrict__ codes,
+                                                      const S* __restrict__ scales, int rows,
+                                                      int nb, int glu, int ring_at) {
     constexpr int ST = STREAM_STAGES;
     extern __shared__ uint4 dyn[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int team = warp / SPLIT, sub = warp % SPLIT, teams = warps / SPLIT;
     const int half = rows / 2;
     const int groups = glu ? (half + R / 2 - 1) / (R / 2) : (rows + R - 1) / R;
-    StreamWarp<R, PAIR> w;
+    StreamWarp<R> w;
     w.ring = dyn + ring_at + warp * ST * StreamSlot<R>::CHUNKS;
     w.per = ((nb + 31) / 32 + SPLIT - 1) / SPLIT;
     w.stride = gridDim.x * teams;
     w.g0 = blockIdx.x * teams + team;
-    w.groups = groups;
-    const int mine_groups = w.g0 < groups ? (groups - 1 - w.g0) / w.stride + 1 : 0;
-    w.mine = PAIR ? mine_groups / 2 * (2 * w.per - 1) + mine_groups % 2 * w.per
-                  : mine_groups * w.per;
+    w.mine = w.g0 < groups ? ((groups - 1 - w.g0) / w.stride + 1) * w.per : 0;
     w.gi = w.g0;
     w.ji = 0;
     w.ri.set(w.gi, rows, half, glu, nb);
@@ -190,40 +161,10 @@ __device__ __forceinline__ StreamWarp<R, PAIR> stream_begin(const uint4* __restr
 // The rest once the input exists: every block builds the int8 input (fg_prologue), then each
 // warp computes its items, requesting one more per item. L2: x and the residual are read
 // through L2 (a persistent caller's other blocks wrote them in its previous phase).
-// The lane's part of one item: Σ over its block of scale · (d·Σ code·q − d·Σq) per row.
-template <int R, typename S>
-__device__ __forceinline__ void stream_item_dots(const uint4* slot, const uint4* xs,
-                                                 const float2* ms, int b,
-                                                 const unsigned (&odd)[R], float (&v)[R]) {
-    const unsigned* sc = (const unsigned*)(slot + StreamSlot<R>::CODE_CHUNKS);
-    const int lane = threadIdx.x & 31;
-    uint4 c[R];
-#pragma unroll
-    for (int i = 0; i < R; i++) c[i] = slot[i * 32 + lane];
-    int d[R];
-    fg_block_dots<R>(c, xs, b, d);
-    const float2 m = ms[b];
-#pragma unroll
-    for (int i = 0; i < R; i++)
-        v[i] = slot_scale(sc + i * 32 + lane, (const S*)nullptr, odd[i]) * (m.x * (float)d[i] - m.y);
-}
-
-// Which half of its f16 pair each row's scale is: (row base + b) mod 2, and b = 32k + lane
-// (or, in a paired last step, 32k + lane − 16) has the lane's parity, so it stays for the
-// whole group.
-template <int R>
-__device__ __forceinline__ void stream_odd(unsigned (&odd)[R], const RowBases<R>& rb, int lane) {
-#pragma unroll
-    for (int i = 0; i < R; i++) odd[i] = (rb.at[i] + lane) & 1;
-}
-
-// The rest once the input exists: every block builds the int8 input (fg_prologue), then each
-// warp computes its items, requesting one more per item. L2: x and the residual are read
-// through L2 (a persistent caller's other blocks wrote them in its previous phase).
-template <int R, int SPLIT, typename S, bool L2, bool PAIR = false>
+template <int R, int SPLIT, typename S, bool L2>
 __device__ __forceinline__ void stream_finish(
-    StreamWarp<R, PAIR>& w, const uint4* __restrict__ codes, const S* __restrict__ scales,
-    int rows, int nb, int mode, const float* __restrict__ x, const FgGamma& gr,
+    StreamWarp<R>& w, const uint4* __restrict__ codes, const S* __restrict__ scales, int rows,
+    int nb, int mode, const float* __restrict__ x, const FgGamma& gr,
     const float* __restrict__ gamma, float eps,
     const uint4* __restrict__ q, const float2* __restrict__ meta, float* __restrict__ y,
     int accumulate, int glu) {
@@ -238,20 +179,16 @@ __device__ __forceinline__ void stream_finish(
     const int half = rows / 2;
     fg_prologue<L2>(mode, nb, x, gr, gamma, eps, q, meta, xs, ms, scratch);
     __syncthreads();
-    // acc: the unit's (first) group; acc2 (PAIR): its second.
-    float acc[R], acc2[R];
+    float acc[R];
 #pragma unroll
-    for (int i = 0; i < R; i++) acc[i] = acc2[i] = 0.0f;
-    const int full = w.per - 1;
+    for (int i = 0; i < R; i++) acc[i] = 0.0f;
     int g = w.g0, j = 0;
-    bool pair = PAIR && g + w.stride < w.groups;
-    unsigned odd[R], odd2[R];
-    stream_odd<R>(odd, w.r0, lane);
-    if (pair) {
-        RowBases<R> rb;
-        rb.set(g + w.stride, rows, half, glu, nb);
-        stream_odd<R>(odd2, rb, lane);
-    }
+    RowBases<R> rc = w.r0;  // rows of group g
+    // Which half of its f16 pair a lane's scale is: (row base + b) mod 2, and b = 32k + lane
+    // has the lane's parity, so it stays for the whole group.
+    unsigned odd[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) odd[i] = (rc.at[i] + lane) & 1;
     for (int n = 0; n < w.mine; n++) {
         if (n + ST - 1 < w.mine)
             w.template issue_next<SPLIT, S>((n + ST - 1) % ST, codes, scales, rows, nb, glu, sub,
@@ -259,61 +196,37 @@ __device__ __forceinline__ void stream_finish(
         cp_async_commit();
         cp_async_wait_group<ST - 1>();
         const uint4* slot = w.ring + (n % ST) * StreamSlot<R>::CHUNKS;
-        // The lane's block, and whether it belongs to the unit's second group.
-        int b;
-        bool second = false;
-        if (pair) {
-            second = j >= full && (j < 2 * full || lane >= 16);
-            b = j < full ? 32 * j + lane
-                : j < 2 * full ? 32 * (j - full) + lane : 32 * full + (lane & 15);
-        } else {
-            b = 32 * (sub + SPLIT * j) + lane;
-        }
+        const unsigned* sc = (const unsigned*)(slot + StreamSlot<R>::CODE_CHUNKS);
+        const int b = 32 * (sub + SPLIT * j) + lane;
         if (b < nb) {
-            unsigned o[R];
+            uint4 c[R];
 #pragma unroll
-            for (int i = 0; i < R; i++) o[i] = second ? odd2[i] : odd[i];
-            float v[R];
-            stream_item_dots<R, S>(slot, xs, ms, b, o, v);
+            for (int i = 0; i < R; i++) c[i] = slot[i * 32 + lane];
+            int d[R];
+            fg_block_dots<R>(c, xs, b, d);
+            const float2 m = ms[b];
 #pragma unroll
-            for (int i = 0; i < R; i++) {
-                // Selects, not branches: one path for both halves of a paired last step.
-                if (PAIR) {
-                    const float a = acc[i] + v[i], a2 = acc2[i] + v[i];
-                    acc[i] = second ? acc[i] : a;
-                    acc2[i] = second ? a2 : acc2[i];
-                } else {
-                    acc[i] += v[i];
-                }
-            }
+            for (int i = 0; i < R; i++)
+                acc[i] += slot_scale(sc + i * 32 + lane, scales, odd[i]) * (m.x * (float)d[i] - m.y);
         }
-        if (++j == (pair ? 2 * full + 1 : w.per)) {
+        if (++j == w.per) {
             float t = warp_sum_rows<R>(acc);
+#pragma unroll
+            for (int i = 0; i < R; i++) acc[i] = 0.0f;
             t = team_sum_rows<R, SPLIT>(t, red, warp, team, lane);
             if (sub == 0) fg_store_rows<R, L2>(t, g, rows, half, glu, y, accumulate, lane);
-            if (pair) {
-                const float t2 = warp_sum_rows<R>(acc2);
-                fg_store_rows<R, L2>(t2, g + w.stride, rows, half, glu, y, accumulate, lane);
-            }
-#pragma unroll
-            for (int i = 0; i < R; i++) acc[i] = acc2[i] = 0.0f;
             j = 0;
-            g += pair ? 2 * w.stride : w.stride;
-            pair = PAIR && g + w.stride < w.groups;
-            RowBases<R> rb;
-            rb.set(g, rows, half, glu, nb);
-            stream_odd<R>(odd, rb, lane);
-            if (pair) {
-                rb.set(g + w.stride, rows, half, glu, nb);
-                stream_odd<R>(odd2, rb, lane);
-            }
+            g += w.stride;
+            rc.set(g, rows, half, glu, nb);
+#pragma unroll
+            for (int i = 0; i < R; i++) odd[i] = (rc.at[i] + lane) & 1;
         }
     }
 }
 
 // One matrix as one kernel: the first weights are requested before griddepcontrol.wait, so
 // they load while the previous kernel finishes.
-template <int R, int SPLIT, typename S, bool PAIR = false>
+template <int R, int SPLIT, typename S>
 __device__ __forceinline__ void ternary_gemv_stream(
     const uint4* __restrict__ codes, const S* __restrict__ scales, int rows, int nb, int mode,
     const float* __restrict__ x, const float* __restrict__ gamma, float eps,
@@ -322,8 +235,7 @@ __device__ __forceinline__ void ternary_gemv_stream(
     // flags: bit 0 gate‖up (SwiGLU), bit 1 FG_LATE_TRIGGER.
     const int glu = flags & 1, late = flags & FG_LATE_TRIGGER;
     if (!late) pdl_launch_dependents();
-    StreamWarp<R, PAIR> w =
-        stream_begin<R, SPLIT, S, PAIR>(codes, scales, rows, nb, glu, stream_ring_at(nb));
+    StreamWarp<R> w = stream_begin<R, SPLIT, S>(codes, scales, rows, nb, glu, stream_ring_at(nb));
     const FgGamma gr = fg_gamma(mode, nb, gamma);
     pdl_wait();
     if (late) pdl_launch_dependents();
@@ -331,8 +243,8 @@ __device__ __forceinline__ void ternary_gemv_stream(
     if (TRIT_PROBE_SKIP & 8) cp_async_wait_all();  // no copy may outlive the block
 #endif
     PROBE_SKIP(8);
-    stream_finish<R, SPLIT, S, false, PAIR>(w, codes, scales, rows, nb, mode, x, gr, gamma, eps,
-                                            q, meta, y, accumulate, glu);
+    stream_finish<R, SPLIT, S, false>(w, codes, scales, rows, nb, mode, x, gr, gamma, eps, q,
+                                      meta, y, accumulate, glu);
 }
 
 #define TERNARY_GEMV_STREAM(R, SPLIT, SN, S)                                                   \
@@ -345,21 +257,6 @@ __device__ __forceinline__ void ternary_gemv_stream(
     }
 #define TERNARY_GEMV_STREAM_ALL(R, SN, S) \
     TERNARY_GEMV_STREAM(R, 1, SN, S) TERNARY_GEMV_STREAM(R, 2, SN, S) TERNARY_GEMV_STREAM(R, 4, SN, S)
-// Paired last lane-steps (SPLIT = 1 only): ternary_gemv_stream_r{R}_s1p_{f16,f32}.
-#define TERNARY_GEMV_STREAM_PAIR(R, SN, S)                                                     \
-    extern "C" __global__ void ternary_gemv_stream_r##R##_s1p_##SN(                             \
-        const uint4* codes, const S* scales, int rows, int nb, int mode, const float* x,        \
-        const float* gamma, float eps, const uint4* q, const float2* meta, float* y,            \
-        int accumulate, int glu) {                                                             \
-        ternary_gemv_stream<R, 1, S, true>(codes, scales, rows, nb, mode, x, gamma, eps, q,     \
-                                           meta, y, accumulate, glu);                          \
-    }
-TERNARY_GEMV_STREAM_PAIR(2, f16, half_bits)
-TERNARY_GEMV_STREAM_PAIR(4, f16, half_bits)
-TERNARY_GEMV_STREAM_PAIR(8, f16, half_bits)
-TERNARY_GEMV_STREAM_PAIR(2, f32, float)
-TERNARY_GEMV_STREAM_PAIR(4, f32, float)
-TERNARY_GEMV_STREAM_PAIR(8, f32, float)
 TERNARY_GEMV_STREAM_ALL(2, f16, half_bits)
 TERNARY_GEMV_STREAM_ALL(4, f16, half_bits)
 TERNARY_GEMV_STREAM_ALL(8, f16, half_bits)
