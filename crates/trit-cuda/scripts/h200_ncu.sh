@@ -16,4 +16,7 @@ TRIT_CUDA_GRAPH=0 timeout 300 $NCU --clock-control none -k "${KERNELS:-regex:ter
   -s "${SKIP:-40}" -c "${COUNT:-6}" --section SpeedOfLight --section SchedulerStats \
   --section WarpStateStats --section Occupancy --page details \
   /tmp/bin/trit bench --device cuda -m /tmp/models/$M/model-q2_0.gguf -p 0 -n 2 -r 1 > /tmp/ncu.txt 2>&1
-grep -E "^  [a-z_0-9]+.*\(|Duration|DRAM Throughput|Issue Slots Busy|Executed Ipc Active|Eligible Warps Per Scheduler|Achieved Occupancy|Registers Per Thread|Block Size|Grid Size|Stall" /tmp/ncu.txt | head -${LINES_MAX:-150}
+# The whole report comes back as a file where the device tool collects $OUT (session 10: the
+# short list below missed the scheduler's and the stall rules' lines).
+[ -n "$OUT" ] && cp /tmp/ncu.txt "$OUT/ncu-${M}-${SKIP:-40}.txt"
+grep -E "^  [a-z_0-9]+.*\(|Duration|DRAM Throughput|Memory Throughput|L2 Hit Rate|Issue Slots Busy|Issued Warp Per Scheduler|No Eligible|Executed Ipc Active|Eligible Warps Per Scheduler|Warp Cycles Per Issued|Achieved Occupancy|Registers Per Thread|stalled|Stall" /tmp/ncu.txt | cut -c1-220 | head -${LINES_MAX:-150}
