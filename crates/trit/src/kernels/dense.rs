@@ -1,7 +1,9 @@
 //! `DenseMatrix`: f32 weights (any non-ternary tensor, dequantized at load) and their matrix
-//! product. One generic kernel, compiled three times: portable, and under AVX2+FMA and AVX-512
-//! target features so the same loops become fused multiply-adds on wide registers. Each weight
-//! row is loaded once per group of 4 tokens.
+//! product. One row/token loop over three dot-product kernels: the portable one (`dots`, also
+//! the reference the others are tested against) and AVX2+FMA / AVX-512 ones written with
+//! intrinsics — LLVM left the portable loop scalar (`vfmadd231ss`, accumulators spilled to the
+//! stack) even under those target features. Each weight row is loaded once per group of 4
+//! tokens.
 
 use super::ops::reduce;
 use super::{level, KernelLevel, OutPtr};
@@ -82,26 +84,45 @@ impl DenseMatrix {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: `or_supported` checked the features.
                 KernelLevel::Avx2 => unsafe { rows_avx2(self, rows, x, n, out) },
-                _ => rows_generic::<false>(self, rows, x, n, out),
+                _ => rows_generic::<PORTABLE>(self, rows, x, n, out),
             }
         });
     }
 }
 
+/// Which dot-product kernel `rows_generic` runs.
+const PORTABLE: u8 = 0;
+const AVX2: u8 = 1;
+const AVX512: u8 = 2;
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn rows_avx2(m: &DenseMatrix, rows: Range<usize>, x: &[f32], n: usize, out: OutPtr) {
-    rows_generic::<true>(m, rows, x, n, out)
+    rows_generic::<AVX2>(m, rows, x, n, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
 unsafe fn rows_avx512(m: &DenseMatrix, rows: Range<usize>, x: &[f32], n: usize, out: OutPtr) {
-    rows_generic::<true>(m, rows, x, n, out)
+    rows_generic::<AVX512>(m, rows, x, n, out)
+}
+
+/// `T` dot products of `w` with `xs[t]` by the kernel `K`.
+#[inline(always)]
+fn dots_by<const K: u8, const T: usize>(w: &[f32], xs: [&[f32]; T]) -> [f32; T] {
+    match K {
+        // SAFETY: K = AVX2 / AVX512 only inside rows_avx2 / rows_avx512, which the dispatch
+        // calls after checking the features; every xs[t] is as long as w.
+        #[cfg(target_arch = "x86_64")]
+        AVX2 => unsafe { dots_avx2::<T>(w, xs) },
+        #[cfg(target_arch = "x86_64")]
+        AVX512 => unsafe { dots_avx512::<T>(w, xs) },
+        _ => dots::<T>(w, xs),
+    }
 }
 
 #[inline(always)]
-fn rows_generic<const FMA: bool>(
+fn rows_generic<const K: u8>(
     m: &DenseMatrix,
     rows: Range<usize>,
     x: &[f32],
@@ -114,7 +135,7 @@ fn rows_generic<const FMA: bool>(
         let w = m.row(r);
         let mut t = 0;
         while t + 4 <= n {
-            let v = dots::<4, FMA>(w, [xt(t), xt(t + 1), xt(t + 2), xt(t + 3)]);
+            let v = dots_by::<K, 4>(w, [xt(t), xt(t + 1), xt(t + 2), xt(t + 3)]);
             for (dt, &vi) in v.iter().enumerate() {
                 // SAFETY: rows are split disjointly between threads.
                 unsafe { out.write((t + dt) * m.rows + r, &[vi]) };
@@ -122,7 +143,7 @@ fn rows_generic<const FMA: bool>(
             t += 4;
         }
         while t < n {
-            let v = dots::<1, FMA>(w, [xt(t)]);
+            let v = dots_by::<K, 1>(w, [xt(t)]);
             // SAFETY: as above.
             unsafe { out.write(t * m.rows + r, &v) };
             t += 1;
@@ -130,18 +151,81 @@ fn rows_generic<const FMA: bool>(
     }
 }
 
-#[inline(always)]
-fn mul_add<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
-    if FMA {
-        a.mul_add(b, c)
-    } else {
-        a * b + c
+/// [`dots`] on 8-wide registers: two accumulators per token (16 columns a step) so the fused
+/// multiply-adds of a token do not wait on each other, then 8 columns, then the scalar tail.
+///
+/// # Safety
+/// The CPU must support avx2 and fma; every `xs[t]` holds at least `w.len()` values.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dots_avx2<const T: usize>(w: &[f32], xs: [&[f32]; T]) -> [f32; T] {
+    use std::arch::x86_64::*;
+    let (n, wp) = (w.len(), w.as_ptr());
+    let mut acc = [[_mm256_setzero_ps(); 2]; T];
+    let mut c = 0;
+    while c + 16 <= n {
+        let (w0, w1) = (_mm256_loadu_ps(wp.add(c)), _mm256_loadu_ps(wp.add(c + 8)));
+        for t in 0..T {
+            let xp = xs[t].as_ptr().add(c);
+            acc[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xp), acc[t][0]);
+            acc[t][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xp.add(8)), acc[t][1]);
+        }
+        c += 16;
     }
+    if c + 8 <= n {
+        let w0 = _mm256_loadu_ps(wp.add(c));
+        for t in 0..T {
+            acc[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xs[t].as_ptr().add(c)), acc[t][0]);
+        }
+        c += 8;
+    }
+    std::array::from_fn(|t| {
+        let v = _mm256_add_ps(acc[t][0], acc[t][1]);
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+        let tail: f32 = (c..n).map(|k| w[k] * xs[t][k]).sum();
+        lanes.iter().sum::<f32>() + tail
+    })
 }
 
-/// `T` dot products of `w` with `xs[t]`, sharing each load of `w`.
+/// [`dots_avx2`] on 16-wide registers.
+///
+/// # Safety
+/// The CPU must support avx512f and fma; every `xs[t]` holds at least `w.len()` values.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn dots_avx512<const T: usize>(w: &[f32], xs: [&[f32]; T]) -> [f32; T] {
+    use std::arch::x86_64::*;
+    let (n, wp) = (w.len(), w.as_ptr());
+    let mut acc = [[_mm512_setzero_ps(); 2]; T];
+    let mut c = 0;
+    while c + 32 <= n {
+        let (w0, w1) = (_mm512_loadu_ps(wp.add(c)), _mm512_loadu_ps(wp.add(c + 16)));
+        for t in 0..T {
+            let xp = xs[t].as_ptr().add(c);
+            acc[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xp), acc[t][0]);
+            acc[t][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xp.add(16)), acc[t][1]);
+        }
+        c += 32;
+    }
+    if c + 16 <= n {
+        let w0 = _mm512_loadu_ps(wp.add(c));
+        for t in 0..T {
+            acc[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xs[t].as_ptr().add(c)), acc[t][0]);
+        }
+        c += 16;
+    }
+    std::array::from_fn(|t| {
+        let tail: f32 = (c..n).map(|k| w[k] * xs[t][k]).sum();
+        _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1])) + tail
+    })
+}
+
+/// `T` dot products of `w` with `xs[t]`, sharing each load of `w` (portable; the reference).
 #[inline(always)]
-fn dots<const T: usize, const FMA: bool>(w: &[f32], xs: [&[f32]; T]) -> [f32; T] {
+fn dots<const T: usize>(w: &[f32], xs: [&[f32]; T]) -> [f32; T] {
     const L: usize = 16;
     let mut acc = [[0f32; L]; T];
     let full = w.len() / L * L;
@@ -150,7 +234,7 @@ fn dots<const T: usize, const FMA: bool>(w: &[f32], xs: [&[f32]; T]) -> [f32; T]
         for t in 0..T {
             let xc: &[f32; L] = xs[t][c..c + L].try_into().expect("chunk");
             for i in 0..L {
-                acc[t][i] = mul_add::<FMA>(wc[i], xc[i], acc[t][i]);
+                acc[t][i] += wc[i] * xc[i];
             }
         }
     }
@@ -167,7 +251,18 @@ mod tests {
     #[test]
     fn every_level_matches_f64() {
         let pool = ThreadPool::new(2);
-        for (rows, cols, n) in [(5, 3, 1), (33, 100, 3), (64, 2048, 6), (7, 16, 9)] {
+        // Columns: all tail (3), whole 8/16/32-column steps (16, 24, 48, 2048) and partial
+        // ones with a scalar tail (47, 100); tokens: groups of 4 and single ones.
+        let shapes = [
+            (5, 3, 1),
+            (33, 100, 3),
+            (64, 2048, 6),
+            (7, 16, 9),
+            (4, 24, 4),
+            (3, 47, 5),
+            (2, 48, 1),
+        ];
+        for (rows, cols, n) in shapes {
             let w: Vec<f32> = (0..rows * cols)
                 .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
                 .collect();
