@@ -12,9 +12,11 @@ use super::OutPtr;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-/// Tokens sharing the unpacked codes (2 tokens × (2 int16 + 2 float) accumulators plus codes
-/// and constants fit the 16 ymm registers).
-const GROUP: usize = 2;
+/// Tokens sharing the unpacked codes: 4 tokens × 2 int16 accumulators, the two code vectors,
+/// their unpacked pair, the mask and a broadcast fill the 16 ymm registers in the inner loop
+/// (the f32 accumulators, touched once per 64-column block, may live in L1). 1.7B shape pp512 on
+/// a 2-vCPU AVX2 EPYC: 76 tok/s against 48–58 with 2 tokens.
+const GROUP: usize = 4;
 
 /// Computes the rows of `tiles` for every token of `xq` and stores them through `out`.
 ///
@@ -38,14 +40,26 @@ pub(crate) unsafe fn ternary_tiles(
                     (TileScales::F16(s), 1) => {
                         group::<1, true>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
                     }
-                    (TileScales::F16(s), _) => {
+                    (TileScales::F16(s), 2) => {
                         group::<2, true>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
+                    }
+                    (TileScales::F16(s), 3) => {
+                        group::<3, true>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
+                    }
+                    (TileScales::F16(s), _) => {
+                        group::<4, true>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
                     }
                     (TileScales::F32(s), 1) => {
                         group::<1, false>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
                     }
-                    (TileScales::F32(s), _) => {
+                    (TileScales::F32(s), 2) => {
                         group::<2, false>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
+                    }
+                    (TileScales::F32(s), 3) => {
+                        group::<3, false>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
+                    }
+                    (TileScales::F32(s), _) => {
+                        group::<4, false>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
                     }
                 }
                 for (dt, r) in res.iter().enumerate().take(nt) {

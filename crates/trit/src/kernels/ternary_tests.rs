@@ -110,7 +110,7 @@ fn activations(n: usize, cols: usize, seed: u64) -> Vec<f32> {
 
 const SHAPES_ROWS: [usize; 3] = [1, 17, 45];
 const SHAPES_COLS: [usize; 4] = [64, 192, 576, 2048];
-const SHAPES_N: [usize; 4] = [1, 3, 8, 17];
+const SHAPES_N: [usize; 5] = [1, 3, 6, 8, 17];
 
 #[test]
 fn repack_round_trips_codes_and_scales() {
