@@ -165,9 +165,10 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src));
 }
 // Copies the first `bytes` (0..16) of 16 and zero-fills the rest.
-__device__ __forceinline__ void cp_async16_zfill(void* dst, const void* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
-                 "r"(bytes)
+// `dst` a shared-memory address (smem_addr), so a caller writing several rows of one slot
+// computes it once and adds constant offsets.
+__device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes)
                  : "memory");
 }
 __device__ __forceinline__ void cp_async8(void* dst, const void* src) {

@@ -35,10 +35,6 @@ __device__ __forceinline__ void cp_async4_zfill(unsigned dst, const void* src, i
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(bytes)
                  : "memory");
 }
-__device__ __forceinline__ void cp_async16_zfill_at(unsigned dst, const void* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes)
-                 : "memory");
-}
 
 // The 4-byte scale word holding scale `at` (f16 scales are padded to an even count, so the
 // aligned pair always exists; repack.rs).
@@ -86,7 +82,7 @@ __device__ __forceinline__ void stream_issue(uint4* slot, const uint4* __restric
 #pragma unroll
     for (int i = 0; i < R; i++) {
         const unsigned at = rb.at[i] + bc;
-        cp_async16_zfill_at(dc + i * 32 * 16, codes + at, in ? 16 : 0);
+        cp_async16_zfill(dc + i * 32 * 16, codes + at, in ? 16 : 0);
         issue_scale(ds + i * 32 * 4, scales, at, in);
     }
 }
