@@ -36,30 +36,12 @@ pub(crate) unsafe fn ternary_tiles(
             let scales = m.tile_scales(tile);
             for t0 in tokens.clone().step_by(GROUP) {
                 let nt = (tokens.end - t0).min(GROUP);
-                match (scales, nt) {
-                    (TileScales::F16(s), 1) => {
-                        group::<1, true>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
+                match scales {
+                    TileScales::F16(s) => {
+                        group_of::<true>(m, codes, s.as_ptr().cast(), xq, t0, nt, &mut res)
                     }
-                    (TileScales::F16(s), 2) => {
-                        group::<2, true>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
-                    }
-                    (TileScales::F16(s), 3) => {
-                        group::<3, true>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
-                    }
-                    (TileScales::F16(s), _) => {
-                        group::<4, true>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
-                    }
-                    (TileScales::F32(s), 1) => {
-                        group::<1, false>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
-                    }
-                    (TileScales::F32(s), 2) => {
-                        group::<2, false>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
-                    }
-                    (TileScales::F32(s), 3) => {
-                        group::<3, false>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
-                    }
-                    (TileScales::F32(s), _) => {
-                        group::<4, false>(m, codes, s.as_ptr().cast(), xq, t0, &mut res)
+                    TileScales::F32(s) => {
+                        group_of::<false>(m, codes, s.as_ptr().cast(), xq, t0, nt, &mut res)
                     }
                 }
                 for (dt, r) in res.iter().enumerate().take(nt) {
@@ -67,6 +49,26 @@ pub(crate) unsafe fn ternary_tiles(
                 }
             }
         }
+    }
+}
+
+/// [`group`] for the `nt` (1..=GROUP) tokens from `t0`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_of<const F16: bool>(
+    m: &TernaryMatrix,
+    codes: *const u8,
+    scales: *const u8,
+    xq: &ActQ8,
+    t0: usize,
+    nt: usize,
+    res: &mut [[f32; TILE_ROWS]; GROUP],
+) {
+    match nt {
+        1 => group::<1, F16>(m, codes, scales, xq, t0, res),
+        2 => group::<2, F16>(m, codes, scales, xq, t0, res),
+        3 => group::<3, F16>(m, codes, scales, xq, t0, res),
+        _ => group::<4, F16>(m, codes, scales, xq, t0, res),
     }
 }
 
