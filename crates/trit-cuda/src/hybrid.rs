@@ -25,6 +25,7 @@ use trit::model::{ExternalNet, KvCache, Logits};
 use trit::sample::RowLogits;
 use trit::{Error, Result};
 
+mod prefill;
 mod step;
 
 /// Rows of one value head per block of `deltanet_recur` (`DN_ROWS` in deltanet.cu).
@@ -86,12 +87,18 @@ struct State {
     history: Vec<u32>,
     /// Candidate buffers of sampled steps (`ExternalNet::forward_top`), made on first use.
     top: Option<TopBuffers>,
+    /// Chunk activations of the batched prompt path, allocated on the first prompt.
+    prefill: Option<prefill::HybridPrefill>,
 }
 
 pub struct CudaHybrid {
     config: ModelConfig,
     hy: HybridConfig,
     ctx: usize,
+    /// Prompts of several tokens take the batched path (`CudaOptions::prefill`) in chunks of
+    /// at most `prefill_chunk`.
+    prefill: bool,
+    prefill_chunk: usize,
     rows_per_warp: usize,
     max_split: usize,
     use_graph: bool,
@@ -194,6 +201,8 @@ impl CudaHybrid {
         let b = Buffers::new(&gpu, &cfg, &hy, opts.ctx)?;
         Ok(CudaHybrid {
             ctx: opts.ctx,
+            prefill: opts.prefill,
+            prefill_chunk: opts.prefill_chunk,
             rows_per_warp,
             max_split: opts.max_split,
             use_graph: opts.graph,
@@ -213,6 +222,7 @@ impl CudaHybrid {
                 graphs: None,
                 device_pos: None,
                 top: None,
+                prefill: None,
                 seq_len: Some(0),
                 history: Vec::new(),
             }),
@@ -350,6 +360,14 @@ impl CudaHybrid {
         }
         st.device_pos = None;
         let mut out = Vec::new();
+        if which != Some(Logits::All) && self.use_prefill(st, feed.len()) {
+            // The prompt in chunks; the head only for its last token.
+            self.prefill_prompt(st, start, feed.len())?;
+            if which == Some(Logits::Last) {
+                out = self.read_logits(st)?;
+            }
+            return self.finish_forward(st, tokens, pos0, out);
+        }
         for i in 0..feed.len() {
             let mine = i >= skip;
             let want = mine && (which == Some(Logits::All) || i + 1 == feed.len());
@@ -361,6 +379,17 @@ impl CudaHybrid {
         if which == Some(Logits::Last) {
             out = self.read_logits(st)?;
         }
+        self.finish_forward(st, tokens, pos0, out)
+    }
+
+    /// Waits for the step(s) and records the sequence as `tokens` appended at `pos0`.
+    fn finish_forward(
+        &self,
+        st: &mut State,
+        tokens: &[u32],
+        pos0: usize,
+        out: Vec<f32>,
+    ) -> Result<Vec<f32>> {
         st.gpu.sync()?;
         st.device_pos = Some(pos0 + tokens.len());
         st.seq_len = Some(pos0 + tokens.len());

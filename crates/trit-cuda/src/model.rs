@@ -77,6 +77,8 @@ pub struct CudaModel {
     pub(crate) ctx: usize,
     /// Prompts of several tokens take the batched prefill (else token by token).
     pub(crate) prefill: bool,
+    /// `CudaOptions::prefill_chunk`.
+    pub(crate) prefill_chunk: usize,
     n_splits: usize,
     att_min_chunk: usize,
     rows_per_warp: Option<usize>,
@@ -173,6 +175,7 @@ impl CudaModel {
         Ok(CudaModel {
             ctx: opts.ctx,
             prefill: opts.prefill,
+            prefill_chunk: opts.prefill_chunk,
             n_splits,
             att_min_chunk: opts.att_min_chunk,
             rows_per_warp: opts.rows_per_warp,

@@ -26,6 +26,9 @@ pub struct CudaOptions {
     pub max_split: usize,
     /// Run prompts of several tokens through the batched prefill (compute capability 8.0+).
     pub prefill: bool,
+    /// Most prompt tokens one prefill pass carries through a layer (bounds its activation
+    /// buffers; default 512).
+    pub prefill_chunk: usize,
     /// The matrices the decode step runs through the fused GEMV (RMSNorm, quantization and
     /// SwiGLU inside the matrix product instead of kernels of their own) where they are
     /// ternary and fit; the others take the separate kernels.
@@ -138,6 +141,7 @@ impl CudaOptions {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(4),
             prefill: env("TRIT_CUDA_PREFILL").is_none_or(|v| v != "0"),
+            prefill_chunk: 512,
             fused: FusedSet::DEFAULT,
             att_splits: env("TRIT_CUDA_ATT_SPLITS")
                 .and_then(|v| v.parse().ok())

@@ -1,5 +1,5 @@
-//! Batched prefill: a prompt runs through each layer in chunks of up to `PREFILL_CHUNK`
-//! tokens, so every weight tile is read once per chunk instead of once per token. The
+//! Batched prefill: a prompt runs through each layer in chunks of up to
+//! `CudaOptions::prefill_chunk` tokens, so every weight tile is read once per chunk instead of once per token. The
 //! matrix products are the int8 tensor-core GEMM (`kernels/prefill.cu`); norms, SwiGLU and
 //! quantization are the decode kernels launched with one block row per token; QK-norm, RoPE
 //! and the KV append run for the chunk's positions, then causal attention over the cache. The
@@ -16,10 +16,6 @@ use cudarc::driver::CudaSlice;
 use trit::format::config::{ModelConfig, RopeStyle};
 use trit::model::Logits;
 use trit::Result;
-
-/// Most tokens one prefill pass carries through a layer (bounds the activation buffers:
-/// about 100 MB for the 8B shape).
-pub(crate) const PREFILL_CHUNK: usize = 512;
 
 /// Where a prefill writes keys and values: per layer, the f16 key and value cache of one
 /// sequence (`[kv_head][ctx][head_dim]`), and its positions. The single-sequence state's cache,
@@ -132,7 +128,8 @@ impl CudaModel {
         kv: &KvTarget,
     ) -> Result<Vec<f32>> {
         if st.prefill.is_none() {
-            let chunk = PREFILL_CHUNK.min(self.ctx);
+            // At 512 tokens (the default) about 100 MB of activations for the 8B shape.
+            let chunk = self.prefill_chunk.min(self.ctx).max(1);
             st.prefill = Some(PrefillBuffers::new(&st.gpu, &self.config, chunk)?);
         }
         let chunk = st.prefill.as_ref().map_or(1, |p| p.chunk);

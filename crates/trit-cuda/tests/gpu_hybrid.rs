@@ -120,8 +120,9 @@ fn tiny_qwen35_greedy_tokens_match_the_cpu() {
 
 /// Sampled steps answered with candidates (`forward_top`, what `trit run` / `chat` use on a
 /// hybrid): each step's candidates are the host reference's candidates of the same step's full
-/// row, computed through a twin cache (the model replays the sequence whenever the other cache
-/// asks, so both see the same recurrent state and the same numbers).
+/// row, computed by a twin model fed the same tokens (its own recurrent state, the same
+/// kernels, so the same numbers; one model serving both caches would replay the sequence for
+/// each, and a replay takes the batched prompt path, whose products sum in another order).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn sampled_steps_with_candidates_give_the_candidates_of_full_rows() {
@@ -133,14 +134,15 @@ fn sampled_steps_with_candidates_give_the_candidates_of_full_rows() {
     let (p, paths) = tiny_models(dir.path(), 8, &["q2_0"]);
     let files = trit::format::open(&paths[0]).unwrap();
     let gpu = load_model(&files, &CudaOptions::new(64)).unwrap();
+    let twin = load_model(&files, &CudaOptions::new(64)).unwrap();
     let k = TOP_CANDIDATES.min(p.vocab);
     let toks = prompt(6, p.vocab, 9);
-    let (mut a, mut b) = (gpu.new_cache(64), gpu.new_cache(64));
-    let first = gpu.forward(&toks, &mut b, Logits::Last).unwrap();
+    let (mut a, mut b) = (gpu.new_cache(64), twin.new_cache(64));
+    let first = twin.forward(&toks, &mut b, Logits::Last).unwrap();
     gpu.forward(&toks, &mut a, Logits::Last).unwrap();
     let mut tok = argmax(&first);
     for step in 0..12 {
-        let full = gpu.forward(&[tok], &mut b, Logits::Last).unwrap();
+        let full = twin.forward(&[tok], &mut b, Logits::Last).unwrap();
         let want = TopLogits::from_row(&full, k).expect("finite logits");
         match gpu.forward_top(&[tok], &mut a, k).unwrap() {
             RowLogits::Top(got) => {
@@ -159,7 +161,9 @@ fn sampled_steps_with_candidates_give_the_candidates_of_full_rows() {
 /// graph and the kernel-by-kernel launch agree, a restart at position 0 resets the recurrent
 /// state (same logits again), a rewind into the middle (a chat turn reusing a prefix) replays
 /// the prefix and gives the same logits as the first time, and a cache ahead of what the model
-/// has seen is refused.
+/// has seen is refused. The first 4 tokens go in one at a time: a replay with `Logits::All`
+/// runs token by token, and a multi-token prompt would take the batched path, whose products
+/// sum in another order (that path has its own test below).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn all_logits_restart_and_rewind() {
@@ -172,8 +176,13 @@ fn all_logits_restart_and_rewind() {
     let gpu = load_model(&files, &CudaOptions::new(64)).unwrap();
     let toks = prompt(10, p.vocab, 6);
     let v = p.vocab;
+    let one_by_one = |m: &trit::model::Model, c: &mut trit::model::KvCache, t: &[u32]| {
+        for &id in t {
+            m.forward(&[id], c, Logits::Last).unwrap();
+        }
+    };
     let mut c = gpu.new_cache(64);
-    gpu.forward(&toks[..4], &mut c, Logits::Last).unwrap();
+    one_by_one(&gpu, &mut c, &toks[..4]);
     let all = gpu.forward(&toks[4..], &mut c, Logits::All).unwrap();
     assert_eq!(all.len(), 6 * v);
 
@@ -181,7 +190,7 @@ fn all_logits_restart_and_rewind() {
     opts.graph = false;
     let eager = load_model(&files, &opts).unwrap();
     let mut e = eager.new_cache(64);
-    eager.forward(&toks[..4], &mut e, Logits::Last).unwrap();
+    one_by_one(&eager, &mut e, &toks[..4]);
     for (i, &t) in toks[4..].iter().enumerate() {
         let one = eager.forward(&[t], &mut e, Logits::Last).unwrap();
         let err = rel_err(&one, &all[i * v..(i + 1) * v]);
@@ -190,7 +199,7 @@ fn all_logits_restart_and_rewind() {
 
     // Back to the start: the state is zeroed and the same logits come again.
     c.truncate(0);
-    gpu.forward(&toks[..4], &mut c, Logits::Last).unwrap();
+    one_by_one(&gpu, &mut c, &toks[..4]);
     let again = gpu.forward(&toks[4..], &mut c, Logits::All).unwrap();
     assert!(rel_err(&again, &all) < 1e-6);
 
@@ -208,6 +217,67 @@ fn all_logits_restart_and_rewind() {
         .forward(&toks[..1], &mut ahead, Logits::Last)
         .unwrap_err();
     assert!(err.to_string().contains("one sequence at a time"), "{err}");
+}
+
+/// The batched prompt path (chunks of 16 tokens, so the 40-token prompt takes three and the
+/// replay of 31 tokens after a rewind two) against the CPU and against this GPU's
+/// token-by-token path (`prefill = false`), in GGUF and MLX: the prompt's last logits, 8
+/// decode steps after it, and the rewind. The paths share the per-token mixer kernels and the
+/// int8 quantization; only the matrix products (tensor-core GEMM over rows against the decode
+/// GEMV) and the norms' summation order differ, so they must agree at least as closely as the
+/// CPU's int8 path agrees with the f32 reference (a wrong row or position gives errors near 1).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn batched_prompts_match_the_cpu_and_the_token_path() {
+    if gpu_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (p, paths) = tiny_models(dir.path(), 12, &["q2_0", "mlx"]);
+    let toks = prompt(40, p.vocab, 13);
+    for path in &paths {
+        let mut opts = CudaOptions::new(64);
+        opts.prefill_chunk = 16;
+        let (gpu_err, cpu_int8_err) = compare_with(path, &toks, 8, &opts);
+        check(
+            &format!("tiny-qwen35 batched prompt {}", path.display()),
+            (gpu_err, cpu_int8_err),
+        );
+
+        let files = trit::format::open(path).unwrap();
+        let batched = load_model(&files, &opts).unwrap();
+        opts.prefill = false;
+        let stepwise = load_model(&files, &opts).unwrap();
+        let (mut a, mut b) = (batched.new_cache(64), stepwise.new_cache(64));
+        let mut la = batched.forward(&toks, &mut a, Logits::Last).unwrap();
+        let mut lb = stepwise.forward(&toks, &mut b, Logits::Last).unwrap();
+        let mut worst = rel_err(&la, &lb);
+        for _ in 0..8 {
+            let t = argmax(&lb);
+            la = batched.forward(&[t], &mut a, Logits::Last).unwrap();
+            lb = stepwise.forward(&[t], &mut b, Logits::Last).unwrap();
+            worst = worst.max(rel_err(&la, &lb));
+        }
+        // A rewind to position 30 replays 30 tokens plus the new one through the chunks.
+        a.truncate(30);
+        b.truncate(30);
+        let ra = batched
+            .forward(&toks[30..31], &mut a, Logits::Last)
+            .unwrap();
+        let rb = stepwise
+            .forward(&toks[30..31], &mut b, Logits::Last)
+            .unwrap();
+        worst = worst.max(rel_err(&ra, &rb));
+        eprintln!(
+            "{}: batched vs token path, worst relative error {worst:.2e}",
+            path.display()
+        );
+        assert!(
+            worst <= cpu_int8_err + 1e-3,
+            "{}: {worst} (cpu int8 {cpu_int8_err})",
+            path.display()
+        );
+    }
 }
 
 /// The rotated tiny-prism in both containers: GGUF (one block and sign vector per width,

@@ -209,12 +209,18 @@ impl CudaHybrid {
             self.mlp(st, layer)?;
         }
         if with_head {
-            let head = w.head();
-            let fuse = self.fusable(st, head, self.fused.head, false).is_some();
-            let input = self.norm_input(st, &w.final_norm, w.rot_head, fuse)?;
-            self.project(st, head, input, Self::p(st, &b.logits), false, false)?;
+            self.enqueue_head(st)?;
         }
         g.launch("advance_position", (1, 1), 32, &[Arg::Ptr(step)])
+    }
+
+    /// Final norm and LM head of the residual stream `x` into `logits`.
+    pub(super) fn enqueue_head(&self, st: &State) -> Result<()> {
+        let w = &st.w;
+        let head = w.head();
+        let fuse = self.fusable(st, head, self.fused.head, false).is_some();
+        let input = self.norm_input(st, &w.final_norm, w.rot_head, fuse)?;
+        self.project(st, head, input, Self::p(st, &st.b.logits), false, false)
     }
 
     fn mlp(&self, st: &State, layer: &crate::hybrid_weights::DevHybridLayer) -> Result<()> {
@@ -316,7 +322,7 @@ impl CudaHybrid {
     }
 
     /// Whether `deltanet_step` runs this layer (dense f32 a/b rows; head sizes it holds).
-    fn one_kernel_mixer(&self, m: &DevDeltaNet) -> bool {
+    pub(super) fn one_kernel_mixer(&self, m: &DevDeltaNet) -> bool {
         self.dn_step.is_some()
             && matches!(m.ab, DevMatrix::Dense { .. })
             && self.hy.v_dim <= super::MAX_HEAD

@@ -1,0 +1,300 @@
+//! Batched prompt processing for hybrid models: a prompt runs through each layer in chunks of
+//! up to `CHUNK` tokens. The matrix products (q/k/v/z, ssm_out, q‖gate/k/v, o, gate‖up, down)
+//! are the int8 tensor-core GEMM of the dense prefill, so each weight tile is read once per
+//! chunk instead of once per token; norms and SwiGLU are the decode kernels with one block row
+//! per token. What is sequential over positions stays per token, in order: the one-kernel
+//! DeltaNet mixer (`deltanet_step`: gates, conv, delta rule, gated norm and int8 blocks of its
+//! row) and the gated full attention (`hybrid_attn_prep` appends the token's key and value,
+//! `hybrid_attn_decode` attends over the positions before it), each launched with a pointer to
+//! the token's own position. Models these kernels do not cover (rotated Bonsai 2 layers, dense
+//! projections, the five-kernel DeltaNet) keep the token-by-token path.
+
+use super::{CudaHybrid, State};
+use crate::device::{ptr, Arg, Gpu};
+use crate::gemm::launch_ternary_gemm;
+use crate::hybrid_weights::{DevDeltaNet, DevFullAttention, DevMixer};
+use crate::launch::{self, QuantOut};
+use crate::weights::DevMatrix;
+use cudarc::driver::CudaSlice;
+use trit::format::config::{HybridConfig, ModelConfig};
+use trit::Result;
+
+/// Activations of one chunk, token after token.
+pub(super) struct HybridPrefill {
+    chunk: usize,
+    /// Each token's position (the per-token kernels read their position through a pointer).
+    pos: CudaSlice<i32>,
+    x: CudaSlice<f32>,
+    xn: CudaSlice<f32>,
+    xq: CudaSlice<i8>,
+    xm: CudaSlice<f32>,
+    proj: CudaSlice<f32>,
+    mixed: CudaSlice<f32>,
+    gu: CudaSlice<f32>,
+}
+
+impl HybridPrefill {
+    fn new(gpu: &Gpu, c: &ModelConfig, hy: &HybridConfig, chunk: usize) -> Result<HybridPrefill> {
+        let (d, nq) = (c.hidden, c.n_heads * c.head_dim);
+        let nkv = c.n_kv_heads * c.head_dim;
+        let vw = hy.value_width();
+        let widest = d.max(nq).max(c.ffn).max(vw);
+        Ok(HybridPrefill {
+            chunk,
+            pos: gpu.zeros(chunk)?,
+            x: gpu.zeros(chunk * d)?,
+            xn: gpu.zeros(chunk * d)?,
+            xq: gpu.zeros(chunk * widest)?,
+            xm: gpu.zeros(chunk * (2 * widest / 64) + 2)?,
+            proj: gpu.zeros(chunk * (hy.conv_dim() + vw).max(2 * nq + 2 * nkv))?,
+            mixed: gpu.zeros(chunk * vw.max(nq))?,
+            gu: gpu.zeros(chunk * 2 * c.ffn)?,
+        })
+    }
+}
+
+fn ternary(m: &DevMatrix) -> bool {
+    !m.is_dense()
+}
+
+impl CudaHybrid {
+    /// Whether `n` tokens take the batched path: more than one, tensor cores, not switched off
+    /// (`TRIT_CUDA_PREFILL=0`), and every layer one the per-token kernels cover.
+    pub(super) fn use_prefill(&self, st: &State, n: usize) -> bool {
+        let w = &st.w;
+        let plain_mlp = |l: &crate::hybrid_weights::DevHybridLayer| {
+            ternary(&l.gate_up) && ternary(&l.down) && l.rot_gu.is_none() && l.rot_down.is_none()
+        };
+        let covered = w.layers.iter().all(|l| {
+            plain_mlp(l)
+                && match &l.mixer {
+                    DevMixer::Linear(m) => {
+                        self.one_kernel_mixer(m)
+                            && ternary(&m.qkvz)
+                            && ternary(&m.out)
+                            && m.rot_in.is_none()
+                            && m.rot_out.is_none()
+                    }
+                    DevMixer::Full(m) => {
+                        ternary(&m.qkv)
+                            && ternary(&m.o)
+                            && m.rot_in.is_none()
+                            && m.rot_out.is_none()
+                    }
+                }
+        });
+        n > 1
+            && self.prefill
+            && st.gpu.compute_capability.0 >= 8
+            && covered
+            && w.rot_embed.is_none()
+    }
+
+    /// Runs the `n` tokens at `toks[start..start + n]` (uploaded) through every layer in
+    /// chunks, updating the recurrent state and KV caches; leaves the last token's hidden state
+    /// in the step's `x`, its logits in `logits`, and the device position at `start + n`.
+    pub(super) fn prefill_prompt(&self, st: &mut State, start: usize, n: usize) -> Result<()> {
+        if st.prefill.is_none() {
+            // At 512 tokens (the default) ~150 MB of activations for the 27B shape.
+            let chunk = self.prefill_chunk.min(self.ctx).max(1);
+            st.prefill = Some(HybridPrefill::new(&st.gpu, &self.config, &self.hy, chunk)?);
+        }
+        let chunk = st.prefill.as_ref().map_or(1, |p| p.chunk);
+        let mut done = 0;
+        while done < n {
+            let m = chunk.min(n - done);
+            self.prefill_chunk(st, start + done, m)?;
+            done += m;
+        }
+        let s = st.gpu.stream.clone();
+        // The last row into the step's x (the head and the next decode step read it there).
+        {
+            let pb = st.prefill.as_ref().expect("allocated above");
+            let d = self.config.hidden;
+            let m = n - (n - 1) / chunk * chunk;
+            let src = pb.x.slice((m - 1) * d..m * d);
+            s.memcpy_dtod(&src, &mut st.b.x)
+                .map_err(|e| crate::device::cuda_err("copying the last hidden state", e))?;
+        }
+        s.memcpy_htod(&[(start + n) as i32, 0], &mut st.b.step)
+            .map_err(|e| crate::device::cuda_err("setting the position", e))?;
+        self.enqueue_head(st)
+    }
+
+    /// Every layer for the `n` tokens at positions `pos..pos + n`.
+    fn prefill_chunk(&self, st: &mut State, pos: usize, n: usize) -> Result<()> {
+        {
+            let s = st.gpu.stream.clone();
+            let pb = st.prefill.as_mut().expect("allocated by prefill");
+            let positions: Vec<i32> = (pos..pos + n).map(|p| p as i32).collect();
+            s.memcpy_htod(&positions, &mut pb.pos.slice_mut(0..n))
+                .map_err(|e| crate::device::cuda_err("uploading positions", e))?;
+        }
+        let st: &State = st;
+        let (c, g, s) = (&self.config, &st.gpu, &st.gpu.stream);
+        let pb = st.prefill.as_ref().expect("allocated by prefill");
+        let p = |x: &CudaSlice<f32>| ptr(x, s);
+        let toks = ptr(&st.b.toks, s);
+        let first_pos = ptr(&pb.pos, s);
+        launch::embed(g, &st.w.embed, toks, first_pos, p(&pb.x), n as u32)?;
+        for layer in &st.w.layers {
+            match &layer.mixer {
+                DevMixer::Linear(m) => self.prefill_delta_net(st, m, &layer.attn_norm, n)?,
+                DevMixer::Full(m) => self.prefill_attention(st, m, &layer.attn_norm, n)?,
+            }
+            // MLP: RMSNorm rows, gate‖up, SwiGLU (+ int8 rows), down into the residual.
+            self.norm_rows(st, &layer.post_norm, n)?;
+            self.gemm(st, &layer.gate_up, n, p(&pb.gu), false)?;
+            let h_out = QuantOut {
+                f32: 0,
+                q: ptr(&pb.xq, s),
+                meta: p(&pb.xm),
+            };
+            launch::silu_mul_quant(g, p(&pb.gu), c.ffn, h_out, n as u32)?;
+            self.gemm(st, &layer.down, n, p(&pb.x), true)?;
+        }
+        Ok(())
+    }
+
+    fn prefill_delta_net(
+        &self,
+        st: &State,
+        m: &DevDeltaNet,
+        attn_norm: &CudaSlice<f32>,
+        n: usize,
+    ) -> Result<()> {
+        let (c, hy, g, s) = (&self.config, &self.hy, &st.gpu, &st.gpu.stream);
+        let (pb, b) = (st.prefill.as_ref().expect("allocated"), &st.b);
+        let p = |x: &CudaSlice<f32>| ptr(x, s);
+        self.norm_rows(st, attn_norm, n)?;
+        self.gemm(st, &m.qkvz, n, p(&pb.proj), false)?;
+        let DevMatrix::Dense { w: ab, .. } = &m.ab else {
+            unreachable!("use_prefill checked one_kernel_mixer")
+        };
+        let (rows, vw, d) = (hy.conv_dim() + hy.value_width(), hy.value_width(), c.hidden);
+        let kernel = self.dn_step.expect("use_prefill checked one_kernel_mixer");
+        for t in 0..n {
+            let at = |base: u64, per: usize, bytes: usize| base + (t * per * bytes) as u64;
+            g.launch(
+                kernel,
+                (hy.v_heads as u32, 1),
+                512,
+                &[
+                    Arg::Ptr(at(p(&pb.x), d, 4)),
+                    Arg::Ptr(p(attn_norm)),
+                    Arg::F32(c.norm_eps),
+                    Arg::I32(d as i32),
+                    Arg::Ptr(p(ab)),
+                    Arg::Ptr(at(p(&pb.proj), rows, 4)),
+                    Arg::Ptr(p(&b.conv_window[m.slot])),
+                    Arg::Ptr(p(&m.conv)),
+                    Arg::I32(hy.conv_kernel as i32),
+                    Arg::Ptr(at(ptr(&pb.pos, s), 1, 4)),
+                    Arg::Ptr(p(&m.a_neg)),
+                    Arg::Ptr(p(&m.dt_bias)),
+                    Arg::Ptr(p(&b.ssm[m.slot])),
+                    Arg::I32(hy.k_heads as i32),
+                    Arg::I32(hy.k_dim as i32),
+                    Arg::I32(hy.v_dim as i32),
+                    Arg::I32(hy.v_tiled as i32),
+                    Arg::Ptr(p(&m.norm)),
+                    Arg::I32(st.w.regroup as i32),
+                    Arg::Ptr(at(p(&pb.mixed), vw, 4)),
+                    Arg::Ptr(0),
+                    Arg::Ptr(0),
+                ],
+            )?;
+        }
+        // The int8 blocks of all rows at once (the same codes the kernel would write).
+        launch::quantize_vec(g, p(&pb.mixed), n * vw, ptr(&pb.xq, s), p(&pb.xm))?;
+        self.gemm(st, &m.out, n, p(&pb.x), true)
+    }
+
+    fn prefill_attention(
+        &self,
+        st: &State,
+        m: &DevFullAttention,
+        attn_norm: &CudaSlice<f32>,
+        n: usize,
+    ) -> Result<()> {
+        let (c, hy, g, s) = (&self.config, &self.hy, &st.gpu, &st.gpu.stream);
+        let (pb, b) = (st.prefill.as_ref().expect("allocated"), &st.b);
+        let p = |x: &CudaSlice<f32>| ptr(x, s);
+        let (hd, nh, nkv) = (c.head_dim, c.n_heads, c.n_kv_heads);
+        let (nq, rows) = (nh * hd, 2 * nh * hd + 2 * nkv * hd);
+        self.norm_rows(st, attn_norm, n)?;
+        self.gemm(st, &m.qkv, n, p(&pb.proj), false)?;
+        let (kc, vc) = (ptr(&b.k_cache[m.slot], s), ptr(&b.v_cache[m.slot], s));
+        for t in 0..n {
+            let position = ptr(&pb.pos, s) + 4 * t as u64;
+            g.launch(
+                "hybrid_attn_prep",
+                ((nh + nkv) as u32, 1),
+                hd as u32,
+                &[
+                    Arg::Ptr(p(&pb.proj) + (4 * t * rows) as u64),
+                    Arg::Ptr(p(&m.q_norm)),
+                    Arg::Ptr(p(&m.k_norm)),
+                    Arg::F32(c.norm_eps),
+                    Arg::Ptr(p(&b.cos_sin)),
+                    Arg::Ptr(position),
+                    Arg::I32(nh as i32),
+                    Arg::I32(nkv as i32),
+                    Arg::I32(hd as i32),
+                    Arg::I32(hy.rotary_dim as i32),
+                    Arg::Ptr(kc),
+                    Arg::Ptr(vc),
+                    Arg::Ptr(p(&b.q)),
+                    Arg::Ptr(p(&b.gate)),
+                ],
+            )?;
+            g.launch(
+                "hybrid_attn_decode",
+                (nh as u32, 1),
+                256,
+                &[
+                    Arg::Ptr(p(&b.q)),
+                    Arg::Ptr(p(&b.gate)),
+                    Arg::Ptr(kc),
+                    Arg::Ptr(vc),
+                    Arg::Ptr(position),
+                    Arg::I32(nh as i32),
+                    Arg::I32(nkv as i32),
+                    Arg::I32(hd as i32),
+                    Arg::F32(1.0 / (hd as f32).sqrt()),
+                    Arg::Ptr(p(&pb.mixed) + (4 * t * nq) as u64),
+                ],
+            )?;
+        }
+        // The chunk's rows are contiguous, so their int8 blocks are those of one flat vector.
+        launch::quantize_vec(g, p(&pb.mixed), n * nq, ptr(&pb.xq, s), p(&pb.xm))?;
+        self.gemm(st, &m.o, n, p(&pb.x), true)
+    }
+
+    /// RMSNorm with `gamma` + int8 blocks of the chunk's `n` residual rows (into `xq`/`xm`).
+    fn norm_rows(&self, st: &State, gamma: &CudaSlice<f32>, n: usize) -> Result<()> {
+        let s = &st.gpu.stream;
+        let pb = st.prefill.as_ref().expect("allocated");
+        let d = self.config.hidden;
+        let out = QuantOut {
+            f32: if launch::norm_can_skip_f32(d) {
+                0
+            } else {
+                ptr(&pb.xn, s)
+            },
+            q: ptr(&pb.xq, s),
+            meta: ptr(&pb.xm, s),
+        };
+        let (x, w) = (ptr(&pb.x, s), ptr(gamma, s));
+        launch::rms_norm_quant(&st.gpu, x, w, self.config.norm_eps, d, out, n as u32)
+    }
+
+    /// `y (+)= m · rows` over the chunk's `n` int8 rows (`xq`/`xm`).
+    fn gemm(&self, st: &State, m: &DevMatrix, n: usize, y: u64, accumulate: bool) -> Result<()> {
+        let s = &st.gpu.stream;
+        let pb = st.prefill.as_ref().expect("allocated");
+        let args = m.ternary_args(s).expect("use_prefill checked: ternary");
+        let (q, meta) = (ptr(&pb.xq, s), ptr(&pb.xm, s));
+        launch_ternary_gemm(&st.gpu, &args, n, q, meta, y, accumulate)
+    }
+}
