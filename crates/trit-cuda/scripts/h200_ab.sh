@@ -18,8 +18,13 @@ done
 tb() { echo -n "$1 $2 $3: "; env $3 TRIT_CUDA_CACHE=/tmp/cache_$2 timeout 90 /tmp/$2/trit bench --device cuda -m /tmp/models/$1/model-q2_0.gguf -p 0 -n 128 -r 3 2>&1 | grep -E "tg128|rror|anic" | awk -F'|' '{print $8}'; }
 for m in 8b 1.7b; do
   while [ ! -f /tmp/models/$m.done ]; do sleep 2; done
-  for r in 1 2; do tb $m old X=0; tb $m new X=0; for v in $VARIANTS; do tb $m new $v; done; done
+  # Old first, then new first: in session 11 whichever build ran first in a pair measured 1-3 %
+  # faster on the 8B (also for builds that did not touch its code), so one order alone biases.
+  for r in 1 2; do
+    if [ $r = 1 ]; then tb $m old X=0; tb $m new X=0; else tb $m new X=0; tb $m old X=0; fi
+    for v in $VARIANTS; do tb $m new $v; done
+  done
 done
 while [ ! -f /tmp/models/27b-qwen35.done ]; do sleep 2; done
-for r in 1 2; do tb 27b-qwen35 old X=0; tb 27b-qwen35 new X=0; done
+tb 27b-qwen35 old X=0; tb 27b-qwen35 new X=0; tb 27b-qwen35 new X=0; tb 27b-qwen35 old X=0
 for v in $VARIANTS27; do tb 27b-qwen35 new $v; done
