@@ -9,8 +9,9 @@
 //! the token's own position. Models these kernels do not cover (rotated Bonsai 2 layers, dense
 //! projections, the five-kernel DeltaNet) keep the token-by-token path.
 
+use super::step::DnStepIo;
 use super::{CudaHybrid, State};
-use crate::device::{ptr, Arg, Gpu};
+use crate::device::{ptr, Gpu};
 use crate::gemm::launch_ternary_gemm;
 use crate::hybrid_weights::{DevDeltaNet, DevFullAttention, DevMixer};
 use crate::launch::{self, QuantOut};
@@ -164,46 +165,22 @@ impl CudaHybrid {
         n: usize,
     ) -> Result<()> {
         let (c, hy, g, s) = (&self.config, &self.hy, &st.gpu, &st.gpu.stream);
-        let (pb, b) = (st.prefill.as_ref().expect("allocated"), &st.b);
+        let pb = st.prefill.as_ref().expect("allocated");
         let p = |x: &CudaSlice<f32>| ptr(x, s);
         self.norm_rows(st, attn_norm, n)?;
         self.gemm(st, &m.qkvz, n, p(&pb.proj), false)?;
-        let DevMatrix::Dense { w: ab, .. } = &m.ab else {
-            unreachable!("use_prefill checked one_kernel_mixer")
-        };
         let (rows, vw, d) = (hy.conv_dim() + hy.value_width(), hy.value_width(), c.hidden);
         let kernel = self.dn_step.expect("use_prefill checked one_kernel_mixer");
         for t in 0..n {
-            let at = |base: u64, per: usize, bytes: usize| base + (t * per * bytes) as u64;
-            g.launch(
-                kernel,
-                (hy.v_heads as u32, 1),
-                512,
-                &[
-                    Arg::Ptr(at(p(&pb.x), d, 4)),
-                    Arg::Ptr(p(attn_norm)),
-                    Arg::F32(c.norm_eps),
-                    Arg::I32(d as i32),
-                    Arg::Ptr(p(ab)),
-                    Arg::Ptr(at(p(&pb.proj), rows, 4)),
-                    Arg::Ptr(p(&b.conv_window[m.slot])),
-                    Arg::Ptr(p(&m.conv)),
-                    Arg::I32(hy.conv_kernel as i32),
-                    Arg::Ptr(at(ptr(&pb.pos, s), 1, 4)),
-                    Arg::Ptr(p(&m.a_neg)),
-                    Arg::Ptr(p(&m.dt_bias)),
-                    Arg::Ptr(p(&b.ssm[m.slot])),
-                    Arg::I32(hy.k_heads as i32),
-                    Arg::I32(hy.k_dim as i32),
-                    Arg::I32(hy.v_dim as i32),
-                    Arg::I32(hy.v_tiled as i32),
-                    Arg::Ptr(p(&m.norm)),
-                    Arg::I32(st.w.regroup as i32),
-                    Arg::Ptr(at(p(&pb.mixed), vw, 4)),
-                    Arg::Ptr(0),
-                    Arg::Ptr(0),
-                ],
-            )?;
+            let io = DnStepIo {
+                x: p(&pb.x) + (4 * t * d) as u64,
+                proj: p(&pb.proj) + (4 * t * rows) as u64,
+                step: ptr(&pb.pos, s) + (4 * t) as u64,
+                out: p(&pb.mixed) + (4 * t * vw) as u64,
+                q: 0,
+                meta: 0,
+            };
+            self.launch_dn_step(st, m, attn_norm, (kernel, 512), io)?;
         }
         // The int8 blocks of all rows at once (the same codes the kernel would write).
         launch::quantize_vec(g, p(&pb.mixed), n * vw, ptr(&pb.xq, s), p(&pb.xm))?;
@@ -217,54 +194,18 @@ impl CudaHybrid {
         attn_norm: &CudaSlice<f32>,
         n: usize,
     ) -> Result<()> {
-        let (c, hy, g, s) = (&self.config, &self.hy, &st.gpu, &st.gpu.stream);
-        let (pb, b) = (st.prefill.as_ref().expect("allocated"), &st.b);
+        let (c, g, s) = (&self.config, &st.gpu, &st.gpu.stream);
+        let pb = st.prefill.as_ref().expect("allocated");
         let p = |x: &CudaSlice<f32>| ptr(x, s);
         let (hd, nh, nkv) = (c.head_dim, c.n_heads, c.n_kv_heads);
         let (nq, rows) = (nh * hd, 2 * nh * hd + 2 * nkv * hd);
         self.norm_rows(st, attn_norm, n)?;
         self.gemm(st, &m.qkv, n, p(&pb.proj), false)?;
-        let (kc, vc) = (ptr(&b.k_cache[m.slot], s), ptr(&b.v_cache[m.slot], s));
         for t in 0..n {
-            let position = ptr(&pb.pos, s) + 4 * t as u64;
-            g.launch(
-                "hybrid_attn_prep",
-                ((nh + nkv) as u32, 1),
-                hd as u32,
-                &[
-                    Arg::Ptr(p(&pb.proj) + (4 * t * rows) as u64),
-                    Arg::Ptr(p(&m.q_norm)),
-                    Arg::Ptr(p(&m.k_norm)),
-                    Arg::F32(c.norm_eps),
-                    Arg::Ptr(p(&b.cos_sin)),
-                    Arg::Ptr(position),
-                    Arg::I32(nh as i32),
-                    Arg::I32(nkv as i32),
-                    Arg::I32(hd as i32),
-                    Arg::I32(hy.rotary_dim as i32),
-                    Arg::Ptr(kc),
-                    Arg::Ptr(vc),
-                    Arg::Ptr(p(&b.q)),
-                    Arg::Ptr(p(&b.gate)),
-                ],
-            )?;
-            g.launch(
-                "hybrid_attn_decode",
-                (nh as u32, 1),
-                256,
-                &[
-                    Arg::Ptr(p(&b.q)),
-                    Arg::Ptr(p(&b.gate)),
-                    Arg::Ptr(kc),
-                    Arg::Ptr(vc),
-                    Arg::Ptr(position),
-                    Arg::I32(nh as i32),
-                    Arg::I32(nkv as i32),
-                    Arg::I32(hd as i32),
-                    Arg::F32(1.0 / (hd as f32).sqrt()),
-                    Arg::Ptr(p(&pb.mixed) + (4 * t * nq) as u64),
-                ],
-            )?;
+            let proj = p(&pb.proj) + (4 * t * rows) as u64;
+            let position = ptr(&pb.pos, s) + (4 * t) as u64;
+            let out = p(&pb.mixed) + (4 * t * nq) as u64;
+            self.launch_gated_attention(st, m, proj, position, out)?;
         }
         // The chunk's rows are contiguous, so their int8 blocks are those of one flat vector.
         launch::quantize_vec(g, p(&pb.mixed), n * nq, ptr(&pb.xq, s), p(&pb.xm))?;

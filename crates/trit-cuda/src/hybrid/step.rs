@@ -37,6 +37,17 @@ enum Input {
     Norm { x: u64, gamma: u64 },
 }
 
+/// The per-token device addresses of one `deltanet_step*` launch: the residual row, the
+/// q‖k‖v‖z row, the position, the gated-norm output row and its int8 blocks (0: none).
+pub(super) struct DnStepIo {
+    pub(super) x: u64,
+    pub(super) proj: u64,
+    pub(super) step: u64,
+    pub(super) out: u64,
+    pub(super) q: u64,
+    pub(super) meta: u64,
+}
+
 /// Rows per warp of the fused GEMV when the option asks for 1 (which it does not run).
 const FUSED_MIN_ROWS: usize = 2;
 
@@ -271,20 +282,38 @@ impl CudaHybrid {
         m: &DevFullAttention,
         attn_norm: &CudaSlice<f32>,
     ) -> Result<()> {
-        let (c, hy) = (&self.config, &self.hy);
-        let (g, b, s) = (&st.gpu, &st.b, &st.gpu.stream);
-        let (hd, nh, nkv) = (c.head_dim, c.n_heads, c.n_kv_heads);
+        let (c, b, s) = (&self.config, &st.b, &st.gpu.stream);
+        let (hd, nh) = (c.head_dim, c.n_heads);
         let p = |x: &CudaSlice<f32>| Self::p(st, x);
-        let step = ptr(&b.step, s);
         let fuse = self.fusable(st, &m.qkv, self.fused.qkv, false).is_some();
         let input = self.norm_input(st, attn_norm, m.rot_in, fuse)?;
         self.project(st, &m.qkv, input, p(&b.proj), false, false)?;
-        g.launch(
+        self.launch_gated_attention(st, m, p(&b.proj), ptr(&b.step, s), p(&b.mixed))?;
+        let o_in = self.vec_input(st, p(&b.mixed), nh * hd, m.rot_out)?;
+        self.project(st, &m.o, o_in, p(&b.x), true, false)
+    }
+
+    /// The gated attention of one token: `hybrid_attn_prep` (q/gate of its q‖gate/k/v row
+    /// `proj`, its key and value appended at the position `step` points at), then
+    /// `hybrid_attn_decode` over the positions up to it into `out`.
+    pub(super) fn launch_gated_attention(
+        &self,
+        st: &State,
+        m: &DevFullAttention,
+        proj: u64,
+        step: u64,
+        out: u64,
+    ) -> Result<()> {
+        let (c, hy, b, s) = (&self.config, &self.hy, &st.b, &st.gpu.stream);
+        let (hd, nh, nkv) = (c.head_dim, c.n_heads, c.n_kv_heads);
+        let p = |x: &CudaSlice<f32>| Self::p(st, x);
+        let (kc, vc) = (ptr(&b.k_cache[m.slot], s), ptr(&b.v_cache[m.slot], s));
+        st.gpu.launch(
             "hybrid_attn_prep",
             ((nh + nkv) as u32, 1),
             hd as u32,
             &[
-                Arg::Ptr(p(&b.proj)),
+                Arg::Ptr(proj),
                 Arg::Ptr(p(&m.q_norm)),
                 Arg::Ptr(p(&m.k_norm)),
                 Arg::F32(c.norm_eps),
@@ -294,31 +323,75 @@ impl CudaHybrid {
                 Arg::I32(nkv as i32),
                 Arg::I32(hd as i32),
                 Arg::I32(hy.rotary_dim as i32),
-                Arg::Ptr(ptr(&b.k_cache[m.slot], s)),
-                Arg::Ptr(ptr(&b.v_cache[m.slot], s)),
+                Arg::Ptr(kc),
+                Arg::Ptr(vc),
                 Arg::Ptr(p(&b.q)),
                 Arg::Ptr(p(&b.gate)),
             ],
         )?;
-        g.launch(
+        st.gpu.launch(
             "hybrid_attn_decode",
             (nh as u32, 1),
             256, // HA_WARPS warps
             &[
                 Arg::Ptr(p(&b.q)),
                 Arg::Ptr(p(&b.gate)),
-                Arg::Ptr(ptr(&b.k_cache[m.slot], s)),
-                Arg::Ptr(ptr(&b.v_cache[m.slot], s)),
+                Arg::Ptr(kc),
+                Arg::Ptr(vc),
                 Arg::Ptr(step),
                 Arg::I32(nh as i32),
                 Arg::I32(nkv as i32),
                 Arg::I32(hd as i32),
                 Arg::F32(1.0 / (hd as f32).sqrt()),
-                Arg::Ptr(p(&b.mixed)),
+                Arg::Ptr(out),
             ],
-        )?;
-        let o_in = self.vec_input(st, p(&b.mixed), nh * hd, m.rot_out)?;
-        self.project(st, &m.o, o_in, p(&b.x), true, false)
+        )
+    }
+
+    /// One `deltanet_step*` launch (`kernel` with `threads` per block) for the token whose
+    /// residual, projection, position and outputs `io` points at.
+    pub(super) fn launch_dn_step(
+        &self,
+        st: &State,
+        m: &DevDeltaNet,
+        attn_norm: &CudaSlice<f32>,
+        (kernel, threads): (&str, u32),
+        io: DnStepIo,
+    ) -> Result<()> {
+        let (c, hy) = (&self.config, &self.hy);
+        let p = |x: &CudaSlice<f32>| Self::p(st, x);
+        let DevMatrix::Dense { w: ab, .. } = &m.ab else {
+            unreachable!("one_kernel_mixer checked: dense a/b rows")
+        };
+        st.gpu.launch(
+            kernel,
+            (hy.v_heads as u32, 1),
+            threads,
+            &[
+                Arg::Ptr(io.x),
+                Arg::Ptr(p(attn_norm)),
+                Arg::F32(c.norm_eps),
+                Arg::I32(c.hidden as i32),
+                Arg::Ptr(p(ab)),
+                Arg::Ptr(io.proj),
+                Arg::Ptr(p(&st.b.conv_window[m.slot])),
+                Arg::Ptr(p(&m.conv)),
+                Arg::I32(hy.conv_kernel as i32),
+                Arg::Ptr(io.step),
+                Arg::Ptr(p(&m.a_neg)),
+                Arg::Ptr(p(&m.dt_bias)),
+                Arg::Ptr(p(&st.b.ssm[m.slot])),
+                Arg::I32(hy.k_heads as i32),
+                Arg::I32(hy.k_dim as i32),
+                Arg::I32(hy.v_dim as i32),
+                Arg::I32(hy.v_tiled as i32),
+                Arg::Ptr(p(&m.norm)),
+                Arg::I32(st.w.regroup as i32),
+                Arg::Ptr(io.out),
+                Arg::Ptr(io.q),
+                Arg::Ptr(io.meta),
+            ],
+        )
     }
 
     /// Whether `deltanet_step` runs this layer (dense f32 a/b rows; head sizes it holds).
@@ -343,9 +416,6 @@ impl CudaHybrid {
             self.project_with(st, &m.qkvz, input, p(&b.proj), false, false, early, false)?;
             // The int8 blocks of the output in the same kernel unless it is rotated.
             let quant = m.rot_out.is_none() && hy.v_dim.is_multiple_of(64);
-            let DevMatrix::Dense { w: ab, .. } = &m.ab else {
-                unreachable!("one_kernel_mixer checked")
-            };
             let (kernel, threads) = if early {
                 // 12 warps of 64 registers fit beside a streaming GEMV block (72 registers
                 // × 16 warps) on one multiprocessor; 16 do not, and would wait for it to end.
@@ -353,35 +423,15 @@ impl CudaHybrid {
             } else {
                 (self.dn_step.expect("one_kernel_mixer checked"), 512)
             };
-            g.launch(
-                kernel,
-                (hy.v_heads as u32, 1),
-                threads,
-                &[
-                    Arg::Ptr(p(&b.x)),
-                    Arg::Ptr(p(attn_norm)),
-                    Arg::F32(c.norm_eps),
-                    Arg::I32(c.hidden as i32),
-                    Arg::Ptr(p(ab)),
-                    Arg::Ptr(p(&b.proj)),
-                    Arg::Ptr(p(&b.conv_window[m.slot])),
-                    Arg::Ptr(p(&m.conv)),
-                    Arg::I32(hy.conv_kernel as i32),
-                    Arg::Ptr(ptr(&b.step, s)),
-                    Arg::Ptr(p(&m.a_neg)),
-                    Arg::Ptr(p(&m.dt_bias)),
-                    Arg::Ptr(p(&b.ssm[m.slot])),
-                    Arg::I32(hy.k_heads as i32),
-                    Arg::I32(hy.k_dim as i32),
-                    Arg::I32(hy.v_dim as i32),
-                    Arg::I32(hy.v_tiled as i32),
-                    Arg::Ptr(p(&m.norm)),
-                    Arg::I32(st.w.regroup as i32),
-                    Arg::Ptr(p(&b.mixed)),
-                    Arg::Ptr(if quant { xq } else { 0 }),
-                    Arg::Ptr(if quant { xm } else { 0 }),
-                ],
-            )?;
+            let io = DnStepIo {
+                x: p(&b.x),
+                proj: p(&b.proj),
+                step: ptr(&b.step, s),
+                out: p(&b.mixed),
+                q: if quant { xq } else { 0 },
+                meta: if quant { xm } else { 0 },
+            };
+            self.launch_dn_step(st, m, attn_norm, (kernel, threads), io)?;
             let out_in = if quant {
                 Self::ready(st, p(&b.mixed))
             } else {
