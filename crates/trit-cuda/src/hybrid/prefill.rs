@@ -1,13 +1,14 @@
 //! Batched prompt processing for hybrid models: a prompt runs through each layer in chunks of
-//! up to `CHUNK` tokens. The matrix products (q/k/v/z, ssm_out, q‖gate/k/v, o, gate‖up, down)
-//! are the int8 tensor-core GEMM of the dense prefill, so each weight tile is read once per
-//! chunk instead of once per token; norms and SwiGLU are the decode kernels with one block row
-//! per token. What is sequential over positions stays per token, in order: the one-kernel
-//! DeltaNet mixer (`deltanet_step`: gates, conv, delta rule, gated norm and int8 blocks of its
-//! row) and the gated full attention (`hybrid_attn_prep` appends the token's key and value,
-//! `hybrid_attn_decode` attends over the positions before it), each launched with a pointer to
-//! the token's own position. Models these kernels do not cover (rotated Bonsai 2 layers, dense
-//! projections, the five-kernel DeltaNet) keep the token-by-token path.
+//! up to `CudaOptions::prefill_chunk` tokens. The matrix products (q/k/v/z, ssm_out,
+//! q‖gate/k/v, o, gate‖up, down) are the int8 tensor-core GEMM of the dense prefill, so each
+//! weight tile is read once per chunk instead of once per token; norms, SwiGLU and the int8
+//! blocks of the mixers' outputs are the decode kernels over all the chunk's rows. What is
+//! sequential over positions stays per token, in order: the one-kernel DeltaNet mixer
+//! (`deltanet_step`: gates, conv, delta rule, gated norm) and the gated full attention
+//! (`hybrid_attn_prep` appends the token's key and value, `hybrid_attn_decode` attends over the
+//! positions up to it), each launched with a pointer to the token's own position. Models these
+//! kernels do not cover (rotated Bonsai 2 layers, dense projections, the five-kernel DeltaNet)
+//! keep the token-by-token path.
 
 use super::step::DnStepIo;
 use super::{CudaHybrid, State};
