@@ -19,6 +19,9 @@ pub enum Op {
     MatGate,
     MatUp,
     MatDown,
+    /// A hybrid's DeltaNet input projections other than q/k/v (z, and the decay and update
+    /// gates' a/b rows).
+    MatGates,
     MatHead,
     /// Int8 quantization of activations for the ternary kernels (fused with RMSNorm where the
     /// norm feeds a matmul).
@@ -31,10 +34,13 @@ pub enum Op {
     SwiGlu,
     /// Embedding lookup and residual adds.
     Residual,
+    /// A hybrid's DeltaNet mixer between its projections: causal conv, q/k normalization, the
+    /// delta rule over the recurrent state and the gated RMSNorm.
+    DeltaRule,
 }
 
 impl Op {
-    pub const ALL: [Op; 14] = [
+    pub const ALL: [Op; 16] = [
         Op::MatQ,
         Op::MatK,
         Op::MatV,
@@ -42,6 +48,7 @@ impl Op {
         Op::MatGate,
         Op::MatUp,
         Op::MatDown,
+        Op::MatGates,
         Op::MatHead,
         Op::ActQuant,
         Op::Norm,
@@ -49,6 +56,7 @@ impl Op {
         Op::Attention,
         Op::SwiGlu,
         Op::Residual,
+        Op::DeltaRule,
     ];
 
     pub fn name(self) -> &'static str {
@@ -60,6 +68,7 @@ impl Op {
             Op::MatGate => "matmul gate",
             Op::MatUp => "matmul up",
             Op::MatDown => "matmul down",
+            Op::MatGates => "matmul z, a/b",
             Op::MatHead => "matmul head",
             Op::ActQuant => "rmsnorm+act quant",
             Op::Norm => "rmsnorm (qk, final)",
@@ -67,6 +76,7 @@ impl Op {
             Op::Attention => "attention",
             Op::SwiGlu => "swiglu",
             Op::Residual => "embed+residual",
+            Op::DeltaRule => "delta rule + conv",
         }
     }
 

@@ -19,6 +19,7 @@ use super::weights::{require, to_f32, vector};
 use crate::format::config::{HybridConfig, ModelConfig, RopeStyle};
 use crate::format::WeightSource;
 use crate::kernels::{ops, Linear};
+use crate::profile::{self, Op};
 use crate::threadpool::ThreadPool;
 use crate::{Error, Result};
 use std::sync::Mutex;
@@ -219,11 +220,13 @@ impl Qwen35 {
         }
         let d = c.hidden;
         let mut x = vec![0f32; n * d];
+        let probe = profile::start(Op::Residual, 0);
         for (t, &tok) in tokens.iter().enumerate() {
             let row = &mut x[t * d..(t + 1) * d];
             self.embed.dequantize_row(tok as usize, row);
             self.rot.unrotate_embedding(row);
         }
+        drop(probe);
         let pos0 = cache.len();
         let mut h = vec![0f32; n * d];
         let mut mixed = vec![0f32; n * d];
@@ -235,14 +238,17 @@ impl Qwen35 {
                 Mixer::Linear(m) => self.delta_net(pool, m, &h, n, cache, &mut mixed),
                 Mixer::Full(m) => self.full_attention(pool, m, &h, n, pos0, cache, &mut mixed),
             }
-            ops::add_inplace(&mut x, &mixed);
+            residual(&mut x, &mixed);
             norm_rows(&x, &layer.post_norm, c.norm_eps, &mut h);
-            let mut p = Projector::new(pool, &h, n);
-            p.run(&layer.gate, &mut g);
-            p.run(&layer.up, &mut u);
+            Projector::new(pool, &h, n).run_fused(
+                Op::MatGate,
+                [(&layer.gate, &mut g[..]), (&layer.up, &mut u[..])],
+            );
+            let probe = profile::start(Op::SwiGlu, 0);
             ops::silu_mul(&mut g, &u);
-            Projector::new(pool, &g, n).run(&layer.down, &mut mixed);
-            ops::add_inplace(&mut x, &mixed);
+            drop(probe);
+            Projector::new(pool, &g, n).run(Op::MatDown, &layer.down, &mut mixed);
+            residual(&mut x, &mixed);
         }
         cache.advance(n);
 
@@ -255,9 +261,11 @@ impl Qwen35 {
         norm_rows(rows, &self.final_norm, c.norm_eps, &mut normed);
         let mut logits = vec![0f32; m * c.vocab];
         match &self.head {
-            Some(head) => Projector::new(pool, &normed, m).run(head, &mut logits),
+            Some(head) => Projector::new(pool, &normed, m).run(Op::MatHead, head, &mut logits),
             None => {
                 self.rot.rotate_for_tied_head(&mut normed);
+                let work = self.embed.rows() * self.embed.cols() * m;
+                let _p = profile::start(Op::MatHead, work as u64);
                 self.embed.forward(pool, &normed, m, &mut logits)
             }
         }
@@ -281,10 +289,11 @@ impl Qwen35 {
         let mut qg = vec![0f32; n * 2 * nq];
         let mut k = vec![0f32; n * nkv];
         let mut v = vec![0f32; n * nkv];
-        let mut p = Projector::new(pool, h, n);
-        p.run(&m.q, &mut qg);
-        p.run(&m.k, &mut k);
-        p.run(&m.v, &mut v);
+        Projector::new(pool, h, n).run_fused(
+            Op::MatQ,
+            [(&m.q, &mut qg[..]), (&m.k, &mut k[..]), (&m.v, &mut v[..])],
+        );
+        let probe = profile::start(Op::Rope, 0);
         let rot = self.hy.rotary_dim;
         let mut q = vec![0f32; n * nq];
         let mut gate = vec![0f32; n * nq];
@@ -303,13 +312,16 @@ impl Qwen35 {
                 self.rope.apply_angles(&mut kh[..rot], &cos, &sin);
             }
         }
+        drop(probe);
+        let probe = profile::start(Op::Attention, 0);
         cache.append(m.slot, &k, &v);
         let mut att = vec![0f32; n * nq];
         attend(pool, c, &q, cache, m.slot, pos0, n, &mut att);
         for (a, &g) in att.iter_mut().zip(&gate) {
             *a *= gd::sigmoid(g);
         }
-        Projector::new(pool, &att, n).run(&m.o, out);
+        drop(probe);
+        Projector::new(pool, &att, n).run(Op::MatO, &m.o, out);
     }
 
     fn delta_net(
@@ -329,10 +341,13 @@ impl Qwen35 {
         let mut a = vec![0f32; n * hv];
         let mut b = vec![0f32; n * hv];
         let mut p = Projector::new(pool, h, n);
-        p.run(&m.qkv, &mut qkv);
-        p.run(&m.z, &mut z);
+        p.run(Op::MatQ, &m.qkv, &mut qkv);
+        p.run(Op::MatGates, &m.z, &mut z);
+        let probe = profile::start(Op::MatGates, (2 * hv * h.len()) as u64);
         m.a.forward(pool, h, n, &mut a);
         m.b.forward(pool, h, n, &mut b);
+        drop(probe);
+        let probe = profile::start(Op::DeltaRule, 0);
         let state = &mut cache.recurrent_mut().expect("checked in forward").layers[m.slot];
         gd::causal_conv_silu(&mut qkv, &mut state.conv, &m.conv, cd);
         let kw = hy.key_width();
@@ -405,7 +420,8 @@ impl Qwen35 {
                     .copy_from_slice(&part[t * dv..(t + 1) * dv]);
             }
         }
-        Projector::new(pool, &o, n).run(&m.out, out);
+        drop(probe);
+        Projector::new(pool, &o, n).run(Op::MatO, &m.out, out);
     }
 }
 
@@ -455,8 +471,14 @@ fn is_rotatable(hy: &HybridConfig, tied: bool, name: &str) -> bool {
 }
 
 fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let _p = profile::start(Op::Norm, 0);
     let d = w.len();
     for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
         ops::rms_norm(xr, w, eps, or);
     }
+}
+
+fn residual(x: &mut [f32], h: &[f32]) {
+    let _p = profile::start(Op::Residual, 0);
+    ops::add_inplace(x, h);
 }

@@ -7,7 +7,8 @@ use super::weights::linear;
 use crate::format::rotation::{InputRotation, RotationSpec};
 use crate::format::WeightSource;
 use crate::kernels::hadamard::fwht_blocks;
-use crate::kernels::Linear;
+use crate::kernels::{ActQ8, Linear};
+use crate::profile::{self, Op};
 use crate::threadpool::ThreadPool;
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -125,12 +126,24 @@ fn check_fits(name: &str, r: &InputRotation, cols: usize) -> Result<()> {
     Ok(())
 }
 
-/// One input shared by several projections; rotated copies are made on first use.
+/// Whether two projections read the same rotation of their input (or both the plain input).
+fn same_rotation(a: &Option<Arc<InputRotation>>, b: &Option<Arc<InputRotation>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+/// Products of several projections with one input `x` (`n` rows): each distinct input
+/// rotation is applied once, and each (rotated) input is quantized to int8 once, on the pool's
+/// threads, then shared by every projection that reads it.
 pub struct Projector<'a> {
     pool: &'a ThreadPool,
     x: &'a [f32],
     n: usize,
-    rotated: Vec<(Arc<InputRotation>, Vec<f32>)>,
+    /// Per input rotation (`None`: the input itself): the quantized rows.
+    inputs: Vec<(Option<Arc<InputRotation>>, ActQ8)>,
 }
 
 impl<'a> Projector<'a> {
@@ -139,25 +152,63 @@ impl<'a> Projector<'a> {
             pool,
             x,
             n,
-            rotated: Vec::new(),
+            inputs: Vec::new(),
         }
     }
 
-    /// `y = W · x`, or `W · H_B(s ⊙ x)` for a rotated weight.
-    pub fn run(&mut self, l: &RotatedLinear, y: &mut [f32]) {
-        let Some(rot) = &l.rot else {
-            l.lin.forward(self.pool, self.x, self.n, y);
-            return;
-        };
-        let i = match self.rotated.iter().position(|(r, _)| Arc::ptr_eq(r, rot)) {
-            Some(i) => i,
-            None => {
-                let mut x = self.x.to_vec();
-                rotate_rows(rot, &mut x);
-                self.rotated.push((rot.clone(), x));
-                self.rotated.len() - 1
+    /// `y = W · x`, or `W · H_B(s ⊙ x)` for a rotated weight; timed as `op` when profiling.
+    pub fn run(&mut self, op: Op, l: &RotatedLinear, y: &mut [f32]) {
+        self.run_fused(op, [(l, y)]);
+    }
+
+    /// [`run`](Self::run) of projections sharing one input rotation (q/k/v, gate/up) in one
+    /// pool dispatch; results are those of separate runs. Parts with different rotations run
+    /// one after the other.
+    pub fn run_fused<const N: usize>(
+        &mut self,
+        op: Op,
+        mut parts: [(&RotatedLinear, &mut [f32]); N],
+    ) {
+        if parts
+            .iter()
+            .any(|(l, _)| !same_rotation(&l.rot, &parts[0].0.rot))
+        {
+            for (l, y) in parts {
+                self.run(op, l, y);
             }
-        };
-        l.lin.forward(self.pool, &self.rotated[i].1, self.n, y);
+            return;
+        }
+        let exact = parts.iter().any(|(l, _)| l.lin.needs_exact());
+        let i = self.quantized(&parts[0].0.rot, parts[0].0.lin.cols(), exact);
+        let xq = &self.inputs[i].1;
+        let work: usize = parts.iter().map(|(l, _)| l.lin.rows() * l.lin.cols()).sum();
+        let _p = profile::start(op, (work * self.n) as u64);
+        let mut lins: Vec<(&Linear, &mut [f32])> =
+            parts.iter_mut().map(|(l, y)| (&l.lin, &mut **y)).collect();
+        Linear::forward_q8_fused(self.pool, xq, &mut lins);
+    }
+
+    /// The index in `inputs` of the input rotated by `rot` and quantized (`cols` wide, with its
+    /// exact rows when `exact`), made on first use.
+    fn quantized(&mut self, rot: &Option<Arc<InputRotation>>, cols: usize, exact: bool) -> usize {
+        let found = self
+            .inputs
+            .iter()
+            .position(|(r, q)| same_rotation(r, rot) && (!exact || q.exact().is_some()));
+        if let Some(i) = found {
+            return i;
+        }
+        let _p = profile::start(Op::ActQuant, 0);
+        let mut xq = ActQ8::new();
+        match rot {
+            Some(r) => {
+                let mut x = self.x.to_vec();
+                rotate_rows(r, &mut x);
+                xq.quantize_from_on(Some(self.pool), &x, self.n, cols, exact);
+            }
+            None => xq.quantize_from_on(Some(self.pool), self.x, self.n, cols, exact),
+        }
+        self.inputs.push((rot.clone(), xq));
+        self.inputs.len() - 1
     }
 }
