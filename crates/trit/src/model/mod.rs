@@ -263,10 +263,7 @@ impl Model {
     pub fn forward_batch(&self, seqs: &mut [BatchSeq<'_>]) -> Result<Vec<Vec<f32>>> {
         match &self.net {
             Net::Dense(n) => n.forward_batch(&self.pool, seqs),
-            Net::Hybrid(n) => seqs
-                .iter_mut()
-                .map(|s| n.forward(&self.pool, s.tokens, s.cache, s.logits))
-                .collect(),
+            Net::Hybrid(n) => n.forward_batch(&self.pool, seqs),
             Net::External(n) => {
                 if seqs.len() > n.max_sequences() {
                     return Err(crate::Error::InvalidArgument(format!(

@@ -8,13 +8,13 @@
 //! full layers); linear layers keep their conv and delta-rule state in the cache's
 //! `RecurrentState`, updated in place.
 
-use super::attention::attend;
+use super::attention::{attend_batch, AttendSeq};
 use super::gated_delta::{self as gd, HeadInputs};
 use super::kv_cache::KvCache;
 use super::recurrent::RecurrentState;
 use super::rope::Rope;
 use super::rotation::{Projector, RotatedLinear, Rotations};
-use super::transformer::Logits;
+use super::transformer::{BatchSeq, Logits};
 use super::weights::{require, to_f32, vector};
 use crate::format::config::{HybridConfig, ModelConfig, RopeStyle};
 use crate::format::WeightSource;
@@ -210,24 +210,53 @@ impl Qwen35 {
         cache: &mut KvCache,
         which: Logits,
     ) -> Result<Vec<f32>> {
+        let mut seqs = [BatchSeq {
+            tokens,
+            cache,
+            logits: which,
+        }];
+        Ok(self.forward_batch(pool, &mut seqs)?.remove(0))
+    }
+
+    /// Several sequences in one pass (as `Transformer::forward_batch`): their rows stacked
+    /// through every projection, the DeltaNet recurrence and the attention per sequence on its
+    /// own state and cache; logits in `seqs` order.
+    pub fn forward_batch(
+        &self,
+        pool: &ThreadPool,
+        seqs: &mut [BatchSeq<'_>],
+    ) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
-        let n = tokens.len();
-        super::check_input(tokens, cache, c.vocab)?;
-        if !cache.has_recurrent() {
-            return Err(Error::InvalidArgument(
-                "a hybrid model needs a cache made by its own new_cache".into(),
-            ));
+        for s in seqs.iter() {
+            super::check_input(s.tokens, s.cache, c.vocab)?;
+            if !s.cache.has_recurrent() {
+                return Err(Error::InvalidArgument(
+                    "a hybrid model needs a cache made by its own new_cache".into(),
+                ));
+            }
         }
+        // Row range of each sequence in the stacked activations, and its first position.
+        let mut starts = vec![0];
+        for s in seqs.iter() {
+            starts.push(starts.last().unwrap() + s.tokens.len());
+        }
+        let n = *starts.last().unwrap();
+        if n == 0 {
+            return Err(Error::InvalidArgument("no tokens to evaluate".into()));
+        }
+        let rows = Rows {
+            starts,
+            pos0: seqs.iter().map(|s| s.cache.len()).collect(),
+        };
         let d = c.hidden;
         let mut x = vec![0f32; n * d];
         let probe = profile::start(Op::Residual, 0);
-        for (t, &tok) in tokens.iter().enumerate() {
-            let row = &mut x[t * d..(t + 1) * d];
+        let tokens = seqs.iter().flat_map(|s| s.tokens.iter());
+        for (row, &tok) in x.chunks_exact_mut(d).zip(tokens) {
             self.embed.dequantize_row(tok as usize, row);
             self.rot.unrotate_embedding(row);
         }
         drop(probe);
-        let pos0 = cache.len();
         let mut h = vec![0f32; n * d];
         let mut mixed = vec![0f32; n * d];
         let mut g = vec![0f32; n * c.ffn];
@@ -235,8 +264,8 @@ impl Qwen35 {
         for layer in &self.layers {
             norm_rows(&x, &layer.attn_norm, c.norm_eps, &mut h);
             match &layer.mixer {
-                Mixer::Linear(m) => self.delta_net(pool, m, &h, n, cache, &mut mixed),
-                Mixer::Full(m) => self.full_attention(pool, m, &h, n, pos0, cache, &mut mixed),
+                Mixer::Linear(m) => self.delta_net(pool, m, &h, &rows, seqs, &mut mixed),
+                Mixer::Full(m) => self.full_attention(pool, m, &h, &rows, seqs, &mut mixed),
             }
             residual(&mut x, &mixed);
             norm_rows(&x, &layer.post_norm, c.norm_eps, &mut h);
@@ -250,15 +279,24 @@ impl Qwen35 {
             Projector::new(pool, &g, n).run(Op::MatDown, &layer.down, &mut mixed);
             residual(&mut x, &mixed);
         }
-        cache.advance(n);
+        for s in seqs.iter_mut() {
+            s.cache.advance(s.tokens.len());
+        }
 
-        let rows = match which {
-            Logits::Last => &x[(n - 1) * d..],
-            Logits::All => &x[..],
-        };
-        let m = rows.len() / d;
+        // The rows whose logits are asked for, through the final norm and the head at once.
+        let wanted: Vec<usize> = seqs
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| match s.logits {
+                Logits::Last => rows.starts[i + 1] - 1..rows.starts[i + 1],
+                Logits::All => rows.starts[i]..rows.starts[i + 1],
+            })
+            .collect();
+        let m = wanted.len();
         let mut normed = vec![0f32; m * d];
-        norm_rows(rows, &self.final_norm, c.norm_eps, &mut normed);
+        for (out, &r) in normed.chunks_exact_mut(d).zip(&wanted) {
+            norm_rows(&x[r * d..(r + 1) * d], &self.final_norm, c.norm_eps, out);
+        }
         let mut logits = vec![0f32; m * c.vocab];
         match &self.head {
             Some(head) => Projector::new(pool, &normed, m).run(Op::MatHead, head, &mut logits),
@@ -269,23 +307,32 @@ impl Qwen35 {
                 self.embed.forward(pool, &normed, m, &mut logits)
             }
         }
-        Ok(logits)
+        let mut out = Vec::with_capacity(seqs.len());
+        let mut at = 0;
+        for s in seqs.iter() {
+            let k = match s.logits {
+                Logits::Last => 1,
+                Logits::All => s.tokens.len(),
+            };
+            out.push(logits[at * c.vocab..(at + k) * c.vocab].to_vec());
+            at += k;
+        }
+        Ok(out)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn full_attention(
         &self,
         pool: &ThreadPool,
         m: &FullAttention,
         h: &[f32],
-        n: usize,
-        pos0: usize,
-        cache: &mut KvCache,
+        rows: &Rows,
+        seqs: &mut [BatchSeq<'_>],
         out: &mut [f32],
     ) {
         let c = &self.config;
         let (hd, nh) = (c.head_dim, c.n_heads);
         let (nq, nkv) = (nh * hd, c.n_kv_heads * hd);
+        let n = rows.total();
         let mut qg = vec![0f32; n * 2 * nq];
         let mut k = vec![0f32; n * nkv];
         let mut v = vec![0f32; n * nkv];
@@ -298,7 +345,7 @@ impl Qwen35 {
         let mut q = vec![0f32; n * nq];
         let mut gate = vec![0f32; n * nq];
         for t in 0..n {
-            let (cos, sin) = self.rope.angles(pos0 + t);
+            let (cos, sin) = self.rope.angles(rows.position(t));
             for head in 0..nh {
                 let src = &qg[(t * nh + head) * 2 * hd..(t * nh + head + 1) * 2 * hd];
                 let qh = &mut q[(t * nh + head) * hd..(t * nh + head + 1) * hd];
@@ -314,9 +361,29 @@ impl Qwen35 {
         }
         drop(probe);
         let probe = profile::start(Op::Attention, 0);
-        cache.append(m.slot, &k, &v);
+        for (i, s) in seqs.iter_mut().enumerate() {
+            let r = rows.range(i);
+            s.cache.append(
+                m.slot,
+                &k[r.start * nkv..r.end * nkv],
+                &v[r.start * nkv..r.end * nkv],
+            );
+        }
+        let att_seqs: Vec<AttendSeq> = seqs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let r = rows.range(i);
+                AttendSeq {
+                    q: &q[r.start * nq..r.end * nq],
+                    cache: &*s.cache,
+                    pos0: rows.pos0[i],
+                    n: r.len(),
+                }
+            })
+            .collect();
         let mut att = vec![0f32; n * nq];
-        attend(pool, c, &q, cache, m.slot, pos0, n, &mut att);
+        attend_batch(pool, c, m.slot, &att_seqs, &mut att);
         for (a, &g) in att.iter_mut().zip(&gate) {
             *a *= gd::sigmoid(g);
         }
@@ -329,13 +396,14 @@ impl Qwen35 {
         pool: &ThreadPool,
         m: &DeltaNet,
         h: &[f32],
-        n: usize,
-        cache: &mut KvCache,
+        rows: &Rows,
+        seqs: &mut [BatchSeq<'_>],
         out: &mut [f32],
     ) {
         let hy = &self.hy;
         let (cd, vw, hv, hk) = (hy.conv_dim(), hy.value_width(), hy.v_heads, hy.k_heads);
         let (dk, dv) = (hy.k_dim, hy.v_dim);
+        let n = rows.total();
         let mut qkv = vec![0f32; n * cd];
         let mut z = vec![0f32; n * vw];
         let mut a = vec![0f32; n * hv];
@@ -348,8 +416,19 @@ impl Qwen35 {
         m.b.forward(pool, h, n, &mut b);
         drop(probe);
         let probe = profile::start(Op::DeltaRule, 0);
-        let state = &mut cache.recurrent_mut().expect("checked in forward").layers[m.slot];
-        gd::causal_conv_silu(&mut qkv, &mut state.conv, &m.conv, cd);
+        // Each sequence's conv runs over its own rows with its own window.
+        let mut ssm: Vec<&mut [f32]> = Vec::with_capacity(seqs.len());
+        for (i, s) in seqs.iter_mut().enumerate() {
+            let r = rows.range(i);
+            let state = &mut s.cache.recurrent_mut().expect("checked in forward").layers[m.slot];
+            gd::causal_conv_silu(
+                &mut qkv[r.start * cd..r.end * cd],
+                &mut state.conv,
+                &m.conv,
+                cd,
+            );
+            ssm.push(&mut state.ssm);
+        }
         let kw = hy.key_width();
         for row in qkv.chunks_exact_mut(cd) {
             let (q, rest) = row.split_at_mut(kw);
@@ -361,23 +440,33 @@ impl Qwen35 {
                 gd::l2_normalize(head, 1.0);
             }
         }
-        let heads: Vec<Mutex<&mut [f32]>> = state.ssm.chunks_mut(dv * dk).map(Mutex::new).collect();
-        let outs: Vec<Mutex<Vec<f32>>> = (0..hv).map(|_| Mutex::new(Vec::new())).collect();
+        // Work items: (sequence, value head), each on its own slice of state.
+        let heads: Vec<Mutex<&mut [f32]>> = ssm
+            .into_iter()
+            .flat_map(|st| st.chunks_mut(dv * dk))
+            .map(Mutex::new)
+            .collect();
+        let outs: Vec<Mutex<Vec<f32>>> = (0..heads.len()).map(|_| Mutex::new(Vec::new())).collect();
+        let items = heads.len();
         pool.run(&|tid, nt| {
-            for head in (hv * tid / nt)..(hv * (tid + 1) / nt) {
+            for item in (items * tid / nt)..(items * (tid + 1) / nt) {
+                let (seq, head) = (item / hv, item % hv);
+                let r = rows.range(seq);
                 let kh = hy.key_head_of(head);
                 let gather = |off: usize, width: usize| -> Vec<f32> {
-                    qkv.chunks_exact(cd)
-                        .flat_map(|r| r[off..off + width].iter().copied())
+                    qkv[r.start * cd..r.end * cd]
+                        .chunks_exact(cd)
+                        .flat_map(|row| row[off..off + width].iter().copied())
                         .collect()
                 };
                 let q = gather(kh * dk, dk);
                 let k = gather(kw + kh * dk, dk);
                 let v = gather(2 * kw + head * dv, dv);
-                let log_g: Vec<f32> = (0..n)
+                let log_g: Vec<f32> = r
+                    .clone()
                     .map(|t| m.a_neg[head] * gd::softplus(a[t * hv + head] + m.dt_bias[head]))
                     .collect();
-                let beta: Vec<f32> = (0..n).map(|t| gd::sigmoid(b[t * hv + head])).collect();
+                let beta: Vec<f32> = r.clone().map(|t| gd::sigmoid(b[t * hv + head])).collect();
                 let x = HeadInputs {
                     q: &q,
                     k: &k,
@@ -385,43 +474,67 @@ impl Qwen35 {
                     log_g: &log_g,
                     beta: &beta,
                 };
-                let mut o = vec![0f32; n * dv];
-                let mut s = heads[head].lock().unwrap();
-                if n == 1 {
+                let mut o = vec![0f32; r.len() * dv];
+                let mut s = heads[item].lock().unwrap();
+                if r.len() == 1 {
                     gd::recur_steps(&mut s, &x, &mut o);
                 } else {
                     gd::recur_chunked(&mut s, &x, &mut o);
                 }
-                for t in 0..n {
+                for (i, t) in r.clone().enumerate() {
                     let zh = &z[t * vw + head * dv..t * vw + (head + 1) * dv];
                     gd::gated_rms_norm(
-                        &mut o[t * dv..(t + 1) * dv],
+                        &mut o[i * dv..(i + 1) * dv],
                         zh,
                         &m.norm,
                         self.config.norm_eps,
                     );
                 }
-                *outs[head].lock().unwrap() = o;
+                *outs[item].lock().unwrap() = o;
             }
         });
         // A rotated GGUF keeps ssm_out's columns in grouped order while the heads above ran
         // in the file's tiled order (formats.md §8.4): place each head where ssm_out expects it.
         let regroup = hy.v_tiled && self.rot.ssm_out_grouped();
         let mut o = vec![0f32; n * vw];
-        for (head, part) in outs.into_iter().enumerate() {
+        for (item, part) in outs.into_iter().enumerate() {
+            let (seq, head) = (item / hv, item % hv);
             let part = part.into_inner().unwrap();
             let at = if regroup {
                 (head % hk) * (hv / hk) + head / hk
             } else {
                 head
             };
-            for t in 0..n {
+            for (i, t) in rows.range(seq).enumerate() {
                 o[t * vw + at * dv..t * vw + (at + 1) * dv]
-                    .copy_from_slice(&part[t * dv..(t + 1) * dv]);
+                    .copy_from_slice(&part[i * dv..(i + 1) * dv]);
             }
         }
         drop(probe);
         Projector::new(pool, &o, n).run(Op::MatO, &m.out, out);
+    }
+}
+
+/// Where each sequence of a batched pass sits among the stacked rows: sequence `i` owns rows
+/// `starts[i]..starts[i + 1]`, its first at position `pos0[i]`.
+struct Rows {
+    starts: Vec<usize>,
+    pos0: Vec<usize>,
+}
+
+impl Rows {
+    fn total(&self) -> usize {
+        *self.starts.last().expect("at least the 0 start")
+    }
+
+    fn range(&self, seq: usize) -> std::ops::Range<usize> {
+        self.starts[seq]..self.starts[seq + 1]
+    }
+
+    /// The position of stacked row `t`.
+    fn position(&self, t: usize) -> usize {
+        let seq = self.starts.partition_point(|&s| s <= t) - 1;
+        self.pos0[seq] + t - self.starts[seq]
     }
 }
 
