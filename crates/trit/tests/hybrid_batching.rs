@@ -4,8 +4,8 @@
 //! history, a prompt with every row's logits and a first token, then one more step of each from
 //! the caches the batch left (recurrent states and KV rows in their own places).
 
-use trit::format::testgen::hybrid::{generate, HybridPreset};
-use trit::format::testgen::{OutFormat, TokenizerAssets};
+mod common;
+
 use trit::model::{BatchSeq, KvCache, Logits, Model};
 
 fn max_rel(a: &[f32], b: &[f32]) -> f32 {
@@ -17,11 +17,7 @@ fn max_rel(a: &[f32], b: &[f32]) -> f32 {
 #[test]
 fn batched_hybrid_sequences_match_each_alone() {
     for preset in ["tiny-qwen35", "tiny-prism"] {
-        let dir = tempfile::tempdir().unwrap();
-        let p = HybridPreset::by_name(preset).unwrap();
-        let f = OutFormat::parse("q2_0").unwrap();
-        generate(&p, 9, dir.path(), &[f], &TokenizerAssets::Placeholder).unwrap();
-        let files = trit::format::open(&dir.path().join(f.file_name())).unwrap();
+        let (_dir, files, p) = common::hybrid_q2_0(preset, 9);
         let model = Model::load(&files, 2).unwrap();
         let vocab = p.vocab as u32;
         let ids =

@@ -3,20 +3,16 @@
 //! each matrix group with its multiply-adds, the DeltaNet mixer once per linear-attention layer,
 //! and between them nearly all of the forward's time. (Its own binary: the counters are global.)
 
+mod common;
+
 use std::time::Instant;
-use trit::format::testgen::hybrid::{generate, HybridPreset};
-use trit::format::testgen::{OutFormat, TokenizerAssets};
 use trit::model::{Logits, Model};
 use trit::profile::{self, Op};
 
 #[test]
 fn hybrid_forward_records_every_op_group() {
     for preset in ["tiny-qwen35", "tiny-prism"] {
-        let dir = tempfile::tempdir().unwrap();
-        let p = HybridPreset::by_name(preset).unwrap();
-        let f = OutFormat::parse("q2_0").unwrap();
-        generate(&p, 4, dir.path(), &[f], &TokenizerAssets::Placeholder).unwrap();
-        let files = trit::format::open(&dir.path().join(f.file_name())).unwrap();
+        let (_dir, files, p) = common::hybrid_q2_0(preset, 4);
         let hy = files.config.hybrid.clone().unwrap();
         let model = Model::load(&files, 2).unwrap();
         let tokens: Vec<u32> = (0..24).map(|i| (i * 7 + 3) % p.vocab as u32).collect();

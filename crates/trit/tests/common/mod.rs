@@ -121,6 +121,26 @@ pub fn tiny_hybrid() -> (
     (dir, std::sync::Arc::new(model), std::sync::Arc::new(tok))
 }
 
+/// Hybrid preset `name` (e.g. `tiny-qwen35`, `tiny-prism`) written with `seed` as a Q2_0 GGUF
+/// file and opened; the file lives as long as the TempDir.
+pub fn hybrid_q2_0(
+    name: &str,
+    seed: u64,
+) -> (
+    tempfile::TempDir,
+    trit::format::ModelFiles,
+    trit::format::testgen::hybrid::HybridPreset,
+) {
+    use trit::format::testgen::hybrid::{generate, HybridPreset};
+    use trit::format::testgen::{OutFormat, TokenizerAssets};
+    let dir = tempfile::tempdir().unwrap();
+    let p = HybridPreset::by_name(name).unwrap();
+    let f = OutFormat::parse("q2_0").unwrap();
+    generate(&p, seed, dir.path(), &[f], &TokenizerAssets::Placeholder).unwrap();
+    let files = trit::format::open(&dir.path().join(f.file_name())).unwrap();
+    (dir, files, p)
+}
+
 /// Greedy decoding of up to `max_tokens`, no stop strings or EOS (scheduler tests).
 pub fn greedy(max_tokens: usize) -> trit::engine::GenerateOptions {
     trit::engine::GenerateOptions {
