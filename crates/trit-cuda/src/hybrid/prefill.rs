@@ -63,11 +63,15 @@ impl CudaHybrid {
     /// Whether `n` tokens take the batched path: more than one, tensor cores, not switched off
     /// (`TRIT_CUDA_PREFILL=0`), and every layer one the per-token kernels cover.
     pub(super) fn use_prefill(&self, st: &State, n: usize) -> bool {
+        // Checked on every forward, decode steps included: the cheap tests first.
         let w = &st.w;
+        if n < 2 || !self.prefill || st.gpu.compute_capability.0 < 8 || w.rot_embed.is_some() {
+            return false;
+        }
         let plain_mlp = |l: &crate::hybrid_weights::DevHybridLayer| {
             ternary(&l.gate_up) && ternary(&l.down) && l.rot_gu.is_none() && l.rot_down.is_none()
         };
-        let covered = w.layers.iter().all(|l| {
+        w.layers.iter().all(|l| {
             plain_mlp(l)
                 && match &l.mixer {
                     DevMixer::Linear(m) => {
@@ -84,12 +88,7 @@ impl CudaHybrid {
                             && m.rot_out.is_none()
                     }
                 }
-        });
-        n > 1
-            && self.prefill
-            && st.gpu.compute_capability.0 >= 8
-            && covered
-            && w.rot_embed.is_none()
+        })
     }
 
     /// Runs the `n` tokens at `toks[start..start + n]` (uploaded) through every layer in
