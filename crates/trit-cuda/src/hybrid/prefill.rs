@@ -33,6 +33,8 @@ pub(super) struct HybridPrefill {
     proj: CudaSlice<f32>,
     mixed: CudaSlice<f32>,
     gu: CudaSlice<f32>,
+    /// (g, β) per token and value head (`deltanet_gates_rows`).
+    gb: CudaSlice<f32>,
 }
 
 impl HybridPrefill {
@@ -51,9 +53,14 @@ impl HybridPrefill {
             proj: gpu.zeros(chunk * (hy.conv_dim() + vw).max(2 * nq + 2 * nkv))?,
             mixed: gpu.zeros(chunk * vw.max(nq))?,
             gu: gpu.zeros(chunk * 2 * c.ffn)?,
+            gb: gpu.zeros(chunk * 2 * hy.v_heads)?,
         })
     }
 }
+
+/// Widest key and value heads `deltanet_chunk` holds (`32·DNC_U`, `16·DNC_ROWS`).
+const DNC_MAX_DK: usize = 128;
+const DNC_MAX_DV: usize = 128;
 
 fn ternary(m: &DevMatrix) -> bool {
     !m.is_dense()
@@ -140,7 +147,7 @@ impl CudaHybrid {
         launch::embed(g, &st.w.embed, toks, first_pos, p(&pb.x), n as u32)?;
         for layer in &st.w.layers {
             match &layer.mixer {
-                DevMixer::Linear(m) => self.prefill_delta_net(st, m, &layer.attn_norm, n)?,
+                DevMixer::Linear(m) => self.prefill_delta_net(st, m, &layer.attn_norm, pos, n)?,
                 DevMixer::Full(m) => self.prefill_attention(st, m, &layer.attn_norm, n)?,
             }
             // MLP: RMSNorm rows, gate‖up, SwiGLU (+ int8 rows), down into the residual.
@@ -162,6 +169,7 @@ impl CudaHybrid {
         st: &State,
         m: &DevDeltaNet,
         attn_norm: &CudaSlice<f32>,
+        pos: usize,
         n: usize,
     ) -> Result<()> {
         let (c, hy, g, s) = (&self.config, &self.hy, &st.gpu, &st.gpu.stream);
@@ -170,6 +178,11 @@ impl CudaHybrid {
         self.norm_rows(st, attn_norm, n)?;
         self.gemm(st, &m.qkvz, n, p(&pb.proj), false)?;
         let (rows, vw, d) = (hy.conv_dim() + hy.value_width(), hy.value_width(), c.hidden);
+        if self.dn_chunk && hy.k_dim <= DNC_MAX_DK && hy.v_dim <= DNC_MAX_DV {
+            self.chunk_recurrence(st, m, attn_norm, pos, n)?;
+            launch::quantize_vec(g, p(&pb.mixed), n * vw, ptr(&pb.xq, s), p(&pb.xm))?;
+            return self.gemm(st, &m.out, n, p(&pb.x), true);
+        }
         let kernel = self.dn_step.expect("use_prefill checked one_kernel_mixer");
         for t in 0..n {
             let io = DnStepIo {
@@ -185,6 +198,81 @@ impl CudaHybrid {
         // The int8 blocks of all rows at once (the same codes the kernel would write).
         launch::quantize_vec(g, p(&pb.mixed), n * vw, ptr(&pb.xq, s), p(&pb.xm))?;
         self.gemm(st, &m.out, n, p(&pb.x), true)
+    }
+
+    /// The chunk's DeltaNet recurrence in three launches (`deltanet_chunk.cu`): the gates of
+    /// every token, the recurrence of every value head over the tokens with its state in
+    /// registers (its gated-RMSNorm rows into `mixed`), then the conv window's last inputs.
+    fn chunk_recurrence(
+        &self,
+        st: &State,
+        m: &DevDeltaNet,
+        attn_norm: &CudaSlice<f32>,
+        pos: usize,
+        n: usize,
+    ) -> Result<()> {
+        let (c, hy, g, s) = (&self.config, &self.hy, &st.gpu, &st.gpu.stream);
+        let (pb, b) = (st.prefill.as_ref().expect("allocated"), &st.b);
+        let p = |x: &CudaSlice<f32>| ptr(x, s);
+        let DevMatrix::Dense { w: ab, .. } = &m.ab else {
+            unreachable!("use_prefill checked one_kernel_mixer")
+        };
+        let (cd, rows) = (hy.conv_dim(), hy.conv_dim() + hy.value_width());
+        g.launch(
+            "deltanet_gates_rows",
+            (n as u32, 1),
+            512,
+            &[
+                Arg::Ptr(p(&pb.x)),
+                Arg::Ptr(p(attn_norm)),
+                Arg::F32(c.norm_eps),
+                Arg::I32(c.hidden as i32),
+                Arg::Ptr(p(ab)),
+                Arg::Ptr(p(&m.a_neg)),
+                Arg::Ptr(p(&m.dt_bias)),
+                Arg::I32(hy.v_heads as i32),
+                Arg::Ptr(p(&pb.gb)),
+            ],
+        )?;
+        let window = p(&b.conv_window[m.slot]);
+        g.launch(
+            "deltanet_chunk",
+            (hy.v_heads as u32, 1),
+            512,
+            &[
+                Arg::Ptr(p(&pb.proj)),
+                Arg::I32(rows as i32),
+                Arg::Ptr(p(&pb.gb)),
+                Arg::Ptr(window),
+                Arg::Ptr(p(&m.conv)),
+                Arg::I32(hy.conv_kernel as i32),
+                Arg::I32(pos as i32),
+                Arg::I32(n as i32),
+                Arg::Ptr(p(&b.ssm[m.slot])),
+                Arg::I32(hy.k_heads as i32),
+                Arg::I32(hy.k_dim as i32),
+                Arg::I32(hy.v_dim as i32),
+                Arg::I32(hy.v_tiled as i32),
+                Arg::Ptr(p(&m.norm)),
+                Arg::F32(c.norm_eps),
+                Arg::I32(st.w.regroup as i32),
+                Arg::Ptr(p(&pb.mixed)),
+            ],
+        )?;
+        g.launch(
+            "deltanet_window_store",
+            (cd.div_ceil(256) as u32, 1),
+            256,
+            &[
+                Arg::Ptr(p(&pb.proj)),
+                Arg::I32(rows as i32),
+                Arg::I32(pos as i32),
+                Arg::I32(n as i32),
+                Arg::I32(cd as i32),
+                Arg::I32(hy.conv_kernel as i32),
+                Arg::Ptr(window),
+            ],
+        )
     }
 
     fn prefill_attention(
