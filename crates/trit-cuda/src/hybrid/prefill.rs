@@ -12,7 +12,7 @@
 
 use super::step::DnStepIo;
 use super::{CudaHybrid, State};
-use crate::device::{ptr, Gpu};
+use crate::device::{ptr, Arg, Gpu};
 use crate::gemm::launch_ternary_gemm;
 use crate::hybrid_weights::{DevDeltaNet, DevFullAttention, DevMixer};
 use crate::launch::{self, QuantOut};
