@@ -2,15 +2,16 @@
 //! up to `CudaOptions::prefill_chunk` tokens. The matrix products (q/k/v/z, ssm_out,
 //! q‖gate/k/v, o, gate‖up, down) are the int8 tensor-core GEMM of the dense prefill, so each
 //! weight tile is read once per chunk instead of once per token; norms, SwiGLU and the int8
-//! blocks of the mixers' outputs are the decode kernels over all the chunk's rows. What is
-//! sequential over positions stays per token, in order: the one-kernel DeltaNet mixer
-//! (`deltanet_step`: gates, conv, delta rule, gated norm) and the gated full attention
-//! (`hybrid_attn_prep` appends the token's key and value, `hybrid_attn_decode` attends over the
-//! positions up to it), each launched with a pointer to the token's own position. Models these
-//! kernels do not cover (rotated Bonsai 2 layers, dense projections, the five-kernel DeltaNet)
-//! keep the token-by-token path.
+//! blocks of the mixers' outputs are the decode kernels over all the chunk's rows. The DeltaNet
+//! recurrence runs a whole chunk per value head (`deltanet_chunk.cu`: the state in registers
+//! across the tokens), or with `TRIT_CUDA_DN_CHUNK=0` or heads wider than it holds one
+//! `deltanet_step` per token with a pointer to the token's position. The gated full attention
+//! takes two launches per chunk: `hybrid_attn_prep` appends every token's key and value, then
+//! `hybrid_attn_decode` attends for every (head, token) over the positions up to the token's.
+//! Models these kernels do not cover (rotated Bonsai 2 layers, dense projections, the
+//! five-kernel DeltaNet) keep the token-by-token path.
 
-use super::step::DnStepIo;
+use super::step::{AttnIo, DnStepIo};
 use super::{CudaHybrid, State};
 use crate::device::{ptr, Arg, Gpu};
 use crate::gemm::launch_ternary_gemm;
@@ -35,6 +36,9 @@ pub(super) struct HybridPrefill {
     gu: CudaSlice<f32>,
     /// (g, β) per token and value head (`deltanet_gates_rows`).
     gb: CudaSlice<f32>,
+    /// Per token the gated attention's normed, rotated queries and its gates.
+    q: CudaSlice<f32>,
+    gate: CudaSlice<f32>,
 }
 
 impl HybridPrefill {
@@ -54,6 +58,8 @@ impl HybridPrefill {
             mixed: gpu.zeros(chunk * vw.max(nq))?,
             gu: gpu.zeros(chunk * 2 * c.ffn)?,
             gb: gpu.zeros(chunk * 2 * hy.v_heads)?,
+            q: gpu.zeros(chunk * nq)?,
+            gate: gpu.zeros(chunk * nq)?,
         })
     }
 }
@@ -289,12 +295,17 @@ impl CudaHybrid {
         let (nq, rows) = (nh * hd, 2 * nh * hd + 2 * nkv * hd);
         self.norm_rows(st, attn_norm, n)?;
         self.gemm(st, &m.qkv, n, p(&pb.proj), false)?;
-        for t in 0..n {
-            let proj = p(&pb.proj) + (4 * t * rows) as u64;
-            let position = ptr(&pb.pos, s) + (4 * t) as u64;
-            let out = p(&pb.mixed) + (4 * t * nq) as u64;
-            self.launch_gated_attention(st, m, proj, position, out)?;
-        }
+        // Every token's key and value are appended before any token attends (two launches).
+        let io = AttnIo {
+            proj: p(&pb.proj),
+            proj_row: rows,
+            step: ptr(&pb.pos, s),
+            q: p(&pb.q),
+            gate: p(&pb.gate),
+            out: p(&pb.mixed),
+            rows: n,
+        };
+        self.launch_gated_attention(st, m, io)?;
         // The chunk's rows are contiguous, so their int8 blocks are those of one flat vector.
         launch::quantize_vec(g, p(&pb.mixed), n * nq, ptr(&pb.xq, s), p(&pb.xm))?;
         self.gemm(st, &m.o, n, p(&pb.x), true)
