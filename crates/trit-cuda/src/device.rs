@@ -29,6 +29,10 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("batch_gemm.cu", include_str!("kernels/batch_gemm.cu")),
     ("deltanet.cu", include_str!("kernels/deltanet.cu")),
     (
+        "deltanet_chunk.cu",
+        include_str!("kernels/deltanet_chunk.cu"),
+    ),
+    (
         "hybrid_attention.cu",
         include_str!("kernels/hybrid_attention.cu"),
     ),
@@ -144,6 +148,9 @@ pub const KERNELS: &[&str] = &[
     "deltanet_step",
     "deltanet_step_hoisted",
     "deltanet_step_early",
+    "deltanet_gates_rows",
+    "deltanet_chunk",
+    "deltanet_window_store",
     "row_top_parts",
     "row_top_merge",
     "ternary_gemm_small_wide_f16",

@@ -111,6 +111,8 @@ pub struct CudaHybrid {
     /// `deltanet_step_early` behind the fused q‖k‖v‖z GEMV (`CudaOptions::deltanet_early`):
     /// the gates and the state's L2 requests before griddepcontrol.wait.
     pub(crate) dn_early: bool,
+    /// `CudaOptions::deltanet_chunk`.
+    dn_chunk: bool,
     weight_bytes: usize,
     bytes_per_token: usize,
     device_name: String,
@@ -210,6 +212,7 @@ impl CudaHybrid {
             stream_down: opts.stream_down,
             dn_step,
             dn_early: opts.deltanet_early,
+            dn_chunk: opts.deltanet_chunk,
             weight_bytes: w.weight_bytes(),
             bytes_per_token: w.bytes_per_token(),
             device_name: gpu.name.clone(),

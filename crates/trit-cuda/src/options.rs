@@ -48,6 +48,10 @@ pub struct CudaOptions {
     /// q‖k‖v‖z GEMV (`deltanet_step_early`; off with `TRIT_CUDA_DN_STEP=0|1|2`). H200, 27B
     /// tg128: 241.6 / 241.6 tok/s against 233.2 / 232.0.
     pub deltanet_early: bool,
+    /// Hybrid prompts: each chunk's DeltaNet recurrence in one kernel per layer
+    /// (`deltanet_chunk`, the state in registers across the chunk's tokens) instead of one
+    /// `deltanet_step` per token (`TRIT_CUDA_DN_CHUNK=0`).
+    pub deltanet_chunk: bool,
 }
 
 /// Which matrices of the decode step take the fused GEMV.
@@ -152,6 +156,7 @@ impl CudaOptions {
             persist_mlp: env("TRIT_CUDA_PERSIST").is_some_and(|v| v == "1"),
             stream_down: env("TRIT_CUDA_STREAM_DOWN").is_some_and(|v| v == "1"),
             deltanet_early: env("TRIT_CUDA_DN_STEP").is_none_or(|v| v == "3"),
+            deltanet_chunk: env("TRIT_CUDA_DN_CHUNK").is_none_or(|v| v != "0"),
         }
     }
 }

@@ -221,7 +221,8 @@ fn all_logits_restart_and_rewind() {
 
 /// The batched prompt path (chunks of 16 tokens, so the 40-token prompt takes three and the
 /// replay of 31 tokens after a rewind two) against the CPU and against this GPU's
-/// token-by-token path (`prefill = false`), in GGUF and MLX: the prompt's last logits, 8
+/// token-by-token path (`prefill = false`), in GGUF and MLX, with the DeltaNet recurrence as
+/// one kernel per chunk and as one `deltanet_step` per token: the prompt's last logits, 8
 /// decode steps after it, and the rewind. The paths share the per-token mixer kernels and the
 /// int8 quantization; only the matrix products (tensor-core GEMM over rows against the decode
 /// GEMV) and the norms' summation order differ, so they must agree at least as closely as the
@@ -235,12 +236,14 @@ fn batched_prompts_match_the_cpu_and_the_token_path() {
     let dir = tempfile::tempdir().unwrap();
     let (p, paths) = tiny_models(dir.path(), 12, &["q2_0", "mlx"]);
     let toks = prompt(40, p.vocab, 13);
-    for path in &paths {
+    for (path, dn_chunk) in paths.iter().flat_map(|p| [(p, true), (p, false)]) {
         let mut opts = CudaOptions::new(64);
         opts.prefill_chunk = 16;
+        opts.deltanet_chunk = dn_chunk;
         let (gpu_err, cpu_int8_err) = compare_with(path, &toks, 8, &opts);
+        let what = format!("{} (chunk recurrence: {dn_chunk})", path.display());
         check(
-            &format!("tiny-qwen35 batched prompt {}", path.display()),
+            &format!("tiny-qwen35 batched prompt {what}"),
             (gpu_err, cpu_int8_err),
         );
 

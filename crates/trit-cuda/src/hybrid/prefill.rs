@@ -2,17 +2,18 @@
 //! up to `CudaOptions::prefill_chunk` tokens. The matrix products (q/k/v/z, ssm_out,
 //! q‖gate/k/v, o, gate‖up, down) are the int8 tensor-core GEMM of the dense prefill, so each
 //! weight tile is read once per chunk instead of once per token; norms, SwiGLU and the int8
-//! blocks of the mixers' outputs are the decode kernels over all the chunk's rows. What is
-//! sequential over positions stays per token, in order: the one-kernel DeltaNet mixer
-//! (`deltanet_step`: gates, conv, delta rule, gated norm) and the gated full attention
-//! (`hybrid_attn_prep` appends the token's key and value, `hybrid_attn_decode` attends over the
-//! positions up to it), each launched with a pointer to the token's own position. Models these
-//! kernels do not cover (rotated Bonsai 2 layers, dense projections, the five-kernel DeltaNet)
-//! keep the token-by-token path.
+//! blocks of the mixers' outputs are the decode kernels over all the chunk's rows. The DeltaNet
+//! recurrence runs a whole chunk per value head (`deltanet_chunk.cu`: the state in registers
+//! across the tokens), or with `TRIT_CUDA_DN_CHUNK=0` or heads wider than it holds one
+//! `deltanet_step` per token with a pointer to the token's position. The gated full attention
+//! takes two launches per chunk: `hybrid_attn_prep` appends every token's key and value, then
+//! `hybrid_attn_decode` attends for every (head, token) over the positions up to the token's.
+//! Models these kernels do not cover (rotated Bonsai 2 layers, dense projections, the
+//! five-kernel DeltaNet) keep the token-by-token path.
 
-use super::step::DnStepIo;
+use super::step::{AttnIo, DnStepIo};
 use super::{CudaHybrid, State};
-use crate::device::{ptr, Gpu};
+use crate::device::{ptr, Arg, Gpu};
 use crate::gemm::launch_ternary_gemm;
 use crate::hybrid_weights::{DevDeltaNet, DevFullAttention, DevMixer};
 use crate::launch::{self, QuantOut};
@@ -33,6 +34,11 @@ pub(super) struct HybridPrefill {
     proj: CudaSlice<f32>,
     mixed: CudaSlice<f32>,
     gu: CudaSlice<f32>,
+    /// (g, β) per token and value head (`deltanet_gates_rows`).
+    gb: CudaSlice<f32>,
+    /// Per token the gated attention's normed, rotated queries and its gates.
+    q: CudaSlice<f32>,
+    gate: CudaSlice<f32>,
 }
 
 impl HybridPrefill {
@@ -51,9 +57,16 @@ impl HybridPrefill {
             proj: gpu.zeros(chunk * (hy.conv_dim() + vw).max(2 * nq + 2 * nkv))?,
             mixed: gpu.zeros(chunk * vw.max(nq))?,
             gu: gpu.zeros(chunk * 2 * c.ffn)?,
+            gb: gpu.zeros(chunk * 2 * hy.v_heads)?,
+            q: gpu.zeros(chunk * nq)?,
+            gate: gpu.zeros(chunk * nq)?,
         })
     }
 }
+
+/// Widest key and value heads `deltanet_chunk` holds (`32·DNC_U`, `16·DNC_ROWS`).
+const DNC_MAX_DK: usize = 128;
+const DNC_MAX_DV: usize = 128;
 
 fn ternary(m: &DevMatrix) -> bool {
     !m.is_dense()
@@ -140,7 +153,7 @@ impl CudaHybrid {
         launch::embed(g, &st.w.embed, toks, first_pos, p(&pb.x), n as u32)?;
         for layer in &st.w.layers {
             match &layer.mixer {
-                DevMixer::Linear(m) => self.prefill_delta_net(st, m, &layer.attn_norm, n)?,
+                DevMixer::Linear(m) => self.prefill_delta_net(st, m, &layer.attn_norm, pos, n)?,
                 DevMixer::Full(m) => self.prefill_attention(st, m, &layer.attn_norm, n)?,
             }
             // MLP: RMSNorm rows, gate‖up, SwiGLU (+ int8 rows), down into the residual.
@@ -162,6 +175,7 @@ impl CudaHybrid {
         st: &State,
         m: &DevDeltaNet,
         attn_norm: &CudaSlice<f32>,
+        pos: usize,
         n: usize,
     ) -> Result<()> {
         let (c, hy, g, s) = (&self.config, &self.hy, &st.gpu, &st.gpu.stream);
@@ -170,6 +184,11 @@ impl CudaHybrid {
         self.norm_rows(st, attn_norm, n)?;
         self.gemm(st, &m.qkvz, n, p(&pb.proj), false)?;
         let (rows, vw, d) = (hy.conv_dim() + hy.value_width(), hy.value_width(), c.hidden);
+        if self.dn_chunk && hy.k_dim <= DNC_MAX_DK && hy.v_dim <= DNC_MAX_DV {
+            self.chunk_recurrence(st, m, attn_norm, pos, n)?;
+            launch::quantize_vec(g, p(&pb.mixed), n * vw, ptr(&pb.xq, s), p(&pb.xm))?;
+            return self.gemm(st, &m.out, n, p(&pb.x), true);
+        }
         let kernel = self.dn_step.expect("use_prefill checked one_kernel_mixer");
         for t in 0..n {
             let io = DnStepIo {
@@ -187,6 +206,81 @@ impl CudaHybrid {
         self.gemm(st, &m.out, n, p(&pb.x), true)
     }
 
+    /// The chunk's DeltaNet recurrence in three launches (`deltanet_chunk.cu`): the gates of
+    /// every token, the recurrence of every value head over the tokens with its state in
+    /// registers (its gated-RMSNorm rows into `mixed`), then the conv window's last inputs.
+    fn chunk_recurrence(
+        &self,
+        st: &State,
+        m: &DevDeltaNet,
+        attn_norm: &CudaSlice<f32>,
+        pos: usize,
+        n: usize,
+    ) -> Result<()> {
+        let (c, hy, g, s) = (&self.config, &self.hy, &st.gpu, &st.gpu.stream);
+        let (pb, b) = (st.prefill.as_ref().expect("allocated"), &st.b);
+        let p = |x: &CudaSlice<f32>| ptr(x, s);
+        let DevMatrix::Dense { w: ab, .. } = &m.ab else {
+            unreachable!("use_prefill checked one_kernel_mixer")
+        };
+        let (cd, rows) = (hy.conv_dim(), hy.conv_dim() + hy.value_width());
+        g.launch(
+            "deltanet_gates_rows",
+            (n as u32, 1),
+            512,
+            &[
+                Arg::Ptr(p(&pb.x)),
+                Arg::Ptr(p(attn_norm)),
+                Arg::F32(c.norm_eps),
+                Arg::I32(c.hidden as i32),
+                Arg::Ptr(p(ab)),
+                Arg::Ptr(p(&m.a_neg)),
+                Arg::Ptr(p(&m.dt_bias)),
+                Arg::I32(hy.v_heads as i32),
+                Arg::Ptr(p(&pb.gb)),
+            ],
+        )?;
+        let window = p(&b.conv_window[m.slot]);
+        g.launch(
+            "deltanet_chunk",
+            (hy.v_heads as u32, 1),
+            512,
+            &[
+                Arg::Ptr(p(&pb.proj)),
+                Arg::I32(rows as i32),
+                Arg::Ptr(p(&pb.gb)),
+                Arg::Ptr(window),
+                Arg::Ptr(p(&m.conv)),
+                Arg::I32(hy.conv_kernel as i32),
+                Arg::I32(pos as i32),
+                Arg::I32(n as i32),
+                Arg::Ptr(p(&b.ssm[m.slot])),
+                Arg::I32(hy.k_heads as i32),
+                Arg::I32(hy.k_dim as i32),
+                Arg::I32(hy.v_dim as i32),
+                Arg::I32(hy.v_tiled as i32),
+                Arg::Ptr(p(&m.norm)),
+                Arg::F32(c.norm_eps),
+                Arg::I32(st.w.regroup as i32),
+                Arg::Ptr(p(&pb.mixed)),
+            ],
+        )?;
+        g.launch(
+            "deltanet_window_store",
+            (cd.div_ceil(256) as u32, 1),
+            256,
+            &[
+                Arg::Ptr(p(&pb.proj)),
+                Arg::I32(rows as i32),
+                Arg::I32(pos as i32),
+                Arg::I32(n as i32),
+                Arg::I32(cd as i32),
+                Arg::I32(hy.conv_kernel as i32),
+                Arg::Ptr(window),
+            ],
+        )
+    }
+
     fn prefill_attention(
         &self,
         st: &State,
@@ -201,12 +295,17 @@ impl CudaHybrid {
         let (nq, rows) = (nh * hd, 2 * nh * hd + 2 * nkv * hd);
         self.norm_rows(st, attn_norm, n)?;
         self.gemm(st, &m.qkv, n, p(&pb.proj), false)?;
-        for t in 0..n {
-            let proj = p(&pb.proj) + (4 * t * rows) as u64;
-            let position = ptr(&pb.pos, s) + (4 * t) as u64;
-            let out = p(&pb.mixed) + (4 * t * nq) as u64;
-            self.launch_gated_attention(st, m, proj, position, out)?;
-        }
+        // Every token's key and value are appended before any token attends (two launches).
+        let io = AttnIo {
+            proj: p(&pb.proj),
+            proj_row: rows,
+            step: ptr(&pb.pos, s),
+            q: p(&pb.q),
+            gate: p(&pb.gate),
+            out: p(&pb.mixed),
+            rows: n,
+        };
+        self.launch_gated_attention(st, m, io)?;
         // The chunk's rows are contiguous, so their int8 blocks are those of one flat vector.
         launch::quantize_vec(g, p(&pb.mixed), n * nq, ptr(&pb.xq, s), p(&pb.xm))?;
         self.gemm(st, &m.o, n, p(&pb.x), true)

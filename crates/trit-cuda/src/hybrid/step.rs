@@ -48,6 +48,19 @@ pub(super) struct DnStepIo {
     pub(super) meta: u64,
 }
 
+/// The device addresses of a gated attention over `rows` consecutive tokens: their q‖gate/k/v
+/// rows (`proj_row` floats apart), their positions (`step`, one int each), and per token a
+/// q, a gate and an output row (`n_heads · head_dim` floats each).
+pub(super) struct AttnIo {
+    pub(super) proj: u64,
+    pub(super) proj_row: usize,
+    pub(super) step: u64,
+    pub(super) q: u64,
+    pub(super) gate: u64,
+    pub(super) out: u64,
+    pub(super) rows: usize,
+}
+
 /// Rows per warp of the fused GEMV when the option asks for 1 (which it does not run).
 const FUSED_MIN_ROWS: usize = 2;
 
@@ -288,62 +301,71 @@ impl CudaHybrid {
         let fuse = self.fusable(st, &m.qkv, self.fused.qkv, false).is_some();
         let input = self.norm_input(st, attn_norm, m.rot_in, fuse)?;
         self.project(st, &m.qkv, input, p(&b.proj), false, false)?;
-        self.launch_gated_attention(st, m, p(&b.proj), ptr(&b.step, s), p(&b.mixed))?;
+        let io = AttnIo {
+            proj: p(&b.proj),
+            proj_row: 0,
+            step: ptr(&b.step, s),
+            q: p(&b.q),
+            gate: p(&b.gate),
+            out: p(&b.mixed),
+            rows: 1,
+        };
+        self.launch_gated_attention(st, m, io)?;
         let o_in = self.vec_input(st, p(&b.mixed), nh * hd, m.rot_out)?;
         self.project(st, &m.o, o_in, p(&b.x), true, false)
     }
 
-    /// The gated attention of one token: `hybrid_attn_prep` (q/gate of its q‖gate/k/v row
-    /// `proj`, its key and value appended at the position `step` points at), then
-    /// `hybrid_attn_decode` over the positions up to it into `out`.
+    /// The gated attention of `io.rows` consecutive tokens: `hybrid_attn_prep` (q/gate of each
+    /// token's q‖gate/k/v row, its key and value appended at its position), then
+    /// `hybrid_attn_decode` of each token over the positions up to its own.
     pub(super) fn launch_gated_attention(
         &self,
         st: &State,
         m: &DevFullAttention,
-        proj: u64,
-        step: u64,
-        out: u64,
+        io: AttnIo,
     ) -> Result<()> {
         let (c, hy, b, s) = (&self.config, &self.hy, &st.b, &st.gpu.stream);
         let (hd, nh, nkv) = (c.head_dim, c.n_heads, c.n_kv_heads);
         let p = |x: &CudaSlice<f32>| Self::p(st, x);
         let (kc, vc) = (ptr(&b.k_cache[m.slot], s), ptr(&b.v_cache[m.slot], s));
+        let rows = io.rows as u32;
         st.gpu.launch(
             "hybrid_attn_prep",
-            ((nh + nkv) as u32, 1),
+            ((nh + nkv) as u32, rows),
             hd as u32,
             &[
-                Arg::Ptr(proj),
+                Arg::Ptr(io.proj),
                 Arg::Ptr(p(&m.q_norm)),
                 Arg::Ptr(p(&m.k_norm)),
                 Arg::F32(c.norm_eps),
                 Arg::Ptr(p(&b.cos_sin)),
-                Arg::Ptr(step),
+                Arg::Ptr(io.step),
                 Arg::I32(nh as i32),
                 Arg::I32(nkv as i32),
                 Arg::I32(hd as i32),
                 Arg::I32(hy.rotary_dim as i32),
                 Arg::Ptr(kc),
                 Arg::Ptr(vc),
-                Arg::Ptr(p(&b.q)),
-                Arg::Ptr(p(&b.gate)),
+                Arg::Ptr(io.q),
+                Arg::Ptr(io.gate),
+                Arg::I32(io.proj_row as i32),
             ],
         )?;
         st.gpu.launch(
             "hybrid_attn_decode",
-            (nh as u32, 1),
+            (nh as u32, rows),
             256, // HA_WARPS warps
             &[
-                Arg::Ptr(p(&b.q)),
-                Arg::Ptr(p(&b.gate)),
+                Arg::Ptr(io.q),
+                Arg::Ptr(io.gate),
                 Arg::Ptr(kc),
                 Arg::Ptr(vc),
-                Arg::Ptr(step),
+                Arg::Ptr(io.step),
                 Arg::I32(nh as i32),
                 Arg::I32(nkv as i32),
                 Arg::I32(hd as i32),
                 Arg::F32(1.0 / (hd as f32).sqrt()),
-                Arg::Ptr(out),
+                Arg::Ptr(io.out),
             ],
         )
     }

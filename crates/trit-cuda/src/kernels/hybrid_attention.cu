@@ -12,7 +12,9 @@
 // Blocks 0..nh: query head → RMSNorm(q_norm) + partial RoPE into q, gate copied out.
 // Blocks nh..nh+nkv: kv head → RMSNorm(k_norm) + partial RoPE, k and v appended to the cache
 // at the current position. blockDim.x = hd (a multiple of 32, at most HA_MAX_HD).
-// cos_sin: per position rot/2 (cos, sin) pairs.
+// cos_sin: per position rot/2 (cos, sin) pairs. gridDim.y tokens (a prompt's chunk: block row y
+// takes the token whose row is proj + y·proj_row, position step[y], q/gate row y); a decode
+// step launches one.
 extern "C" __global__ void hybrid_attn_prep(const float* __restrict__ proj,
                                             const float* __restrict__ q_norm,
                                             const float* __restrict__ k_norm, float eps,
@@ -20,12 +22,17 @@ extern "C" __global__ void hybrid_attn_prep(const float* __restrict__ proj,
                                             int nh, int nkv, int hd, int rot,
                                             half_bits* __restrict__ k_cache,
                                             half_bits* __restrict__ v_cache,
-                                            float* __restrict__ q, float* __restrict__ gate) {
+                                            float* __restrict__ q, float* __restrict__ gate,
+                                            int proj_row) {
     __shared__ float buf[HA_MAX_HD];
     __shared__ float scratch[32];
     pdl_launch_dependents();
     pdl_wait();
-    const int pos = step[0];
+    const int row = blockIdx.y;
+    proj += (size_t)row * proj_row;
+    q += (size_t)row * nh * hd;
+    gate += (size_t)row * nh * hd;
+    const int pos = step[row];
     const int t = threadIdx.x;
     const bool is_q = (int)blockIdx.x < nh;
     const int h = is_q ? blockIdx.x : blockIdx.x - nh;
@@ -63,6 +70,8 @@ extern "C" __global__ void hybrid_attn_prep(const float* __restrict__ proj,
 // positions per round: their keys and values are all requested before the first score is
 // computed, so a round costs one memory round trip, not HA_UNROLL (with 4 warps and one
 // position per round, 27B's 24 heads took ~11 µs at 128 positions). Then the warps merge.
+// gridDim.y tokens, as in hybrid_attn_prep: block row y attends for the token at step[y] with
+// q/gate/out row y (all of a chunk's keys and values are appended before this kernel runs).
 #define HA_WARPS 8
 #define HA_UNROLL 4
 extern "C" __global__ void __launch_bounds__(32 * HA_WARPS)
@@ -74,7 +83,11 @@ hybrid_attn_decode(const float* __restrict__ q, const float* __restrict__ gate,
     __shared__ float acc_s[HA_WARPS][HA_MAX_HD];
     pdl_launch_dependents();
     pdl_wait();
-    const int n = step[0] + 1;
+    const int row = blockIdx.y;
+    q += (size_t)row * nh * hd;
+    gate += (size_t)row * nh * hd;
+    out += (size_t)row * nh * hd;
+    const int n = step[row] + 1;
     const int h = blockIdx.x, g = h / (nh / nkv);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int per_lane = hd / 32;
