@@ -165,6 +165,20 @@ pub fn launch_rotate(
     src: RotSource,
     out: RotOut,
 ) -> Result<()> {
+    launch_rotate_rows(gpu, r, n, 1, src, out)
+}
+
+/// [`launch_rotate`] over `rows` consecutive rows of `n` values (`2n` for [`RotSource::Glu`]),
+/// every output row `n` values after the previous one (its int8 blocks' `(d, d·Σq)` `n / 64`
+/// pairs after).
+pub fn launch_rotate_rows(
+    gpu: &Gpu,
+    r: &DevRotation,
+    n: usize,
+    rows: usize,
+    src: RotSource,
+    out: RotOut,
+) -> Result<()> {
     if r.block == 0 || !n.is_multiple_of(r.block) {
         return Err(Error::InvalidArgument(format!(
             "Hadamard block {} does not divide {n} values",
@@ -180,7 +194,7 @@ pub fn launch_rotate(
     let s = &gpu.stream;
     gpu.launch(
         "hadamard_quant",
-        ((n / r.block) as u32, 1),
+        ((n / r.block) as u32, rows as u32),
         THREADS,
         &[
             Arg::Ptr(x),

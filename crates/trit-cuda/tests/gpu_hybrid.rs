@@ -227,6 +227,10 @@ fn all_logits_restart_and_rewind() {
 /// int8 quantization; only the matrix products (tensor-core GEMM over rows against the decode
 /// GEMV) and the norms' summation order differ, so they must agree at least as closely as the
 /// CPU's int8 path agrees with the f32 reference (a wrong row or position gives errors near 1).
+/// The rotated tiny-prism (Bonsai 2's layout: every projection input through `hadamard_quant`
+/// over the chunk's rows, the embedding's inverse rotation too) runs the same checks. The
+/// prompt's logits must differ from the token path's in some bit: equal ones would mean the
+/// batched path did not run at all.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn batched_prompts_match_the_cpu_and_the_token_path() {
@@ -234,26 +238,31 @@ fn batched_prompts_match_the_cpu_and_the_token_path() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (p, paths) = tiny_models(dir.path(), 12, &["q2_0", "mlx"]);
-    let toks = prompt(40, p.vocab, 13);
+    let (_, mut paths) = tiny_models(&dir.path().join("plain"), 12, &["q2_0", "mlx"]);
+    let (_, rotated) = preset_models(
+        "tiny-prism",
+        &dir.path().join("prism"),
+        14,
+        &["q2_0", "mlx"],
+    );
+    paths.extend(rotated);
     for (path, dn_chunk) in paths.iter().flat_map(|p| [(p, true), (p, false)]) {
+        let files = trit::format::open(path).unwrap();
+        let toks = prompt(40, files.config.vocab, 13);
         let mut opts = CudaOptions::new(64);
         opts.prefill_chunk = 16;
         opts.deltanet_chunk = dn_chunk;
         let (gpu_err, cpu_int8_err) = compare_with(path, &toks, 8, &opts);
         let what = format!("{} (chunk recurrence: {dn_chunk})", path.display());
-        check(
-            &format!("tiny-qwen35 batched prompt {what}"),
-            (gpu_err, cpu_int8_err),
-        );
+        check(&format!("batched prompt {what}"), (gpu_err, cpu_int8_err));
 
-        let files = trit::format::open(path).unwrap();
         let batched = load_model(&files, &opts).unwrap();
         opts.prefill = false;
         let stepwise = load_model(&files, &opts).unwrap();
         let (mut a, mut b) = (batched.new_cache(64), stepwise.new_cache(64));
         let mut la = batched.forward(&toks, &mut a, Logits::Last).unwrap();
         let mut lb = stepwise.forward(&toks, &mut b, Logits::Last).unwrap();
+        assert!(la != lb, "{what}: the prompt did not take the batched path");
         let mut worst = rel_err(&la, &lb);
         for _ in 0..8 {
             let t = argmax(&lb);

@@ -8,7 +8,8 @@
 //! `deltanet_step` per token with a pointer to the token's position. The gated full attention
 //! takes two launches per chunk: `hybrid_attn_prep` appends every token's key and value, then
 //! `hybrid_attn_decode` attends for every (head, token) over the positions up to the token's.
-//! Models these kernels do not cover (rotated Bonsai 2 layers, dense projections, the
+//! Bonsai 2's rotated inputs go through `hadamard_quant` over the chunk's rows where the decode
+//! step rotates one vector. Models these kernels do not cover (dense projections, the
 //! five-kernel DeltaNet) keep the token-by-token path.
 
 use super::step::{AttnIo, DnStepIo};
@@ -17,8 +18,9 @@ use crate::device::{ptr, Arg, Gpu};
 use crate::gemm::launch_ternary_gemm;
 use crate::hybrid_weights::{DevDeltaNet, DevFullAttention, DevMixer};
 use crate::launch::{self, QuantOut};
+use crate::rotation::{launch_rotate_rows, RotOut, RotSource};
 use crate::weights::DevMatrix;
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaStream};
 use trit::format::config::{HybridConfig, ModelConfig};
 use trit::Result;
 
@@ -42,6 +44,15 @@ pub(super) struct HybridPrefill {
 }
 
 impl HybridPrefill {
+    /// The chunk's int8 rows (`xq`/`xm`) as a rotation's only output.
+    fn int8_out(&self, s: &CudaStream) -> RotOut {
+        RotOut {
+            q: ptr(&self.xq, s),
+            meta: ptr(&self.xm, s),
+            ..RotOut::default()
+        }
+    }
+
     fn new(gpu: &Gpu, c: &ModelConfig, hy: &HybridConfig, chunk: usize) -> Result<HybridPrefill> {
         let (d, nq) = (c.hidden, c.n_heads * c.head_dim);
         let nkv = c.n_kv_heads * c.head_dim;
@@ -78,28 +89,18 @@ impl CudaHybrid {
     pub(super) fn use_prefill(&self, st: &State, n: usize) -> bool {
         // Checked on every forward, decode steps included: the cheap tests first.
         let w = &st.w;
-        if n < 2 || !self.prefill || st.gpu.compute_capability.0 < 8 || w.rot_embed.is_some() {
+        if n < 2 || !self.prefill || st.gpu.compute_capability.0 < 8 {
             return false;
         }
-        let plain_mlp = |l: &crate::hybrid_weights::DevHybridLayer| {
-            ternary(&l.gate_up) && ternary(&l.down) && l.rot_gu.is_none() && l.rot_down.is_none()
-        };
+        // Rotated (Bonsai 2) inputs are fine: `hadamard_quant` runs over rows too.
         w.layers.iter().all(|l| {
-            plain_mlp(l)
+            ternary(&l.gate_up)
+                && ternary(&l.down)
                 && match &l.mixer {
                     DevMixer::Linear(m) => {
-                        self.one_kernel_mixer(m)
-                            && ternary(&m.qkvz)
-                            && ternary(&m.out)
-                            && m.rot_in.is_none()
-                            && m.rot_out.is_none()
+                        self.one_kernel_mixer(m) && ternary(&m.qkvz) && ternary(&m.out)
                     }
-                    DevMixer::Full(m) => {
-                        ternary(&m.qkv)
-                            && ternary(&m.o)
-                            && m.rot_in.is_none()
-                            && m.rot_out.is_none()
-                    }
+                    DevMixer::Full(m) => ternary(&m.qkv) && ternary(&m.o),
                 }
         })
     }
@@ -151,20 +152,39 @@ impl CudaHybrid {
         let toks = ptr(&st.b.toks, s);
         let first_pos = ptr(&pb.pos, s);
         launch::embed(g, &st.w.embed, toks, first_pos, p(&pb.x), n as u32)?;
+        if let Some(r) = st.w.rot_embed {
+            let src = RotSource::Embed {
+                x: p(&pb.x),
+                round_f16: st.w.embed_f16,
+            };
+            let out = RotOut {
+                rotated: p(&pb.x),
+                ..RotOut::default()
+            };
+            launch_rotate_rows(g, st.w.rotations.get(r), c.hidden, n, src, out)?;
+        }
         for layer in &st.w.layers {
             match &layer.mixer {
                 DevMixer::Linear(m) => self.prefill_delta_net(st, m, &layer.attn_norm, pos, n)?,
                 DevMixer::Full(m) => self.prefill_attention(st, m, &layer.attn_norm, n)?,
             }
             // MLP: RMSNorm rows, gate‖up, SwiGLU (+ int8 rows), down into the residual.
-            self.norm_rows(st, &layer.post_norm, n)?;
+            self.norm_rows(st, &layer.post_norm, layer.rot_gu, n)?;
             self.gemm(st, &layer.gate_up, n, p(&pb.gu), false)?;
-            let h_out = QuantOut {
-                f32: 0,
-                q: ptr(&pb.xq, s),
-                meta: p(&pb.xm),
-            };
-            launch::silu_mul_quant(g, p(&pb.gu), c.ffn, h_out, n as u32)?;
+            match layer.rot_down {
+                Some(r) => {
+                    let src = RotSource::Glu { x: p(&pb.gu) };
+                    launch_rotate_rows(g, st.w.rotations.get(r), c.ffn, n, src, pb.int8_out(s))?
+                }
+                None => {
+                    let h_out = QuantOut {
+                        f32: 0,
+                        q: ptr(&pb.xq, s),
+                        meta: p(&pb.xm),
+                    };
+                    launch::silu_mul_quant(g, p(&pb.gu), c.ffn, h_out, n as u32)?
+                }
+            }
             self.gemm(st, &layer.down, n, p(&pb.x), true)?;
         }
         Ok(())
@@ -178,15 +198,15 @@ impl CudaHybrid {
         pos: usize,
         n: usize,
     ) -> Result<()> {
-        let (c, hy, g, s) = (&self.config, &self.hy, &st.gpu, &st.gpu.stream);
+        let (c, hy, s) = (&self.config, &self.hy, &st.gpu.stream);
         let pb = st.prefill.as_ref().expect("allocated");
         let p = |x: &CudaSlice<f32>| ptr(x, s);
-        self.norm_rows(st, attn_norm, n)?;
+        self.norm_rows(st, attn_norm, m.rot_in, n)?;
         self.gemm(st, &m.qkvz, n, p(&pb.proj), false)?;
         let (rows, vw, d) = (hy.conv_dim() + hy.value_width(), hy.value_width(), c.hidden);
         if self.dn_chunk && hy.k_dim <= DNC_MAX_DK && hy.v_dim <= DNC_MAX_DV {
             self.chunk_recurrence(st, m, attn_norm, pos, n)?;
-            launch::quantize_vec(g, p(&pb.mixed), n * vw, ptr(&pb.xq, s), p(&pb.xm))?;
+            self.quantize_rows(st, p(&pb.mixed), vw, m.rot_out, n)?;
             return self.gemm(st, &m.out, n, p(&pb.x), true);
         }
         let kernel = self.dn_step.expect("use_prefill checked one_kernel_mixer");
@@ -202,7 +222,7 @@ impl CudaHybrid {
             self.launch_dn_step(st, m, attn_norm, (kernel, 512), io)?;
         }
         // The int8 blocks of all rows at once (the same codes the kernel would write).
-        launch::quantize_vec(g, p(&pb.mixed), n * vw, ptr(&pb.xq, s), p(&pb.xm))?;
+        self.quantize_rows(st, p(&pb.mixed), vw, m.rot_out, n)?;
         self.gemm(st, &m.out, n, p(&pb.x), true)
     }
 
@@ -288,12 +308,12 @@ impl CudaHybrid {
         attn_norm: &CudaSlice<f32>,
         n: usize,
     ) -> Result<()> {
-        let (c, g, s) = (&self.config, &st.gpu, &st.gpu.stream);
+        let (c, s) = (&self.config, &st.gpu.stream);
         let pb = st.prefill.as_ref().expect("allocated");
         let p = |x: &CudaSlice<f32>| ptr(x, s);
         let (hd, nh, nkv) = (c.head_dim, c.n_heads, c.n_kv_heads);
         let (nq, rows) = (nh * hd, 2 * nh * hd + 2 * nkv * hd);
-        self.norm_rows(st, attn_norm, n)?;
+        self.norm_rows(st, attn_norm, m.rot_in, n)?;
         self.gemm(st, &m.qkv, n, p(&pb.proj), false)?;
         // Every token's key and value are appended before any token attends (two launches).
         let io = AttnIo {
@@ -306,16 +326,52 @@ impl CudaHybrid {
             rows: n,
         };
         self.launch_gated_attention(st, m, io)?;
-        // The chunk's rows are contiguous, so their int8 blocks are those of one flat vector.
-        launch::quantize_vec(g, p(&pb.mixed), n * nq, ptr(&pb.xq, s), p(&pb.xm))?;
+        self.quantize_rows(st, p(&pb.mixed), nq, m.rot_out, n)?;
         self.gemm(st, &m.o, n, p(&pb.x), true)
     }
 
-    /// RMSNorm with `gamma` + int8 blocks of the chunk's `n` residual rows (into `xq`/`xm`).
-    fn norm_rows(&self, st: &State, gamma: &CudaSlice<f32>, n: usize) -> Result<()> {
+    /// The int8 blocks (into `xq`/`xm`) of `n` rows of `width` values at `x`, rotated first
+    /// when the projection reading them is.
+    fn quantize_rows(
+        &self,
+        st: &State,
+        x: u64,
+        width: usize,
+        rot: Option<usize>,
+        n: usize,
+    ) -> Result<()> {
+        let (g, s) = (&st.gpu, &st.gpu.stream);
+        let pb = st.prefill.as_ref().expect("allocated");
+        match rot {
+            Some(r) => {
+                let src = RotSource::Copy { x };
+                launch_rotate_rows(g, st.w.rotations.get(r), width, n, src, pb.int8_out(s))
+            }
+            // The rows are contiguous, so their int8 blocks are those of one flat vector.
+            None => launch::quantize_vec(g, x, n * width, ptr(&pb.xq, s), ptr(&pb.xm, s)),
+        }
+    }
+
+    /// RMSNorm with `gamma` + int8 blocks of the chunk's `n` residual rows (into `xq`/`xm`),
+    /// rotated in between when the projections reading them are.
+    fn norm_rows(
+        &self,
+        st: &State,
+        gamma: &CudaSlice<f32>,
+        rot: Option<usize>,
+        n: usize,
+    ) -> Result<()> {
         let s = &st.gpu.stream;
         let pb = st.prefill.as_ref().expect("allocated");
         let d = self.config.hidden;
+        if let Some(r) = rot {
+            let src = RotSource::Norm {
+                x: ptr(&pb.x, s),
+                gamma: ptr(gamma, s),
+                eps: self.config.norm_eps,
+            };
+            return launch_rotate_rows(&st.gpu, st.w.rotations.get(r), d, n, src, pb.int8_out(s));
+        }
         let out = QuantOut {
             f32: if launch::norm_can_skip_f32(d) {
                 0

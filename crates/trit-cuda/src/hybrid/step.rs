@@ -329,8 +329,13 @@ impl CudaHybrid {
         let p = |x: &CudaSlice<f32>| Self::p(st, x);
         let (kc, vc) = (ptr(&b.k_cache[m.slot], s), ptr(&b.v_cache[m.slot], s));
         let rows = io.rows as u32;
+        let (prep, attend) = if rows > 1 {
+            ("hybrid_attn_prep_rows", "hybrid_attn_decode_rows")
+        } else {
+            ("hybrid_attn_prep", "hybrid_attn_decode")
+        };
         st.gpu.launch(
-            "hybrid_attn_prep",
+            prep,
             ((nh + nkv) as u32, rows),
             hd as u32,
             &[
@@ -352,7 +357,7 @@ impl CudaHybrid {
             ],
         )?;
         st.gpu.launch(
-            "hybrid_attn_decode",
+            attend,
             (nh as u32, rows),
             256, // HA_WARPS warps
             &[

@@ -5,7 +5,7 @@
 // blocks the ternary GEMV reads — one kernel where the unrotated path has its norm or
 // quantization kernel, so a rotation adds no launch there.
 //
-// One thread block per Hadamard block (B a power of two, 64..8192, held in shared memory):
+// One thread block per Hadamard block and row (B a power of two, 64..8192, held in shared memory):
 // log2 B butterfly stages (a + b, a − b: the scalar CPU loop's operations in its order, so the
 // transform itself is bit-identical), one scale by 1/√B, then each warp quantizes 64-value
 // blocks as quant_block_warp does (the CPU's ActQ8). The 64-value quantization blocks lie
@@ -35,6 +35,14 @@ extern "C" __global__ void hadamard_quant(const float* x, const float* __restric
     pdl_wait();
     const int t = threadIdx.x, T = blockDim.x;
     const int base = blockIdx.x * block;
+    // gridDim.y rows (a prompt's chunk; a decode step launches one): row y reads its input
+    // at x + y·n (y·2n for HR_GLU's gate‖up rows) and writes at y·n values.
+    const size_t row = blockIdx.y, rn = row * (size_t)n;
+    x += mode == HR_GLU ? 2 * rn : rn;
+    if (xn != nullptr) xn += rn;
+    if (xr != nullptr) xr += rn;
+    if (q != nullptr) q += rn;
+    if (meta != nullptr) meta += rn / QBLOCK;
     float inv = 1.0f;
     if (mode == HR_NORM) {
         float ss = 0.0f;

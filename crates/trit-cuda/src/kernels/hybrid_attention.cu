@@ -12,23 +12,23 @@
 // Blocks 0..nh: query head → RMSNorm(q_norm) + partial RoPE into q, gate copied out.
 // Blocks nh..nh+nkv: kv head → RMSNorm(k_norm) + partial RoPE, k and v appended to the cache
 // at the current position. blockDim.x = hd (a multiple of 32, at most HA_MAX_HD).
-// cos_sin: per position rot/2 (cos, sin) pairs. gridDim.y tokens (a prompt's chunk: block row y
-// takes the token whose row is proj + y·proj_row, position step[y], q/gate row y); a decode
-// step launches one.
-extern "C" __global__ void hybrid_attn_prep(const float* __restrict__ proj,
-                                            const float* __restrict__ q_norm,
-                                            const float* __restrict__ k_norm, float eps,
-                                            const float* __restrict__ cos_sin, const int* step,
-                                            int nh, int nkv, int hd, int rot,
-                                            half_bits* __restrict__ k_cache,
-                                            half_bits* __restrict__ v_cache,
-                                            float* __restrict__ q, float* __restrict__ gate,
-                                            int proj_row) {
+// cos_sin: per position rot/2 (cos, sin) pairs. ROWS (the `_rows` kernels, a prompt's
+// chunk): gridDim.y tokens, block row y taking the token whose row is proj + y·proj_row,
+// position step[y], q/gate row y. The decode step's kernels are compiled without the row
+// offsets: with them the 27B decoded 1.3–2.6 % slower in two H200 runs (session 12), although
+// they are zero there; without them, within 0.5 % of before (noise).
+template <bool ROWS>
+__device__ __forceinline__ void hybrid_attn_prep_impl(
+    const float* __restrict__ proj, const float* __restrict__ q_norm,
+    const float* __restrict__ k_norm, float eps, const float* __restrict__ cos_sin,
+    const int* step, int nh, int nkv, int hd, int rot, half_bits* __restrict__ k_cache,
+    half_bits* __restrict__ v_cache, float* __restrict__ q, float* __restrict__ gate,
+    int proj_row) {
     __shared__ float buf[HA_MAX_HD];
     __shared__ float scratch[32];
     pdl_launch_dependents();
     pdl_wait();
-    const int row = blockIdx.y;
+    const int row = ROWS ? blockIdx.y : 0;
     proj += (size_t)row * proj_row;
     q += (size_t)row * nh * hd;
     gate += (size_t)row * nh * hd;
@@ -64,26 +64,39 @@ extern "C" __global__ void hybrid_attn_prep(const float* __restrict__ proj,
     }
 }
 
+#define HYBRID_ATTN_PREP(NAME, ROWS)                                                           \
+    extern "C" __global__ void NAME(                                                           \
+        const float* __restrict__ proj, const float* __restrict__ q_norm,                      \
+        const float* __restrict__ k_norm, float eps, const float* __restrict__ cos_sin,        \
+        const int* step, int nh, int nkv, int hd, int rot, half_bits* __restrict__ k_cache,    \
+        half_bits* __restrict__ v_cache, float* __restrict__ q, float* __restrict__ gate,      \
+        int proj_row) {                                                                        \
+        hybrid_attn_prep_impl<ROWS>(proj, q_norm, k_norm, eps, cos_sin, step, nh, nkv, hd, rot,  \
+                                    k_cache, v_cache, q, gate, proj_row);                       \
+    }
+HYBRID_ATTN_PREP(hybrid_attn_prep, false)
+HYBRID_ATTN_PREP(hybrid_attn_prep_rows, true)
+
 // out[h] = sigmoid(gate[h]) ⊙ softmax(scale · q_h Kᵀ) V over positions 0..=pos, query head h
 // reading kv head h / (nh / nkv). One block of HA_WARPS warps per query head; each warp runs an
 // online softmax over every HA_WARPS-th position (lane holds hd/32 dims), HA_UNROLL of its
 // positions per round: their keys and values are all requested before the first score is
 // computed, so a round costs one memory round trip, not HA_UNROLL (with 4 warps and one
 // position per round, 27B's 24 heads took ~11 µs at 128 positions). Then the warps merge.
-// gridDim.y tokens, as in hybrid_attn_prep: block row y attends for the token at step[y] with
-// q/gate/out row y (all of a chunk's keys and values are appended before this kernel runs).
+// ROWS: gridDim.y tokens, as in hybrid_attn_prep_rows: block row y attends for the token at
+// step[y] with q/gate/out row y (all of a chunk's keys and values are appended before).
 #define HA_WARPS 8
 #define HA_UNROLL 4
-extern "C" __global__ void __launch_bounds__(32 * HA_WARPS)
-hybrid_attn_decode(const float* __restrict__ q, const float* __restrict__ gate,
-                   const half_bits* __restrict__ k_cache, const half_bits* __restrict__ v_cache,
-                   const int* step, int nh, int nkv, int hd, float scale,
-                   float* __restrict__ out) {
+template <bool ROWS>
+__device__ __forceinline__ void hybrid_attn_decode_impl(
+    const float* __restrict__ q, const float* __restrict__ gate,
+    const half_bits* __restrict__ k_cache, const half_bits* __restrict__ v_cache,
+    const int* step, int nh, int nkv, int hd, float scale, float* __restrict__ out) {
     __shared__ float m_s[HA_WARPS], l_s[HA_WARPS];
     __shared__ float acc_s[HA_WARPS][HA_MAX_HD];
     pdl_launch_dependents();
     pdl_wait();
-    const int row = blockIdx.y;
+    const int row = ROWS ? blockIdx.y : 0;
     q += (size_t)row * nh * hd;
     gate += (size_t)row * nh * hd;
     out += (size_t)row * nh * hd;
@@ -158,3 +171,13 @@ hybrid_attn_decode(const float* __restrict__ q, const float* __restrict__ gate,
         out[(size_t)h * hd + j] = o / total / (1.0f + expf(-gj));
     }
 }
+
+#define HYBRID_ATTN_DECODE(NAME, ROWS)                                                         \
+    extern "C" __global__ void __launch_bounds__(32 * HA_WARPS)                                \
+        NAME(const float* __restrict__ q, const float* __restrict__ gate,                      \
+             const half_bits* __restrict__ k_cache, const half_bits* __restrict__ v_cache,     \
+             const int* step, int nh, int nkv, int hd, float scale, float* __restrict__ out) { \
+        hybrid_attn_decode_impl<ROWS>(q, gate, k_cache, v_cache, step, nh, nkv, hd, scale, out); \
+    }
+HYBRID_ATTN_DECODE(hybrid_attn_decode, false)
+HYBRID_ATTN_DECODE(hybrid_attn_decode_rows, true)

@@ -46,8 +46,14 @@ pub struct HybridPreset {
     pub rotated: bool,
 }
 
-pub const HYBRID_PRESET_NAMES: &[&str] =
-    &["tiny-qwen35", "tiny-prism", "27b-qwen35", "27b-qwen35-4l"];
+pub const HYBRID_PRESET_NAMES: &[&str] = &[
+    "tiny-qwen35",
+    "tiny-prism",
+    "27b-qwen35",
+    "27b-qwen35-4l",
+    "27b-prism",
+    "27b-prism-4l",
+];
 
 impl HybridPreset {
     pub fn by_name(name: &str) -> Result<HybridPreset> {
@@ -111,6 +117,19 @@ impl HybridPreset {
                 name: "27b-qwen35-4l",
                 n_layers: 4,
                 ..Self::by_name("27b-qwen35")?
+            },
+            // Bonsai 2's layout at the 27B's widths (each a multiple of 512): every projection
+            // input rotated, tied head; full and with 4 layers.
+            "27b-prism" => HybridPreset {
+                name: "27b-prism",
+                tied: true,
+                rotated: true,
+                ..Self::by_name("27b-qwen35")?
+            },
+            "27b-prism-4l" => HybridPreset {
+                name: "27b-prism-4l",
+                n_layers: 4,
+                ..Self::by_name("27b-prism")?
             },
             other => {
                 return Err(Error::InvalidArgument(format!(
