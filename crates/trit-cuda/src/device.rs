@@ -34,8 +34,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ),
     ("hadamard.cu", include_str!("kernels/hadamard.cu")),
     ("topk.cu", include_str!("kernels/topk.cu")),
-    // Last: a kernel added before the decode step's kernels moved their code in the module,
-    // and the 27B decoded 1.4–2.7 % slower (session 12; their PTX was otherwise unchanged).
+    // The prompt path's chunk recurrence (hybrids).
     (
         "deltanet_chunk.cu",
         include_str!("kernels/deltanet_chunk.cu"),
