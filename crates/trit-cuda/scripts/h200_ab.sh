@@ -4,13 +4,15 @@
 # Usage: OLD=.dev/gpu/A NEW=.dev/gpu/B bash crates/trit-cuda/scripts/h200_ab.sh, each folder
 # holding bins.tar.xz as h200_final.sh expects; carry both. VARIANTS="ENV=V ..." adds runs of
 # NEW with each setting (e.g. VARIANTS="TRIT_CUDA_ATT_MIN_CHUNK=64 TRIT_CUDA_PERSIST=1") on the
-# 8B and 1.7B shapes, VARIANTS27 likewise on the 27B hybrid.
+# 8B and 1.7B shapes, VARIANTS27 likewise on the 27B hybrid. HYBRIDS="27b-qwen35 27b-prism"
+# (default 27b-qwen35) picks the hybrid presets measured (27b-prism: Bonsai 2's rotated form).
 cd "$(dirname "$0")/../../.." || exit 1
 mkdir -p /tmp/new /tmp/old /tmp/models
 tar -xJf "$NEW/bins.tar.xz" -C /tmp/new && tar -xJf "$OLD/bins.tar.xz" -C /tmp/old || exit 1
 NVRTC_DIR=$(dirname "$(find /usr/local /opt /usr/lib \( -name 'libnvrtc.so' -o -name 'libnvrtc.so.13' -o -name 'libnvrtc.so.12' \) 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH=$NVRTC_DIR:/usr/local/cuda/lib64:${LD_LIBRARY_PATH}
-( for m in 8b 1.7b 27b-qwen35; do nice /tmp/new/gen_model --preset $m --out /tmp/models/$m --formats q2_0 > /tmp/gen_$m.log 2>&1; touch /tmp/models/$m.done; done ) &
+HYBRIDS=${HYBRIDS:-27b-qwen35}
+( for m in 8b 1.7b $HYBRIDS; do nice /tmp/new/gen_model --preset $m --out /tmp/models/$m --formats q2_0 > /tmp/gen_$m.log 2>&1; touch /tmp/models/$m.done; done ) &
 for t in ${TESTS:-gpu_vs_cpu gpu_batch gpu_hybrid gpu_sample}; do
   echo "== $t"; TRIT_CUDA_CACHE=/tmp/cache_new timeout 150 /tmp/new/$t --ignored --test-threads 1 --nocapture > /tmp/$t.log 2>&1; echo "rc=$?"
   grep -E "test result|panicked" /tmp/$t.log
@@ -25,6 +27,8 @@ for m in 8b 1.7b; do
     for v in $VARIANTS; do tb $m new $v; done
   done
 done
-while [ ! -f /tmp/models/27b-qwen35.done ]; do sleep 2; done
-tb 27b-qwen35 old X=0; tb 27b-qwen35 new X=0; tb 27b-qwen35 new X=0; tb 27b-qwen35 old X=0
-for v in $VARIANTS27; do tb 27b-qwen35 new $v; done
+for h in $HYBRIDS; do
+  while [ ! -f /tmp/models/$h.done ]; do sleep 2; done
+  tb $h old X=0; tb $h new X=0; tb $h new X=0; tb $h old X=0
+  for v in $VARIANTS27; do tb $h new $v; done
+done
