@@ -3,13 +3,14 @@
 // H_B(s ⊙ x): the activation is prepared (copied, RMS-normalized, or the SwiGLU of gate‖up),
 // multiplied by its ±1 signs, transformed per block of B values, and quantized to the int8
 // blocks the ternary GEMV reads — one kernel where the unrotated path has its norm or
-// quantization kernel, so a rotation adds no launch there.
+// quantization kernel (where the unrotated path normalizes inside a fused GEMV's prologue or
+// the DeltaNet kernel quantizes its own output, it is one launch more).
 //
-// One thread block per Hadamard block and row (B a power of two, 64..8192, held in shared memory):
-// log2 B butterfly stages (a + b, a − b: the scalar CPU loop's operations on the same pairs, so
-// the transform itself is bit-identical; up to three stages per barrier, hr_pass), one scale
-// by 1/√B, then each warp quantizes 64-value
-// blocks as quant_block_warp does (the CPU's ActQ8). The 64-value quantization blocks lie
+// One thread block per Hadamard block and row (B a power of two, 64..8192, held in shared
+// memory): log2 B butterfly stages (a + b, a − b: the scalar CPU loop's operations on the same
+// pairs, so the transform itself is bit-identical; up to three stages per barrier, hr_pass),
+// one scale by 1/√B, then each warp quantizes 64-value blocks as quant_block_warp does (the
+// CPU's ActQ8). The 64-value quantization blocks lie
 // inside one Hadamard block because B is a multiple of 64.
 
 #define HR_MAX_BLOCK 8192
@@ -67,8 +68,8 @@ extern "C" __global__ void hadamard_quant(const float* x, const float* __restric
     pdl_launch_dependents();
     const int t = threadIdx.x, T = blockDim.x;
     const int base = blockIdx.x * block;
-    // γ and the signs are weights: the first HR_PRE of this thread's values' are loaded before
-    // the wait for the previous kernel (a DRAM round trip less after it).
+    // γ and the signs are weights: those of this thread's first HR_PRE values are loaded
+    // before the wait for the previous kernel (a DRAM round trip less after it).
     float pre_g[HR_PRE], pre_s[HR_PRE];
 #pragma unroll
     for (int k = 0; k < HR_PRE; k++) {
