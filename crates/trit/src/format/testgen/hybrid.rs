@@ -489,4 +489,36 @@ mod tests {
             .sum();
         assert_eq!(n, 26_895_998_464);
     }
+
+    #[test]
+    fn prism_presets_are_the_27b_rotated_with_a_tied_head() {
+        let (plain, rotated) = (
+            HybridPreset::by_name("27b-qwen35").unwrap(),
+            HybridPreset::by_name("27b-prism").unwrap(),
+        );
+        assert!(rotated.rotated && rotated.tied && !plain.rotated);
+        assert_eq!(
+            (
+                rotated.hidden,
+                rotated.ffn,
+                rotated.v_heads,
+                rotated.n_layers
+            ),
+            (plain.hidden, plain.ffn, plain.v_heads, plain.n_layers)
+        );
+        // Tied: the 27B without its separate output matrix.
+        let count = |p: &HybridPreset| -> usize {
+            p.tensors()
+                .iter()
+                .map(|t| t.shape.iter().product::<usize>())
+                .sum()
+        };
+        assert_eq!(count(&plain) - count(&rotated), plain.vocab * plain.hidden);
+        // Every rotated input width holds whole 512-value blocks.
+        for w in [rotated.hidden, rotated.ffn, rotated.v_heads * rotated.v_dim] {
+            assert_eq!(block_for("blk.0.ffn_down.weight", w), 512, "width {w}");
+        }
+        let four = HybridPreset::by_name("27b-prism-4l").unwrap();
+        assert!(four.rotated && four.tied && four.n_layers == 4);
+    }
 }
