@@ -5,10 +5,10 @@
 //! Per-sequence state on the GPU: per DeltaNet layer the conv window (`kernel × conv_dim`
 //! f32) and the delta-rule state (`v_heads × v_dim × k_dim` f32); per
 //! full-attention layer an f16 KV cache. Prompts of several tokens run in chunks through
-//! `hybrid/prefill.rs` (batched GEMMs, the chunk's recurrence per value head). The recurrent state cannot be cut back: a
-//! forward that starts before where the last one ended (a chat turn reusing a prefix) zeroes
-//! it and replays the sequence's earlier tokens up to there (kept on the host), without the LM
-//! head. The step's kernel sequence is `step.rs`; Hadamard-rotated (Bonsai 2) files run with
+//! `hybrid/prefill.rs` (batched GEMMs, the chunk's recurrence per value head). The recurrent
+//! state cannot be cut back: a forward that starts before where the last one ended (a chat turn
+//! reusing a prefix) zeroes it and replays the sequence's earlier tokens up to there (kept on
+//! the host), without the LM head. The step's kernel sequence is `step.rs`; Hadamard-rotated (Bonsai 2) files run with
 //! their rotations applied on the GPU (`rotation.rs`).
 
 use crate::device::{ptr, Gpu};

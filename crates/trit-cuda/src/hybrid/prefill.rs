@@ -206,22 +206,21 @@ impl CudaHybrid {
         let (rows, vw, d) = (hy.conv_dim() + hy.value_width(), hy.value_width(), c.hidden);
         if self.dn_chunk && hy.k_dim <= DNC_MAX_DK && hy.v_dim <= DNC_MAX_DV {
             self.chunk_recurrence(st, m, attn_norm, pos, n)?;
-            self.quantize_rows(st, p(&pb.mixed), vw, m.rot_out, n)?;
-            return self.gemm(st, &m.out, n, p(&pb.x), true);
+        } else {
+            let kernel = self.dn_step.expect("use_prefill checked one_kernel_mixer");
+            for t in 0..n {
+                let io = DnStepIo {
+                    x: p(&pb.x) + (4 * t * d) as u64,
+                    proj: p(&pb.proj) + (4 * t * rows) as u64,
+                    step: ptr(&pb.pos, s) + (4 * t) as u64,
+                    out: p(&pb.mixed) + (4 * t * vw) as u64,
+                    q: 0,
+                    meta: 0,
+                };
+                self.launch_dn_step(st, m, attn_norm, (kernel, 512), io)?;
+            }
         }
-        let kernel = self.dn_step.expect("use_prefill checked one_kernel_mixer");
-        for t in 0..n {
-            let io = DnStepIo {
-                x: p(&pb.x) + (4 * t * d) as u64,
-                proj: p(&pb.proj) + (4 * t * rows) as u64,
-                step: ptr(&pb.pos, s) + (4 * t) as u64,
-                out: p(&pb.mixed) + (4 * t * vw) as u64,
-                q: 0,
-                meta: 0,
-            };
-            self.launch_dn_step(st, m, attn_norm, (kernel, 512), io)?;
-        }
-        // The int8 blocks of all rows at once (the same codes the kernel would write).
+        // The int8 blocks of all rows at once (the same codes the per-token kernel would write).
         self.quantize_rows(st, p(&pb.mixed), vw, m.rot_out, n)?;
         self.gemm(st, &m.out, n, p(&pb.x), true)
     }
