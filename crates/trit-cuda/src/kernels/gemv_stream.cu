@@ -175,7 +175,7 @@ __device__ __forceinline__ void stream_finish(
     const int team = warp / SPLIT, sub = warp % SPLIT;
     const int half = rows / 2;
     if (ROT) {
-        // The f32 values being rotated: past the ring (host: stream_smem_bytes' rot_cols).
+        // The f32 values being rotated: past the ring (host: FusedInput::extra_smem).
         const int ring_end = stream_ring_at(nb) + (blockDim.x >> 5) * ST * StreamSlot<R>::CHUNKS;
         fg_prologue_rot<L2>(nb, x, gr, gamma, eps, rot, (float*)(dyn + ring_end), xs, ms,
                             scratch);
@@ -253,7 +253,10 @@ __device__ __forceinline__ void ternary_gemv_stream(
 
 // The `_rot_` kernels take FG_IN_NORM_ROT inputs only; the others every other mode. Separate
 // because the rotating prologue raised the kernel's registers from 66 to 86 (ptxas, sm_90),
-// which would keep the next kernel's early blocks off a multiprocessor (README, PDL).
+// which would keep the next kernel's early blocks off a multiprocessor (README, PDL). The
+// `_rot_` kernels themselves take 80: beside one of 17 warps, `deltanet_step_early`'s 12
+// warps of 64 registers no longer fit (43,520 + 24,576 > 65,536), so behind a rotated q‖k‖v‖z
+// it starts only when the GEMV's block ends — to measure.
 #define TERNARY_GEMV_STREAM_KIND(NAME, R, SPLIT, SN, S, ROT)                                   \
     extern "C" __global__ void NAME##_r##R##_s##SPLIT##_##SN(                                  \
         const uint4* codes, const S* scales, int rows, int nb, int mode, const float* x,        \
