@@ -196,6 +196,26 @@ pub enum FusedInput {
     F32 { x: u64 },
     /// The residual stream: RMSNorm with weights `gamma`, then quantized, in the prologue.
     Norm { x: u64, gamma: u64, eps: f32 },
+    /// As `Norm`, rotated before the quantization (Bonsai 2: times the ±1 `signs`, then the
+    /// Walsh–Hadamard transform per `block` values); the streaming GEMV only.
+    NormRot {
+        x: u64,
+        gamma: u64,
+        eps: f32,
+        signs: u64,
+        block: usize,
+    },
+}
+
+impl FusedInput {
+    /// Shared memory the streaming GEMV needs beyond its usual layout for an input of `cols`
+    /// values: the f32 values a rotation transforms.
+    fn extra_smem(&self, cols: usize) -> usize {
+        match self {
+            FusedInput::NormRot { .. } => 4 * cols,
+            _ => 0,
+        }
+    }
 }
 
 /// Launch options of the fused GEMV.
@@ -252,10 +272,18 @@ pub fn launch_ternary_fused_with(
             m.rows, m.cols, o.glu, o.r
         )));
     }
+    let extra = input.extra_smem(m.cols);
     if let Some(cfg) = stream {
-        if let Some(shape) = stream_plan(gpu, m, o.r, o.glu, &cfg) {
+        if let Some(shape) = stream_plan(gpu, m, o.r, o.glu, extra, &cfg) {
             return launch_stream(gpu, m, input, y, o, shape);
         }
+    }
+    if let FusedInput::NormRot { .. } = input {
+        return Err(Error::InvalidArgument(format!(
+            "fused GEMV: a rotated input needs the streaming kernel, which cannot run the {} × \
+             {} matrix here",
+            m.rows, m.cols
+        )));
     }
     let steps = (m.cols / 64).div_ceil(32);
     let split = [4, 2]
@@ -276,12 +304,25 @@ pub fn launch_ternary_fused_with(
     gpu.launch(kernel, (needed.min(resident), 1), threads, &args)
 }
 
+/// Whether the streaming GEMV runs `m` (`r` rows per warp) with a rotated input
+/// ([`FusedInput::NormRot`]): the decode step then rotates in its prologue.
+pub fn stream_takes_rotated(gpu: &Gpu, m: &TernaryArgs, r: usize, glu: bool) -> bool {
+    fused_fits(m, glu)
+        && StreamConfig::get()
+            .is_some_and(|cfg| stream_plan(gpu, m, r, glu, 4 * m.cols, &cfg).is_some())
+}
+
 /// The argument list shared by the fused and the streaming GEMV kernels.
-fn fused_kernel_args(m: &TernaryArgs, input: FusedInput, y: u64, o: FusedOpts) -> [Arg; 13] {
+fn fused_kernel_args(m: &TernaryArgs, input: FusedInput, y: u64, o: FusedOpts) -> [Arg; 15] {
     let (mode, x, gamma, eps, q, meta) = match input {
         FusedInput::Q { q, meta } => (0, 0, 0, 0.0, q, meta),
         FusedInput::F32 { x } => (1, x, 0, 0.0, 0, 0),
         FusedInput::Norm { x, gamma, eps } => (2, x, gamma, eps, 0, 0),
+        FusedInput::NormRot { x, gamma, eps, .. } => (3, x, gamma, eps, 0, 0),
+    };
+    let (signs, block) = match input {
+        FusedInput::NormRot { signs, block, .. } => (signs, block),
+        _ => (0, 0),
     };
     [
         Arg::Ptr(m.codes),
@@ -297,6 +338,8 @@ fn fused_kernel_args(m: &TernaryArgs, input: FusedInput, y: u64, o: FusedOpts) -
         Arg::Ptr(y),
         Arg::I32((o.accumulate && !o.glu) as i32),
         Arg::I32(o.glu as i32 | (o.late_trigger as i32) << 1),
+        Arg::Ptr(signs),
+        Arg::I32(block as i32),
     ]
 }
 
@@ -464,6 +507,7 @@ fn stream_plan(
     m: &TernaryArgs,
     r: usize,
     glu: bool,
+    extra_smem: usize,
     cfg: &StreamConfig,
 ) -> Option<StreamShape> {
     if gpu.compute_capability.0 < 8 || !m.codes.is_multiple_of(16) || !m.scales.is_multiple_of(4) {
@@ -476,7 +520,7 @@ fn stream_plan(
         m.rows.div_ceil(r)
     };
     stream_shape(groups, nb.div_ceil(32), gpu.sm_count, cfg, |w| {
-        stream_smem_bytes(nb, r, w) <= gpu.max_dyn_smem
+        stream_smem_bytes(nb, r, w) + extra_smem <= gpu.max_dyn_smem
     })
 }
 
@@ -489,12 +533,17 @@ fn launch_stream(
     shape: StreamShape,
 ) -> Result<()> {
     let kind = if m.f16 { "f16" } else { "f32" };
+    let rot = if let FusedInput::NormRot { .. } = input {
+        "rot_"
+    } else {
+        ""
+    };
     let kernel = kernel_name(&format!(
-        "ternary_gemv_stream_r{}_s{}_{kind}",
+        "ternary_gemv_stream_{rot}r{}_s{}_{kind}",
         o.r, shape.split
     ))?;
     let nb = m.cols / 64;
-    let smem = stream_smem_bytes(nb, o.r, shape.warps);
+    let smem = stream_smem_bytes(nb, o.r, shape.warps) + input.extra_smem(m.cols);
     let args = fused_kernel_args(m, input, y, o);
     gpu.launch_smem(
         kernel,
@@ -573,7 +622,9 @@ pub fn ternary_gemv_stream_once(
 }
 
 /// [`ternary_gemv_stream_once`] on the residual stream `x` instead: the kernel's prologue
-/// RMS-normalizes it with `gamma` and quantizes it (the decode step's q‖k‖v and gate‖up).
+/// RMS-normalizes it with `gamma` and quantizes it (the decode step's q‖k‖v and gate‖up);
+/// with `rot` = (signs, block) it rotates the normalized values before quantizing them
+/// (Bonsai 2).
 #[allow(clippy::too_many_arguments)]
 pub fn ternary_gemv_stream_norm_once(
     gpu: &Gpu,
@@ -581,21 +632,32 @@ pub fn ternary_gemv_stream_norm_once(
     x: &[f32],
     gamma: &[f32],
     eps: f32,
+    rot: Option<(&[f32], usize)>,
     r: usize,
     glu: bool,
     cfg: StreamConfig,
 ) -> Result<Vec<f32>> {
-    if x.len() != m.cols || gamma.len() != m.cols {
+    if x.len() != m.cols || gamma.len() != m.cols || rot.is_some_and(|r| r.0.len() != m.cols) {
         return Err(Error::InvalidArgument(
             "input length differs from the matrix".into(),
         ));
     }
     let (xd, gd) = (gpu.upload(x)?, gpu.upload(gamma)?);
+    let sd = gpu.upload(rot.map_or(&[0.0f32][..], |r| r.0))?;
     let s = &gpu.stream;
-    let input = FusedInput::Norm {
-        x: ptr(&xd, s),
-        gamma: ptr(&gd, s),
-        eps,
+    let input = match rot {
+        Some((_, block)) => FusedInput::NormRot {
+            x: ptr(&xd, s),
+            gamma: ptr(&gd, s),
+            eps,
+            signs: ptr(&sd, s),
+            block,
+        },
+        None => FusedInput::Norm {
+            x: ptr(&xd, s),
+            gamma: ptr(&gd, s),
+            eps,
+        },
     };
     let none = (vec![0i8; m.cols], vec![(0.0, 0.0); m.blocks()]);
     fused_once_with(gpu, m, &none.0, &none.1, r, 1, glu, Some(cfg), Some(input))
@@ -635,7 +697,7 @@ fn fused_once_with(
     };
     let args = c.args(m, s);
     if let Some(cfg) = &stream {
-        if stream_plan(gpu, &args, r, glu, cfg).is_none() {
+        if stream_plan(gpu, &args, r, glu, input.extra_smem(m.cols), cfg).is_none() {
             return Err(Error::InvalidArgument(format!(
                 "the streaming GEMV cannot run a {} × {} matrix with {cfg:?}",
                 m.rows, m.cols

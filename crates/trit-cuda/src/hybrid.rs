@@ -113,6 +113,8 @@ pub struct CudaHybrid {
     pub(crate) dn_early: bool,
     /// `CudaOptions::deltanet_chunk`.
     dn_chunk: bool,
+    /// `CudaOptions::rotation_in_prologue`.
+    rot_prologue: bool,
     weight_bytes: usize,
     bytes_per_token: usize,
     device_name: String,
@@ -213,6 +215,7 @@ impl CudaHybrid {
             dn_step,
             dn_early: opts.deltanet_early,
             dn_chunk: opts.deltanet_chunk,
+            rot_prologue: opts.rotation_in_prologue,
             weight_bytes: w.weight_bytes(),
             bytes_per_token: w.bytes_per_token(),
             device_name: gpu.name.clone(),

@@ -52,6 +52,10 @@ pub struct CudaOptions {
     /// (`deltanet_chunk`, the state in registers across the chunk's tokens) instead of one
     /// `deltanet_step` per token (`TRIT_CUDA_DN_CHUNK=0`).
     pub deltanet_chunk: bool,
+    /// Bonsai 2: a rotated input of a fused projection (q‖k‖v‖z, q‖gate/k/v, gate‖up, head) is
+    /// normalized and rotated in the streaming GEMV's prologue instead of by a `hadamard_quant`
+    /// launch before it (`TRIT_CUDA_ROT_FUSE=0`).
+    pub rotation_in_prologue: bool,
 }
 
 /// Which matrices of the decode step take the fused GEMV.
@@ -157,6 +161,7 @@ impl CudaOptions {
             stream_down: env("TRIT_CUDA_STREAM_DOWN").is_some_and(|v| v == "1"),
             deltanet_early: env("TRIT_CUDA_DN_STEP").is_none_or(|v| v == "3"),
             deltanet_chunk: env("TRIT_CUDA_DN_CHUNK").is_none_or(|v| v != "0"),
+            rotation_in_prologue: env("TRIT_CUDA_ROT_FUSE").is_none_or(|v| v != "0"),
         }
     }
 }

@@ -311,8 +311,40 @@ fn tiny_prism_logits_match_the_cpu_in_gguf_and_mlx() {
             "{} without its rotation",
             path.display()
         );
-        let errs = compare(path, &prompt(12, p.vocab, 1), 8, 64);
-        check(&format!("tiny-prism {}", path.display()), errs);
+        // Rotated inputs of the fused projections normalized and rotated in the streaming
+        // GEMV's prologue (the default), and by a separate `hadamard_quant` launch.
+        for in_prologue in [true, false] {
+            let mut opts = CudaOptions::new(64);
+            opts.rotation_in_prologue = in_prologue;
+            let errs = compare_with(path, &prompt(12, p.vocab, 1), 8, &opts);
+            let what = format!(
+                "{} (rotation in the prologue: {in_prologue})",
+                path.display()
+            );
+            check(&format!("tiny-prism {what}"), errs);
+        }
+        // The two paths sum Σx² in different orders: bit-equal logits would mean the prologue
+        // path never ran.
+        let toks = prompt(12, p.vocab, 1);
+        let logits = |in_prologue: bool| {
+            let mut opts = CudaOptions::new(64);
+            opts.rotation_in_prologue = in_prologue;
+            let model = load_model(&files, &opts).unwrap();
+            let mut cache = model.new_cache(64);
+            // Decode steps after the prompt: the prompt itself takes the batched path.
+            let mut l = model.forward(&toks, &mut cache, Logits::Last).unwrap();
+            for _ in 0..2 {
+                l = model
+                    .forward(&[argmax(&l)], &mut cache, Logits::Last)
+                    .unwrap();
+            }
+            l
+        };
+        assert!(
+            logits(true) != logits(false),
+            "{}: the rotation never ran in the GEMV's prologue",
+            path.display()
+        );
     }
 }
 

@@ -328,12 +328,76 @@ fn streaming_gemv_normalizes_its_input_like_the_cpu() {
             if stream_smem_bytes(cols / 64, 4, warps) > gpu.max_dyn_smem {
                 continue;
             }
-            let got =
-                ternary_gemv_stream_norm_once(&gpu, &m, &x, &gamma, eps, 4, glu, cfg).unwrap();
+            let got = ternary_gemv_stream_norm_once(&gpu, &m, &x, &gamma, eps, None, 4, glu, cfg)
+                .unwrap();
             // The block sum's order differs from the CPU's, which may move a value across an
             // int8 rounding boundary: a few codes one apart, not a wrong γ or block.
             let err = rel_err(&got, &want);
             assert!(err < 2e-3, "{cfg:?} glu={glu}: {err}");
+        }
+    }
+}
+
+/// The streaming GEMV's prologue with Bonsai 2's rotation (FG_IN_NORM_ROT): RMSNorm with γ,
+/// the ±1 signs, the Walsh–Hadamard transform per block, int8, then the product — against the
+/// CPU's `fwht_blocks_scalar` on the same normalized values and the reference GEMV. 5,120
+/// columns in blocks of 1,024 (the 27B's) and of 512; 3 warps leave most values to the
+/// prologue's loop, 16 keep them in registers.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn streaming_gemv_rotates_its_input_like_the_cpu() {
+    if gpu_missing() {
+        return;
+    }
+    use trit::kernels::hadamard::fwht_blocks_scalar;
+    use trit_cuda::gemv::{stream_smem_bytes, ternary_gemv_stream_norm_once, StreamConfig};
+    use trit_cuda::repack::quantize_activations;
+    let gpu = trit_cuda::device::Gpu::open(0).unwrap();
+    let (cols, eps) = (5120, 1e-6f32);
+    let x: Vec<f32> = prompt(cols, 20001, 41)
+        .iter()
+        .map(|&v| v as f32 / 5000.0 - 2.0)
+        .collect();
+    let gamma: Vec<f32> = prompt(cols, 1001, 42)
+        .iter()
+        .map(|&v| 0.5 + v as f32 / 1000.0)
+        .collect();
+    let signs: Vec<f32> = prompt(cols, 2, 43)
+        .iter()
+        .map(|&v| if v == 0 { -1.0 } else { 1.0 })
+        .collect();
+    let ms = x.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / cols as f64;
+    let inv = (1.0 / (ms + eps as f64).sqrt()) as f32;
+    for block in [1024, 512] {
+        let mut rotated: Vec<f32> = x
+            .iter()
+            .zip(&gamma)
+            .zip(&signs)
+            .map(|((&v, &g), &s)| v * inv * g * s)
+            .collect();
+        fwht_blocks_scalar(&mut rotated, block);
+        let (q, meta) = quantize_activations(&rotated);
+        for (rows, glu) in [(37, false), (74, true)] {
+            let m = random_q2_0(rows, cols, (44, 45));
+            let want = reference_outputs(&m, &q, &meta, glu);
+            for (warps, split) in [(3, 1), (16, 1), (17, 1)] {
+                let cfg = StreamConfig {
+                    warps,
+                    split,
+                    blocks_per_sm: 1,
+                    ..StreamConfig::DEFAULT
+                };
+                if stream_smem_bytes(cols / 64, 4, warps) + 4 * cols > gpu.max_dyn_smem {
+                    continue;
+                }
+                let rot = Some((&signs[..], block));
+                let got =
+                    ternary_gemv_stream_norm_once(&gpu, &m, &x, &gamma, eps, rot, 4, glu, cfg)
+                        .unwrap();
+                // Σx² is summed in another order than the CPU's (see the test above).
+                let err = rel_err(&got, &want);
+                assert!(err < 2e-3, "block {block} {cfg:?} glu={glu}: {err}");
+            }
         }
     }
 }

@@ -18,8 +18,8 @@
 use super::{CudaHybrid, State, DN_ROWS};
 use crate::device::{ptr, Arg};
 use crate::gemv::{
-    fused_fits, launch_matrix_gemv, launch_ternary_fused, FusedInput, FusedOpts, GemvInput,
-    TernaryArgs,
+    fused_fits, launch_matrix_gemv, launch_ternary_fused, stream_takes_rotated, FusedInput,
+    FusedOpts, GemvInput, TernaryArgs,
 };
 use crate::hybrid_weights::{DevDeltaNet, DevFullAttention, DevMixer};
 use crate::launch::{self, QuantOut};
@@ -35,6 +35,13 @@ enum Input {
     Ready { f32: u64, q: u64, meta: u64 },
     /// The residual stream, RMS-normalized with `gamma` in the fused GEMV's prologue.
     Norm { x: u64, gamma: u64 },
+    /// As `Norm`, then rotated in the streaming GEMV's prologue (`signs`, Hadamard `block`).
+    NormRot {
+        x: u64,
+        gamma: u64,
+        signs: u64,
+        block: usize,
+    },
 }
 
 /// The per-token device addresses of one `deltanet_step*` launch: the residual row, the
@@ -86,18 +93,40 @@ impl CudaHybrid {
         fused_fits(&a, glu).then_some(a)
     }
 
+    /// Whether the fused GEMV of `m` can also rotate its input in its prologue (a rotated
+    /// input, the option on, and the streaming kernel running `m`).
+    fn rot_fusable(&self, st: &State, m: &DevMatrix, glu: bool, rot: Option<usize>) -> bool {
+        let r = self.rows_per_warp.max(FUSED_MIN_ROWS);
+        rot.is_some()
+            && self.rot_prologue
+            && m.ternary_args(&st.gpu.stream)
+                .is_some_and(|a| stream_takes_rotated(&st.gpu, &a, r, glu))
+    }
+
     /// The input of the projections after an RMSNorm of the residual stream with `gamma`:
-    /// rotated (`hadamard_quant`, which also leaves the unrotated normed values in `xn`), left to
-    /// the fused GEMV's prologue when `fuse`, else `rms_norm_quant` (f32 in `xn`, int8 blocks).
+    /// normalized and rotated in the fused GEMV's prologue when `rot_fuse`, else rotated by
+    /// `hadamard_quant` (which also leaves the unrotated normed values in `xn`); unrotated, left
+    /// to the fused GEMV's prologue when `fuse`, else `rms_norm_quant` (f32 in `xn`, int8
+    /// blocks).
     fn norm_input(
         &self,
         st: &State,
         gamma: &CudaSlice<f32>,
         rot: Option<usize>,
         fuse: bool,
+        rot_fuse: bool,
     ) -> Result<Input> {
         let (g, b, c) = (&st.gpu, &st.b, &self.config);
         let (x, xn) = (Self::p(st, &b.x), Self::p(st, &b.xn));
+        if let (Some(r), true) = (rot, rot_fuse) {
+            let rotation = st.w.rotations.get(r);
+            return Ok(Input::NormRot {
+                x,
+                gamma: Self::p(st, gamma),
+                signs: Self::p(st, &rotation.signs),
+                block: rotation.block,
+            });
+        }
         if let Some(r) = rot {
             let out = RotOut {
                 prepared: xn,
@@ -186,6 +215,18 @@ impl CudaHybrid {
                 gamma,
                 eps: self.config.norm_eps,
             }),
+            Input::NormRot {
+                x,
+                gamma,
+                signs,
+                block,
+            } => Some(FusedInput::NormRot {
+                x,
+                gamma,
+                eps: self.config.norm_eps,
+                signs,
+                block,
+            }),
             Input::Ready { q, meta, .. } if glu || streamed => Some(FusedInput::Q { q, meta }),
             Input::Ready { .. } => None,
         };
@@ -243,7 +284,8 @@ impl CudaHybrid {
         let w = &st.w;
         let head = w.head();
         let fuse = self.fusable(st, head, self.fused.head, false).is_some();
-        let input = self.norm_input(st, &w.final_norm, w.rot_head, fuse)?;
+        let rot_fuse = fuse && self.rot_fusable(st, head, false, w.rot_head);
+        let input = self.norm_input(st, &w.final_norm, w.rot_head, fuse, rot_fuse)?;
         self.project(st, head, input, Self::p(st, &st.b.logits), false, false)
     }
 
@@ -253,7 +295,8 @@ impl CudaHybrid {
         let glu = self
             .fusable(st, &layer.gate_up, self.fused.gate_up, true)
             .is_some();
-        let input = self.norm_input(st, &layer.post_norm, layer.rot_gu, glu)?;
+        let rot_fuse = glu && self.rot_fusable(st, &layer.gate_up, true, layer.rot_gu);
+        let input = self.norm_input(st, &layer.post_norm, layer.rot_gu, glu, rot_fuse)?;
         let h = Self::p(st, &b.h);
         let down_in = if glu {
             self.project(st, &layer.gate_up, input, h, false, true)?;
@@ -299,7 +342,8 @@ impl CudaHybrid {
         let (hd, nh) = (c.head_dim, c.n_heads);
         let p = |x: &CudaSlice<f32>| Self::p(st, x);
         let fuse = self.fusable(st, &m.qkv, self.fused.qkv, false).is_some();
-        let input = self.norm_input(st, attn_norm, m.rot_in, fuse)?;
+        let rot_fuse = fuse && self.rot_fusable(st, &m.qkv, false, m.rot_in);
+        let input = self.norm_input(st, attn_norm, m.rot_in, fuse, rot_fuse)?;
         self.project(st, &m.qkv, input, p(&b.proj), false, false)?;
         let io = AttnIo {
             proj: p(&b.proj),
@@ -436,10 +480,12 @@ impl CudaHybrid {
         let (xq, xm) = (ptr(&b.xq, s), p(&b.xm));
         if self.one_kernel_mixer(m) {
             let fuse = self.fusable(st, &m.qkvz, self.fused.qkv, false).is_some();
-            let input = self.norm_input(st, attn_norm, m.rot_in, fuse)?;
+            let rot_fuse = fuse && self.rot_fusable(st, &m.qkvz, false, m.rot_in);
+            let input = self.norm_input(st, attn_norm, m.rot_in, fuse, rot_fuse)?;
             // The early variant reads x before its wait: only behind the fused GEMV, which
             // then starts it late (after its own wait).
-            let early = self.dn_early && matches!(input, Input::Norm { .. });
+            let early =
+                self.dn_early && matches!(input, Input::Norm { .. } | Input::NormRot { .. });
             self.project_with(st, &m.qkvz, input, p(&b.proj), false, false, early, false)?;
             // The int8 blocks of the output in the same kernel unless it is rotated.
             let quant = m.rot_out.is_none() && hy.v_dim.is_multiple_of(64);
@@ -469,7 +515,7 @@ impl CudaHybrid {
 
         // The separate kernels. a/b read the unrotated normed input: `xn` (f32), or its own
         // int8 blocks when they are ternary and the shared ones hold the rotated input.
-        let input = self.norm_input(st, attn_norm, m.rot_in, false)?;
+        let input = self.norm_input(st, attn_norm, m.rot_in, false, false)?;
         let ab_in = match (m.rot_in, &m.ab) {
             (Some(_), DevMatrix::Ternary { .. }) => {
                 let (q, meta) = (ptr(&b.xq2, s), p(&b.xm2));

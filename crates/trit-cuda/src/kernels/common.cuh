@@ -181,3 +181,55 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait_group() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
+
+// Butterfly stages h, 2h, ..., 2^(K-1)·h of the blockwise Walsh–Hadamard transform of
+// buf[0..n) (blocks of `block` values, h a power of two below it): each thread takes groups of
+// 2^K values spaced h apart inside one block, runs the stages on them in registers, and writes
+// them back. Every pair (i, i + h·s) of stage h·s lies in one group and is combined as the
+// one-stage-at-a-time loop combines it (a + b, a − b), so the result is bit-identical to it;
+// the stages of a group need no barrier between them.
+template <int K>
+__device__ __forceinline__ void hr_pass(float* buf, int n, int block, int h) {
+    constexpr int M = 1 << K;
+    const int per = block / M;  // groups per block
+    for (int p = threadIdx.x; p < n / M; p += blockDim.x) {
+        const int blk = p / per, g = p - blk * per;
+        const int base = blk * block + (g / h) * h * M + (g & (h - 1));
+        float v[M];
+#pragma unroll
+        for (int j = 0; j < M; j++) v[j] = buf[base + j * h];
+#pragma unroll
+        for (int s = 1; s < M; s *= 2) {
+#pragma unroll
+            for (int j = 0; j < M; j++) {
+                if (!(j & s)) {
+                    const float a = v[j], b = v[j + s];
+                    v[j] = a + b;
+                    v[j + s] = a - b;
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < M; j++) buf[base + j * h] = v[j];
+    }
+}
+
+// Every butterfly stage of the transform of buf[0..n) in blocks of `block` (a power of two
+// dividing n; the 1/√block scale is the caller's), up to three stages per pass and a barrier
+// after each (a block of 1,024: 4 barriers instead of 10). The whole thread block calls it.
+__device__ __forceinline__ void hr_transform(float* buf, int n, int block) {
+    for (int h = 1; h < block;) {
+        const int left = block / h;
+        if (left >= 8) {
+            hr_pass<3>(buf, n, block, h);
+            h *= 8;
+        } else if (left == 4) {
+            hr_pass<2>(buf, n, block, h);
+            h *= 4;
+        } else {
+            hr_pass<1>(buf, n, block, h);
+            h *= 2;
+        }
+        __syncthreads();
+    }
+}

@@ -302,6 +302,9 @@ extern "C" __global__ void dense_gemv(const float* __restrict__ w, int rows, int
 #define FG_IN_Q 0
 #define FG_IN_F32 1
 #define FG_IN_NORM 2
+// FG_IN_NORM, then Bonsai 2's rotation (signs, blockwise Walsh–Hadamard transform) before the
+// quantization: the streaming GEMV only (fg_prologue_rot).
+#define FG_IN_NORM_ROT 3
 // Bit 1 of the fused GEMVs' flags argument (bit 0: gate‖up): the next kernel is let start only
 // after this one's griddepcontrol.wait, so everything written before this kernel (its input x
 // among it) is final wherever the next one runs — which may then read it before its own wait.
@@ -401,7 +404,7 @@ __device__ __forceinline__ FgGamma fg_gamma(int mode, int nb, const float* __res
 #pragma unroll
     for (int k = 0; k < FG_REGS; k++) {
         const int c = k * T + t;
-        r.g[k] = mode == FG_IN_NORM && c < n4 ? ((const float4*)gamma)[c]
+        r.g[k] = (mode == FG_IN_NORM || mode == FG_IN_NORM_ROT) && c < n4 ? ((const float4*)gamma)[c]
                                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     return r;
@@ -465,6 +468,73 @@ __device__ __forceinline__ void fg_prologue(int mode, int nb, const float* __res
         const bool in = c < n4;
         emit(c, in ? fg_load_x<L2>(x4 + c) : zero,
              in && mode == FG_IN_NORM ? ((const float4*)gamma)[c] : zero);
+    }
+}
+
+// The rotation of an FG_IN_NORM_ROT input: ±1 signs per input value and the Hadamard block.
+struct FgRot {
+    const float* signs;
+    int block;
+};
+
+// fg_prologue for FG_IN_NORM_ROT: x RMS-normalized with γ, times the signs, transformed per
+// block of rot.block values in `fbuf` (nb·64 floats of shared memory; hr_transform, the
+// separate hadamard_quant's stages), scaled by 1/√block, then quantized per 64 values as
+// fg_prologue quantizes. The products are hadamard_quant's in its order; only Σx² is summed in
+// another (fg_prologue's) order. blockDim.x a multiple of 16; every trip count uniform.
+template <bool L2 = false>
+__device__ __forceinline__ void fg_prologue_rot(int nb, const float* __restrict__ x,
+                                                const FgGamma& gr,
+                                                const float* __restrict__ gamma, float eps,
+                                                FgRot rot, float* fbuf, uint4* xs, float2* ms,
+                                                float* scratch) {
+    const int t = threadIdx.x, T = blockDim.x;
+    const int n4 = nb * 16;
+    const float4* x4 = (const float4*)x;
+    const float4* s4 = (const float4*)rot.signs;
+    float4* f4 = (float4*)fbuf;
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    auto sq = [](float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; };
+    float4 xv[FG_REGS];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < FG_REGS; k++) {
+        const int c = k * T + t;
+        xv[k] = c < n4 ? fg_load_x<L2>(x4 + c) : zero;
+        ss += sq(xv[k]);
+    }
+    for (int c = FG_REGS * T + t; c < n4; c += T) ss += sq(fg_load_x<L2>(x4 + c));
+    ss = block_sum(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / (float)(nb * QBLOCK) + eps);
+    auto put = [&](int c, float4 v, float4 g) {
+        const float4 sg = s4[c];
+        f4[c] = make_float4(v.x * inv * g.x * sg.x, v.y * inv * g.y * sg.y,
+                            v.z * inv * g.z * sg.z, v.w * inv * g.w * sg.w);
+    };
+#pragma unroll
+    for (int k = 0; k < FG_REGS; k++)
+        if (k * T + t < n4) put(k * T + t, xv[k], gr.g[k]);
+    for (int c = FG_REGS * T + t; c < n4; c += T)
+        put(c, fg_load_x<L2>(x4 + c), ((const float4*)gamma)[c]);
+    __syncthreads();
+    hr_transform(fbuf, nb * QBLOCK, rot.block);
+    const float scale = 1.0f / sqrtf((float)rot.block);
+    for (int c0 = 0; c0 < n4; c0 += T) {
+        const int c = c0 + t;
+        const bool in = c < n4;
+        float4 o = zero;
+        if (in) {
+            const float4 v = f4[c];
+            o = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
+        }
+        float2 bm;
+        const char4 packed = quant_block_float4(o, bm);
+        if (in) {
+            const int b = c >> 4;
+            char4* dst = (char4*)(xs + fg_chunk(b, (c >> 2) & 3));
+            dst[c & 3] = packed;
+            if ((c & 15) == 0) ms[b] = bm;
+        }
     }
 }
 
@@ -641,7 +711,8 @@ __device__ __forceinline__ void ternary_gemv_fused(
         ternary_gemv_fused_r##R##_s##SPLIT##_##SN(                                             \
             const uint4* codes, const S* scales, int rows, int nb, int mode, const float* x,    \
             const float* gamma, float eps, const uint4* q, const float2* meta, float* y,        \
-            int accumulate, int glu) {                                                         \
+            int accumulate, int glu, const float* signs, int rot_block) {                      \
+        /* signs, rot_block: the streaming kernel's FG_IN_NORM_ROT (same argument list). */     \
         ternary_gemv_fused<R, SPLIT, S>(codes, scales, rows, nb, mode, x, gamma, eps, q, meta,  \
                                         y, accumulate, glu);                                   \
     }

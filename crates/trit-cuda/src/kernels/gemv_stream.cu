@@ -19,7 +19,8 @@
 // cp.async.wait_group orders its own copies before its reads.
 //
 // Dynamic shared memory (host: stream_smem_bytes in gemv.rs):
-//   xs: 4·nb 16-byte chunks | ms: nb (d, d·Σq), padded to 16 bytes | ring: [warp][ST] slots.
+//   xs: 4·nb 16-byte chunks | ms: nb (d, d·Σq), padded to 16 bytes | ring: [warp][ST] slots
+//   | with FG_IN_NORM_ROT, the 64·nb f32 values being rotated.
 // Any row length works; the host checks 16-byte aligned codes and 4-byte aligned scales.
 
 // One slot: R·32 chunks of codes (lane l's 16 bytes of row i at chunk 32i + l), then R·32
@@ -157,13 +158,13 @@ __device__ __forceinline__ StreamWarp<R> stream_begin(const uint4* __restrict__ 
 // The rest once the input exists: every block builds the int8 input (fg_prologue), then each
 // warp computes its items, requesting one more per item. L2: x and the residual are read
 // through L2 (a persistent caller's other blocks wrote them in its previous phase).
-template <int R, int SPLIT, typename S, bool L2>
+template <int R, int SPLIT, typename S, bool L2, bool ROT = false>
 __device__ __forceinline__ void stream_finish(
     StreamWarp<R>& w, const uint4* __restrict__ codes, const S* __restrict__ scales, int rows,
     int nb, int mode, const float* __restrict__ x, const FgGamma& gr,
     const float* __restrict__ gamma, float eps,
     const uint4* __restrict__ q, const float2* __restrict__ meta, float* __restrict__ y,
-    int accumulate, int glu) {
+    int accumulate, int glu, FgRot rot = FgRot{nullptr, 0}) {
     constexpr int ST = STREAM_STAGES;
     extern __shared__ uint4 dyn[];
     __shared__ float scratch[32];
@@ -173,7 +174,14 @@ __device__ __forceinline__ void stream_finish(
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int team = warp / SPLIT, sub = warp % SPLIT;
     const int half = rows / 2;
-    fg_prologue<L2>(mode, nb, x, gr, gamma, eps, q, meta, xs, ms, scratch);
+    if (ROT) {
+        // The f32 values being rotated: past the ring (host: FusedInput::extra_smem).
+        const int ring_end = stream_ring_at(nb) + (blockDim.x >> 5) * ST * StreamSlot<R>::CHUNKS;
+        fg_prologue_rot<L2>(nb, x, gr, gamma, eps, rot, (float*)(dyn + ring_end), xs, ms,
+                            scratch);
+    } else {
+        fg_prologue<L2>(mode, nb, x, gr, gamma, eps, q, meta, xs, ms, scratch);
+    }
     __syncthreads();
     float acc[R];
 #pragma unroll
@@ -222,12 +230,12 @@ __device__ __forceinline__ void stream_finish(
 
 // One matrix as one kernel: the first weights are requested before griddepcontrol.wait, so
 // they load while the previous kernel finishes.
-template <int R, int SPLIT, typename S>
+template <int R, int SPLIT, typename S, bool ROT>
 __device__ __forceinline__ void ternary_gemv_stream(
     const uint4* __restrict__ codes, const S* __restrict__ scales, int rows, int nb, int mode,
     const float* __restrict__ x, const float* __restrict__ gamma, float eps,
     const uint4* __restrict__ q, const float2* __restrict__ meta, float* __restrict__ y,
-    int accumulate, int flags) {
+    int accumulate, int flags, FgRot rot) {
     // flags: bit 0 gate‖up (SwiGLU), bit 1 FG_LATE_TRIGGER.
     const int glu = flags & 1, late = flags & FG_LATE_TRIGGER;
     if (!late) pdl_launch_dependents();
@@ -239,18 +247,28 @@ __device__ __forceinline__ void ternary_gemv_stream(
     if (TRIT_PROBE_SKIP & 8) cp_async_wait_all();  // no copy may outlive the block
 #endif
     PROBE_SKIP(8);
-    stream_finish<R, SPLIT, S, false>(w, codes, scales, rows, nb, mode, x, gr, gamma, eps, q,
-                                      meta, y, accumulate, glu);
+    stream_finish<R, SPLIT, S, false, ROT>(w, codes, scales, rows, nb, mode, x, gr, gamma, eps,
+                                           q, meta, y, accumulate, glu, rot);
 }
 
-#define TERNARY_GEMV_STREAM(R, SPLIT, SN, S)                                                   \
-    extern "C" __global__ void ternary_gemv_stream_r##R##_s##SPLIT##_##SN(                       \
+// The `_rot_` kernels take FG_IN_NORM_ROT inputs only; the others every other mode. Separate
+// because the rotating prologue raised the kernel's registers from 66 to 86 (ptxas, sm_90),
+// which would keep the next kernel's early blocks off a multiprocessor (README, PDL). The
+// `_rot_` kernels themselves take 80: beside one of 17 warps, `deltanet_step_early`'s 12
+// warps of 64 registers no longer fit (43,520 + 24,576 > 65,536), so behind a rotated q‖k‖v‖z
+// it starts only when the GEMV's block ends — to measure.
+#define TERNARY_GEMV_STREAM_KIND(NAME, R, SPLIT, SN, S, ROT)                                   \
+    extern "C" __global__ void NAME##_r##R##_s##SPLIT##_##SN(                                  \
         const uint4* codes, const S* scales, int rows, int nb, int mode, const float* x,        \
         const float* gamma, float eps, const uint4* q, const float2* meta, float* y,            \
-        int accumulate, int glu) {                                                             \
-        ternary_gemv_stream<R, SPLIT, S>(codes, scales, rows, nb, mode, x, gamma, eps, q, meta, \
-                                         y, accumulate, glu);                                  \
+        int accumulate, int glu, const float* signs, int rot_block) {                          \
+        ternary_gemv_stream<R, SPLIT, S, ROT>(codes, scales, rows, nb, mode, x, gamma, eps, q,  \
+                                              meta, y, accumulate, glu,                        \
+                                              FgRot{signs, rot_block});                        \
     }
+#define TERNARY_GEMV_STREAM(R, SPLIT, SN, S)                                 \
+    TERNARY_GEMV_STREAM_KIND(ternary_gemv_stream, R, SPLIT, SN, S, false)    \
+    TERNARY_GEMV_STREAM_KIND(ternary_gemv_stream_rot, R, SPLIT, SN, S, true)
 #define TERNARY_GEMV_STREAM_ALL(R, SN, S) \
     TERNARY_GEMV_STREAM(R, 1, SN, S) TERNARY_GEMV_STREAM(R, 2, SN, S) TERNARY_GEMV_STREAM(R, 4, SN, S)
 TERNARY_GEMV_STREAM_ALL(2, f16, half_bits)

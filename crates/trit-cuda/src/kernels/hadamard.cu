@@ -8,9 +8,9 @@
 //
 // One thread block per Hadamard block and row (B a power of two, 64..8192, held in shared
 // memory): log2 B butterfly stages (a + b, a − b: the scalar CPU loop's operations on the same
-// pairs, so the transform itself is bit-identical; up to three stages per barrier, hr_pass),
-// one scale by 1/√B, then each warp quantizes 64-value blocks as quant_block_warp does (the
-// CPU's ActQ8). The 64-value quantization blocks lie
+// pairs, so the transform itself is bit-identical; up to three stages per barrier, hr_pass in
+// common.cuh), one scale by 1/√B, then each warp quantizes 64-value blocks as quant_block_warp
+// does (the CPU's ActQ8). The 64-value quantization blocks lie
 // inside one Hadamard block because B is a multiple of 64.
 
 #define HR_MAX_BLOCK 8192
@@ -24,35 +24,6 @@
 #define HR_EMBED 3  // the embedding's inverse: s ⊙ H_B(x), optionally rounded to f16 around it
 
 __device__ __forceinline__ float hr_round16(float v) { return h2f(f2h(v)); }
-
-// Butterfly stages h, 2h, ..., 2^(K-1)·h of the transform of buf (h a power of two): each
-// thread takes groups of 2^K values spaced h apart, runs the stages on them in registers, and
-// writes them back. Every pair (i, i + h·s) of stage h·s lies in one group and is combined as
-// the one-stage-at-a-time loop combines it (a + b, a − b), so the result is bit-identical to
-// it; the stages of a group need no barrier between them.
-template <int K>
-__device__ __forceinline__ void hr_pass(float* buf, int block, int h) {
-    constexpr int M = 1 << K;
-    for (int p = threadIdx.x; p < block / M; p += blockDim.x) {
-        const int base = (p / h) * h * M + (p & (h - 1));
-        float v[M];
-#pragma unroll
-        for (int j = 0; j < M; j++) v[j] = buf[base + j * h];
-#pragma unroll
-        for (int s = 1; s < M; s *= 2) {
-#pragma unroll
-            for (int j = 0; j < M; j++) {
-                if (!(j & s)) {
-                    const float a = v[j], b = v[j + s];
-                    v[j] = a + b;
-                    v[j + s] = a - b;
-                }
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < M; j++) buf[base + j * h] = v[j];
-    }
-}
 
 // xn (may be null): the prepared values before the rotation (the RMSNorm output, read by the
 // unrotated projections of the same input). xr (may be null): the rotated f32 values (dense
@@ -119,21 +90,7 @@ extern "C" __global__ void hadamard_quant(const float* x, const float* __restric
     for (int i = t + HR_PRE * T; i < block; i += T)
         prepare(i, mode == HR_NORM ? gamma[base + i] : 0.0f, signs[base + i]);
     __syncthreads();
-    // Up to three stages per pass, one barrier each (10 stages of a 1024 block: 4 barriers).
-    for (int h = 1; h < block;) {
-        const int left = block / h;
-        if (left >= 8) {
-            hr_pass<3>(buf, block, h);
-            h *= 8;
-        } else if (left == 4) {
-            hr_pass<2>(buf, block, h);
-            h *= 4;
-        } else {
-            hr_pass<1>(buf, block, h);
-            h *= 2;
-        }
-        __syncthreads();
-    }
+    hr_transform(buf, block, block);
     const float scale = 1.0f / sqrtf((float)block);
     auto finish = [&](int i, float sg) {
         float v = buf[i] * scale;
