@@ -115,8 +115,9 @@ pub(crate) struct BatchState {
     /// serves every step of that size).
     graphs: HashMap<usize, StepGraph>,
     /// The single path's decode step (with the LM head) captured per slot, whose cache
-    /// addresses it holds: a step of one row runs it (`decode_row_single`).
-    single: HashMap<usize, StepGraph>,
+    /// addresses it holds, and per kind (`CudaModel::short_step`): a step of one row runs it
+    /// (`decode_row_single`).
+    single: HashMap<(usize, bool), StepGraph>,
 }
 
 impl BatchState {
@@ -469,8 +470,10 @@ impl CudaModel {
     /// same cache.
     fn decode_row_single(&self, st: &mut State, row: &Row, k: usize) -> Result<RowLogits> {
         let batch = st.batch.as_ref().expect("created by forward_batch_gpu");
+        // The kernels the single path takes at this position, so the row's logits are its.
+        let key = (row.slot, self.short_step(row.pos));
         // The slot's cache addresses, only where a step is recorded or enqueued from them.
-        let kv = (!self.use_graph || !batch.single.contains_key(&row.slot)).then(|| {
+        let kv = (!self.use_graph || !batch.single.contains_key(&key)).then(|| {
             let t = batch.target(&st.gpu, row.slot, self.ctx);
             t.k.into_iter().zip(t.v).collect::<Vec<(u64, u64)>>()
         });
@@ -479,16 +482,18 @@ impl CudaModel {
         self.upload_inputs(st, &[row.token], row.pos)?;
         match (self.use_graph, kv) {
             (true, Some(kv)) => {
-                let graph = self.capture(st, true, &kv)?;
+                let graph = self.capture(st, true, &kv, key.1)?;
                 graph.launch("decode")?;
                 let batch = st.batch.as_mut().expect("created by forward_batch_gpu");
-                batch.single.insert(row.slot, graph);
+                batch.single.insert(key, graph);
             }
             (true, None) => {
                 let batch = st.batch.as_ref().expect("created by forward_batch_gpu");
-                batch.single[&row.slot].launch("decode")?;
+                batch.single[&key].launch("decode")?;
             }
-            (false, kv) => self.enqueue_step(st, true, &kv.expect("made without a graph"))?,
+            (false, kv) => {
+                self.enqueue_step(st, true, &kv.expect("made without a graph"), key.1)?
+            }
         }
         st.device_pos = None;
         let vocab = self.config.vocab;

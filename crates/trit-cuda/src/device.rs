@@ -39,6 +39,8 @@ pub const SOURCES: &[(&str, &str)] = &[
         "deltanet_chunk.cu",
         include_str!("kernels/deltanet_chunk.cu"),
     ),
+    // The decode step's attention + o in one kernel at short contexts (`attention_o.rs`).
+    ("attention_o.cu", include_str!("kernels/attention_o.cu")),
 ];
 
 /// Kernels the decode step and the batched prefill launch (all must exist in the compiled
@@ -140,6 +142,12 @@ pub const KERNELS: &[&str] = &[
     "ternary_gemv_stream_rot_r8_s1_f32",
     "ternary_gemv_stream_rot_r8_s2_f32",
     "ternary_gemv_stream_rot_r8_s4_f32",
+    "ternary_gemv_stream_pend_r4_s1_f16",
+    "ternary_gemv_stream_pend_r4_s2_f16",
+    "ternary_gemv_stream_pend_r4_s4_f16",
+    "ternary_gemv_stream_pend_r4_s1_f32",
+    "ternary_gemv_stream_pend_r4_s2_f32",
+    "ternary_gemv_stream_pend_r4_s4_f32",
     "attn_decode_e1",
     "attn_decode_e2",
     "attn_decode_e3",
@@ -147,6 +155,10 @@ pub const KERNELS: &[&str] = &[
     "attn_decode_e5",
     "attn_decode_e6",
     "attn_decode_e7",
+    "attn_o_decode_e2_f16",
+    "attn_o_decode_e2_f32",
+    "attn_o_decode_e4_f16",
+    "attn_o_decode_e4_f32",
     "rope_append_rows",
     "attn_rows_e1",
     "attn_rows_e2",

@@ -1,12 +1,18 @@
-//! Launching the ternary GEMV (`kernels/gemv.cu`): kernel variant and grid for a matrix, and a
-//! one-kernel entry point the GPU tests use to check the kernel against the CPU emulation of
-//! its arithmetic (`repack::gemv_reference`) on shapes the test models do not reach.
+//! Launching the ternary GEMV (`kernels/gemv.cu`): kernel variant and grid for a matrix; the
+//! one-kernel entry points the GPU tests use are in `gemv/once.rs`.
 
 use crate::device::{cuda_err, ptr, Arg, Gpu};
 use crate::repack::{PackedScales, PackedTernary};
 use crate::weights::{DevMatrix, DevScales};
 use cudarc::driver::{CudaSlice, CudaStream};
 use trit::{Error, Result};
+
+mod once;
+pub(crate) use once::OneShot;
+pub use once::{
+    ternary_gemv_fused_once, ternary_gemv_once, ternary_gemv_stream_norm_once,
+    ternary_gemv_stream_once,
+};
 
 /// Device addresses and shape of a ternary matrix.
 pub struct TernaryArgs {
@@ -41,62 +47,6 @@ impl TernaryArgs {
     }
 }
 
-/// One test case uploaded for a single kernel run: the packed matrix, the int8 activations
-/// with their per-64 `(d, d·Σq)`, and a NaN-poisoned output (a value the kernel skips stays
-/// NaN and fails the comparison) or given starting values (to test accumulation).
-pub(crate) struct OneShot {
-    codes: CudaSlice<u32>,
-    scales: DevScales,
-    pub(crate) q: CudaSlice<u8>,
-    pub(crate) meta: CudaSlice<f32>,
-    pub(crate) y: CudaSlice<f32>,
-}
-
-impl OneShot {
-    pub(crate) fn upload(
-        gpu: &Gpu,
-        m: &PackedTernary,
-        q: &[i8],
-        meta: &[(f32, f32)],
-        outputs: usize,
-    ) -> Result<Self> {
-        Self::upload_onto(gpu, m, q, meta, &vec![f32::NAN; outputs])
-    }
-
-    /// [`upload`](Self::upload) with the output starting as `y0`.
-    pub(crate) fn upload_onto(
-        gpu: &Gpu,
-        m: &PackedTernary,
-        q: &[i8],
-        meta: &[(f32, f32)],
-        y0: &[f32],
-    ) -> Result<Self> {
-        let q8: Vec<u8> = q.iter().map(|v| *v as u8).collect();
-        let flat: Vec<f32> = meta.iter().flat_map(|(a, b)| [*a, *b]).collect();
-        Ok(OneShot {
-            codes: gpu.upload(&m.codes)?,
-            scales: match &m.scales {
-                PackedScales::F16(v) => DevScales::F16(gpu.upload(v)?),
-                PackedScales::F32(v) => DevScales::F32(gpu.upload(v)?),
-            },
-            q: gpu.upload(&q8)?,
-            meta: gpu.upload(&flat)?,
-            y: gpu.upload(y0)?,
-        })
-    }
-
-    pub(crate) fn args(&self, m: &PackedTernary, s: &CudaStream) -> TernaryArgs {
-        TernaryArgs::new(m.rows, m.cols, &self.codes, &self.scales, s)
-    }
-
-    pub(crate) fn result(&self, gpu: &Gpu, what: &str) -> Result<Vec<f32>> {
-        gpu.sync()?;
-        gpu.stream
-            .clone_dtoh(&self.y)
-            .map_err(|e| cuda_err(&format!("copying the {what} result"), e))
-    }
-}
-
 /// `y (+)= W·x` for int8 activations `q`/`meta` (device addresses). `r`: rows per warp;
 /// `max_split`: most warps that share one row group (long rows are split between them).
 #[allow(clippy::too_many_arguments)]
@@ -107,6 +57,24 @@ pub fn launch_ternary(
     meta: u64,
     y: u64,
     accumulate: bool,
+    r: usize,
+    max_split: usize,
+) -> Result<()> {
+    launch_ternary_pend(gpu, m, q, meta, y, accumulate, 0, r, max_split)
+}
+
+/// `launch_ternary`, and where `pend` is set (with `accumulate`): `y = (y + pend) + W·x`, then
+/// `pend` zeroed — the attention + o kernel's pending sum joining the residual
+/// (`attention_o.rs`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_ternary_pend(
+    gpu: &Gpu,
+    m: &TernaryArgs,
+    q: u64,
+    meta: u64,
+    y: u64,
+    accumulate: bool,
+    pend: u64,
     r: usize,
     max_split: usize,
 ) -> Result<()> {
@@ -135,6 +103,7 @@ pub fn launch_ternary(
             Arg::Ptr(meta),
             Arg::Ptr(y),
             Arg::I32(accumulate as i32),
+            Arg::Ptr(pend),
         ],
     )
 }
@@ -196,6 +165,14 @@ pub enum FusedInput {
     F32 { x: u64 },
     /// The residual stream: RMSNorm with weights `gamma`, then quantized, in the prologue.
     Norm { x: u64, gamma: u64, eps: f32 },
+    /// As `Norm`, of `x` plus the attention + o kernel's pending fixed-point sum `pend`
+    /// (`attention_o.rs`).
+    NormPend {
+        x: u64,
+        gamma: u64,
+        eps: f32,
+        pend: u64,
+    },
     /// As `Norm`, rotated before the quantization (Bonsai 2: times the ±1 `signs`, then the
     /// Walsh–Hadamard transform per `block` values); the streaming GEMV only.
     NormRot {
@@ -278,10 +255,10 @@ pub fn launch_ternary_fused_with(
             return launch_stream(gpu, m, input, y, o, shape);
         }
     }
-    if let FusedInput::NormRot { .. } = input {
+    if let FusedInput::NormRot { .. } | FusedInput::NormPend { .. } = input {
         return Err(Error::InvalidArgument(format!(
-            "fused GEMV: a rotated input needs the streaming kernel, which cannot run the {} × \
-             {} matrix here",
+            "fused GEMV: a rotated or pending-sum input needs the streaming kernel, which cannot \
+             run the {} × {} matrix here",
             m.rows, m.cols
         )));
     }
@@ -304,6 +281,13 @@ pub fn launch_ternary_fused_with(
     gpu.launch(kernel, (needed.min(resident), 1), threads, &args)
 }
 
+/// Whether the streaming GEMV runs `m` (`r` rows per warp) with an input that needs no extra
+/// shared memory (e.g. [`FusedInput::NormPend`]).
+pub fn stream_runs(gpu: &Gpu, m: &TernaryArgs, r: usize, glu: bool) -> bool {
+    fused_fits(m, glu)
+        && StreamConfig::get().is_some_and(|cfg| stream_plan(gpu, m, r, glu, 0, &cfg).is_some())
+}
+
 /// Whether the streaming GEMV runs `m` (`r` rows per warp) with a rotated input
 /// ([`FusedInput::NormRot`]): the decode step then rotates in its prologue.
 pub fn stream_takes_rotated(gpu: &Gpu, m: &TernaryArgs, r: usize, glu: bool) -> bool {
@@ -319,6 +303,13 @@ fn fused_kernel_args(m: &TernaryArgs, input: FusedInput, y: u64, o: FusedOpts) -
         FusedInput::F32 { x } => (1, x, 0, 0.0, 0, 0),
         FusedInput::Norm { x, gamma, eps } => (2, x, gamma, eps, 0, 0),
         FusedInput::NormRot { x, gamma, eps, .. } => (3, x, gamma, eps, 0, 0),
+        // The prologue reads the pending sum through the q argument (unused by this mode).
+        FusedInput::NormPend {
+            x,
+            gamma,
+            eps,
+            pend,
+        } => (4, x, gamma, eps, pend, 0),
     };
     let (signs, block) = match input {
         FusedInput::NormRot { signs, block, .. } => (signs, block),
@@ -533,10 +524,10 @@ fn launch_stream(
     shape: StreamShape,
 ) -> Result<()> {
     let kind = if m.f16 { "f16" } else { "f32" };
-    let rot = if let FusedInput::NormRot { .. } = input {
-        "rot_"
-    } else {
-        ""
+    let rot = match input {
+        FusedInput::NormRot { .. } => "rot_",
+        FusedInput::NormPend { .. } => "pend_",
+        _ => "",
     };
     let kernel = kernel_name(&format!(
         "ternary_gemv_stream_{rot}r{}_s{}_{kind}",
@@ -561,151 +552,6 @@ fn kernel_name(name: &str) -> Result<&'static str> {
         .find(|k| **k == name)
         .copied()
         .ok_or_else(|| Error::InvalidArgument(format!("no GEMV kernel {name}")))
-}
-
-/// Runs one ternary GEMV on the GPU: `m` times int8 activations `q` with per-64 `(d, d·Σq)`.
-pub fn ternary_gemv_once(
-    gpu: &Gpu,
-    m: &PackedTernary,
-    q: &[i8],
-    meta: &[(f32, f32)],
-    r: usize,
-    max_split: usize,
-) -> Result<Vec<f32>> {
-    if q.len() != m.cols || meta.len() != m.blocks() {
-        return Err(Error::InvalidArgument(
-            "activation length differs from the matrix".into(),
-        ));
-    }
-    let s = &gpu.stream;
-    let c = OneShot::upload(gpu, m, q, meta, m.rows)?;
-    launch_ternary(
-        gpu,
-        &c.args(m, s),
-        ptr(&c.q, s),
-        ptr(&c.meta, s),
-        ptr(&c.y, s),
-        false,
-        r,
-        max_split,
-    )?;
-    c.result(gpu, "GEMV")
-}
-
-/// Runs the register-pipelined fused GEMV once on int8 activations `q` (per-64 `(d, d·Σq)`
-/// in `meta`): `W·x`, or with `glu` the SwiGLU of `m`'s first `rows / 2` and last `rows / 2`
-/// rows. The GPU tests compare it with `repack::gemv_reference`.
-pub fn ternary_gemv_fused_once(
-    gpu: &Gpu,
-    m: &PackedTernary,
-    q: &[i8],
-    meta: &[(f32, f32)],
-    r: usize,
-    max_split: usize,
-    glu: bool,
-) -> Result<Vec<f32>> {
-    fused_once_with(gpu, m, q, meta, r, max_split, glu, None, None)
-}
-
-/// [`ternary_gemv_fused_once`] through the streaming kernel of shape `cfg`; an error where it
-/// cannot run `m`.
-pub fn ternary_gemv_stream_once(
-    gpu: &Gpu,
-    m: &PackedTernary,
-    q: &[i8],
-    meta: &[(f32, f32)],
-    r: usize,
-    glu: bool,
-    cfg: StreamConfig,
-) -> Result<Vec<f32>> {
-    fused_once_with(gpu, m, q, meta, r, 1, glu, Some(cfg), None)
-}
-
-/// [`ternary_gemv_stream_once`] on the residual stream `x` instead: the kernel's prologue
-/// RMS-normalizes it with `gamma` and quantizes it (the decode step's q‖k‖v and gate‖up);
-/// with `rot` = (signs, block) it rotates the normalized values before quantizing them
-/// (Bonsai 2).
-#[allow(clippy::too_many_arguments)]
-pub fn ternary_gemv_stream_norm_once(
-    gpu: &Gpu,
-    m: &PackedTernary,
-    x: &[f32],
-    gamma: &[f32],
-    eps: f32,
-    rot: Option<(&[f32], usize)>,
-    r: usize,
-    glu: bool,
-    cfg: StreamConfig,
-) -> Result<Vec<f32>> {
-    if x.len() != m.cols || gamma.len() != m.cols || rot.is_some_and(|r| r.0.len() != m.cols) {
-        return Err(Error::InvalidArgument(
-            "input length differs from the matrix".into(),
-        ));
-    }
-    let (xd, gd) = (gpu.upload(x)?, gpu.upload(gamma)?);
-    let sd = gpu.upload(rot.map_or(&[0.0f32][..], |r| r.0))?;
-    let s = &gpu.stream;
-    let input = match rot {
-        Some((_, block)) => FusedInput::NormRot {
-            x: ptr(&xd, s),
-            gamma: ptr(&gd, s),
-            eps,
-            signs: ptr(&sd, s),
-            block,
-        },
-        None => FusedInput::Norm {
-            x: ptr(&xd, s),
-            gamma: ptr(&gd, s),
-            eps,
-        },
-    };
-    let none = (vec![0i8; m.cols], vec![(0.0, 0.0); m.blocks()]);
-    fused_once_with(gpu, m, &none.0, &none.1, r, 1, glu, Some(cfg), Some(input))
-}
-
-/// One fused GEMV on int8 `q`/`meta`, or on `input` where given.
-#[allow(clippy::too_many_arguments)]
-fn fused_once_with(
-    gpu: &Gpu,
-    m: &PackedTernary,
-    q: &[i8],
-    meta: &[(f32, f32)],
-    r: usize,
-    max_split: usize,
-    glu: bool,
-    stream: Option<StreamConfig>,
-    input: Option<FusedInput>,
-) -> Result<Vec<f32>> {
-    if q.len() != m.cols || meta.len() != m.blocks() {
-        return Err(Error::InvalidArgument(
-            "activation length differs from the matrix".into(),
-        ));
-    }
-    let s = &gpu.stream;
-    let outputs = if glu { m.rows / 2 } else { m.rows };
-    let c = OneShot::upload(gpu, m, q, meta, outputs)?;
-    let input = input.unwrap_or(FusedInput::Q {
-        q: ptr(&c.q, s),
-        meta: ptr(&c.meta, s),
-    });
-    let opts = FusedOpts {
-        r,
-        max_split,
-        accumulate: false,
-        glu,
-        late_trigger: false,
-    };
-    let args = c.args(m, s);
-    if let Some(cfg) = &stream {
-        if stream_plan(gpu, &args, r, glu, input.extra_smem(m.cols), cfg).is_none() {
-            return Err(Error::InvalidArgument(format!(
-                "the streaming GEMV cannot run a {} × {} matrix with {cfg:?}",
-                m.rows, m.cols
-            )));
-        }
-    }
-    launch_ternary_fused_with(gpu, &args, input, ptr(&c.y, s), opts, stream)?;
-    c.result(gpu, "fused GEMV")
 }
 
 #[cfg(test)]

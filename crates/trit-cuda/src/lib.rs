@@ -23,6 +23,7 @@
 //! Qwen3.5 hybrids (Gated DeltaNet + gated full attention) take their own decode step
 //! (`hybrid.rs`, `hybrid/step.rs`), Bonsai 2's Hadamard-rotated files included (`rotation.rs`).
 
+mod attention_o;
 mod batch;
 pub mod batch_gemm;
 pub mod device;

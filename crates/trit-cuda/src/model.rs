@@ -34,20 +34,23 @@ const ATT_CHUNK: usize = 32;
 pub(crate) struct Buffers {
     pub(crate) toks: CudaSlice<i32>,
     pub(crate) step: CudaSlice<i32>,
-    x: CudaSlice<f32>,
+    pub(crate) x: CudaSlice<f32>,
     xn: CudaSlice<f32>,
-    xq: CudaSlice<i8>,
-    xm: CudaSlice<f32>,
-    qkv: CudaSlice<f32>,
+    pub(crate) xq: CudaSlice<i8>,
+    pub(crate) xm: CudaSlice<f32>,
+    pub(crate) qkv: CudaSlice<f32>,
     att: CudaSlice<f32>,
     gu: CudaSlice<f32>,
-    h: CudaSlice<f32>,
+    pub(crate) h: CudaSlice<f32>,
     part_o: CudaSlice<f32>,
     part_ml: CudaSlice<f32>,
     /// Per head: splits of the current step done (the last one merges; reset to 0 by it).
     counters: CudaSlice<u32>,
     /// Barrier counter of the persistent MLP kernel (`persist.rs`).
     persist: CudaSlice<u32>,
+    /// The attention + o kernel's pending sum per residual row (fixed point; zero between
+    /// layers: the down GEMV adds it into x and clears it; `attention_o.rs`).
+    pub(crate) pend: CudaSlice<u64>,
     pub(crate) logits: CudaSlice<f32>,
     /// Page-locked copy target (a pageable copy of 600 KB costs tens of microseconds more).
     host_logits: PinnedHostSlice<f32>,
@@ -62,8 +65,8 @@ pub(crate) struct State {
     pub(crate) b: Buffers,
     /// Chunk activations of the batched prefill, allocated on the first prompt.
     pub(crate) prefill: Option<PrefillBuffers>,
-    /// (with head, without head), captured on first use.
-    graphs: Option<(StepGraph, StepGraph)>,
+    /// Decode steps captured on first use, at `2·short + with_head` (short: `short_step`).
+    graphs: [Option<StepGraph>; 4],
     /// The device counter's value when known (None after an error or a batched call).
     pub(crate) device_pos: Option<usize>,
     /// Slots and row buffers of the batched path (`batch.rs`), made on its first use.
@@ -81,12 +84,15 @@ pub struct CudaModel {
     pub(crate) prefill_chunk: usize,
     n_splits: usize,
     att_min_chunk: usize,
-    rows_per_warp: Option<usize>,
-    max_split: usize,
+    pub(crate) rows_per_warp: Option<usize>,
+    pub(crate) max_split: usize,
     pub(crate) use_graph: bool,
-    fused: FusedSet,
-    persist_mlp: bool,
-    stream_down: bool,
+    pub(crate) fused: FusedSet,
+    pub(crate) persist_mlp: bool,
+    /// `CudaOptions::attention_o` and `attention_o_max`.
+    pub(crate) attention_o: bool,
+    attention_o_max: usize,
+    pub(crate) stream_down: bool,
     weight_bytes: usize,
     bytes_per_token: usize,
     device_name: String,
@@ -183,6 +189,8 @@ impl CudaModel {
             use_graph: opts.graph,
             fused,
             persist_mlp: opts.persist_mlp,
+            attention_o: opts.attention_o,
+            attention_o_max: opts.attention_o_max,
             stream_down: opts.stream_down,
             weight_bytes,
             bytes_per_token,
@@ -194,7 +202,7 @@ impl CudaModel {
                 w,
                 b,
                 prefill: None,
-                graphs: None,
+                graphs: [None, None, None, None],
                 device_pos: None,
                 batch: None,
                 top: None,
@@ -243,6 +251,7 @@ impl Buffers {
             part_ml: gpu.zeros(2 * c.n_heads * n_splits)?,
             counters: gpu.zeros(c.n_heads)?,
             persist: gpu.zeros(1)?,
+            pend: gpu.zeros(d)?,
             logits: gpu.zeros(c.vocab)?,
             // SAFETY: read only after the copy into it and a stream synchronize.
             host_logits: unsafe { gpu.ctx.alloc_pinned::<f32>(c.vocab) }
@@ -286,7 +295,13 @@ impl CudaModel {
 
     /// The fused GEMV's view of `m` when the decode step may use it for `m` (ternary, fits in
     /// shared memory, fused kernels on); `None`: the separate kernels.
-    fn fused_args(&self, st: &State, m: &DevMatrix, which: bool, glu: bool) -> Option<TernaryArgs> {
+    pub(crate) fn fused_args(
+        &self,
+        st: &State,
+        m: &DevMatrix,
+        which: bool,
+        glu: bool,
+    ) -> Option<TernaryArgs> {
         let r = self.rows_per_warp.unwrap_or(DEFAULT_ROWS_PER_WARP);
         if !which || ![2, 4, 8].contains(&r) {
             return None;
@@ -295,7 +310,7 @@ impl CudaModel {
         fused_fits(&a, glu).then_some(a)
     }
 
-    fn fused_gemv(
+    pub(crate) fn fused_gemv(
         &self,
         st: &State,
         m: &TernaryArgs,
@@ -333,6 +348,7 @@ impl CudaModel {
         st: &State,
         with_head: bool,
         kv: &[(u64, u64)],
+        short: bool,
     ) -> Result<()> {
         let c = &self.config;
         let (g, b, s) = (&st.gpu, &st.b, &st.gpu.stream);
@@ -371,6 +387,9 @@ impl CudaModel {
                 self.gemv(st, &blk.qkv, &normed, p(&b.qkv), false)?;
             }
             let opt = |v: &Option<CudaSlice<f32>>| v.as_ref().map_or(0, p);
+            if short && self.attention_o_layer(st, blk, li, kv)? {
+                continue;
+            }
             let fused_quant = hd.is_multiple_of(64);
             g.launch(
                 attn_decode_kernel(hd),
@@ -509,25 +528,34 @@ impl CudaModel {
         st: &State,
         with_head: bool,
         kv: &[(u64, u64)],
+        short: bool,
     ) -> Result<StepGraph> {
         StepGraph::capture(&st.gpu.stream, "decode graph", || {
-            self.enqueue_step(st, with_head, kv)
+            self.enqueue_step(st, with_head, kv, short)
         })
     }
 
-    pub(crate) fn run_step(&self, st: &mut State, with_head: bool) -> Result<()> {
+    /// Whether the step of the token at `pos` takes the attention + o kernel (a context short
+    /// enough for one block per head; `CudaOptions::attention_o_max`).
+    pub(crate) fn short_step(&self, pos: usize) -> bool {
+        self.attention_o && pos < self.attention_o_max
+    }
+
+    /// Runs the decode step of the token at `pos` (the device counter's value).
+    pub(crate) fn run_step(&self, st: &mut State, with_head: bool, pos: usize) -> Result<()> {
         let kv = Self::own_kv(st);
+        let short = self.short_step(pos);
         if !self.use_graph {
-            return self.enqueue_step(st, with_head, &kv);
+            return self.enqueue_step(st, with_head, &kv, short);
         }
-        if st.graphs.is_none() {
-            let with = self.capture(st, true, &kv)?;
-            let without = self.capture(st, false, &kv)?;
-            st.graphs = Some((with, without));
+        let at = 2 * short as usize + with_head as usize;
+        if st.graphs[at].is_none() {
+            st.graphs[at] = Some(self.capture(st, with_head, &kv, short)?);
         }
-        let (with, without) = st.graphs.as_ref().expect("captured above");
-        let g = if with_head { with } else { without };
-        g.launch("decode")
+        st.graphs[at]
+            .as_ref()
+            .expect("captured above")
+            .launch("decode")
     }
 
     fn forward_locked(
@@ -546,7 +574,7 @@ impl CudaModel {
         let mut out = Vec::new();
         for i in 0..tokens.len() {
             let want = which == Logits::All || i + 1 == tokens.len();
-            self.run_step(st, want)?;
+            self.run_step(st, want, pos0 + i)?;
             if which == Logits::All {
                 out.extend(self.read_logits(st)?);
             }
@@ -606,7 +634,7 @@ fn attn_decode_kernel(hd: usize) -> &'static str {
 /// persistent kernel); choosing R=1 for the 4096/6144-row matrices to get more warps (and R=4
 /// for the rest) gave 513 against 557 for R=4 everywhere: with one row per warp the int8
 /// activations are re-read from L1 once per row and that traffic, not DRAM, limits.
-const DEFAULT_ROWS_PER_WARP: usize = 4;
+pub(crate) const DEFAULT_ROWS_PER_WARP: usize = 4;
 
 /// The checks every GPU model makes before a forward pass: token ids inside the vocabulary, a
 /// cache no longer than the positions allocated on the GPU.

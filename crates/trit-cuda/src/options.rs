@@ -11,6 +11,9 @@ const ATT_MAX_SPLITS: usize = 16;
 /// merge's fence, counter and reloads cost more than the positions at short lengths).
 /// 8B tg128 (H200): 659 tok/s with 32, 650 with 128, 638 with 256.
 const ATT_MIN_CHUNK: usize = 32;
+/// Positions below which the decode step attends with one block per head inside the
+/// attention + o kernel (`CudaOptions::attention_o_max`).
+const ATT_O_MAX: usize = 128;
 
 /// Options of `CudaModel::load`.
 #[derive(Clone, Debug)]
@@ -56,6 +59,18 @@ pub struct CudaOptions {
     /// normalized and rotated in the streaming GEMV's prologue instead of by a `hadamard_quant`
     /// launch before it (`TRIT_CUDA_ROT_FUSE=0`).
     pub rotation_in_prologue: bool,
+    /// A dense decode step's attention and o projection as one kernel per layer at positions
+    /// below `attention_o_max` (`attention_o.rs`: one block per head and slice of o's rows;
+    /// `TRIT_CUDA_ATT_O=1`). Only where o is ternary, heads are 64 or 128 wide and the MLP
+    /// takes the default kernels (fused gate‖up on the streaming kernel, register-GEMV down).
+    /// Off by default: H200 tg128 from an empty cache 8B +3.5 %, 1.7B +18 %, but from 128
+    /// cached positions on it is slower than the split attention (BENCHMARKS "GPU, session
+    /// 13"), and chats soon pass that.
+    pub attention_o: bool,
+    /// Positions below which the decode step takes the attention + o kernel
+    /// (`TRIT_CUDA_ATT_O_MAX=N`): one block per head attends the whole context, which longer
+    /// contexts outgrow.
+    pub attention_o_max: usize,
 }
 
 /// Which matrices of the decode step take the fused GEMV.
@@ -162,6 +177,10 @@ impl CudaOptions {
             deltanet_early: env("TRIT_CUDA_DN_STEP").is_none_or(|v| v == "3"),
             deltanet_chunk: env("TRIT_CUDA_DN_CHUNK").is_none_or(|v| v != "0"),
             rotation_in_prologue: env("TRIT_CUDA_ROT_FUSE").is_none_or(|v| v != "0"),
+            attention_o: env("TRIT_CUDA_ATT_O").is_some_and(|v| v == "1"),
+            attention_o_max: env("TRIT_CUDA_ATT_O_MAX")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(ATT_O_MAX),
         }
     }
 }

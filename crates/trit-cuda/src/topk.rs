@@ -230,7 +230,7 @@ impl crate::model::CudaModel {
         let st: &mut State = &mut guard;
         let pos0 = cache.len();
         self.upload_inputs(st, tokens, pos0)?;
-        self.run_step(st, true)?;
+        self.run_step(st, true, pos0)?;
         let logits = ptr(&st.b.logits, &st.gpu.stream);
         let row = match one_row(&mut st.top, &st.gpu, logits, vocab, k)? {
             Some(t) => RowLogits::Top(t),

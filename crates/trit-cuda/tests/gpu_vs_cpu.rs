@@ -593,9 +593,10 @@ fn prefill_attention_kernels_match_an_f64_reference() {
 }
 
 /// Every way the decode step can run its matrices (all through the fused GEMV, none, and the
-/// default mix) against the CPU: a 40-token prompt, then decode steps across two attention
-/// splits of 32 positions (the merge through memory), on qwen3 (QK-norm) and llama; and the
-/// default with 128 positions per split (one block per head normalizes alone).
+/// default mix; attention and o in one kernel or apart, and switching between them mid-run)
+/// against the CPU: a 40-token prompt, then decode steps across two attention splits of 32
+/// positions (the merge through memory), on qwen3 (QK-norm) and llama; and the separate
+/// attention with 128 positions per split (one block per head normalizes alone).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn fused_and_separate_decode_kernels_match_the_cpu() {
@@ -610,21 +611,86 @@ fn fused_and_separate_decode_kernels_match_the_cpu() {
         generate(&p, 4, &out, &[q2], &TokenizerAssets::Placeholder).unwrap();
         let path = out.join("model-q2_0.gguf");
         let default = CudaOptions::new(128).fused;
-        for (name, set, min_chunk, persist, stream_down) in [
-            ("all fused", FusedSet::ALL, 32, false, false),
-            ("none fused", FusedSet::NONE, 32, false, false),
-            ("default", default, 32, false, false),
-            ("default, one attention split", default, 128, false, false),
-            ("persistent o + gate‖up + down", default, 32, true, false),
-            ("down streamed over int8", default, 32, false, true),
+        // att_o: positions below which the attention + o kernel runs (0: never; 44: the
+        // first 4 decode steps, then the separate kernels).
+        for (name, set, min_chunk, persist, stream_down, att_o) in [
+            ("all fused", FusedSet::ALL, 32, false, false, 256),
+            ("none fused", FusedSet::NONE, 32, false, false, 256),
+            (
+                "default (attention + o in one kernel)",
+                default,
+                32,
+                false,
+                false,
+                256,
+            ),
+            (
+                "attention + o, then apart from position 44",
+                default,
+                32,
+                false,
+                false,
+                44,
+            ),
+            ("attention and o apart", default, 32, false, false, 0),
+            (
+                "attention and o apart, one attention split",
+                default,
+                128,
+                false,
+                false,
+                0,
+            ),
+            ("persistent o + gate‖up + down", default, 32, true, false, 0),
+            ("down streamed over int8", default, 32, false, true, 0),
         ] {
             let mut opts = CudaOptions::new(128);
             opts.fused = set;
             opts.att_min_chunk = min_chunk;
             opts.persist_mlp = persist;
             opts.stream_down = stream_down;
+            opts.attention_o = att_o > 0;
+            opts.attention_o_max = att_o;
             let errs = compare_with(&path, &prompt(40, p.vocab, 3), 8, &opts);
             check(&format!("{preset} q2_0, {name}"), errs);
         }
     }
+}
+
+/// The attention + o kernel (the default at short contexts) keeps decode steps bit-reproducible
+/// (the heads' products meet in integer sums), and really runs: its logits differ in some bit
+/// from the separate kernels', whose float sums round otherwise. (Both are checked against the
+/// CPU in `fused_and_separate_decode_kernels_match_the_cpu`.)
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn attention_o_steps_are_reproducible_and_differ_from_the_separate_kernels() {
+    if gpu_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = Preset::by_name("tiny").unwrap();
+    let q2 = OutFormat::parse("q2_0").unwrap();
+    generate(&p, 5, dir.path(), &[q2], &TokenizerAssets::Placeholder).unwrap();
+    let files = trit::format::open(&dir.path().join("model-q2_0.gguf")).unwrap();
+    let run = |att_o: bool| -> Vec<Vec<f32>> {
+        let mut opts = CudaOptions::new(128);
+        opts.attention_o = att_o;
+        let gpu = load_model(&files, &opts).unwrap();
+        let mut cache = gpu.new_cache(128);
+        let mut feed = prompt(20, p.vocab, 7);
+        let mut rows = Vec::new();
+        for _ in 0..6 {
+            let logits = gpu.forward(&feed, &mut cache, Logits::Last).unwrap();
+            feed = vec![argmax(&logits)];
+            rows.push(logits);
+        }
+        rows
+    };
+    let (a, b, apart) = (run(true), run(true), run(false));
+    assert!(a == b, "two runs with the attention + o kernel differ");
+    // Row 0 is the prompt's (the batched prefill in both); the decode steps must differ.
+    assert!(
+        a[1..].iter().zip(&apart[1..]).any(|(x, y)| x != y),
+        "the attention + o kernel did not run: logits bit-equal to the separate kernels'"
+    );
 }

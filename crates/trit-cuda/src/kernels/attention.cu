@@ -179,75 +179,27 @@ __device__ __forceinline__ void write_head(const float* o, int h, int hd, float*
     }
 }
 
-// E = head_dim / 32 values per lane. Each warp takes DEC_U consecutive positions at a time (a
-// round) and issues all their K and V loads before the first dot product, so a warp waits for
-// memory once per round, not once per position — and its first round is requested before the
-// q/k/v prologue, the next one during the current (E ≤ 4), so at most one wait is exposed.
+// A warp's attention over positions p0, p0 + ROUND, ... (DEC_U at a time) below `end`: the
+// running maximum m, normalizer l and unnormalized output acc (E values per lane) of q (`qs`)
+// against the cache rows of its kv head (`kh`, `vh`), the current position's k and v taken
+// from shared memory. kk / vv hold the first round's cache reads, requested by the caller.
 template <int E>
-__device__ __forceinline__ void attn_decode_impl(
-    const float* __restrict__ qkv, const float* q_norm, const float* k_norm, float eps,
-    const float2* __restrict__ cos_sin, const int* step, int n_heads, int n_kv, int hd,
-    int adjacent, half_bits* kc, half_bits* vc, int ctx, float scale, float* part_o,
-    float2* part_ml, unsigned* counters, float* att, i8* q, float2* meta, int quant,
-    int min_chunk) {
-    __shared__ float2 scratch2[32];
-    __shared__ float tmp[MAX_HD], ktmp[MAX_HD];
-    __shared__ float qs[MAX_HD], kcur[MAX_HD], vcur[MAX_HD];
-    __shared__ float sm_m[DEC_WARPS], sm_l[DEC_WARPS];
-    __shared__ float sm_o[DEC_WARPS][MAX_HD];
-    __shared__ bool is_last;
-    static_assert(MAX_HD <= DEC_THREADS, "norm_rope_qk takes one element per thread");
-    pdl_launch_dependents();
-    // Weights: loaded before the wait, off the chain that follows it.
-    const int tid = threadIdx.x;
-    const float qn = q_norm != nullptr && tid < hd ? q_norm[tid] : 1.0f;
-    const float kn = k_norm != nullptr && tid < hd ? k_norm[tid] : 1.0f;
-    pdl_wait();
-    PROBE_SKIP(1);
-    const int h = blockIdx.x, s = blockIdx.y, n_splits = gridDim.y;
-    const int pos = step[0], len = pos + 1;
-    // Positions per split: len spread over the grid's splits, a multiple of DEC_CHUNK, and
-    // at least min_chunk (a short context in one block skips the merge through memory).
-    const int chunk = max(min_chunk,
-                          ((len + n_splits - 1) / n_splits + DEC_CHUNK - 1) / DEC_CHUNK * DEC_CHUNK);
-    const int used = (len + chunk - 1) / chunk;
-    if (s >= used) return;
-    const int start = s * chunk, end = min(start + chunk, len);
-    const int group = n_heads / n_kv, kvh = h / group;
-    const float2* cs = cos_sin + (size_t)pos * (hd / 2);
-    const size_t kv_row = (size_t)kvh * ctx * hd;
-
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    // The warp's first round of cache reads is requested before the q/k/v prologue, so it
-    // loads during that chain of dependent loads and barriers; with E ≤ 4 each later round is
-    // requested one round ahead (more would cost registers).
+__device__ __forceinline__ void attend_rounds(const float* qs, const float* kcur,
+                                              const float* vcur, const half_bits* kh,
+                                              const half_bits* vh, int hd, int p0, int end,
+                                              int pos, bool has_current, int lane,
+                                              float (&kk)[DEC_U][E], float (&vv)[DEC_U][E],
+                                              float& m, float& l, float (&acc)[E]) {
     constexpr bool PIPE = E <= 4;
     constexpr int ROUND = DEC_WARPS * DEC_U;
-    const half_bits* kh = kc + kv_row;
-    const half_bits* vh = vc + kv_row;
-    int p0 = start + warp * DEC_U;
-    float kk[DEC_U][E], vv[DEC_U][E];
-    if (p0 < end) load_round<E>(kh, vh, hd, p0, end, pos, lane, kk, vv);
-
-    const bool has_current = end == len;
-    norm_rope_qk(qkv + (size_t)h * hd,
-                 has_current ? qkv + (size_t)(n_heads + kvh) * hd : nullptr,
-                 qkv + (size_t)(n_heads + n_kv + kvh) * hd, q_norm, k_norm, qn, kn, eps, cs,
-                 hd, adjacent, scale, tmp, ktmp, qs, kcur, vcur, scratch2);
-    if (has_current && h % group == 0) {
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-            kc[kv_row + (size_t)pos * hd + i] = f2h(kcur[i]);
-            vc[kv_row + (size_t)pos * hd + i] = f2h(vcur[i]);
-        }
-    }
-
-    float qv[E], acc[E];
+    float qv[E];
 #pragma unroll
     for (int e = 0; e < E; e++) {
         qv[e] = qs[lane * E + e];
         acc[e] = 0.0f;
     }
-    float m = -INFINITY, l = 0.0f;
+    m = -INFINITY;
+    l = 0.0f;
     while (p0 < end) {
         if (has_current && pos >= p0 && pos < p0 + DEC_U) {
 #pragma unroll
@@ -304,6 +256,71 @@ __device__ __forceinline__ void attn_decode_impl(
         }
         p0 = p1;
     }
+}
+
+// E = head_dim / 32 values per lane. Each warp takes DEC_U consecutive positions at a time (a
+// round) and issues all their K and V loads before the first dot product, so a warp waits for
+// memory once per round, not once per position — and its first round is requested before the
+// q/k/v prologue, the next one during the current (E ≤ 4), so at most one wait is exposed.
+template <int E>
+__device__ __forceinline__ void attn_decode_impl(
+    const float* __restrict__ qkv, const float* q_norm, const float* k_norm, float eps,
+    const float2* __restrict__ cos_sin, const int* step, int n_heads, int n_kv, int hd,
+    int adjacent, half_bits* kc, half_bits* vc, int ctx, float scale, float* part_o,
+    float2* part_ml, unsigned* counters, float* att, i8* q, float2* meta, int quant,
+    int min_chunk) {
+    __shared__ float2 scratch2[32];
+    __shared__ float tmp[MAX_HD], ktmp[MAX_HD];
+    __shared__ float qs[MAX_HD], kcur[MAX_HD], vcur[MAX_HD];
+    __shared__ float sm_m[DEC_WARPS], sm_l[DEC_WARPS];
+    __shared__ float sm_o[DEC_WARPS][MAX_HD];
+    __shared__ bool is_last;
+    static_assert(MAX_HD <= DEC_THREADS, "norm_rope_qk takes one element per thread");
+    pdl_launch_dependents();
+    // Weights: loaded before the wait, off the chain that follows it.
+    const int tid = threadIdx.x;
+    const float qn = q_norm != nullptr && tid < hd ? q_norm[tid] : 1.0f;
+    const float kn = k_norm != nullptr && tid < hd ? k_norm[tid] : 1.0f;
+    pdl_wait();
+    PROBE_SKIP(1);
+    const int h = blockIdx.x, s = blockIdx.y, n_splits = gridDim.y;
+    const int pos = step[0], len = pos + 1;
+    // Positions per split: len spread over the grid's splits, a multiple of DEC_CHUNK, and
+    // at least min_chunk (a short context in one block skips the merge through memory).
+    const int chunk = max(min_chunk,
+                          ((len + n_splits - 1) / n_splits + DEC_CHUNK - 1) / DEC_CHUNK * DEC_CHUNK);
+    const int used = (len + chunk - 1) / chunk;
+    if (s >= used) return;
+    const int start = s * chunk, end = min(start + chunk, len);
+    const int group = n_heads / n_kv, kvh = h / group;
+    const float2* cs = cos_sin + (size_t)pos * (hd / 2);
+    const size_t kv_row = (size_t)kvh * ctx * hd;
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // The warp's first round of cache reads is requested before the q/k/v prologue, so it
+    // loads during that chain of dependent loads and barriers; with E ≤ 4 each later round is
+    // requested one round ahead (more would cost registers; attend_rounds).
+    const half_bits* kh = kc + kv_row;
+    const half_bits* vh = vc + kv_row;
+    int p0 = start + warp * DEC_U;
+    float kk[DEC_U][E], vv[DEC_U][E];
+    if (p0 < end) load_round<E>(kh, vh, hd, p0, end, pos, lane, kk, vv);
+
+    const bool has_current = end == len;
+    norm_rope_qk(qkv + (size_t)h * hd,
+                 has_current ? qkv + (size_t)(n_heads + kvh) * hd : nullptr,
+                 qkv + (size_t)(n_heads + n_kv + kvh) * hd, q_norm, k_norm, qn, kn, eps, cs,
+                 hd, adjacent, scale, tmp, ktmp, qs, kcur, vcur, scratch2);
+    if (has_current && h % group == 0) {
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+            kc[kv_row + (size_t)pos * hd + i] = f2h(kcur[i]);
+            vc[kv_row + (size_t)pos * hd + i] = f2h(vcur[i]);
+        }
+    }
+
+    float m, l, acc[E];
+    attend_rounds<E>(qs, kcur, vcur, kh, vh, hd, p0, end, pos, has_current, lane, kk, vv, m, l,
+                     acc);
     if (lane == 0) {
         sm_m[warp] = m;
         sm_l[warp] = l;

@@ -54,6 +54,15 @@ __device__ __forceinline__ int dot_block(uint4 w, const uint4 (&a)[4]) {
 __device__ __forceinline__ float load_scale(const half_bits* s, size_t i) { return h2f(__ldg(s + i)); }
 __device__ __forceinline__ float load_scale(const float* s, size_t i) { return __ldg(s + i); }
 
+// The residual's pending sum (attention_o.cu): the products of the attention + o kernel meet
+// as 64-bit fixed point in units of 2^-32 (integer atomics: the same sum in any order). Its
+// two readers (FG_IN_NORM_PEND's prologue, the down GEMV's epilogue) convert it with this
+// one function, so both see the same x + pend.
+__device__ __forceinline__ long long pend_fixed(float y) { return __float2ll_rn(y * 4294967296.0f); }
+__device__ __forceinline__ float pend_value(unsigned long long p) {
+    return __ll2float_rn((long long)p) * 2.3283064365386963e-10f;
+}
+
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
     uint4 v;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
@@ -152,7 +161,8 @@ __device__ __forceinline__ void ternary_gemv(const uint4* __restrict__ codes,
                                              const S* __restrict__ scales, int rows, int nb,
                                              const uint4* __restrict__ xq,
                                              const float2* __restrict__ meta,
-                                             float* __restrict__ y, int accumulate) {
+                                             float* __restrict__ y, int accumulate,
+                                             unsigned long long* __restrict__ pend) {
     __shared__ float red[SPLIT][R];
     const int lane = threadIdx.x & 31, sub = threadIdx.x >> 5;
     const int groups = (rows + R - 1) / R;
@@ -219,7 +229,15 @@ __device__ __forceinline__ void ternary_gemv(const uint4* __restrict__ codes,
                 for (int w = 0; w < SPLIT; w++) v += red[w][lane];
                 const int r = g * R + lane;
                 if (r < rows) {
-                    if (accumulate) y[r] += v; else y[r] = v;
+                    if (!accumulate) {
+                        y[r] = v;
+                    } else if (pend == nullptr) {
+                        y[r] += v;
+                    } else {
+                        // The pending attention + o products join x here, once (pend_value).
+                        y[r] = (y[r] + pend_value(__ldcg(pend + r))) + v;
+                        pend[r] = 0;
+                    }
                 }
             }
             __syncthreads();
@@ -234,8 +252,8 @@ __device__ __forceinline__ void ternary_gemv(const uint4* __restrict__ codes,
 #define TERNARY_GEMV(R, SPLIT, SN, S)                                                         \
     extern "C" __global__ void ternary_gemv_r##R##_s##SPLIT##_##SN(                           \
         const uint4* codes, const S* scales, int rows, int nb, const uint4* xq,               \
-        const float2* meta, float* y, int accumulate) {                                       \
-        ternary_gemv<R, SPLIT, S>(codes, scales, rows, nb, xq, meta, y, accumulate);          \
+        const float2* meta, float* y, int accumulate, unsigned long long* pend) {             \
+        ternary_gemv<R, SPLIT, S>(codes, scales, rows, nb, xq, meta, y, accumulate, pend);    \
     }
 #define TERNARY_GEMV_SPLITS(R, SN, S) \
     TERNARY_GEMV(R, 1, SN, S) TERNARY_GEMV(R, 2, SN, S) TERNARY_GEMV(R, 4, SN, S)
@@ -305,6 +323,9 @@ extern "C" __global__ void dense_gemv(const float* __restrict__ w, int rows, int
 // FG_IN_NORM, then Bonsai 2's rotation (signs, blockwise Walsh–Hadamard transform) before the
 // quantization: the streaming GEMV only (fg_prologue_rot).
 #define FG_IN_NORM_ROT 3
+// FG_IN_NORM of x + pend (the attention + o kernel's pending sum, attention_o.cu), the pend
+// pointer passed in the q argument.
+#define FG_IN_NORM_PEND 4
 // Bit 1 of the fused GEMVs' flags argument (bit 0: gate‖up): the next kernel is let start only
 // after this one's griddepcontrol.wait, so everything written before this kernel (its input x
 // among it) is final wherever the next one runs — which may then read it before its own wait.
@@ -404,8 +425,8 @@ __device__ __forceinline__ FgGamma fg_gamma(int mode, int nb, const float* __res
 #pragma unroll
     for (int k = 0; k < FG_REGS; k++) {
         const int c = k * T + t;
-        r.g[k] = (mode == FG_IN_NORM || mode == FG_IN_NORM_ROT) && c < n4 ? ((const float4*)gamma)[c]
-                                              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const bool norm = mode == FG_IN_NORM || mode == FG_IN_NORM_ROT || mode == FG_IN_NORM_PEND;
+        r.g[k] = norm && c < n4 ? ((const float4*)gamma)[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     return r;
 }
@@ -415,7 +436,22 @@ __device__ __forceinline__ FgGamma fg_gamma(int mode, int nb, const float* __res
 // 64 values; or the int8 blocks copied (FG_IN_Q). x is read once:
 // the first FG_REGS float4s per thread stay in registers between the sum of squares and the
 // quantization. 16 consecutive threads hold one 64-value block; every trip count is uniform.
-template <bool L2 = false>
+// x's float4 c, plus (PEND, where `pend` is set) the pending sum's four values.
+template <bool L2, bool PEND>
+__device__ __forceinline__ float4 fg_load_xp(const float4* __restrict__ x4,
+                                             const ulonglong2* __restrict__ pend, int c) {
+    float4 v = fg_load_x<L2>(x4 + c);
+    if (PEND && pend != nullptr) {
+        const ulonglong2 a = __ldcg(pend + 2 * c), b = __ldcg(pend + 2 * c + 1);
+        v = make_float4(v.x + pend_value(a.x), v.y + pend_value(a.y), v.z + pend_value(b.x),
+                        v.w + pend_value(b.y));
+    }
+    return v;
+}
+
+// PEND: the kernel takes FG_IN_NORM_PEND inputs (compiled only into the `_pend_` streaming
+// kernels: the pending sum's loads cost the others 14 registers).
+template <bool L2 = false, bool PEND = false>
 __device__ __forceinline__ void fg_prologue(int mode, int nb, const float* __restrict__ x,
                                             const FgGamma& gr, const float* __restrict__ gamma,
                                             float eps, const uint4* __restrict__ q,
@@ -430,27 +466,29 @@ __device__ __forceinline__ void fg_prologue(int mode, int nb, const float* __res
     const int n4 = nb * 16;
     const float4* x4 = (const float4*)x;
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const bool norm = mode == FG_IN_NORM || (PEND && mode == FG_IN_NORM_PEND);
+    const ulonglong2* pend = PEND && mode == FG_IN_NORM_PEND ? (const ulonglong2*)q : nullptr;
     auto sq = [](float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; };
     float4 xv[FG_REGS];
     float ss = 0.0f;
 #pragma unroll
     for (int k = 0; k < FG_REGS; k++) {
         const int c = k * T + t;
-        xv[k] = c < n4 ? fg_load_x<L2>(x4 + c) : zero;
+        xv[k] = c < n4 ? fg_load_xp<L2, PEND>(x4, pend, c) : zero;
         ss += sq(xv[k]);
     }
     float inv = 1.0f;
-    if (mode == FG_IN_NORM) {
-        for (int c = FG_REGS * T + t; c < n4; c += T) ss += sq(fg_load_x<L2>(x4 + c));
+    if (norm) {
+        for (int c = FG_REGS * T + t; c < n4; c += T)
+            ss += sq(fg_load_xp<L2, PEND>(x4, pend, c));
         ss = block_sum(ss, scratch);
         inv = 1.0f / sqrtf(ss / (float)(nb * QBLOCK) + eps);
     }
     auto emit = [&](int c, float4 v, float4 g) {
         float4 o = zero;
         if (c < n4)
-            o = mode == FG_IN_NORM
-                    ? make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w)
-                    : v;
+            o = norm ? make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w)
+                     : v;
         float2 bm;
         const char4 packed = quant_block_float4(o, bm);
         if (c < n4) {
@@ -466,8 +504,8 @@ __device__ __forceinline__ void fg_prologue(int mode, int nb, const float* __res
     for (int c0 = FG_REGS * T; c0 < n4; c0 += T) {
         const int c = c0 + t;
         const bool in = c < n4;
-        emit(c, in ? fg_load_x<L2>(x4 + c) : zero,
-             in && mode == FG_IN_NORM ? ((const float4*)gamma)[c] : zero);
+        emit(c, in ? fg_load_xp<L2, PEND>(x4, pend, c) : zero,
+             in && norm ? ((const float4*)gamma)[c] : zero);
     }
 }
 

@@ -158,7 +158,7 @@ __device__ __forceinline__ StreamWarp<R> stream_begin(const uint4* __restrict__ 
 // The rest once the input exists: every block builds the int8 input (fg_prologue), then each
 // warp computes its items, requesting one more per item. L2: x and the residual are read
 // through L2 (a persistent caller's other blocks wrote them in its previous phase).
-template <int R, int SPLIT, typename S, bool L2, bool ROT = false>
+template <int R, int SPLIT, typename S, bool L2, bool ROT = false, bool PEND = false>
 __device__ __forceinline__ void stream_finish(
     StreamWarp<R>& w, const uint4* __restrict__ codes, const S* __restrict__ scales, int rows,
     int nb, int mode, const float* __restrict__ x, const FgGamma& gr,
@@ -180,7 +180,7 @@ __device__ __forceinline__ void stream_finish(
         fg_prologue_rot<L2>(nb, x, gr, gamma, eps, rot, (float*)(dyn + ring_end), xs, ms,
                             scratch);
     } else {
-        fg_prologue<L2>(mode, nb, x, gr, gamma, eps, q, meta, xs, ms, scratch);
+        fg_prologue<L2, PEND>(mode, nb, x, gr, gamma, eps, q, meta, xs, ms, scratch);
     }
     __syncthreads();
     float acc[R];
@@ -230,7 +230,7 @@ __device__ __forceinline__ void stream_finish(
 
 // One matrix as one kernel: the first weights are requested before griddepcontrol.wait, so
 // they load while the previous kernel finishes.
-template <int R, int SPLIT, typename S, bool ROT>
+template <int R, int SPLIT, typename S, bool ROT, bool PEND>
 __device__ __forceinline__ void ternary_gemv_stream(
     const uint4* __restrict__ codes, const S* __restrict__ scales, int rows, int nb, int mode,
     const float* __restrict__ x, const float* __restrict__ gamma, float eps,
@@ -247,28 +247,29 @@ __device__ __forceinline__ void ternary_gemv_stream(
     if (TRIT_PROBE_SKIP & 8) cp_async_wait_all();  // no copy may outlive the block
 #endif
     PROBE_SKIP(8);
-    stream_finish<R, SPLIT, S, false, ROT>(w, codes, scales, rows, nb, mode, x, gr, gamma, eps,
-                                           q, meta, y, accumulate, glu, rot);
+    stream_finish<R, SPLIT, S, false, ROT, PEND>(w, codes, scales, rows, nb, mode, x, gr, gamma,
+                                                 eps, q, meta, y, accumulate, glu, rot);
 }
 
-// The `_rot_` kernels take FG_IN_NORM_ROT inputs only; the others every other mode. Separate
-// because the rotating prologue raised the kernel's registers from 66 to 86 (ptxas, sm_90),
-// which would keep the next kernel's early blocks off a multiprocessor (README, PDL). The
-// `_rot_` kernels themselves take 80: beside one of 17 warps, `deltanet_step_early`'s 12
-// warps of 64 registers no longer fit (43,520 + 24,576 > 65,536), so behind a rotated q‖k‖v‖z
-// it starts only when the GEMV's block ends — to measure.
-#define TERNARY_GEMV_STREAM_KIND(NAME, R, SPLIT, SN, S, ROT)                                   \
+// The `_rot_` kernels take FG_IN_NORM_ROT inputs only, the `_pend_` ones FG_IN_NORM_PEND
+// (attention_o.cu) besides the plain modes; the others every other mode. Separate because the
+// rotating prologue raised the kernel's registers from 66 to 86 (ptxas, sm_90), and the
+// pending sum's loads to 80, which would keep the next kernel's early blocks off a
+// multiprocessor (README, PDL). The `_rot_` kernels themselves take 80: beside one of 17
+// warps, `deltanet_step_early`'s 12 warps of 64 registers no longer fit (43,520 + 24,576 >
+// 65,536), so behind a rotated q‖k‖v‖z it starts only when the GEMV's block ends.
+#define TERNARY_GEMV_STREAM_KIND(NAME, R, SPLIT, SN, S, ROT, PEND)                             \
     extern "C" __global__ void NAME##_r##R##_s##SPLIT##_##SN(                                  \
         const uint4* codes, const S* scales, int rows, int nb, int mode, const float* x,        \
         const float* gamma, float eps, const uint4* q, const float2* meta, float* y,            \
         int accumulate, int glu, const float* signs, int rot_block) {                          \
-        ternary_gemv_stream<R, SPLIT, S, ROT>(codes, scales, rows, nb, mode, x, gamma, eps, q,  \
-                                              meta, y, accumulate, glu,                        \
-                                              FgRot{signs, rot_block});                        \
+        ternary_gemv_stream<R, SPLIT, S, ROT, PEND>(codes, scales, rows, nb, mode, x, gamma,    \
+                                                    eps, q, meta, y, accumulate, glu,          \
+                                                    FgRot{signs, rot_block});                  \
     }
-#define TERNARY_GEMV_STREAM(R, SPLIT, SN, S)                                 \
-    TERNARY_GEMV_STREAM_KIND(ternary_gemv_stream, R, SPLIT, SN, S, false)    \
-    TERNARY_GEMV_STREAM_KIND(ternary_gemv_stream_rot, R, SPLIT, SN, S, true)
+#define TERNARY_GEMV_STREAM(R, SPLIT, SN, S)                                    \
+    TERNARY_GEMV_STREAM_KIND(ternary_gemv_stream, R, SPLIT, SN, S, false, false) \
+    TERNARY_GEMV_STREAM_KIND(ternary_gemv_stream_rot, R, SPLIT, SN, S, true, false)
 #define TERNARY_GEMV_STREAM_ALL(R, SN, S) \
     TERNARY_GEMV_STREAM(R, 1, SN, S) TERNARY_GEMV_STREAM(R, 2, SN, S) TERNARY_GEMV_STREAM(R, 4, SN, S)
 TERNARY_GEMV_STREAM_ALL(2, f16, half_bits)
@@ -277,3 +278,13 @@ TERNARY_GEMV_STREAM_ALL(8, f16, half_bits)
 TERNARY_GEMV_STREAM_ALL(2, f32, float)
 TERNARY_GEMV_STREAM_ALL(4, f32, float)
 TERNARY_GEMV_STREAM_ALL(8, f32, float)
+// The `_pend_` kernels for 4 rows per warp only (the default; attention_o.rs checks it): each
+// kernel kind costs NVRTC time at first start.
+#define TERNARY_GEMV_STREAM_PEND(SPLIT, SN, S) \
+    TERNARY_GEMV_STREAM_KIND(ternary_gemv_stream_pend, 4, SPLIT, SN, S, false, true)
+TERNARY_GEMV_STREAM_PEND(1, f16, half_bits)
+TERNARY_GEMV_STREAM_PEND(2, f16, half_bits)
+TERNARY_GEMV_STREAM_PEND(4, f16, half_bits)
+TERNARY_GEMV_STREAM_PEND(1, f32, float)
+TERNARY_GEMV_STREAM_PEND(2, f32, float)
+TERNARY_GEMV_STREAM_PEND(4, f32, float)
