@@ -258,6 +258,34 @@ __device__ __forceinline__ void attend_rounds(const float* qs, const float* kcur
     }
 }
 
+// One head's output from the partial softmax of each of the block's NW warps (max m, sum l,
+// unnormalized acc with E values per lane): every warp's share rescaled to the block's max,
+// then normalized, into out[0..hd) (shared or global memory). The whole block calls it; sm_m,
+// sm_l (NW floats) and sm_o (NW rows of at least hd) are its shared scratch.
+template <int NW, int E, int W>
+__device__ __forceinline__ void merge_warps(float m, float l, const float (&acc)[E], float* sm_m,
+                                            float* sm_l, float (*sm_o)[W], float* out, int hd) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+        sm_m[warp] = m;
+        sm_l[warp] = l;
+    }
+#pragma unroll
+    for (int e = 0; e < E; e++) sm_o[warp][lane * E + e] = acc[e];
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < NW; w++) M = fmaxf(M, sm_m[w]);
+    float L = 0.0f;
+    for (int w = 0; w < NW; w++)
+        if (sm_m[w] > -INFINITY) L += sm_l[w] * expf(sm_m[w] - M);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float o = 0.0f;
+        for (int w = 0; w < NW; w++)
+            if (sm_m[w] > -INFINITY) o += sm_o[w][i] * expf(sm_m[w] - M);
+        out[i] = o / L;
+    }
+}
+
 // E = head_dim / 32 values per lane. Each warp takes DEC_U consecutive positions at a time (a
 // round) and issues all their K and V loads before the first dot product, so a warp waits for
 // memory once per round, not once per position — and its first round is requested before the

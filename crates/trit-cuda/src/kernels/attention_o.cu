@@ -81,24 +81,7 @@ __device__ __forceinline__ void attn_o_decode_impl(
     }
     float m, l, acc[E];
     attend_rounds<E>(qs, kcur, vcur, kh, vh, HD, p0, len, pos, true, lane, kk, vv, m, l, acc);
-    if (lane == 0) {
-        sm_m[warp] = m;
-        sm_l[warp] = l;
-    }
-#pragma unroll
-    for (int e = 0; e < E; e++) sm_o[warp][lane * E + e] = acc[e];
-    __syncthreads();
-    float M = -INFINITY;
-    for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, sm_m[w]);
-    float L = 0.0f;
-    for (int w = 0; w < DEC_WARPS; w++)
-        if (sm_m[w] > -INFINITY) L += sm_l[w] * expf(sm_m[w] - M);
-    for (int i = tid; i < HD; i += blockDim.x) {
-        float o = 0.0f;
-        for (int w = 0; w < DEC_WARPS; w++)
-            if (sm_m[w] > -INFINITY) o += sm_o[w][i] * expf(sm_m[w] - M);
-        tmp[i] = o / L;
-    }
+    merge_warps<DEC_WARPS, E>(m, l, acc, sm_m, sm_l, sm_o, tmp, HD);
     __syncthreads();
     if (warp < NBH)
         quant_block_warp(tmp[warp * QBLOCK + lane], tmp[warp * QBLOCK + lane + 32],

@@ -89,24 +89,8 @@ __device__ __forceinline__ void attn_rows(const float* __restrict__ qr, const in
         for (int e = 0; e < E; e++) acc[e] = acc[e] * corr + pe * h2f(vp[e]);
         m = mn;
     }
-    if (lane == 0) {
-        sm_m[warp] = m;
-        sm_l[warp] = l;
-    }
-#pragma unroll
-    for (int e = 0; e < E; e++) sm_o[warp][lane * E + e] = acc[e];
-    __syncthreads();
-    float M = -INFINITY;
-    for (int w = 0; w < ATT_WARPS; w++) M = fmaxf(M, sm_m[w]);
-    float L = 0.0f;
-    for (int w = 0; w < ATT_WARPS; w++)
-        if (sm_m[w] > -INFINITY) L += sm_l[w] * expf(sm_m[w] - M);
-    for (int k = threadIdx.x; k < hd; k += blockDim.x) {
-        float o = 0.0f;
-        for (int w = 0; w < ATT_WARPS; w++)
-            if (sm_m[w] > -INFINITY) o += sm_o[w][k] * expf(sm_m[w] - M);
-        att[((size_t)r * n_heads + h) * hd + k] = o / L;
-    }
+    float* out = att + ((size_t)r * n_heads + h) * hd;
+    merge_warps<ATT_WARPS, E>(m, l, acc, sm_m, sm_l, sm_o, out, hd);
 }
 
 // One kernel per head size (E = head_dim / 32 values per lane).
