@@ -1,8 +1,9 @@
 //! The scheduler over a device backend (`ExternalNet` with KV slots, like the GPU model): at
 //! most `max_sequences` run together, the rest wait; no host block is mapped into a slot, but a
 //! finished sequence's slot is reused by a later prompt that starts with its tokens (a chat
-//! follow-up re-sent as full history computes only the new part), and every request gets what
-//! it gets alone; every slot is back in its pool once the scheduler is gone.
+//! follow-up re-sent as full history computes only the new part), a running one's prefix is
+//! copied into a new sequence's slot where the backend can, and every request gets what it
+//! gets alone; every slot is back in its pool once the scheduler is gone.
 //!
 //! The backend here is a stand-in that keeps each slot's keys/values in a CPU cache of the
 //! default model, so its logits are the CPU engine's (tested against mlx-lm and llama.cpp).
@@ -40,6 +41,11 @@ struct SlotNet {
     /// Decode rows asked for as candidates / in full.
     top_rows: AtomicUsize,
     full_rows: AtomicUsize,
+    /// Answer `copy_prefix` (else the trait's default: not supported), and the tokens each
+    /// slot's cache holds, which a copy recomputes (on a GPU: a device-to-device copy).
+    copies_prefixes: bool,
+    slot_tokens: Mutex<Vec<Vec<u32>>>,
+    copies: AtomicUsize,
 }
 
 impl ExternalNet for SlotNet {
@@ -65,6 +71,13 @@ impl ExternalNet for SlotNet {
         self.pool.capacity()
     }
 
+    fn copy_prefix(&self, src: &KvCache, dst: &mut KvCache, n: usize) -> trit::Result<bool> {
+        if !self.copies_prefixes {
+            return Ok(false);
+        }
+        self.copy(src, dst, n)
+    }
+
     fn forward_batch(&self, seqs: &mut [BatchSeq<'_>]) -> trit::Result<Vec<Vec<f32>>> {
         self.widest.fetch_max(seqs.len(), Ordering::SeqCst);
         let mut slots = self.slot_caches.lock().unwrap();
@@ -86,6 +99,9 @@ impl ExternalNet for SlotNet {
             let i = s.cache.device_slot().unwrap().index();
             let mut c = slots[i].take().expect("a cache per owned slot");
             c.truncate(s.cache.len());
+            let mut held = self.slot_tokens.lock().unwrap();
+            held[i].truncate(s.cache.len());
+            held[i].extend_from_slice(s.tokens);
             taken.push((i, c));
         }
         let mut batch: Vec<BatchSeq<'_>> = seqs
@@ -131,6 +147,25 @@ impl ExternalNet for SlotNet {
 }
 
 impl SlotNet {
+    /// `copy_prefix` of a running sequence's first `n` positions into a new slot for `dst`.
+    fn copy(&self, src: &KvCache, dst: &mut KvCache, n: usize) -> trit::Result<bool> {
+        let Some(from) = src.device_slot().map(|s| s.index()) else {
+            return Ok(false);
+        };
+        let Some(slot) = self.pool.take() else {
+            return Ok(false);
+        };
+        let tokens = self.slot_tokens.lock().unwrap()[from][..n].to_vec();
+        let mut c = self.inner.new_cache(self.ctx);
+        self.inner.forward(&tokens, &mut c, Logits::Last)?;
+        self.slot_caches.lock().unwrap()[slot.index()] = Some(c);
+        self.slot_tokens.lock().unwrap()[slot.index()] = tokens;
+        dst.set_device_slot(slot);
+        dst.advance(n);
+        self.copies.fetch_add(1, Ordering::SeqCst);
+        Ok(true)
+    }
+
     fn new(inner: Model, slots: usize, ctx: usize, candidates: bool) -> SlotNet {
         SlotNet {
             inner,
@@ -142,6 +177,9 @@ impl SlotNet {
             candidates,
             top_rows: AtomicUsize::new(0),
             full_rows: AtomicUsize::new(0),
+            copies_prefixes: false,
+            slot_tokens: Mutex::new(vec![Vec::new(); slots]),
+            copies: AtomicUsize::new(0),
         }
     }
 }
@@ -167,6 +205,9 @@ impl ExternalNet for Shared {
     }
     fn forward_batch(&self, s: &mut [BatchSeq<'_>]) -> trit::Result<Vec<Vec<f32>>> {
         self.0.forward_batch(s)
+    }
+    fn copy_prefix(&self, src: &KvCache, dst: &mut KvCache, n: usize) -> trit::Result<bool> {
+        self.0.copy_prefix(src, dst, n)
     }
     fn forward_batch_top(
         &self,
@@ -293,6 +334,80 @@ fn device_backend_runs_at_most_its_slots_reuses_finished_slots_and_returns_every
     assert_eq!(st.requests_processing, 0);
     // Parked caches keep their slots while the scheduler lives; once it is gone, every slot
     // is back in the pool.
+    drop(sched);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while pool.free_count() != 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(pool.free_count(), 2);
+}
+
+/// Sequences that run at the same time share a prompt's beginning through a slot-to-slot
+/// copy (the backend's `copy_prefix`): the second of two requests with a common head, admitted
+/// while the first still decodes, gets the head copied from the first one's slot and computes
+/// only the rest; both reply what they reply alone, and every slot comes back.
+#[test]
+fn a_running_sequences_prefix_is_copied_into_a_new_sequences_slot() {
+    let (files, tok) = default_model();
+    let ctx = 256;
+    let mut net = SlotNet::new(Model::load(&files, 2).unwrap(), 2, ctx, false);
+    net.copies_prefixes = true;
+    let net = Arc::new(net);
+    let pool = net.pool.clone();
+    let model = Arc::new(Model::from_external(Box::new(Shared(net.clone()))));
+    let sched = Scheduler::start(
+        model,
+        tok.clone(),
+        SchedulerConfig {
+            n_ctx: ctx,
+            parallel: 2,
+            max_queue: 4,
+            kv_cache_bytes: 64 << 20,
+        },
+    )
+    .unwrap();
+    let head = tok
+        .encode(
+            &"The old lighthouse keeper climbed the stairs. ".repeat(8),
+            false,
+        )
+        .unwrap();
+    let with = |s: &str| {
+        let mut p = head.clone();
+        p.extend(tok.encode(s, false).unwrap());
+        p
+    };
+    let (a, b) = (with(" First"), with(" Then the storm"));
+    let rx_a = submit(&sched, &a, greedy(48));
+    // A's first token: its prompt is in its slot, and 47 more steps keep it running.
+    let mut a_tokens = Vec::new();
+    while a_tokens.is_empty() {
+        match rx_a.recv_timeout(Duration::from_secs(120)).unwrap() {
+            SeqEvent::Piece { token, .. } => a_tokens.extend(token),
+            SeqEvent::Prompt { .. } => {}
+            SeqEvent::Done(_) => panic!("the first request finished before the second came"),
+            SeqEvent::Error(e) => panic!("unexpected error {e}"),
+        }
+    }
+    let (b_tokens, b_sum) = collect(&submit(&sched, &b, greedy(5)));
+    let (rest, a_sum) = collect(&rx_a);
+    a_tokens.extend(rest);
+    assert_eq!(a_sum.cached_tokens, 0);
+    assert_eq!(
+        b_sum.cached_tokens,
+        head.len(),
+        "the common head copied from the running sequence"
+    );
+    assert_eq!(net.copies.load(Ordering::SeqCst), 1);
+    let cpu = Arc::new(Model::load(&files, 2).unwrap());
+    for (p, tokens, n) in [(&a, &a_tokens, 48), (&b, &b_tokens, 5)] {
+        let mut session = Session::new(cpu.clone(), ctx);
+        let alone = generate(&mut session, &tok, p, &greedy(n), &mut |_| true)
+            .unwrap()
+            .tokens;
+        assert_eq!(tokens, &alone);
+    }
+    assert!(sched.stats().prefix_hits_total >= 1);
     drop(sched);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while pool.free_count() != 2 && std::time::Instant::now() < deadline {

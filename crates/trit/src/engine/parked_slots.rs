@@ -4,7 +4,8 @@
 //! that starts with enough of those tokens takes the cache over — the slot already holds the
 //! keys/values of the common prefix, positions past it are simply overwritten — and computes
 //! only the rest. This is what a multi-turn chat re-sent as full history needs. Sequences that
-//! run at the same time do not share (that would need a slot-to-slot copy).
+//! run at the same time share through a slot-to-slot copy where the backend makes one
+//! (`Worker::copy_running_prefix` in scheduler.rs).
 //!
 //! Parked caches hold slots that new sequences may need: the oldest is dropped (its slot
 //! returns to the backend's pool) whenever a sequence must start without one.

@@ -18,7 +18,10 @@
 //! [`Model::max_sequences`]; the rest wait in the queue). A cached host block cannot fill a
 //! device slot ([`Model::shares_prefixes`]), so prefixes are reused by slot instead: a finished
 //! sequence's slot is parked with its tokens, and a prompt starting with at least 16 of them
-//! takes it over (`parked_slots.rs`); other prompts are computed in full.
+//! takes it over (`parked_slots.rs`); failing that, a backend that can copy between slots
+//! ([`ExternalNet::copy_prefix`](crate::model::ExternalNet::copy_prefix)) copies the longest
+//! such prefix a running sequence holds into the new sequence's slot; other prompts are
+//! computed in full.
 //!
 //! Hybrid models (Qwen3.5) also need the recurrent state of their Gated DeltaNet layers at the
 //! position where reuse starts, and that state exists only where a copy was kept. A finished
@@ -35,9 +38,9 @@
 //! previous reply and the new turn are computed. The end state serves continuations that
 //! repeat the reply's tokens exactly (completions, templates that keep past reasoning).
 
-use super::block_pool::{BlockPool, BlockStats};
+use super::block_pool::{common_prefix, BlockPool, BlockStats};
 use super::generate::{FinishReason, GenerateOptions};
-use super::parked_slots::ParkedSlots;
+use super::parked_slots::{ParkedSlots, MIN_REUSE};
 use super::sequence::{Decoding, TokenLogprob};
 use crate::model::kv_cache::{BlockSource, BLOCK_TOKENS};
 use crate::model::recurrent::RecurrentState;
@@ -384,7 +387,12 @@ impl Worker {
                         common = len;
                     }
                     // Starting without a slot: the backend must find one free.
-                    None => self.parked.make_room(self.running.len()),
+                    None => {
+                        self.parked.make_room(self.running.len());
+                        if !cache.has_recurrent() {
+                            common = self.copy_running_prefix(&req.prompt, n - 1, &mut cache);
+                        }
+                    }
                 }
             } else if !cache.has_recurrent() {
                 let (blocks, n) = self.pool.lookup(&req.prompt, n - 1);
@@ -432,6 +440,28 @@ impl Worker {
                 checkpoint_at,
                 checkpoint,
             });
+        }
+    }
+
+    /// Device backends: the longest prefix of `prompt` (at most `limit` tokens, at least
+    /// `MIN_REUSE`) that a running sequence holds, copied into a new slot of `cache`; the
+    /// tokens copied (0: none — no such sequence, or the backend did not copy, and the prompt
+    /// is computed in full).
+    fn copy_running_prefix(&self, prompt: &[u32], limit: usize, cache: &mut KvCache) -> usize {
+        let best = self
+            .running
+            .iter()
+            .filter(|r| r.cache.device_slot().is_some())
+            .map(|r| (r, common_prefix(&r.tokens, prompt).min(limit)))
+            .max_by_key(|&(_, n)| n);
+        match best {
+            Some((r, n)) if n >= MIN_REUSE => {
+                match self.model.copy_device_prefix(&r.cache, cache, n) {
+                    Ok(true) => n,
+                    _ => 0,
+                }
+            }
+            _ => 0,
         }
     }
 

@@ -66,6 +66,15 @@ pub trait ExternalNet: Send + Sync {
         )?))
     }
 
+    /// Gives `dst` (a new sequence's empty cache, without a slot yet) a device slot holding the
+    /// keys/values of the first `n` positions of `src` (a running sequence's cache): sequences
+    /// that run at the same time and share a prompt's beginning compute it once. `Ok(false)`:
+    /// not done (not supported, or no slot free), `dst` unchanged. By default: not supported.
+    fn copy_prefix(&self, src: &KvCache, dst: &mut KvCache, n: usize) -> Result<bool> {
+        let _ = (src, dst, n);
+        Ok(false)
+    }
+
     /// Several sequences in one pass, logits in `seqs` order (as
     /// [`Transformer::forward_batch`]). By default: one sequence, through `forward`.
     fn forward_batch(&self, seqs: &mut [BatchSeq<'_>]) -> Result<Vec<Vec<f32>>> {
@@ -318,6 +327,15 @@ impl Model {
         match &self.net {
             Net::External(n) => n.max_sequences(),
             _ => usize::MAX,
+        }
+    }
+
+    /// [`ExternalNet::copy_prefix`] on a device backend; false on the CPU, whose caches share
+    /// host blocks instead.
+    pub fn copy_device_prefix(&self, src: &KvCache, dst: &mut KvCache, n: usize) -> Result<bool> {
+        match &self.net {
+            Net::External(net) => net.copy_prefix(src, dst, n),
+            _ => Ok(false),
         }
     }
 
