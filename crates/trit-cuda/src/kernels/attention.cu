@@ -258,13 +258,12 @@ __device__ __forceinline__ void attend_rounds(const float* qs, const float* kcur
     }
 }
 
-// One head's output from the partial softmax of each of the block's NW warps (max m, sum l,
-// unnormalized acc with E values per lane): every warp's share rescaled to the block's max,
-// then normalized, into out[0..hd) (shared or global memory). The whole block calls it; sm_m,
-// sm_l (NW floats) and sm_o (NW rows of at least hd) are its shared scratch.
+// The partial softmax of each of the block's NW warps (max m, sum l, unnormalized acc with E
+// values per lane) into shared memory (sm_m, sm_l: NW floats; sm_o: NW rows of at least
+// head_dim); returns the block's max M once every warp's is there. The whole block calls it.
 template <int NW, int E, int W>
-__device__ __forceinline__ void merge_warps(float m, float l, const float (&acc)[E], float* sm_m,
-                                            float* sm_l, float (*sm_o)[W], float* out, int hd) {
+__device__ __forceinline__ float warps_share(float m, float l, const float (&acc)[E],
+                                             float* sm_m, float* sm_l, float (*sm_o)[W]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) {
         sm_m[warp] = m;
@@ -275,15 +274,45 @@ __device__ __forceinline__ void merge_warps(float m, float l, const float (&acc)
     __syncthreads();
     float M = -INFINITY;
     for (int w = 0; w < NW; w++) M = fmaxf(M, sm_m[w]);
+    return M;
+}
+
+// The warps' sums rescaled to the block's max M and added.
+template <int NW>
+__device__ __forceinline__ float warps_sum(const float* sm_m, const float* sm_l, float M) {
     float L = 0.0f;
     for (int w = 0; w < NW; w++)
         if (sm_m[w] > -INFINITY) L += sm_l[w] * expf(sm_m[w] - M);
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float o = 0.0f;
-        for (int w = 0; w < NW; w++)
-            if (sm_m[w] > -INFINITY) o += sm_o[w][i] * expf(sm_m[w] - M);
-        out[i] = o / L;
-    }
+    return L;
+}
+
+// Value i of the warps' outputs rescaled to the block's max M and added (not normalized).
+template <int NW, int W>
+__device__ __forceinline__ float warps_value(const float* sm_m, const float (*sm_o)[W], float M,
+                                             int i) {
+    float o = 0.0f;
+    for (int w = 0; w < NW; w++)
+        if (sm_m[w] > -INFINITY) o += sm_o[w][i] * expf(sm_m[w] - M);
+    return o;
+}
+
+// One head's output from its warps' shared partials (warps_share's M): normalized, into
+// out[0..hd) (shared or global memory).
+template <int NW, int W>
+__device__ __forceinline__ void warps_normalize(const float* sm_m, const float* sm_l,
+                                                const float (*sm_o)[W], float M, float* out,
+                                                int hd) {
+    const float L = warps_sum<NW>(sm_m, sm_l, M);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x)
+        out[i] = warps_value<NW>(sm_m, sm_o, M, i) / L;
+}
+
+// warps_share, then warps_normalize: a block that attended the whole context.
+template <int NW, int E, int W>
+__device__ __forceinline__ void merge_warps(float m, float l, const float (&acc)[E], float* sm_m,
+                                            float* sm_l, float (*sm_o)[W], float* out, int hd) {
+    const float M = warps_share<NW>(m, l, acc, sm_m, sm_l, sm_o);
+    warps_normalize<NW>(sm_m, sm_l, sm_o, M, out, hd);
 }
 
 // E = head_dim / 32 values per lane. Each warp takes DEC_U consecutive positions at a time (a
@@ -349,42 +378,17 @@ __device__ __forceinline__ void attn_decode_impl(
     float m, l, acc[E];
     attend_rounds<E>(qs, kcur, vcur, kh, vh, hd, p0, end, pos, has_current, lane, kk, vv, m, l,
                      acc);
-    if (lane == 0) {
-        sm_m[warp] = m;
-        sm_l[warp] = l;
-    }
-#pragma unroll
-    for (int e = 0; e < E; e++) sm_o[warp][lane * E + e] = acc[e];
-    __syncthreads();
-    float M = -INFINITY;
-    for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, sm_m[w]);
+    const float M = warps_share<DEC_WARPS>(m, l, acc, sm_m, sm_l, sm_o);
     if (used == 1) {
         // The whole context was this block's: normalize here.
-        float L = 0.0f;
-        for (int w = 0; w < DEC_WARPS; w++)
-            if (sm_m[w] > -INFINITY) L += sm_l[w] * expf(sm_m[w] - M);
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-            float o = 0.0f;
-            for (int w = 0; w < DEC_WARPS; w++)
-                if (sm_m[w] > -INFINITY) o += sm_o[w][i] * expf(sm_m[w] - M);
-            tmp[i] = o / L;
-        }
+        warps_normalize<DEC_WARPS>(sm_m, sm_l, sm_o, M, tmp, hd);
         write_head(tmp, h, hd, att, q, meta, quant);
         return;
     }
     const size_t slot = (size_t)h * n_splits + s;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float o = 0.0f;
-        for (int w = 0; w < DEC_WARPS; w++)
-            if (sm_m[w] > -INFINITY) o += sm_o[w][i] * expf(sm_m[w] - M);
-        part_o[slot * hd + i] = o;
-    }
-    if (threadIdx.x == 0) {
-        float L = 0.0f;
-        for (int w = 0; w < DEC_WARPS; w++)
-            if (sm_m[w] > -INFINITY) L += sm_l[w] * expf(sm_m[w] - M);
-        part_ml[slot] = make_float2(M, L);
-    }
+    for (int i = threadIdx.x; i < hd; i += blockDim.x)
+        part_o[slot * hd + i] = warps_value<DEC_WARPS>(sm_m, sm_o, M, i);
+    if (threadIdx.x == 0) part_ml[slot] = make_float2(M, warps_sum<DEC_WARPS>(sm_m, sm_l, M));
 
     // The last block of head h to get here merges the head's partials.
     __threadfence();
