@@ -449,6 +449,29 @@ __device__ __forceinline__ float4 fg_load_xp(const float4* __restrict__ x4,
     return v;
 }
 
+// The prologue's first FG_REGS float4s of x (plus the pending sum, fg_load_xp) per thread
+// into xv, zeros past the row's n4; with `norm` (the same in every thread: block_sum's
+// barriers) the row's 1/rms over all of it, else 1.
+template <bool L2, bool PEND>
+__device__ __forceinline__ float fg_load_rms(const float4* __restrict__ x4,
+                                             const ulonglong2* __restrict__ pend, int n4,
+                                             bool norm, float eps, float4 (&xv)[FG_REGS],
+                                             float* scratch) {
+    const int t = threadIdx.x, T = blockDim.x;
+    auto sq = [](float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; };
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < FG_REGS; k++) {
+        const int c = k * T + t;
+        xv[k] = c < n4 ? fg_load_xp<L2, PEND>(x4, pend, c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        ss += sq(xv[k]);
+    }
+    if (!norm) return 1.0f;
+    for (int c = FG_REGS * T + t; c < n4; c += T) ss += sq(fg_load_xp<L2, PEND>(x4, pend, c));
+    ss = block_sum(ss, scratch);
+    return 1.0f / sqrtf(ss / (float)(n4 * 4) + eps);
+}
+
 // PEND: the kernel takes FG_IN_NORM_PEND inputs (compiled only into the `_pend_` streaming
 // kernels: the pending sum's loads cost the others 14 registers).
 template <bool L2 = false, bool PEND = false>
@@ -468,22 +491,8 @@ __device__ __forceinline__ void fg_prologue(int mode, int nb, const float* __res
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const bool norm = mode == FG_IN_NORM || (PEND && mode == FG_IN_NORM_PEND);
     const ulonglong2* pend = PEND && mode == FG_IN_NORM_PEND ? (const ulonglong2*)q : nullptr;
-    auto sq = [](float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; };
     float4 xv[FG_REGS];
-    float ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < FG_REGS; k++) {
-        const int c = k * T + t;
-        xv[k] = c < n4 ? fg_load_xp<L2, PEND>(x4, pend, c) : zero;
-        ss += sq(xv[k]);
-    }
-    float inv = 1.0f;
-    if (norm) {
-        for (int c = FG_REGS * T + t; c < n4; c += T)
-            ss += sq(fg_load_xp<L2, PEND>(x4, pend, c));
-        ss = block_sum(ss, scratch);
-        inv = 1.0f / sqrtf(ss / (float)(nb * QBLOCK) + eps);
-    }
+    const float inv = fg_load_rms<L2, PEND>(x4, pend, n4, norm, eps, xv, scratch);
     auto emit = [&](int c, float4 v, float4 g) {
         float4 o = zero;
         if (c < n4)
@@ -532,18 +541,8 @@ __device__ __forceinline__ void fg_prologue_rot(int nb, const float* __restrict_
     const float4* s4 = (const float4*)rot.signs;
     float4* f4 = (float4*)fbuf;
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    auto sq = [](float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; };
     float4 xv[FG_REGS];
-    float ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < FG_REGS; k++) {
-        const int c = k * T + t;
-        xv[k] = c < n4 ? fg_load_x<L2>(x4 + c) : zero;
-        ss += sq(xv[k]);
-    }
-    for (int c = FG_REGS * T + t; c < n4; c += T) ss += sq(fg_load_x<L2>(x4 + c));
-    ss = block_sum(ss, scratch);
-    const float inv = 1.0f / sqrtf(ss / (float)(nb * QBLOCK) + eps);
+    const float inv = fg_load_rms<L2, false>(x4, nullptr, n4, true, eps, xv, scratch);
     auto put = [&](int c, float4 v, float4 g) {
         const float4 sg = s4[c];
         f4[c] = make_float4(v.x * inv * g.x * sg.x, v.y * inv * g.y * sg.y,
