@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 use trit::format::config::{ModelConfig, RopeStyle};
 use trit::model::device_slot::SlotPool;
-use trit::model::{BatchSeq, Logits};
+use trit::model::{BatchSeq, KvCache, Logits};
 use trit::sample::RowLogits;
 use trit::{Error, Result};
 
@@ -192,6 +192,69 @@ impl BatchState {
             v: kv.v.iter().map(|c| ptr(c, s)).collect(),
             ctx,
         }
+    }
+}
+
+impl CudaModel {
+    /// `ExternalNet::copy_prefix`: a free slot for `dst` (a new, empty cache) holding the first
+    /// `n` positions of `src`'s slot — per layer and kv head, `n · head_dim` keys and as many
+    /// values copied device to device. False where there is nothing to copy from (no batched
+    /// slot of this model), or no slot is free.
+    pub(crate) fn copy_prefix_gpu(
+        &self,
+        src: &KvCache,
+        dst: &mut KvCache,
+        n: usize,
+    ) -> Result<bool> {
+        let Some(from) = src.device_slot() else {
+            return Ok(false);
+        };
+        if dst.device_slot().is_some() || !dst.is_empty() || n == 0 || n > src.len() {
+            return Ok(false);
+        }
+        let mut guard = self.state.lock().map_err(|_| crate::model::poisoned())?;
+        let st: &mut State = &mut guard;
+        let Some(batch) = st.batch.as_mut() else {
+            return Ok(false);
+        };
+        if !batch.slots.owns(from) {
+            return Ok(false);
+        }
+        let Some(slot) = batch.slots.take() else {
+            return Ok(false);
+        };
+        let c = &self.config;
+        batch.ensure_slot(&st.gpu, c, self.ctx, slot.index())?;
+        let (a, b) = (from.index(), slot.index());
+        // Two distinct slots of the same table: one borrowed to read, the other to write.
+        let (lo, hi) = batch.kv.split_at_mut(a.max(b));
+        let (src_kv, dst_kv) = if a < b {
+            (&lo[a], &mut hi[0])
+        } else {
+            (&hi[0], &mut lo[b])
+        };
+        let (Some(src_kv), Some(dst_kv)) = (src_kv.as_ref(), dst_kv.as_mut()) else {
+            return Err(Error::InvalidArgument(
+                "a batched slot without its caches".into(),
+            ));
+        };
+        let (hd, ctx, s) = (c.head_dim, self.ctx, &st.gpu.stream);
+        for li in 0..c.n_layers {
+            for kvh in 0..c.n_kv_heads {
+                let span = kvh * ctx * hd..kvh * ctx * hd + n * hd;
+                for (from, to) in [
+                    (&src_kv.k[li], &mut dst_kv.k[li]),
+                    (&src_kv.v[li], &mut dst_kv.v[li]),
+                ] {
+                    let mut view = to.slice_mut(span.clone());
+                    s.memcpy_dtod(&from.slice(span.clone()), &mut view)
+                        .map_err(|e| cuda_err("copying a cached prefix between slots", e))?;
+                }
+            }
+        }
+        dst.set_device_slot(slot);
+        dst.advance(n);
+        Ok(true)
     }
 }
 

@@ -695,6 +695,10 @@ impl ExternalNet for CudaModel {
         self.forward_batch_gpu(seqs)
     }
 
+    fn copy_prefix(&self, src: &KvCache, dst: &mut KvCache, n: usize) -> Result<bool> {
+        self.copy_prefix_gpu(src, dst, n)
+    }
+
     fn forward_batch_top(
         &self,
         seqs: &mut [trit::model::BatchSeq<'_>],

@@ -217,6 +217,74 @@ fn slots_return_when_caches_drop_and_a_reused_slot_starts_clean() {
     assert!(gpu.forward_batch(&mut batch).is_err());
 }
 
+/// `copy_prefix` (the scheduler's prefix sharing between sequences that run at the same time):
+/// a new cache gets a free slot holding a running sequence's first 24 positions, and the rest
+/// of its prompt continues from there as it does after computing those 24 itself (the same
+/// kernels: the rows of a prompt chunk do not depend on each other); the source keeps decoding
+/// as a twin that never lent its slot, and no slot is left behind.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_copied_prefix_continues_like_a_computed_one() {
+    if gpu_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = tiny_model(dir.path(), "tiny");
+    let files = trit::format::open(&path).unwrap();
+    let ctx = 128;
+    let m = CudaModel::load(&files, &CudaOptions::new(ctx))
+        .unwrap()
+        .with_max_sequences(3);
+    let vocab = files.config.vocab;
+    let run = |c: &mut KvCache, toks: &[u32]| -> trit::Result<Vec<f32>> {
+        let mut b = [BatchSeq {
+            tokens: toks,
+            cache: c,
+            logits: Logits::Last,
+        }];
+        Ok(m.forward_batch(&mut b)?.remove(0))
+    };
+    let new = || KvCache::new(files.config.n_layers, 0, ctx);
+    let a_prompt = prompt(40, vocab, 5);
+    let mut b_prompt = a_prompt[..24].to_vec();
+    b_prompt.extend(prompt(9, vocab, 6));
+    let mut a = new();
+    run(&mut a, &a_prompt).unwrap();
+    // The reference: the first 24 computed, then the rest.
+    let mut computed = new();
+    run(&mut computed, &b_prompt[..24]).unwrap();
+    let want = run(&mut computed, &b_prompt[24..]).unwrap();
+    drop(computed);
+    let mut b = new();
+    assert!(m.copy_prefix(&a, &mut b, 24).unwrap(), "a slot was free");
+    assert_eq!(b.len(), 24);
+    assert_ne!(
+        b.device_slot().map(|s| s.index()),
+        a.device_slot().map(|s| s.index())
+    );
+    let got = run(&mut b, &b_prompt[24..]).unwrap();
+    let err = rel_err(&got, &want);
+    assert!(err < 1e-4, "continued from the copy: {err}");
+    drop(b);
+    // The source is untouched: its next step equals a twin's that never lent its slot.
+    let next = argmax(&want);
+    let a_next = run(&mut a, &[next]).unwrap();
+    let mut twin = new();
+    run(&mut twin, &a_prompt).unwrap();
+    let twin_next = run(&mut twin, &[next]).unwrap();
+    assert!(
+        rel_err(&a_next, &twin_next) < 1e-6,
+        "{}",
+        rel_err(&a_next, &twin_next)
+    );
+    // Nothing to copy from a cache without a slot, nor into one that holds positions.
+    let (plain, mut target) = (new(), new());
+    assert!(!m.copy_prefix(&plain, &mut target, 4).unwrap());
+    assert!(!m.copy_prefix(&a, &mut twin, 4).unwrap());
+    drop((a, twin, plain, target));
+    assert_eq!(m.free_slots(), 3);
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn thirty_two_sequences_decode_together_on_the_default_model() {
