@@ -16,7 +16,7 @@
 
 use crate::batch_gemm::{launch_small_gemm, SmallGemm, SplitScratch};
 use crate::device::{cuda_err, ptr, Arg, Gpu};
-use crate::graph::{copy_to_pinned, StepGraph};
+use crate::graph::{alloc_host_logits, copy_to_pinned, StepGraph};
 use crate::launch;
 use crate::model::{CudaModel, Input, State};
 use crate::prefill::KvTarget;
@@ -151,11 +151,7 @@ impl BatchState {
                 gu: gpu.zeros(n * 2 * c.ffn)?,
                 h: gpu.zeros(n * c.ffn)?,
                 logits: gpu.zeros(n * c.vocab)?,
-                // Plain page-locked memory: cudarc's `alloc_pinned` makes it write-combined,
-                // which the host reads uncached (B × vocab floats per step are read back).
-                // SAFETY: read only after the copy into it and a stream synchronize.
-                host_logits: unsafe { gpu.ctx.alloc_pinned_with_flags::<f32>(n * c.vocab, 0) }
-                    .map_err(|e| cuda_err("allocating pinned memory", e))?,
+                host_logits: alloc_host_logits(gpu, n * c.vocab)?,
             },
         })
     }

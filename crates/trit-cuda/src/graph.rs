@@ -44,6 +44,16 @@ impl StepGraph {
     }
 }
 
+/// A page-locked host buffer for `n` logits. Plain page-locked memory, not cudarc's
+/// `alloc_pinned`: that one is write-combined, which the host reads uncached, and every step
+/// reads its logits back from here.
+pub(crate) fn alloc_host_logits(gpu: &Gpu, n: usize) -> Result<PinnedHostSlice<f32>> {
+    // SAFETY: the buffer is read only after a copy into it and a stream synchronize
+    // (copy_to_pinned).
+    unsafe { gpu.ctx.alloc_pinned_with_flags::<f32>(n, 0) }
+        .map_err(|e| cuda_err("allocating pinned memory", e))
+}
+
 /// Copies `src` into the start of the page-locked `host` buffer, waits for it, and returns the
 /// copied values.
 pub(crate) fn copy_to_pinned<'a>(

@@ -12,7 +12,7 @@
 //! their rotations applied on the GPU (`rotation.rs`).
 
 use crate::device::{ptr, Gpu};
-use crate::graph::{copy_to_pinned, StepGraph};
+use crate::graph::{alloc_host_logits, copy_to_pinned, StepGraph};
 use crate::hybrid_weights::{self, DevHybrid};
 use crate::model::{check_forward, poisoned, CudaOptions, FusedSet};
 use crate::topk::TopBuffers;
@@ -278,9 +278,7 @@ impl Buffers {
             gu: gpu.zeros(2 * c.ffn)?,
             h: gpu.zeros(c.ffn)?,
             logits: gpu.zeros(c.vocab)?,
-            // SAFETY: read only after the copy into it and a stream synchronize.
-            host_logits: unsafe { gpu.ctx.alloc_pinned::<f32>(c.vocab) }
-                .map_err(|e| crate::device::cuda_err("allocating pinned memory", e))?,
+            host_logits: alloc_host_logits(gpu, c.vocab)?,
             cos_sin: gpu.upload(&cs)?,
             conv_window: (0..n_lin)
                 .map(|_| gpu.zeros(hy.conv_kernel.max(1) * cd))

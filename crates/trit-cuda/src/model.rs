@@ -13,7 +13,7 @@ use crate::gemv::{
     fused_fits, launch_matrix_gemv, launch_ternary_fused, FusedInput, FusedOpts, GemvInput,
     TernaryArgs,
 };
-use crate::graph::{copy_to_pinned, StepGraph};
+use crate::graph::{alloc_host_logits, copy_to_pinned, StepGraph};
 use crate::launch;
 pub use crate::options::{CudaOptions, FusedSet};
 use crate::prefill::PrefillBuffers;
@@ -253,9 +253,7 @@ impl Buffers {
             persist: gpu.zeros(1)?,
             pend: gpu.zeros(d)?,
             logits: gpu.zeros(c.vocab)?,
-            // SAFETY: read only after the copy into it and a stream synchronize.
-            host_logits: unsafe { gpu.ctx.alloc_pinned::<f32>(c.vocab) }
-                .map_err(|e| crate::device::cuda_err("allocating pinned memory", e))?,
+            host_logits: alloc_host_logits(gpu, c.vocab)?,
             cos_sin: gpu.upload(&cs)?,
             k_cache: (0..c.n_layers)
                 .map(|_| gpu.zeros(kv))
