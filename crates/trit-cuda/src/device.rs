@@ -181,6 +181,7 @@ pub const KERNELS: &[&str] = &[
     "deltanet_step",
     "deltanet_step_hoisted",
     "deltanet_step_early",
+    "deltanet_step_held",
     "deltanet_gates_rows",
     "deltanet_chunk",
     "deltanet_window_store",

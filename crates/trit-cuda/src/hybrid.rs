@@ -111,6 +111,8 @@ pub struct CudaHybrid {
     /// `deltanet_step_early` behind the fused q‖k‖v‖z GEMV (`CudaOptions::deltanet_early`):
     /// the gates and the state's L2 requests before griddepcontrol.wait.
     pub(crate) dn_early: bool,
+    /// `CudaOptions::deltanet_held`: `deltanet_step_held` where the early variant runs.
+    pub(crate) dn_held: bool,
     /// `CudaOptions::deltanet_chunk`.
     dn_chunk: bool,
     /// `CudaOptions::rotation_in_prologue`.
@@ -214,6 +216,7 @@ impl CudaHybrid {
             stream_down: opts.stream_down,
             dn_step,
             dn_early: opts.deltanet_early,
+            dn_held: opts.deltanet_held,
             dn_chunk: opts.deltanet_chunk,
             rot_prologue: opts.rotation_in_prologue,
             weight_bytes: w.weight_bytes(),

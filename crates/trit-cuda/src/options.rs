@@ -48,9 +48,14 @@ pub struct CudaOptions {
     /// (`TRIT_CUDA_STREAM_DOWN=1`).
     pub stream_down: bool,
     /// Hybrids: the DeltaNet mixer's gates and state requests before its wait for the
-    /// q‖k‖v‖z GEMV (`deltanet_step_early`; off with `TRIT_CUDA_DN_STEP=0|1|2`). H200, 27B
+    /// q‖k‖v‖z GEMV (`deltanet_step_early`, `TRIT_CUDA_DN_STEP=3`; off with `=0|1|2`). H200, 27B
     /// tg128: 241.6 / 241.6 tok/s against 233.2 / 232.0.
     pub deltanet_early: bool,
+    /// With `deltanet_early`, for heads of up to 128 key dims: `deltanet_step_held`, which
+    /// also loads its first state rows and the conv's earlier inputs before the wait (`=4`;
+    /// `TRIT_CUDA_DN_STEP=3` keeps `deltanet_step_early`). H200, 27B tg128: 276.1 / 273.6
+    /// tok/s against 268.3 / 270.4.
+    pub deltanet_held: bool,
     /// Hybrid prompts: each chunk's DeltaNet recurrence in one kernel per layer
     /// (`deltanet_chunk`, the state in registers across the chunk's tokens) instead of one
     /// `deltanet_step` per token (`TRIT_CUDA_DN_CHUNK=0`).
@@ -174,7 +179,8 @@ impl CudaOptions {
                 .unwrap_or(ATT_MIN_CHUNK),
             persist_mlp: env("TRIT_CUDA_PERSIST").is_some_and(|v| v == "1"),
             stream_down: env("TRIT_CUDA_STREAM_DOWN").is_some_and(|v| v == "1"),
-            deltanet_early: env("TRIT_CUDA_DN_STEP").is_none_or(|v| v == "3"),
+            deltanet_early: env("TRIT_CUDA_DN_STEP").is_none_or(|v| v == "3" || v == "4"),
+            deltanet_held: env("TRIT_CUDA_DN_STEP").is_none_or(|v| v == "4"),
             deltanet_chunk: env("TRIT_CUDA_DN_CHUNK").is_none_or(|v| v != "0"),
             rotation_in_prologue: env("TRIT_CUDA_ROT_FUSE").is_none_or(|v| v != "0"),
             attention_o: env("TRIT_CUDA_ATT_O").is_some_and(|v| v == "1"),

@@ -492,7 +492,13 @@ impl CudaHybrid {
             let (kernel, threads) = if early {
                 // 12 warps of 64 registers fit beside a streaming GEMV block (72 registers
                 // × 16 warps) on one multiprocessor; 16 do not, and would wait for it to end.
-                ("deltanet_step_early", 384)
+                // The held variant keeps 4 state values per lane: key heads of up to 128.
+                let name = if self.dn_held && hy.k_dim <= 128 {
+                    "deltanet_step_held"
+                } else {
+                    "deltanet_step_early"
+                };
+                (name, 384)
             } else {
                 (self.dn_step.expect("one_kernel_mixer checked"), 512)
             };

@@ -155,14 +155,14 @@ extern "C" __global__ void deltanet_gated_norm(const float* __restrict__ o,
 #define DN_AB_PER 16
 
 // Rows i0.. of this warp's part of the head's state, loaded into s (zeros past dv).
-template <int ROWS>
-__device__ __forceinline__ void dn_load_rows(float (*s)[DN_MAX_DK / 32], const float* hs, int i0,
+template <int ROWS, int U>
+__device__ __forceinline__ void dn_load_rows(float (*s)[U], const float* hs, int i0,
                                              int dv, int dk, int lane) {
     const int per_lane = dk / 32;
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
 #pragma unroll
-        for (int u = 0; u < DN_MAX_DK / 32; u++) {
+        for (int u = 0; u < U; u++) {
             s[r][u] = (u < per_lane && i0 + r < dv) ? hs[(size_t)(i0 + r) * dk + lane + 32 * u] : 0.0f;
         }
     }
@@ -180,7 +180,17 @@ __device__ __forceinline__ void dn_load_rows(float (*s)[DN_MAX_DK / 32], const f
 // streaming GEMV's on a multiprocessor): the gates and the L2 requests for the state and the
 // window run before griddepcontrol.wait, which needs the q‖k‖v‖z GEMV before it to release its
 // dependents only after its own wait (FG_LATE_TRIGGER); H200 27B: 241.6 against 233 tok/s.
-template <int ROWS, bool HOIST, bool EARLY>
+// HELD (with EARLY; `deltanet_step_held`, the default for heads of up to DN_HELD_DK key dims):
+// less after the wait. Each warp's first pass of state rows is loaded into registers before it
+// (4 per lane: the specialization to 128 key dims is what frees them), the conv's sum over the
+// window's earlier inputs is taken before it, and z (the gated norm's gate) is requested into
+// shared memory right after it, so the gated norm waits for no load of its own. H200, 27B
+// tg128: 276.1 / 273.6 against 268.3 / 270.4 (BENCHMARKS "GPU, session 14"). Staging the
+// later passes through shared memory by cp.async measured +3 % more, but only with the
+// multiprocessors' carveout at its maximum, which cost 2.7 % elsewhere; with the default
+// carveout its 30 KB kept the block from starting beside the q‖k‖v‖z GEMV (−10 %).
+#define DN_HELD_DK 128
+template <int ROWS, bool HOIST, bool EARLY, bool HELD = false>
 __device__ __forceinline__ void deltanet_step_impl(
     const float* __restrict__ x, const float* __restrict__ gamma, float eps, int d,
     const float* __restrict__ ab_w, const float* __restrict__ proj, float* __restrict__ window,
@@ -194,6 +204,7 @@ __device__ __forceinline__ void deltanet_step_impl(
     __shared__ float vs[DN_MAX_DV];
     __shared__ float os[DN_MAX_DV];
     __shared__ float scratch[32];
+    __shared__ float zs[HELD ? DN_MAX_DV : 1];
     pdl_launch_dependents();
     const int head = blockIdx.x, hv = gridDim.x;
     const int t = threadIdx.x, T = blockDim.x;
@@ -214,6 +225,14 @@ __device__ __forceinline__ void deltanet_step_impl(
     }
     float* hs = state + (size_t)head * dv * dk;
     float g = 0.0f, beta = 0.0f;
+    // State values per lane and row: the host launches HELD only for heads of up to
+    // DN_HELD_DK key dims (step.rs).
+    constexpr int U = HELD ? DN_HELD_DK / 32 : DN_MAX_DK / 32;
+    float s[ROWS][U];
+    // The conv channel of thread slot j: q, then k of the key head, then the head's own v.
+    auto channel = [&](int j) {
+        return j < dk ? kh * dk + j : j < 2 * dk ? kw + kh * dk + (j - dk) : 2 * kw + head * dv + (j - 2 * dk);
+    };
     // 1. a and b of this head from RMSNorm(x)·gamma: Σ w·x·gamma, scaled by the norm's 1/rms.
     auto gates = [&]() {
         float ss = 0.0f, sa = 0.0f, sb = 0.0f;
@@ -245,6 +264,7 @@ __device__ __forceinline__ void deltanet_step_impl(
         beta = dn_sigmoid(sb * inv);
     };
     int pos;
+    float conv_pre = 0.0f;  // HELD: thread t's channel's sum over the earlier inputs
     if (EARLY) {
         // Launched by a q‖k‖v‖z GEMV that lets its dependents start only after its own wait,
         // so x (and everything before it) is final here: the gates, the position and L2
@@ -253,20 +273,34 @@ __device__ __forceinline__ void deltanet_step_impl(
         gates();
         for (int i = t * 32; i < dv * dk; i += T * 32) prefetch_l2(hs + i);
         for (int j = t; j < 2 * dk + dv; j += T) {
-            const int c = j < dk ? kh * dk + j : j < 2 * dk ? kw + kh * dk + (j - dk)
-                                                            : 2 * kw + head * dv + (j - 2 * dk);
+            const int c = channel(j);
             for (int i = 0; i < kernel - 1; i++) {
                 const int p = pos - (kernel - 1) + i;
                 if (p >= 0) prefetch_l2(window + (size_t)(p % kernel) * cd + c);
             }
         }
+        if (HELD) {
+            dn_load_rows<ROWS, U>(s, hs, warp * ROWS, dv, dk, lane);
+            if (t < 2 * dk + dv) {
+                const int c = channel(t);
+                const float* wc = conv_w + (size_t)c * kernel;
+                for (int i = 0; i < kernel - 1; i++) {
+                    const int p = pos - (kernel - 1) + i;
+                    if (p >= 0) conv_pre += wc[i] * window[(size_t)(p % kernel) * cd + c];
+                }
+            }
+        }
         pdl_wait();
+        if (HELD) {
+            const float* z = proj + cd + (size_t)head * dv;
+            if (t < dv) cp_async4_zfill(smem_addr(zs + t), z + t, 4);
+            cp_async_commit();
+        }
     } else {
         pdl_wait();
         pos = step[0];
     }
-    float s[ROWS][DN_MAX_DK / 32];
-    if (HOIST) dn_load_rows<ROWS>(s, hs, warp * ROWS, dv, dk, lane);
+    if (HOIST) dn_load_rows<ROWS, U>(s, hs, warp * ROWS, dv, dk, lane);
     if (!EARLY) gates();
 
     // 2. Conv + SiLU over the window, oldest input first (the CPU's order).
@@ -286,9 +320,13 @@ __device__ __forceinline__ void deltanet_step_impl(
         }
         const float* wc = conv_w + (size_t)c * kernel;
         float acc = 0.0f;
-        for (int i = 0; i < kernel - 1; i++) {
-            const int p = pos - (kernel - 1) + i;
-            if (p >= 0) acc += wc[i] * window[(size_t)(p % kernel) * cd + c];
+        if (HELD && j == t) {
+            acc = conv_pre;
+        } else {
+            for (int i = 0; i < kernel - 1; i++) {
+                const int p = pos - (kernel - 1) + i;
+                if (p >= 0) acc += wc[i] * window[(size_t)(p % kernel) * cd + c];
+            }
         }
         const float xc = proj[c];
         acc += wc[kernel - 1] * xc;
@@ -314,13 +352,13 @@ __device__ __forceinline__ void deltanet_step_impl(
     __syncthreads();
     const int per_lane = dk / 32;
     for (int i0 = warp * ROWS; i0 < dv; i0 += nw * ROWS) {
-        if (!HOIST || i0 != warp * ROWS) dn_load_rows<ROWS>(s, hs, i0, dv, dk, lane);
+        if (!(HOIST || HELD) || i0 != warp * ROWS) dn_load_rows<ROWS, U>(s, hs, i0, dv, dk, lane);
 #pragma unroll
         for (int r = 0; r < ROWS; r++) {
             const int row = i0 + r;
             float dot_k = 0.0f;
 #pragma unroll
-            for (int u = 0; u < DN_MAX_DK / 32; u++) {
+            for (int u = 0; u < U; u++) {
                 if (u < per_lane) {
                     s[r][u] *= g;
                     dot_k += s[r][u] * ks[lane + 32 * u];
@@ -330,7 +368,7 @@ __device__ __forceinline__ void deltanet_step_impl(
             const float delta = row < dv ? beta * (vs[row] - dot_k) : 0.0f;
             float dot_q = 0.0f;
 #pragma unroll
-            for (int u = 0; u < DN_MAX_DK / 32; u++) {
+            for (int u = 0; u < U; u++) {
                 if (u < per_lane) {
                     s[r][u] += delta * ks[lane + 32 * u];
                     if (row < dv) hs[(size_t)row * dk + lane + 32 * u] = s[r][u];
@@ -341,6 +379,7 @@ __device__ __forceinline__ void deltanet_step_impl(
             if (lane == 0 && row < dv) os[row] = dot_q;
         }
     }
+    if (HELD) cp_async_wait_all();  // z (each thread waits for its own copy)
     __syncthreads();
 
     // 4. Gated RMSNorm: out = RMSNorm(o)·w · SiLU(z), z the rows after the conv channels.
@@ -351,7 +390,7 @@ __device__ __forceinline__ void deltanet_step_impl(
     const int at = regroup ? (head % hk) * (hv / hk) + head / hk : head;
     const float* z = proj + cd + (size_t)head * dv;
     for (int i = t; i < dv; i += T) {
-        const float zi = z[i];
+        const float zi = HELD ? zs[i] : z[i];
         const float v = os[i] * io * norm_w[i] * (zi * dn_sigmoid(zi));
         out[(size_t)at * dv + i] = v;
         vs[i] = v;
@@ -364,16 +403,20 @@ __device__ __forceinline__ void deltanet_step_impl(
     }
 }
 
-#define DELTANET_STEP(NAME, ROWS, HOIST, EARLY)                                                   \
-    extern "C" __global__ void __launch_bounds__(512) NAME(                                      \
+#define DELTANET_STEP(NAME, ROWS, HOIST, EARLY, HELD, BOUNDS)                                     \
+    extern "C" __global__ void BOUNDS NAME(                                                      \
         const float* x, const float* gamma, float eps, int d, const float* ab_w,                  \
         const float* proj, float* window, const float* conv_w, int kernel, const int* step,      \
         const float* a_neg, const float* dt_bias, float* state, int hk, int dk, int dv,          \
         int v_tiled, const float* norm_w, int regroup, float* out, i8* q, float2* meta) {        \
-        deltanet_step_impl<ROWS, HOIST, EARLY>(x, gamma, eps, d, ab_w, proj, window, conv_w,      \
-                                               kernel, step, a_neg, dt_bias, state, hk, dk, dv,    \
-                                               v_tiled, norm_w, regroup, out, q, meta);            \
+        deltanet_step_impl<ROWS, HOIST, EARLY, HELD>(x, gamma, eps, d, ab_w, proj, window,       \
+                                                     conv_w, kernel, step, a_neg, dt_bias, state, \
+                                                     hk, dk, dv, v_tiled, norm_w, regroup, out, q, \
+                                                     meta);                                       \
     }
-DELTANET_STEP(deltanet_step, 4, false, false)
-DELTANET_STEP(deltanet_step_hoisted, 8, true, false)
-DELTANET_STEP(deltanet_step_early, 4, false, true)
+DELTANET_STEP(deltanet_step, 4, false, false, false, __launch_bounds__(512))
+DELTANET_STEP(deltanet_step_hoisted, 8, true, false, false, __launch_bounds__(512))
+DELTANET_STEP(deltanet_step_early, 4, false, true, false, __launch_bounds__(512))
+// At most 64 registers, so that 12 warps fit beside a streaming GEMV block (ptxas: 64, no
+// spills).
+DELTANET_STEP(deltanet_step_held, 4, false, true, true, __maxnreg__(64))

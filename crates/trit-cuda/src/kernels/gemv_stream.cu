@@ -32,11 +32,6 @@ struct StreamSlot {
     static constexpr int CHUNKS = CODE_CHUNKS + R * 32 * 4 / 16;
 };
 
-__device__ __forceinline__ void cp_async4_zfill(unsigned dst, const void* src, int bytes) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(bytes)
-                 : "memory");
-}
-
 // The 4-byte scale word holding scale `at` (f16 scales are padded to an even count, so the
 // aligned pair always exists; repack.rs).
 __device__ __forceinline__ void issue_scale(unsigned dst, const half_bits* s, unsigned at, bool in) {
