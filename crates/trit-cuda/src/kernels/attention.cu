@@ -319,6 +319,16 @@ __device__ __forceinline__ void merge_warps(float m, float l, const float (&acc)
 // round) and issues all their K and V loads before the first dot product, so a warp waits for
 // memory once per round, not once per position — and its first round is requested before the
 // q/k/v prologue, the next one during the current (E ≤ 4), so at most one wait is exposed.
+//
+// ATT_EARLY_ROUND (default 1; TRIT_CUDA_DEFINES=-DATT_EARLY_ROUND=0 for A/B): the position and
+// that first round are read before griddepcontrol.wait, while the q‖k‖v GEMV still runs. Both
+// are final there: the position counter changes only between replays (the host's upload, or
+// advance_position, the step's last kernel, which writes after everything before it has
+// completed), and the round reads cached positions before the current one, written by earlier
+// steps (the current position comes from kcur/vcur, never from the cache).
+#ifndef ATT_EARLY_ROUND
+#define ATT_EARLY_ROUND 1
+#endif
 template <int E>
 __device__ __forceinline__ void attn_decode_impl(
     const float* __restrict__ qkv, const float* q_norm, const float* k_norm, float eps,
@@ -338,8 +348,10 @@ __device__ __forceinline__ void attn_decode_impl(
     const int tid = threadIdx.x;
     const float qn = q_norm != nullptr && tid < hd ? q_norm[tid] : 1.0f;
     const float kn = k_norm != nullptr && tid < hd ? k_norm[tid] : 1.0f;
+#if !ATT_EARLY_ROUND
     pdl_wait();
     PROBE_SKIP(1);
+#endif
     const int h = blockIdx.x, s = blockIdx.y, n_splits = gridDim.y;
     const int pos = step[0], len = pos + 1;
     // Positions per split: len spread over the grid's splits, a multiple of DEC_CHUNK, and
@@ -362,6 +374,10 @@ __device__ __forceinline__ void attn_decode_impl(
     int p0 = start + warp * DEC_U;
     float kk[DEC_U][E], vv[DEC_U][E];
     if (p0 < end) load_round<E>(kh, vh, hd, p0, end, pos, lane, kk, vv);
+#if ATT_EARLY_ROUND
+    pdl_wait();
+    PROBE_SKIP(1);
+#endif
 
     const bool has_current = end == len;
     norm_rope_qk(qkv + (size_t)h * hd,
