@@ -327,8 +327,9 @@ __device__ __forceinline__ void merge_warps(float m, float l, const float (&acc)
 // completed), and the round reads cached positions before the current one, written by earlier
 // steps (the current position comes from kcur/vcur, never from the cache). Replays of the
 // step's graph run one after the other on the stream; without graphs (TRIT_CUDA_GRAPH=0) the
-// kernels that wrote them are a whole step of launches earlier, and a launch starts only
-// once its predecessor's blocks have all started, so they cannot still be running.
+// kernels that wrote them are a whole step of launches earlier: a launch starts only once
+// every block of its predecessor has started, so one of them could still run only if the
+// hundreds of launches since all had their blocks resident at once.
 #ifndef ATT_EARLY_ROUND
 #define ATT_EARLY_ROUND 1
 #endif
