@@ -78,11 +78,12 @@ if [ ! -f texts/kjv.txt ]; then
   check texts/kjv.txt b5c4940bcfeee072c0935b5200d0f9d88a00a0199cb0961d16133458fcdfae5d
   echo "kjv.txt sha256 b5c4940bcfeee072c0935b5200d0f9d88a00a0199cb0961d16133458fcdfae5d ok"
 fi
-# The official OpenAI Python client (PyPI), for the server's client test. Optional: without it
-# that one test is skipped, so a failed install only warns.
-if [ ! -x openai-client/bin/python ] || ! openai-client/bin/python -c "import openai" 2>/dev/null; then
+# The official OpenAI Python client (PyPI), for the server's client test, and the reference
+# JSON Schema validator that checks its structured outputs. Optional: without them that one
+# test is skipped, so a failed install only warns.
+if [ ! -x openai-client/bin/python ] || ! openai-client/bin/python -c "import openai, jsonschema" 2>/dev/null; then
   { python3 -m venv openai-client \
-      && openai-client/bin/python -m pip install --quiet openai==3.51.0; } \
+      && openai-client/bin/python -m pip install --quiet openai==3.51.0 jsonschema==4.26.0; } \
     || { echo "warning: openai client not installed; its test will be skipped" >&2; rm -rf openai-client; }
 fi
 # Python's huggingface_hub (PyPI), the reference client for `trit pull`'s cache layout test.

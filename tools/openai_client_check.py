@@ -1,14 +1,19 @@
 """Drives a running `trit serve` with the official `openai` Python client and checks what a
 client sees: chat (plain, streamed with usage), completions, models, a tool-call round trip,
-and the error cases as the client raises them. Prints OK and exits 0 when everything holds.
+structured outputs (a pydantic model through the client's `parse`, validated by the
+`jsonschema` package), and the error cases as the client raises them. Prints OK and exits 0
+when everything holds.
 
     python tools/openai_client_check.py BASE_URL API_KEY
 """
 
+import json
 import re
 import sys
 
+import jsonschema
 import openai
+import pydantic
 
 base_url, api_key = sys.argv[1], sys.argv[2]
 client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
@@ -68,6 +73,26 @@ second = client.chat.completions.create(model=model, messages=history, tools=too
 check(second.choices[0].message.content is not None or second.choices[0].message.tool_calls,
       "reply after the tool result")
 
+# Structured outputs: the client's own strict schema from a pydantic model, enforced.
+class City(pydantic.BaseModel):
+    city: str = pydantic.Field(max_length=24)
+    country: str = pydantic.Field(max_length=24)
+    population: int
+    capital: bool
+
+
+describe = [{"role": "user", "content": "Describe Paris as JSON."}]
+parse = getattr(client.chat.completions, "parse", None) or client.beta.chat.completions.parse
+parsed = parse(model=model, messages=describe, max_tokens=200, temperature=0, response_format=City)
+city = parsed.choices[0].message.parsed
+check(isinstance(city, City), f"parsed into the model: {parsed.choices[0].message.content!r}")
+check(parsed.choices[0].finish_reason == "stop", "the document ended")
+jsonschema.validate(json.loads(parsed.choices[0].message.content), City.model_json_schema())
+any_object = client.chat.completions.create(model=model, messages=describe, max_tokens=200,
+                                            temperature=0, response_format={"type": "json_object"})
+if any_object.choices[0].finish_reason == "stop":
+    check(isinstance(json.loads(any_object.choices[0].message.content), dict), "json_object")
+
 # Errors, as the client raises them.
 try:
     client.chat.completions.create(model=model, messages=[
@@ -85,10 +110,12 @@ except openai.NotFoundError as e:
     check(e.status_code == 404, "unknown model status")
 try:
     client.chat.completions.create(model=model, messages=messages, max_tokens=4, response_format={
-        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}})
-    check(False, "json_schema must be refused")
+        "type": "json_schema",
+        "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "^a+$"}}})
+    check(False, "a schema with `pattern` must be refused")
 except openai.BadRequestError as e:
-    check("response_format" in e.body["message"], "names response_format")
+    check("pattern" in e.body["message"], f"names the keyword: {e.body}")
+
 try:
     openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0).models.list()
     check(False, "a wrong key must fail")

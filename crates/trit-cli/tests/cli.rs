@@ -222,3 +222,48 @@ fn cache_types_are_chosen_like_llama_cpp() {
         assert!(String::from_utf8_lossy(&out.stdout).contains("tokens-per-sec"));
     }
 }
+
+#[test]
+fn json_schema_output_parses_and_bad_schemas_are_named() {
+    if default_model().is_none() {
+        eprintln!("skipped: no default model in models/default");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let schema = dir.path().join("painter.json");
+    std::fs::write(
+        &schema,
+        r#"{"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+            "year": {"type": "integer"}}, "required": ["name", "year"],
+            "additionalProperties": false}"#,
+    )
+    .unwrap();
+    let arg = format!("@{}", schema.display());
+    let out = trit()
+        .args(["run", "-q", "--temp", "0", "-n", "100", "--json-schema", &arg])
+        .arg("Name a famous painter and the year they were born, as JSON.")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    let o = v.as_object().unwrap();
+    assert_eq!(o.len(), 2, "{v}");
+    assert!(o["name"].as_str().is_some_and(|n| n.chars().count() <= 20), "{v}");
+    assert!(o["year"].is_i64(), "{v}");
+    // --json: any object.
+    let out = trit()
+        .args(["run", "-q", "--temp", "0", "-n", "100", "--json", "Describe Paris."])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    assert!(v.is_object(), "{v}");
+    let out = trit()
+        .args(["run", "--json-schema", r#"{"type": "string", "pattern": "a"}"#, "hi"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("`pattern`"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

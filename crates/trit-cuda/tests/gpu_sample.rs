@@ -350,6 +350,7 @@ fn scheduler_on_the_gpu_samples_the_same_from_candidates_as_from_full_rows() {
         },
         stop: vec![],
         eos: vec![],
+        json: None,
     };
     let mut penalized = sampled(0.7, 20, 0.8, 0.0, 5);
     penalized.sampling.penalties.presence = 0.8;

@@ -49,12 +49,37 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
             "this model has no chat template; use /v1/completions with a raw prompt",
         ));
     };
-    let kwargs = fields.chat_template_kwargs.unwrap_or_default();
+    let mut kwargs = fields.chat_template_kwargs.unwrap_or_default();
+    if common.wants_json() {
+        // The document starts the reply: no tool calls, no thinking block before it.
+        if tools.is_some() {
+            return Err(ApiError::invalid(
+                "response_format json_object/json_schema together with tools is not supported",
+            ));
+        }
+        match kwargs.get("enable_thinking") {
+            Some(Value::Bool(true)) => {
+                return Err(ApiError::invalid(
+                    "response_format json_object/json_schema needs enable_thinking false: \
+                     the JSON document must start the reply",
+                ))
+            }
+            _ => {
+                kwargs.insert("enable_thinking".into(), Value::Bool(false));
+            }
+        }
+    }
     let tools_json = tools.map(|t| Value::Array(t.clone()));
     let text = template
         .render(&messages, true, tools_json.as_ref(), &kwargs)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
     let starts_in_reasoning = text.trim_end().ends_with("<think>");
+    if starts_in_reasoning && common.wants_json() {
+        return Err(ApiError::invalid(
+            "response_format json_object/json_schema: this chat template always starts a \
+             thinking block, so the reply cannot start with the JSON document",
+        ));
+    }
     let prompt = state
         .tokenizer
         .encode(&text, false)

@@ -61,6 +61,7 @@ impl AppState {
             scheduler,
             metrics: Default::default(),
             started: stream::unix_now(),
+            token_table: Default::default(),
         }))
     }
 }

@@ -7,8 +7,9 @@ use crate::state::AppState;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
+use std::sync::Arc;
 use trit::engine::GenerateOptions;
-use trit::sample::{Penalties, SamplingParams};
+use trit::sample::{JsonOutput, JsonSchema, Penalties, SamplingParams};
 
 /// Decodes a JSON body into `T`; a broken body or a wrong type is a 400 naming the field.
 pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
@@ -95,7 +96,7 @@ impl Common {
                 )));
             }
         }
-        check_response_format(self.response_format.as_ref())?;
+        let json = self.json_output(state)?;
         let n_ctx = state.config.n_ctx;
         if prompt.len() >= n_ctx {
             return Err(ApiError::exceeds_context(prompt.len(), n_ctx));
@@ -128,6 +129,7 @@ impl Common {
                 sampling,
                 stop,
                 eos: state.config.eos.clone(),
+                json,
             },
             top_logprobs,
             stream: self.stream,
@@ -187,20 +189,59 @@ impl Common {
     }
 }
 
-/// `response_format` is honoured or refused, never ignored: only plain text is produced
-/// (there is no constrained decoding yet).
-fn check_response_format(f: Option<&Value>) -> Result<(), ApiError> {
-    let Some(f) = f else { return Ok(()) };
-    match f.get("type").and_then(Value::as_str) {
-        Some("text") => Ok(()),
-        Some(t @ ("json_object" | "json_schema")) => Err(ApiError::invalid(format!(
-            "response_format type '{t}' is not supported: this server has no constrained \
-             decoding, so it cannot guarantee JSON output"
-        ))),
-        _ => Err(ApiError::invalid(
-            "response_format must be an object with type 'text', 'json_object' or 'json_schema'",
-        )),
+impl Common {
+    /// Whether `response_format` asks for JSON (checked in full by [`job`](Self::job)).
+    pub fn wants_json(&self) -> bool {
+        self.response_format
+            .as_ref()
+            .and_then(|f| f.get("type"))
+            .and_then(Value::as_str)
+            .is_some_and(|t| t == "json_object" || t == "json_schema")
     }
+
+    /// `response_format` is enforced or refused, never ignored: `json_object` (any object, or
+    /// llama.cpp's `schema` beside it) and `json_schema` (OpenAI's `json_schema.schema`) are
+    /// decoded under their schema; a schema with keywords the recognizer cannot enforce gets
+    /// a 400 naming them.
+    fn json_output(&self, state: &AppState) -> Result<Option<JsonOutput>, ApiError> {
+        let Some(f) = &self.response_format else {
+            return Ok(None);
+        };
+        let schema = match f.get("type").and_then(Value::as_str) {
+            Some("text") => return Ok(None),
+            Some("json_object") => match f.get("schema") {
+                None => JsonSchema::any_object(),
+                Some(s) => compile(s)?,
+            },
+            Some("json_schema") => {
+                let s = f
+                    .get("json_schema")
+                    .and_then(|j| j.get("schema"))
+                    .or_else(|| f.get("schema"))
+                    .ok_or_else(|| {
+                        ApiError::invalid(
+                            "response_format type 'json_schema' needs json_schema.schema",
+                        )
+                    })?;
+                compile(s)?
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    "response_format must be an object with type 'text', 'json_object' or \
+                     'json_schema'",
+                ))
+            }
+        };
+        Ok(Some(JsonOutput {
+            schema: Arc::new(schema),
+            table: state.token_table(),
+        }))
+    }
+}
+
+fn compile(schema: &Value) -> Result<JsonSchema, ApiError> {
+    JsonSchema::compile(schema)
+        .map_err(|e| ApiError::invalid(e.to_string().replace("invalid argument: ", "")))
 }
 
 /// A seed for requests that give none, so unseeded requests differ from each other.

@@ -5,12 +5,12 @@
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::request::Job;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use trit::chat::ChatTemplate;
 use trit::engine::{Scheduler, SeqEvent, SeqRequest, SubmitError};
-use trit::sample::SamplingParams;
+use trit::sample::{SamplingParams, TokenTable};
 use trit::tokenizer::Tokenizer;
 
 #[derive(Clone, Debug)]
@@ -44,6 +44,8 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Unix seconds at start (`created` of the model object).
     pub started: u64,
+    /// Every token's bytes for constrained decoding, made on the first request that asks.
+    pub token_table: OnceLock<Arc<TokenTable>>,
 }
 
 /// A submitted job whose first event (other than prompt progress) has arrived (so an error before the first token can
@@ -59,6 +61,13 @@ impl AppState {
     pub fn accepts_model(&self, name: &str) -> bool {
         let id = &self.config.model_id;
         name == id || name.strip_suffix(".gguf") == Some(id)
+    }
+
+    /// The vocabulary's bytes for `response_format` (built once, on first use).
+    pub fn token_table(&self) -> Arc<TokenTable> {
+        self.token_table
+            .get_or_init(|| Arc::new(TokenTable::new(&self.tokenizer)))
+            .clone()
     }
 
     /// Submits `job` and waits for its first event (error or first token).

@@ -164,29 +164,6 @@ fn out_of_range_sampling_parameters() {
 }
 
 #[test]
-fn json_response_format_is_refused_not_ignored() {
-    for format in [
-        json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}),
-        json!({"type": "json_object"}),
-        json!({"type": "xml"}),
-    ] {
-        let r = post(
-            server().addr,
-            "/v1/chat/completions",
-            &hello(json!({"response_format": format})),
-        );
-        let msg = expect_error(&r, 400, "invalid_request_error");
-        assert!(msg.contains("response_format"), "{msg}");
-    }
-    let r = post(
-        server().addr,
-        "/v1/chat/completions",
-        &hello(json!({"response_format": {"type": "text"}})),
-    );
-    assert_eq!(r.status, 200);
-}
-
-#[test]
 fn unsupported_n_tool_choice_and_messages() {
     let cases = [
         hello(json!({"n": 2})),

@@ -199,6 +199,7 @@ fn scheduler(
                     sampling: SamplingParams::greedy(),
                     stop: vec![],
                     eos: vec![],
+                    json: None,
                 },
                 top_logprobs: None,
                 sink: Box::new(move |e| {

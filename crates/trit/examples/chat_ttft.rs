@@ -31,6 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         sampling: SamplingParams::greedy(),
         stop: vec![],
         eos,
+        json: None,
     };
     let questions = [
         "Tell me about the history of Paris in a few sentences.",

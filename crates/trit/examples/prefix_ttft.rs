@@ -44,6 +44,7 @@ fn ttft(s: &Scheduler, prompt: &[u32]) -> (f64, usize) {
             sampling: SamplingParams::greedy(),
             stop: vec![],
             eos: vec![],
+            json: None,
         },
         top_logprobs: None,
         sink: Box::new(move |e| tx.send((Instant::now(), e)).is_ok()),

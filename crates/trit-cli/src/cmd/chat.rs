@@ -43,6 +43,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         sampling: a.sampling.params(&loaded),
         stop: a.sampling.stop.clone(),
         eos: eos_ids(&loaded),
+        json: None,
     };
     let mut session = Session::new(loaded.model.clone(), loaded.n_ctx);
     let mut system = a.system.clone();

@@ -5,7 +5,9 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::{json, Map, Value};
 use std::io::Write;
+use std::sync::Arc;
 use trit::engine::{generate, GenerateOptions, Session};
+use trit::sample::{JsonOutput, JsonSchema, TokenTable};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -30,6 +32,34 @@ pub struct RunArgs {
     /// Print only the generated text.
     #[arg(short, long)]
     pub quiet: bool,
+    /// Constrain the output to a JSON object (any).
+    #[arg(long)]
+    pub json: bool,
+    /// Constrain the output to a JSON document of this JSON Schema (inline, or @FILE).
+    #[arg(long, value_name = "SCHEMA")]
+    pub json_schema: Option<String>,
+}
+
+/// `--json` / `--json-schema` as a constraint over the loaded model's vocabulary.
+fn json_output(a: &RunArgs, loaded: &Loaded) -> Result<Option<JsonOutput>> {
+    let schema = match (&a.json_schema, a.json) {
+        (None, false) => return Ok(None),
+        (None, true) => JsonSchema::any_object(),
+        (Some(s), _) => {
+            let text = match s.strip_prefix('@') {
+                Some(path) => std::fs::read_to_string(path)
+                    .with_context(|| format!("reading the JSON schema {path}"))?,
+                None => s.clone(),
+            };
+            let v: Value =
+                serde_json::from_str(&text).context("--json-schema is not valid JSON")?;
+            JsonSchema::compile(&v)?
+        }
+    };
+    Ok(Some(JsonOutput {
+        schema: Arc::new(schema),
+        table: Arc::new(TokenTable::new(&loaded.tokenizer)),
+    }))
 }
 
 pub fn template_kwargs(no_think: bool, extra: &Option<String>) -> Result<Map<String, Value>> {
@@ -74,7 +104,9 @@ pub fn prompt_ids(
 
 pub fn run(a: RunArgs) -> Result<()> {
     let loaded = load(&a.model)?;
-    let kwargs = template_kwargs(a.no_think, &a.chat_template_args)?;
+    let json = json_output(&a, &loaded)?;
+    // A JSON document starts the reply: no thinking block before it.
+    let kwargs = template_kwargs(a.no_think || json.is_some(), &a.chat_template_args)?;
     let mut messages = Vec::new();
     if let Some(s) = &a.system {
         messages.push(json!({"role": "system", "content": s}));
@@ -91,6 +123,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         sampling: a.sampling.params(&loaded),
         stop: a.sampling.stop.clone(),
         eos: eos_ids(&loaded),
+        json,
     };
     let mut session = Session::new(loaded.model.clone(), loaded.n_ctx);
     if !a.quiet {

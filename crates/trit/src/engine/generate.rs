@@ -3,7 +3,7 @@
 
 use super::sequence::Decoding;
 use super::session::Session;
-use crate::sample::{RowLogits, SamplingParams, TOP_CANDIDATES};
+use crate::sample::{JsonOutput, RowLogits, SamplingParams, TOP_CANDIDATES};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use std::time::Instant;
@@ -16,6 +16,8 @@ pub struct GenerateOptions {
     pub stop: Vec<String>,
     /// Tokens that end generation (not emitted).
     pub eos: Vec<u32>,
+    /// Constrained decoding: the output must be a JSON document of this schema.
+    pub json: Option<JsonOutput>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

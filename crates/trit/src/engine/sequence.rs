@@ -6,7 +6,7 @@
 
 use super::generate::{FinishReason, GenerateOptions, StopMatcher};
 use crate::sample::candidates::{log_sum_exp, top_k_indices};
-use crate::sample::{RowLogits, Sampler};
+use crate::sample::{JsonConstraint, RowLogits, Sampler};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::Result;
 
@@ -42,6 +42,8 @@ pub struct Decoding {
     top_logprobs: Option<usize>,
     generated: usize,
     finish: Option<FinishReason>,
+    /// Constrained decoding (`GenerateOptions::json`).
+    json: Option<JsonConstraint>,
 }
 
 impl Decoding {
@@ -56,6 +58,10 @@ impl Decoding {
             top_logprobs: None,
             generated: 0,
             finish: None,
+            json: opts
+                .json
+                .as_ref()
+                .map(|j| JsonConstraint::new(j.schema.clone(), j.table.clone(), opts.eos.clone())),
         })
     }
 
@@ -78,7 +84,9 @@ impl Decoding {
     /// (see [`Sampler::sample_top`](crate::sample::Sampler::sample_top)) with exactly the
     /// result of the full row, log-probabilities included.
     pub fn exact_on_top(&self, k: usize) -> bool {
-        self.sampler.params().exact_on_top(k) && self.top_logprobs.is_none_or(|t| t <= k)
+        self.sampler.params().exact_on_top(k)
+            && self.top_logprobs.is_none_or(|t| t <= k)
+            && self.json.is_none()
     }
 
     /// Samples from `logits` (the model's output after the last fed token; modified in place).
@@ -95,7 +103,14 @@ impl Decoding {
             return step;
         }
         let logprob_source = self.top_logprobs.map(|_| logits.to_vec());
-        let tok = self.sampler.sample(logits, &self.history);
+        let tok = match &self.json {
+            None => self.sampler.sample(logits, &self.history),
+            Some(c) => match c.sample(&mut self.sampler, logits, &self.history) {
+                Some(t) => t,
+                // No token can continue the document (or end it): stop here.
+                None => return self.end(Step::default(), FinishReason::Stop, tokenizer),
+            },
+        };
         let logprob = match (self.top_logprobs, logprob_source) {
             (Some(top), Some(raw)) => Some(token_logprob(&raw, tok, top)),
             _ => None,
@@ -168,6 +183,9 @@ impl Decoding {
             return self.end(step, FinishReason::Stop, tokenizer);
         }
         step.token = Some(tok);
+        if let Some(c) = &mut self.json {
+            c.advance(tok);
+        }
         self.generated += 1;
         self.history.push(tok);
         if let Some(piece) = self.decoder.push(tokenizer, tok) {

@@ -2,10 +2,12 @@
 //! device backend, a row's best candidates only (`candidates`).
 
 pub mod candidates;
+pub mod json;
 pub mod processors;
 pub mod rng;
 pub mod sampler;
 
 pub use candidates::{RowLogits, TopLogits, TOP_CANDIDATES};
+pub use json::{JsonConstraint, JsonOutput, JsonSchema, TokenTable};
 pub use processors::Penalties;
 pub use sampler::{Sampler, SamplingParams};

@@ -1,0 +1,200 @@
+//! `response_format` enforced on the default model: the replies parse (serde_json) as
+//! documents of the requested schema, streamed or not, greedy or sampled, on both endpoints;
+//! schemas that cannot be enforced are refused by name.
+
+mod common;
+
+use common::{post, Options, TestServer};
+use serde_json::{json, Value};
+use std::sync::OnceLock;
+
+fn server() -> &'static TestServer {
+    static SERVER: OnceLock<TestServer> = OnceLock::new();
+    SERVER.get_or_init(|| common::start(Options::default()))
+}
+
+/// Bounded (every string has a maxLength), so that any document ends within the token budget.
+fn city_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 24},
+            "country": {"type": "string", "maxLength": 24},
+            "population": {"type": "integer"},
+            "capital": {"type": "boolean"},
+            "kind": {"enum": ["town", "city", "village"]}
+        },
+        "required": ["city", "country", "population", "capital", "kind"],
+        "additionalProperties": false
+    })
+}
+
+fn check_city(v: &Value) {
+    let o = v
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {v}"));
+    let keys: Vec<&str> = o.keys().map(String::as_str).collect();
+    assert_eq!(o.len(), 5, "{v}");
+    for k in ["city", "country", "population", "capital", "kind"] {
+        assert!(keys.contains(&k), "{k} missing: {v}");
+    }
+    assert!(
+        o["city"].as_str().is_some_and(|s| s.chars().count() <= 24),
+        "{v}"
+    );
+    assert!(
+        o["country"]
+            .as_str()
+            .is_some_and(|s| s.chars().count() <= 24),
+        "{v}"
+    );
+    assert!(o["population"].is_i64(), "{v}");
+    assert!(o["capital"].is_boolean(), "{v}");
+    assert!(
+        ["town", "city", "village"].contains(&o["kind"].as_str().unwrap()),
+        "{v}"
+    );
+}
+
+fn chat_body(format: Value, stream: bool, temperature: f32) -> Value {
+    json!({
+        "messages": [{"role": "user", "content": "Describe Paris as JSON."}],
+        "max_tokens": 200, "temperature": temperature, "seed": 5, "stream": stream,
+        "response_format": format,
+    })
+}
+
+/// The reply's content and finish reason, streamed or not.
+fn reply(path: &str, body: &Value) -> (String, String) {
+    let r = post(server().addr, path, body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let chat = path.contains("chat");
+    if body["stream"] == true {
+        let mut text = String::new();
+        let mut finish = String::new();
+        for e in r.events() {
+            let c = &e["choices"][0];
+            let piece = if chat {
+                &c["delta"]["content"]
+            } else {
+                &c["text"]
+            };
+            text.push_str(piece.as_str().unwrap_or(""));
+            if let Some(f) = c["finish_reason"].as_str() {
+                finish = f.to_string();
+            }
+        }
+        return (text, finish);
+    }
+    let v = r.json();
+    let c = &v["choices"][0];
+    let text = if chat {
+        &c["message"]["content"]
+    } else {
+        &c["text"]
+    };
+    (
+        text.as_str().unwrap().to_string(),
+        c["finish_reason"].as_str().unwrap().to_string(),
+    )
+}
+
+#[test]
+fn a_json_schema_reply_is_a_document_of_that_schema() {
+    let format =
+        json!({"type": "json_schema", "json_schema": {"name": "city", "schema": city_schema()}});
+    let (whole, finish) = reply(
+        "/v1/chat/completions",
+        &chat_body(format.clone(), false, 0.0),
+    );
+    assert_eq!(finish, "stop", "{whole}");
+    check_city(&serde_json::from_str(&whole).unwrap_or_else(|e| panic!("{e}: {whole}")));
+    // Streamed: the same greedy document.
+    let (streamed, finish) = reply(
+        "/v1/chat/completions",
+        &chat_body(format.clone(), true, 0.0),
+    );
+    assert_eq!(
+        (streamed.as_str(), finish.as_str()),
+        (whole.as_str(), "stop")
+    );
+    // Sampled: the draws that do not fit are redrawn under the mask.
+    for seed in 0..3 {
+        let mut body = chat_body(format.clone(), false, 1.0);
+        body["seed"] = json!(seed);
+        let (text, finish) = reply("/v1/chat/completions", &body);
+        assert_eq!(finish, "stop", "{text}");
+        check_city(&serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")));
+    }
+}
+
+#[test]
+fn without_a_format_the_same_prompt_is_not_json() {
+    // So the documents above are the constraint's doing, not the model's habit.
+    let mut body = chat_body(json!({"type": "text"}), false, 0.0);
+    body["max_tokens"] = json!(40);
+    let (text, _) = reply("/v1/chat/completions", &body);
+    assert!(serde_json::from_str::<Value>(&text).is_err(), "{text}");
+}
+
+#[test]
+fn json_object_replies_and_completions_are_objects() {
+    let format = json!({"type": "json_object"});
+    let mut body = chat_body(format.clone(), false, 0.0);
+    body["max_tokens"] = json!(200);
+    let (text, finish) = reply("/v1/chat/completions", &body);
+    match finish.as_str() {
+        "stop" => assert!(
+            serde_json::from_str::<Value>(&text).unwrap().is_object(),
+            "{text}"
+        ),
+        _ => assert!(text.starts_with('{'), "{text}"),
+    }
+    // The completions endpoint, with llama.cpp's `schema` beside json_object.
+    let body = json!({"prompt": "The city of Paris, as JSON:", "max_tokens": 200, "temperature": 0,
+                      "response_format": {"type": "json_object", "schema": city_schema()}});
+    let (text, finish) = reply("/v1/completions", &body);
+    assert_eq!(finish, "stop", "{text}");
+    check_city(&serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")));
+}
+
+#[test]
+fn formats_that_cannot_be_enforced_are_refused_by_name() {
+    let hello = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    for (extra, word) in [
+        (
+            json!({"response_format": {"type": "xml"}}),
+            "response_format",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema"}}),
+            "json_schema.schema",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                   "schema": {"type": "string", "pattern": "^a+$"}}}}),
+            "pattern",
+        ),
+        (
+            json!({"response_format": {"type": "json_object"}, "tools": [{"type": "function",
+                   "function": {"name": "f", "parameters": {"type": "object"}}}]}),
+            "tools",
+        ),
+        (
+            json!({"response_format": {"type": "json_object"},
+                   "chat_template_kwargs": {"enable_thinking": true}}),
+            "enable_thinking",
+        ),
+    ] {
+        let r = post(server().addr, "/v1/chat/completions", &hello(extra.clone()));
+        assert_eq!(r.status, 400, "{extra}: {}", r.text());
+        let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(msg.contains(word), "{extra}: {msg}");
+    }
+}

@@ -1,0 +1,665 @@
+//! A byte-at-a-time recognizer of JSON documents that satisfy a compiled [`JsonSchema`]: it
+//! accepts a byte only while the text so far can still be completed into such a document,
+//! so a sampler that only ever picks accepted tokens cannot paint itself into a corner.
+//! One frame per open value on a stack; every frame is a few words (no buffers), so trying
+//! a token on a copy of the state costs one small allocation.
+
+use super::schema::{JsonSchema, Node, ARRAY, BOOL, INTEGER, NULL, NUMBER, OBJECT, STRING};
+
+/// Whitespace bytes allowed in a row, of which one line break (pretty-printed JSON fits; a
+/// model that would rather end its turn cannot stall on newlines).
+const MAX_WHITESPACE_RUN: u8 = 32;
+/// Open values at most (a model cannot nest forever).
+const MAX_DEPTH: usize = 32;
+/// Bytes of one number at most; of an integer (an i64 holds any 18 digits); and exponent
+/// digits (so that every number fits an f64: readers such as serde_json refuse the others).
+const MAX_NUMBER_LEN: u8 = 40;
+const MAX_INTEGER_LEN: u8 = 18;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ObjPhase {
+    /// After `{`: a key or `}`.
+    KeyOrEnd,
+    /// After `,`: a key.
+    Key,
+    /// After a key: `:`.
+    Colon,
+    /// After a value: `,` or `}`.
+    CommaOrEnd,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ArrPhase {
+    ValueOrEnd,
+    CommaOrEnd,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NumPhase {
+    /// After `-`.
+    Sign,
+    Zero,
+    Int,
+    Dot,
+    Frac,
+    Exp,
+    ExpSign,
+    ExpDigits,
+    /// Two exponent digits: no more.
+    ExpFull,
+}
+
+/// Where a literal's alternatives come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LitSource {
+    /// The node's `enum`/`const` values.
+    Node(u32),
+    /// `null`, `true` or `false` (index into `KEYWORDS`).
+    Keyword(u8),
+}
+
+/// Where the string lexer is inside a string's content.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lex {
+    Normal,
+    Escape,
+    /// Hex digits of a `\u` escape still to come.
+    Hex(u8),
+    /// Continuation bytes of a UTF-8 character still to come, and the next one's range.
+    Utf8 {
+        need: u8,
+        lo: u8,
+        hi: u8,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Frame {
+    /// A value of `node` starts here (whitespace first allowed).
+    Value {
+        node: u32,
+    },
+    Object {
+        node: u32,
+        seen: u64,
+        phase: ObjPhase,
+        value: u32,
+    },
+    Array {
+        node: u32,
+        count: u32,
+        phase: ArrPhase,
+    },
+    Str {
+        node: u32,
+        chars: u32,
+        lex: Lex,
+    },
+    /// A property name: `alive` are the properties it can still become (by their escaped
+    /// names, compared byte for byte); none alive means another property's name.
+    Key {
+        obj: u32,
+        alive: u64,
+        pos: u16,
+        lex: Lex,
+    },
+    Number {
+        integer: bool,
+        phase: NumPhase,
+        len: u8,
+    },
+    /// One of a set of literal values; `alive`: those the bytes so far still match.
+    Literal {
+        src: LitSource,
+        alive: u64,
+        pos: u16,
+    },
+}
+
+/// What a string's next byte is.
+enum LexStep {
+    /// Content; `true` when it begins a new character.
+    Content(bool),
+    Close,
+    Reject,
+}
+
+fn lex(l: &mut Lex, b: u8) -> LexStep {
+    match *l {
+        Lex::Normal => match b {
+            b'"' => LexStep::Close,
+            b'\\' => {
+                *l = Lex::Escape;
+                LexStep::Content(true)
+            }
+            0..=0x1f => LexStep::Reject,
+            0x20..=0x7f => LexStep::Content(true),
+            0xc2..=0xdf => {
+                *l = Lex::Utf8 {
+                    need: 1,
+                    lo: 0x80,
+                    hi: 0xbf,
+                };
+                LexStep::Content(true)
+            }
+            0xe0..=0xef => {
+                let (lo, hi) = match b {
+                    0xe0 => (0xa0, 0xbf),
+                    0xed => (0x80, 0x9f),
+                    _ => (0x80, 0xbf),
+                };
+                *l = Lex::Utf8 { need: 2, lo, hi };
+                LexStep::Content(true)
+            }
+            0xf0..=0xf4 => {
+                let (lo, hi) = match b {
+                    0xf0 => (0x90, 0xbf),
+                    0xf4 => (0x80, 0x8f),
+                    _ => (0x80, 0xbf),
+                };
+                *l = Lex::Utf8 { need: 3, lo, hi };
+                LexStep::Content(true)
+            }
+            _ => LexStep::Reject,
+        },
+        Lex::Escape => match b {
+            b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {
+                *l = Lex::Normal;
+                LexStep::Content(false)
+            }
+            b'u' => {
+                *l = Lex::Hex(4);
+                LexStep::Content(false)
+            }
+            _ => LexStep::Reject,
+        },
+        Lex::Hex(n) => {
+            if !b.is_ascii_hexdigit() {
+                return LexStep::Reject;
+            }
+            *l = if n == 1 { Lex::Normal } else { Lex::Hex(n - 1) };
+            LexStep::Content(false)
+        }
+        Lex::Utf8 { need, lo, hi } => {
+            if b < lo || b > hi {
+                return LexStep::Reject;
+            }
+            *l = if need == 1 {
+                Lex::Normal
+            } else {
+                Lex::Utf8 {
+                    need: need - 1,
+                    lo: 0x80,
+                    hi: 0xbf,
+                }
+            };
+            LexStep::Content(false)
+        }
+    }
+}
+
+/// What a frame did with a byte.
+enum Outcome {
+    Accept,
+    /// The frame's value is complete with this byte.
+    Done,
+    /// The frame's value ended before this byte, which goes to the parent.
+    DoneBefore,
+    /// A child frame opens with this byte.
+    Push(Frame),
+    /// A child frame opens at this byte and takes it.
+    PushRefeed(Frame),
+    /// The frame becomes another that has taken the byte.
+    Replace(Frame),
+    Reject,
+}
+
+/// Where a document is: its open values. Clone it to try bytes without committing.
+#[derive(Clone, Debug)]
+pub struct ParseState {
+    stack: Vec<Frame>,
+    whitespace: u8,
+    /// The current whitespace run's line break: 0 none yet, 1 after `\r`, 2 after `\n`.
+    line_break: u8,
+}
+
+impl ParseState {
+    pub fn new(schema: &JsonSchema) -> Self {
+        ParseState {
+            stack: vec![Frame::Value {
+                node: schema.root as u32,
+            }],
+            whitespace: 0,
+            line_break: 0,
+        }
+    }
+}
+
+/// A parse state read against its schema.
+#[derive(Debug)]
+pub struct Recognizer<'s> {
+    schema: &'s JsonSchema,
+    pub state: ParseState,
+}
+
+const KEYWORDS: [&[u8]; 3] = [b"null", b"true", b"false"];
+
+impl<'s> Recognizer<'s> {
+    pub fn new(schema: &'s JsonSchema) -> Self {
+        Self::resume(schema, ParseState::new(schema))
+    }
+
+    pub fn resume(schema: &'s JsonSchema, state: ParseState) -> Self {
+        Recognizer { schema, state }
+    }
+
+    pub fn schema(&self) -> &'s JsonSchema {
+        self.schema
+    }
+
+    fn node(&self, i: u32) -> &'s Node {
+        &self.schema.nodes[i as usize]
+    }
+
+    /// The document is complete: nothing but the end may follow.
+    pub fn is_done(&self) -> bool {
+        self.state.stack.is_empty()
+    }
+
+    /// Whether the text so far is a complete document (a top-level number or literal that
+    /// could go on also counts: the end finishes it).
+    pub fn can_end(&self) -> bool {
+        self.state.stack.iter().all(|f| match *f {
+            Frame::Number { phase, .. } => number_accepting(phase),
+            Frame::Literal { src, alive, pos } => self.literal_complete(src, alive, pos),
+            _ => false,
+        })
+    }
+
+    /// Feeds `bytes`; false when they cannot continue a valid document (the state is then
+    /// meaningless: try bytes on a clone).
+    pub fn feed_all(&mut self, bytes: &[u8]) -> bool {
+        bytes.iter().all(|&b| self.feed(b))
+    }
+
+    pub fn feed(&mut self, b: u8) -> bool {
+        let ws = matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+        loop {
+            let Some(&top) = self.state.stack.last() else {
+                // After the document only whitespace (the constraint then asks for the end).
+                if ws {
+                    break;
+                }
+                return false;
+            };
+            match self.step(top, b, ws) {
+                Outcome::Accept => {}
+                Outcome::Done => {
+                    self.state.stack.pop();
+                }
+                Outcome::DoneBefore => {
+                    self.state.stack.pop();
+                    continue;
+                }
+                Outcome::Push(f) | Outcome::PushRefeed(f)
+                    if self.state.stack.len() >= MAX_DEPTH =>
+                {
+                    let _ = f;
+                    return false;
+                }
+                Outcome::Push(f) => self.state.stack.push(f),
+                Outcome::PushRefeed(f) => {
+                    self.state.stack.push(f);
+                    continue;
+                }
+                Outcome::Replace(f) => self.set_top(f),
+                Outcome::Reject => return false,
+            }
+            break;
+        }
+        let in_string = matches!(
+            self.state.stack.last(),
+            Some(Frame::Str { .. } | Frame::Key { .. })
+        );
+        if ws && !in_string {
+            // One break per run ("\r\n" counts as one).
+            match (b, self.state.line_break) {
+                (b'\r', 0) => self.state.line_break = 1,
+                (b'\n', 0 | 1) => self.state.line_break = 2,
+                (b'\r' | b'\n', _) => return false,
+                _ => {}
+            }
+            self.state.whitespace += 1;
+            self.state.whitespace <= MAX_WHITESPACE_RUN
+        } else {
+            self.state.whitespace = 0;
+            self.state.line_break = 0;
+            true
+        }
+    }
+
+    fn set_top(&mut self, f: Frame) {
+        *self.state.stack.last_mut().expect("nonempty") = f;
+    }
+
+    fn step(&mut self, top: Frame, b: u8, ws: bool) -> Outcome {
+        match top {
+            Frame::Value { node } => self.value_start(node, b, ws),
+            Frame::Object {
+                node,
+                seen,
+                phase,
+                value,
+            } => self.object(node, seen, phase, value, b, ws),
+            Frame::Array { node, count, phase } => self.array(node, count, phase, b, ws),
+            Frame::Str {
+                node,
+                chars,
+                mut lex,
+            } => {
+                let n = self.node(node);
+                match self::lex(&mut lex, b) {
+                    LexStep::Reject => Outcome::Reject,
+                    LexStep::Close if (chars as usize) < n.min_len => Outcome::Reject,
+                    LexStep::Close => Outcome::Done,
+                    LexStep::Content(new) => {
+                        if new && n.max_len.is_some_and(|m| chars as usize >= m) {
+                            return Outcome::Reject;
+                        }
+                        Outcome::Replace(Frame::Str {
+                            node,
+                            chars: chars + new as u32,
+                            lex,
+                        })
+                    }
+                }
+            }
+            Frame::Key {
+                obj,
+                alive,
+                pos,
+                mut lex,
+            } => self.key(obj, alive, pos, &mut lex, b),
+            Frame::Number {
+                integer,
+                phase,
+                len,
+            } => match number_next(phase, integer, b) {
+                Some(_)
+                    if len
+                        >= if integer {
+                            MAX_INTEGER_LEN
+                        } else {
+                            MAX_NUMBER_LEN
+                        } =>
+                {
+                    Outcome::Reject
+                }
+                Some(phase) => Outcome::Replace(Frame::Number {
+                    integer,
+                    phase,
+                    len: len + 1,
+                }),
+                None if number_accepting(phase) => Outcome::DoneBefore,
+                None => Outcome::Reject,
+            },
+            Frame::Literal { src, alive, pos } => self.literal(src, alive, pos, b),
+        }
+    }
+
+    /// Alternative `i` of a literal set.
+    fn lit(&self, src: LitSource, i: usize) -> &'s [u8] {
+        match src {
+            LitSource::Keyword(k) => KEYWORDS[k as usize],
+            LitSource::Node(n) => &self.node(n).literals.as_ref().expect("a literal node")[i],
+        }
+    }
+
+    fn lit_count(&self, src: LitSource) -> usize {
+        match src {
+            LitSource::Keyword(_) => 1,
+            LitSource::Node(n) => self.node(n).literals.as_ref().map_or(0, |l| l.len()),
+        }
+    }
+
+    fn literal_complete(&self, src: LitSource, alive: u64, pos: u16) -> bool {
+        (0..self.lit_count(src))
+            .any(|i| alive >> i & 1 == 1 && self.lit(src, i).len() == pos as usize)
+    }
+
+    fn literal(&self, src: LitSource, alive: u64, pos: u16, b: u8) -> Outcome {
+        let n = self.lit_count(src);
+        let mut next = 0u64;
+        for i in 0..n {
+            if alive >> i & 1 == 1 && self.lit(src, i).get(pos as usize) == Some(&b) {
+                next |= 1 << i;
+            }
+        }
+        if next == 0 {
+            return if self.literal_complete(src, alive, pos) {
+                Outcome::DoneBefore
+            } else {
+                Outcome::Reject
+            };
+        }
+        let pos = pos + 1;
+        let longer = (0..n).any(|i| next >> i & 1 == 1 && self.lit(src, i).len() > pos as usize);
+        if !longer {
+            // Nothing can follow inside this value: it is complete.
+            return Outcome::Done;
+        }
+        Outcome::Replace(Frame::Literal {
+            src,
+            alive: next,
+            pos,
+        })
+    }
+
+    fn value_start(&mut self, node: u32, b: u8, ws: bool) -> Outcome {
+        if ws {
+            return Outcome::Accept;
+        }
+        let n = self.node(node);
+        if n.literals.is_some() {
+            let src = LitSource::Node(node);
+            return self.literal(src, mask(self.lit_count(src)), 0, b);
+        }
+        let k = n.kinds;
+        match b {
+            b'{' if k & OBJECT != 0 => Outcome::Replace(Frame::Object {
+                node,
+                seen: 0,
+                phase: ObjPhase::KeyOrEnd,
+                value: 0,
+            }),
+            b'[' if k & ARRAY != 0 => Outcome::Replace(Frame::Array {
+                node,
+                count: 0,
+                phase: ArrPhase::ValueOrEnd,
+            }),
+            b'"' if k & STRING != 0 => Outcome::Replace(Frame::Str {
+                node,
+                chars: 0,
+                lex: Lex::Normal,
+            }),
+            b'-' | b'0'..=b'9' if k & (INTEGER | NUMBER) != 0 => {
+                let phase = match b {
+                    b'-' => NumPhase::Sign,
+                    b'0' => NumPhase::Zero,
+                    _ => NumPhase::Int,
+                };
+                Outcome::Replace(Frame::Number {
+                    integer: k & NUMBER == 0,
+                    phase,
+                    len: 1,
+                })
+            }
+            b'n' if k & NULL != 0 => self.keyword(0),
+            b't' if k & BOOL != 0 => self.keyword(1),
+            b'f' if k & BOOL != 0 => self.keyword(2),
+            _ => Outcome::Reject,
+        }
+    }
+
+    /// `null`, `true` or `false`, its first byte taken.
+    fn keyword(&self, which: u8) -> Outcome {
+        Outcome::Replace(Frame::Literal {
+            src: LitSource::Keyword(which),
+            alive: 1,
+            pos: 1,
+        })
+    }
+
+    fn object(
+        &mut self,
+        node: u32,
+        seen: u64,
+        phase: ObjPhase,
+        value: u32,
+        b: u8,
+        ws: bool,
+    ) -> Outcome {
+        if ws {
+            return Outcome::Accept;
+        }
+        let spec = &self.node(node).object;
+        let all = mask(spec.props.len());
+        let more_keys = spec.additional.is_some() || all & !seen != 0;
+        let closable = spec.required & !seen == 0;
+        let with = |phase| Frame::Object {
+            node,
+            seen,
+            phase,
+            value,
+        };
+        match (phase, b) {
+            (ObjPhase::KeyOrEnd | ObjPhase::Key, b'"') if more_keys => Outcome::Push(Frame::Key {
+                obj: node,
+                alive: all & !seen,
+                pos: 0,
+                lex: Lex::Normal,
+            }),
+            (ObjPhase::KeyOrEnd | ObjPhase::CommaOrEnd, b'}') if closable => Outcome::Done,
+            (ObjPhase::Colon, b':') => {
+                self.set_top(with(ObjPhase::CommaOrEnd));
+                Outcome::Push(Frame::Value { node: value })
+            }
+            (ObjPhase::CommaOrEnd, b',') if more_keys => Outcome::Replace(with(ObjPhase::Key)),
+            _ => Outcome::Reject,
+        }
+    }
+
+    fn key(&mut self, obj: u32, alive: u64, pos: u16, lex: &mut Lex, b: u8) -> Outcome {
+        let spec = &self.node(obj).object;
+        match self::lex(lex, b) {
+            LexStep::Reject => Outcome::Reject,
+            LexStep::Content(_) => {
+                let mut next = 0u64;
+                for (i, (name, _)) in spec.props.iter().enumerate() {
+                    if alive >> i & 1 == 1 && name.get(pos as usize) == Some(&b) {
+                        next |= 1 << i;
+                    }
+                }
+                if next == 0 && spec.additional.is_none() {
+                    return Outcome::Reject;
+                }
+                Outcome::Replace(Frame::Key {
+                    obj,
+                    alive: next,
+                    pos: pos.saturating_add(1),
+                    lex: *lex,
+                })
+            }
+            LexStep::Close => {
+                let exact = spec
+                    .props
+                    .iter()
+                    .enumerate()
+                    .find(|(i, (name, _))| alive >> i & 1 == 1 && name.len() == pos as usize);
+                let (bit, value) = match (exact, spec.additional) {
+                    (Some((i, (_, v))), _) => (1u64 << i, *v as u32),
+                    (None, Some(extra)) => (0, extra as u32),
+                    (None, None) => return Outcome::Reject,
+                };
+                self.state.stack.pop();
+                match self.state.stack.last_mut() {
+                    Some(Frame::Object {
+                        seen,
+                        phase,
+                        value: v,
+                        ..
+                    }) => {
+                        *seen |= bit;
+                        *phase = ObjPhase::Colon;
+                        *v = value;
+                    }
+                    _ => unreachable!("a key's parent is its object"),
+                }
+                Outcome::Accept
+            }
+        }
+    }
+
+    fn array(&mut self, node: u32, count: u32, phase: ArrPhase, b: u8, ws: bool) -> Outcome {
+        if ws {
+            return Outcome::Accept;
+        }
+        let spec = &self.node(node).array;
+        let closable = count as usize >= spec.min;
+        let room = spec.max.is_none_or(|m| (count as usize) < m);
+        let item = Frame::Value {
+            node: spec.items as u32,
+        };
+        let next = Frame::Array {
+            node,
+            count: count + 1,
+            phase: ArrPhase::CommaOrEnd,
+        };
+        match (phase, b) {
+            (_, b']') if closable => Outcome::Done,
+            (ArrPhase::CommaOrEnd, b',') if room => {
+                self.set_top(next);
+                Outcome::Push(item)
+            }
+            (ArrPhase::ValueOrEnd, _) if room => {
+                // The first item starts with this byte.
+                self.set_top(next);
+                Outcome::PushRefeed(item)
+            }
+            _ => Outcome::Reject,
+        }
+    }
+}
+
+fn mask(n: usize) -> u64 {
+    if n >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << n) - 1
+    }
+}
+
+fn number_accepting(p: NumPhase) -> bool {
+    matches!(
+        p,
+        NumPhase::Zero | NumPhase::Int | NumPhase::Frac | NumPhase::ExpDigits | NumPhase::ExpFull
+    )
+}
+
+/// The number's phase after `b`, or `None` when `b` cannot continue it.
+fn number_next(p: NumPhase, integer: bool, b: u8) -> Option<NumPhase> {
+    use NumPhase::*;
+    let digit = b.is_ascii_digit();
+    Some(match (p, b) {
+        (Sign, b'0') => Zero,
+        (Sign, _) if digit => Int,
+        (Int, _) if digit => Int,
+        (Zero | Int, b'.') if !integer => Dot,
+        (Zero | Int | Frac, b'e' | b'E') if !integer => Exp,
+        (Dot | Frac, _) if digit => Frac,
+        (Exp, b'+' | b'-') => ExpSign,
+        (Exp | ExpSign, _) if digit => ExpDigits,
+        (ExpDigits, _) if digit => ExpFull,
+        _ => return None,
+    })
+}

@@ -1,0 +1,492 @@
+//! A JSON Schema compiled into the flat node table the recognizer walks. The subset is what
+//! structured-output clients send (OpenAI's `json_schema`, pydantic's `model_json_schema()`):
+//! `type` (one or several), `properties`, `required`, `additionalProperties`, `items`,
+//! `minItems`/`maxItems`, `minLength`/`maxLength`, `enum`, `const`, `anyOf`/`oneOf` over
+//! different JSON types, `$ref` into `$defs`/`definitions` (recursion included). Annotations
+//! (`title`, `description`, `default`, `format`, …) are ignored, as validators ignore them.
+//! Any other keyword is refused with its name: a schema is enforced or rejected, never
+//! enforced in part.
+
+use crate::{Error, Result};
+use serde_json::{Map, Value};
+use std::collections::HashMap;
+
+/// Value kinds a node admits (bit flags).
+pub(crate) const NULL: u8 = 1;
+pub(crate) const BOOL: u8 = 2;
+pub(crate) const INTEGER: u8 = 4;
+/// Any number, integers included.
+pub(crate) const NUMBER: u8 = 8;
+pub(crate) const STRING: u8 = 16;
+pub(crate) const OBJECT: u8 = 32;
+pub(crate) const ARRAY: u8 = 64;
+const ALL: u8 = NULL | BOOL | INTEGER | NUMBER | STRING | OBJECT | ARRAY;
+
+/// The node of any JSON value (index 0 of every table).
+pub(crate) const ANY: usize = 0;
+
+/// At most this many properties per object and values per `enum`: the recognizer tracks
+/// them in one 64-bit mask.
+pub(crate) const MAX_ALTERNATIVES: usize = 64;
+
+#[derive(Clone, Debug)]
+pub(crate) struct ObjectSpec {
+    /// Property names as they appear between the quotes (JSON-escaped), and their value nodes.
+    pub(crate) props: Vec<(Vec<u8>, usize)>,
+    /// Bit i: property i is required.
+    pub(crate) required: u64,
+    /// The node of any other property's value; `None`: no other properties.
+    pub(crate) additional: Option<usize>,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct ArraySpec {
+    pub(crate) items: usize,
+    pub(crate) min: usize,
+    pub(crate) max: Option<usize>,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Node {
+    pub(crate) kinds: u8,
+    /// `enum`/`const`: the value must be one of these compact serializations, byte for byte.
+    pub(crate) literals: Option<Vec<Vec<u8>>>,
+    pub(crate) object: ObjectSpec,
+    pub(crate) array: ArraySpec,
+    /// Characters (code points) a string value may have.
+    pub(crate) min_len: usize,
+    pub(crate) max_len: Option<usize>,
+}
+
+impl Node {
+    fn any() -> Node {
+        Node {
+            kinds: ALL,
+            literals: None,
+            object: ObjectSpec {
+                props: Vec::new(),
+                required: 0,
+                additional: Some(ANY),
+            },
+            array: ArraySpec {
+                items: ANY,
+                min: 0,
+                max: None,
+            },
+            min_len: 0,
+            max_len: None,
+        }
+    }
+}
+
+/// A compiled schema: `nodes[ANY]` is any value, `nodes[root]` the document's.
+#[derive(Clone, Debug)]
+pub struct JsonSchema {
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) root: usize,
+}
+
+/// Keywords that do not constrain a value.
+const ANNOTATIONS: &[&str] = &[
+    "title",
+    "description",
+    "default",
+    "examples",
+    "format",
+    "$schema",
+    "$id",
+    "$comment",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "$defs",
+    "definitions",
+    "strict",
+    "discriminator",
+    "nullable",
+];
+
+impl JsonSchema {
+    /// Any JSON object (OpenAI's `json_object` mode).
+    pub fn any_object() -> JsonSchema {
+        let mut obj = Node::any();
+        obj.kinds = OBJECT;
+        JsonSchema {
+            nodes: vec![Node::any(), obj],
+            root: 1,
+        }
+    }
+
+    /// Compiles `schema`; an error names the first keyword or construct it cannot enforce.
+    pub fn compile(schema: &Value) -> Result<JsonSchema> {
+        let mut c = Compiler {
+            root: schema,
+            nodes: vec![Node::any()],
+            refs: HashMap::new(),
+            building: Vec::new(),
+        };
+        let root = c.node(schema, "#")?;
+        Ok(JsonSchema {
+            nodes: c.nodes,
+            root,
+        })
+    }
+}
+
+struct Compiler<'a> {
+    root: &'a Value,
+    nodes: Vec<Node>,
+    /// `$ref` targets compiled so far (recursive references reuse the reserved index).
+    refs: HashMap<String, usize>,
+    /// Reserved indices whose node is still being built.
+    building: Vec<usize>,
+}
+
+fn bad(at: &str, what: impl std::fmt::Display) -> Error {
+    Error::InvalidArgument(format!("json schema at {at}: {what}"))
+}
+
+impl Compiler<'_> {
+    /// Compiles `v` into a new node and returns its index.
+    fn node(&mut self, v: &Value, at: &str) -> Result<usize> {
+        let o = match v {
+            Value::Bool(true) => return Ok(ANY),
+            Value::Bool(false) => return Err(bad(at, "`false` admits no value")),
+            Value::Object(o) => o,
+            _ => return Err(bad(at, "a schema must be an object or a boolean")),
+        };
+        if let Some(r) = o.get("$ref") {
+            if o.keys()
+                .any(|k| k != "$ref" && !ANNOTATIONS.contains(&k.as_str()))
+            {
+                return Err(bad(at, "`$ref` beside other keywords is not supported"));
+            }
+            return self.reference(r, at);
+        }
+        let index = self.nodes.len();
+        self.nodes.push(Node::any());
+        let node = self.build(o, at)?;
+        self.nodes[index] = node;
+        Ok(index)
+    }
+
+    fn reference(&mut self, r: &Value, at: &str) -> Result<usize> {
+        let r = r
+            .as_str()
+            .ok_or_else(|| bad(at, "`$ref` must be a string"))?;
+        if let Some(&i) = self.refs.get(r) {
+            return Ok(i);
+        }
+        let target = if r == "#" {
+            self.root
+        } else {
+            let path = r.strip_prefix("#/").ok_or_else(|| {
+                bad(
+                    at,
+                    format!("`$ref` {r:?}: only references into this schema (#/…) are supported"),
+                )
+            })?;
+            let mut t = self.root;
+            for part in path.split('/') {
+                let part = part.replace("~1", "/").replace("~0", "~");
+                t = t
+                    .get(&part)
+                    .ok_or_else(|| bad(at, format!("`$ref` {r:?} points nowhere")))?;
+            }
+            t
+        };
+        // Reserve the index first so that a recursive reference finds it.
+        let index = self.nodes.len();
+        self.nodes.push(Node::any());
+        self.refs.insert(r.to_string(), index);
+        let o = match target {
+            Value::Bool(true) => return Ok(ANY),
+            Value::Object(o) => o,
+            _ => return Err(bad(r, "a referenced schema must be an object")),
+        };
+        self.building.push(index);
+        let node = if let Some(inner) = o.get("$ref") {
+            let i = self.reference(inner, r)?;
+            self.nodes[i].clone()
+        } else {
+            self.build(o, r)?
+        };
+        self.building.retain(|&b| b != index);
+        self.nodes[index] = node;
+        Ok(index)
+    }
+
+    fn build(&mut self, o: &Map<String, Value>, at: &str) -> Result<Node> {
+        const KNOWN: &[&str] = &[
+            "type",
+            "properties",
+            "required",
+            "additionalProperties",
+            "items",
+            "minItems",
+            "maxItems",
+            "minLength",
+            "maxLength",
+            "enum",
+            "const",
+            "anyOf",
+            "oneOf",
+        ];
+        for k in o.keys() {
+            if !KNOWN.contains(&k.as_str()) && !ANNOTATIONS.contains(&k.as_str()) {
+                return Err(bad(at, format!("the keyword `{k}` is not supported")));
+            }
+        }
+        let mut node = Node::any();
+        node.kinds = match o.get("type") {
+            None => ALL,
+            Some(t) => kinds_of(t, at)?,
+        };
+        if let Some(alts) = o.get("anyOf").or_else(|| o.get("oneOf")) {
+            if o.contains_key("anyOf") && o.contains_key("oneOf") {
+                return Err(bad(at, "`anyOf` beside `oneOf` is not supported"));
+            }
+            let union = self.union(alts, at)?;
+            node.kinds &= union.kinds;
+            node.object = union.object;
+            node.array = union.array;
+            node.literals = union.literals;
+            node.min_len = union.min_len;
+            node.max_len = union.max_len;
+        }
+        if let Some(lits) = literals(o, at)? {
+            node.kinds &= lits.iter().fold(0, |k, l| k | literal_kind(l));
+            node.literals = Some(lits);
+        }
+        let object_keys = ["properties", "required", "additionalProperties"];
+        if node.kinds & OBJECT != 0 && object_keys.iter().any(|k| o.contains_key(*k)) {
+            self.object(o, at, &mut node.object)?;
+        }
+        if node.kinds & ARRAY != 0 {
+            if let Some(items) = o.get("items") {
+                node.array.items = self.node(items, &format!("{at}/items"))?;
+            }
+            node.array.min = count(o, "minItems", at)?.unwrap_or(node.array.min);
+            node.array.max = count(o, "maxItems", at)?.or(node.array.max);
+            if node.array.max.is_some_and(|m| m < node.array.min) {
+                return Err(bad(at, "maxItems is below minItems"));
+            }
+        }
+        node.min_len = count(o, "minLength", at)?.unwrap_or(node.min_len);
+        node.max_len = count(o, "maxLength", at)?.or(node.max_len);
+        if node.max_len.is_some_and(|m| m < node.min_len) {
+            return Err(bad(at, "maxLength is below minLength"));
+        }
+        if node.kinds == 0 {
+            return Err(bad(at, "no value satisfies these types"));
+        }
+        Ok(node)
+    }
+
+    fn object(&mut self, o: &Map<String, Value>, at: &str, spec: &mut ObjectSpec) -> Result<()> {
+        let props = match o.get("properties") {
+            None => None,
+            Some(Value::Object(p)) => Some(p),
+            Some(_) => return Err(bad(at, "`properties` must be an object")),
+        };
+        if let Some(props) = props {
+            if props.len() > MAX_ALTERNATIVES {
+                return Err(bad(at, format!("more than {MAX_ALTERNATIVES} properties")));
+            }
+            spec.props.clear();
+            for (name, sub) in props {
+                let i = self.node(sub, &format!("{at}/properties/{name}"))?;
+                spec.props.push((escaped(name), i));
+            }
+        }
+        spec.required = 0;
+        match o.get("required") {
+            None => {}
+            Some(Value::Array(names)) => {
+                for n in names {
+                    let n = n
+                        .as_str()
+                        .ok_or_else(|| bad(at, "`required` must list strings"))?;
+                    let key = escaped(n);
+                    match spec.props.iter().position(|p| p.0 == key) {
+                        Some(i) => spec.required |= 1 << i,
+                        None => {
+                            return Err(bad(
+                                at,
+                                format!("required property {n:?} has no schema in `properties`"),
+                            ))
+                        }
+                    }
+                }
+            }
+            Some(_) => return Err(bad(at, "`required` must be an array")),
+        }
+        spec.additional = match o.get("additionalProperties") {
+            None | Some(Value::Bool(true)) => Some(ANY),
+            Some(Value::Bool(false)) => None,
+            Some(v) => Some(self.node(v, &format!("{at}/additionalProperties"))?),
+        };
+        Ok(())
+    }
+
+    /// `anyOf`/`oneOf` whose branches a value's first byte tells apart: different JSON types,
+    /// or literal values only.
+    fn union(&mut self, alts: &Value, at: &str) -> Result<Node> {
+        let alts = alts
+            .as_array()
+            .filter(|a| !a.is_empty())
+            .ok_or_else(|| bad(at, "`anyOf`/`oneOf` must be a non-empty array"))?;
+        let mut branches = Vec::new();
+        for (i, alt) in alts.iter().enumerate() {
+            let n = self.node(alt, &format!("{at}/anyOf/{i}"))?;
+            if self.building.contains(&n) {
+                return Err(bad(
+                    at,
+                    "a recursive `$ref` inside `anyOf`/`oneOf` is not supported",
+                ));
+            }
+            branches.push(self.nodes[n].clone());
+        }
+        let mut out = Node::any();
+        if branches.iter().any(|n| n.literals.is_some()) {
+            let mut all: Vec<Vec<u8>> = Vec::new();
+            for n in &branches {
+                let l = literal_form(n).ok_or_else(|| {
+                    bad(
+                        at,
+                        "`anyOf`/`oneOf` mixing `enum`/`const` with other schemas is not supported",
+                    )
+                })?;
+                all.extend(
+                    l.into_iter()
+                        .filter(|l| !all.contains(l))
+                        .collect::<Vec<_>>(),
+                );
+            }
+            if all.len() > MAX_ALTERNATIVES {
+                return Err(bad(
+                    at,
+                    format!("more than {MAX_ALTERNATIVES} literal values"),
+                ));
+            }
+            out.kinds = all.iter().fold(0, |k, l| k | literal_kind(l));
+            out.literals = Some(all);
+            return Ok(out);
+        }
+        out.kinds = 0;
+        for n in branches {
+            // Integer and number overlap harmlessly (a number admits every integer).
+            if out.kinds & n.kinds & !(INTEGER | NUMBER) != 0 {
+                return Err(bad(
+                    at,
+                    "`anyOf`/`oneOf` branches of the same JSON type are not supported",
+                ));
+            }
+            if n.kinds & OBJECT != 0 {
+                out.object = n.object;
+            }
+            if n.kinds & ARRAY != 0 {
+                out.array = n.array;
+            }
+            if n.kinds & STRING != 0 {
+                out.min_len = n.min_len;
+                out.max_len = n.max_len;
+            }
+            out.kinds |= n.kinds;
+        }
+        Ok(out)
+    }
+}
+
+fn literal_form(n: &Node) -> Option<Vec<Vec<u8>>> {
+    if let Some(l) = &n.literals {
+        return Some(l.clone());
+    }
+    if n.kinds & !(NULL | BOOL) != 0 {
+        return None;
+    }
+    let mut out = Vec::new();
+    if n.kinds & NULL != 0 {
+        out.push(b"null".to_vec());
+    }
+    if n.kinds & BOOL != 0 {
+        out.push(b"true".to_vec());
+        out.push(b"false".to_vec());
+    }
+    Some(out)
+}
+
+/// The kind of a literal's compact serialization, from its first byte.
+fn literal_kind(l: &[u8]) -> u8 {
+    match l.first() {
+        Some(b'n') => NULL,
+        Some(b't' | b'f') => BOOL,
+        Some(b'"') => STRING,
+        Some(b'{') => OBJECT,
+        Some(b'[') => ARRAY,
+        _ => NUMBER | INTEGER,
+    }
+}
+
+fn kinds_of(t: &Value, at: &str) -> Result<u8> {
+    let one = |s: &str| -> Result<u8> {
+        Ok(match s {
+            "null" => NULL,
+            "boolean" => BOOL,
+            "integer" => INTEGER,
+            "number" => NUMBER | INTEGER,
+            "string" => STRING,
+            "object" => OBJECT,
+            "array" => ARRAY,
+            other => return Err(bad(at, format!("unknown type {other:?}"))),
+        })
+    };
+    match t {
+        Value::String(s) => one(s),
+        Value::Array(list) => list.iter().try_fold(0, |acc, s| {
+            let s = s
+                .as_str()
+                .ok_or_else(|| bad(at, "`type` must list strings"))?;
+            Ok(acc | one(s)?)
+        }),
+        _ => Err(bad(at, "`type` must be a string or an array of strings")),
+    }
+}
+
+/// `enum` or `const` as compact serializations.
+fn literals(o: &Map<String, Value>, at: &str) -> Result<Option<Vec<Vec<u8>>>> {
+    let values: Vec<&Value> = match (o.get("enum"), o.get("const")) {
+        (Some(_), Some(_)) => return Err(bad(at, "`enum` beside `const` is not supported")),
+        (Some(Value::Array(v)), None) if !v.is_empty() => v.iter().collect(),
+        (Some(_), None) => return Err(bad(at, "`enum` must be a non-empty array")),
+        (None, Some(c)) => vec![c],
+        (None, None) => return Ok(None),
+    };
+    if values.len() > MAX_ALTERNATIVES {
+        return Err(bad(at, format!("more than {MAX_ALTERNATIVES} enum values")));
+    }
+    let mut out: Vec<Vec<u8>> = Vec::new();
+    for v in values {
+        let s = serde_json::to_vec(v).map_err(|e| bad(at, e))?;
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    Ok(Some(out))
+}
+
+fn count(o: &Map<String, Value>, key: &str, at: &str) -> Result<Option<usize>> {
+    match o.get(key) {
+        None => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .map(|n| Some(n as usize))
+            .ok_or_else(|| bad(at, format!("`{key}` must be a non-negative integer"))),
+    }
+}
+
+/// A property name as it appears between the quotes of serde_json's compact output.
+fn escaped(name: &str) -> Vec<u8> {
+    let quoted = serde_json::to_vec(name).expect("strings serialize");
+    quoted[1..quoted.len() - 1].to_vec()
+}

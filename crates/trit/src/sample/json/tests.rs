@@ -1,0 +1,375 @@
+//! The recognizer against serde_json (the reference JSON parser): the same verdict on random
+//! documents and their one-byte mutations; schemas enforced on random constrained draws.
+
+use super::*;
+use crate::sample::SamplingParams;
+use serde_json::{json, Value};
+
+/// xorshift64*: deterministic test inputs.
+struct Rand(u64);
+
+impl Rand {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+fn random_value(r: &mut Rand, depth: usize) -> Value {
+    let strings = [
+        "",
+        "a",
+        "héllo",
+        "tab\there",
+        "quote\"d",
+        "back\\slash",
+        "日本",
+        "\u{1}",
+        "😀",
+    ];
+    match r.below(if depth > 3 { 5 } else { 7 }) {
+        0 => Value::Null,
+        1 => Value::Bool(r.below(2) == 1),
+        2 => json!((r.next() % 2001) as i64 - 1000),
+        3 => json!(((r.next() % 100_000) as f64 - 50_000.0) / 7.0),
+        4 => Value::String(strings[r.below(strings.len())].to_string()),
+        5 => Value::Array(
+            (0..r.below(4))
+                .map(|_| random_value(r, depth + 1))
+                .collect(),
+        ),
+        _ => Value::Object(
+            (0..r.below(4))
+                .map(|i| {
+                    (
+                        format!("{}{i}", strings[r.below(strings.len())]),
+                        random_value(r, depth + 1),
+                    )
+                })
+                .collect(),
+        ),
+    }
+}
+
+fn accepts(schema: &JsonSchema, text: &[u8]) -> bool {
+    let mut r = Recognizer::new(schema);
+    r.feed_all(text) && r.can_end()
+}
+
+fn any_value() -> JsonSchema {
+    JsonSchema::compile(&json!({})).unwrap()
+}
+
+#[test]
+fn valid_documents_are_accepted_compact_and_pretty() {
+    let mut r = Rand(7);
+    let any = any_value();
+    let object = JsonSchema::any_object();
+    for _ in 0..500 {
+        let v = random_value(&mut r, 0);
+        for text in [
+            serde_json::to_vec(&v).unwrap(),
+            serde_json::to_vec_pretty(&v).unwrap(),
+        ] {
+            assert!(accepts(&any, &text), "{}", String::from_utf8_lossy(&text));
+            assert_eq!(
+                accepts(&object, &text),
+                v.is_object(),
+                "{}",
+                String::from_utf8_lossy(&text)
+            );
+        }
+    }
+}
+
+#[test]
+fn one_byte_mutations_get_serde_jsons_verdict() {
+    let mut r = Rand(11);
+    let any = any_value();
+    let alphabet = b"{}[]\",:0123456789-+.eEtrufalsn \n\\u\x01\xc3\xa9x";
+    let mut checked = 0;
+    for _ in 0..3000 {
+        let v = random_value(&mut r, 0);
+        let mut text = serde_json::to_vec(&v).unwrap();
+        let at = r.below(text.len() + 1);
+        match r.below(3) {
+            0 if at < text.len() => {
+                text.remove(at);
+            }
+            1 => text.insert(at, alphabet[r.below(alphabet.len())]),
+            _ if at < text.len() => text[at] = alphabet[r.below(alphabet.len())],
+            _ => continue,
+        }
+        if long_exponent(&text) {
+            continue; // refused on purpose (exponents of at most two digits)
+        }
+        let reference = serde_json::from_slice::<Value>(&text).is_ok();
+        assert_eq!(
+            accepts(&any, &text),
+            reference,
+            "{:?}",
+            String::from_utf8_lossy(&text)
+        );
+        checked += 1;
+    }
+    assert!(checked > 2500);
+}
+
+/// Whether `text` has an `e`/`E` followed by three or more digits (after an optional sign).
+fn long_exponent(text: &[u8]) -> bool {
+    text.iter().enumerate().any(|(i, &c)| {
+        let rest = &text[i + 1..];
+        let rest = rest
+            .strip_prefix(b"-")
+            .or(rest.strip_prefix(b"+"))
+            .unwrap_or(rest);
+        (c == b'e' || c == b'E') && rest.iter().take_while(|d| d.is_ascii_digit()).count() >= 3
+    })
+}
+
+#[test]
+fn nothing_may_follow_a_complete_object_and_prefixes_cannot_end() {
+    let object = JsonSchema::any_object();
+    let mut r = Recognizer::new(&object);
+    assert!(!r.can_end());
+    assert!(r.feed_all(br#"{"a": [1, 2.5e3, "x"]"#));
+    assert!(!r.can_end() && !r.is_done());
+    assert!(r.feed(b'}'));
+    assert!(r.is_done() && r.can_end());
+    // Whitespace may trail (the constraint then asks for the end); no second value.
+    assert!(r.clone_state_feed(b' ') && !r.clone_state_feed(b'{'));
+    // A top-level number ends where the output ends.
+    let num = JsonSchema::compile(&json!({"type": "number"})).unwrap();
+    let mut r = Recognizer::new(&num);
+    assert!(r.feed_all(b"-12.5"));
+    assert!(r.can_end() && !r.is_done());
+    assert!(!r.feed(b'.'));
+}
+
+impl Recognizer<'_> {
+    fn clone_state_feed(&self, b: u8) -> bool {
+        Recognizer::resume(self.schema(), self.state.clone()).feed(b)
+    }
+}
+
+fn person() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "minLength": 1, "maxLength": 12},
+            "age": {"type": "integer"},
+            "role": {"enum": ["admin", "user", 3, null]},
+            "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 3},
+            "boss": {"anyOf": [{"$ref": "#/$defs/ref"}, {"type": "null"}]},
+            "score": {"type": ["number", "null"]}
+        },
+        "required": ["name", "age", "tags"],
+        "additionalProperties": false,
+        "$defs": {"ref": {"type": "object", "properties": {"id": {"type": "integer"}},
+                          "required": ["id"], "additionalProperties": false}}
+    })
+}
+
+#[test]
+fn a_schema_admits_exactly_its_documents() {
+    let s = JsonSchema::compile(&person()).unwrap();
+    let good = [
+        r#"{"name":"Ann","age":41,"tags":["x"]}"#,
+        r#"{"tags":["a","b","c"],"age":-3,"name":"日本語","role":"admin","boss":{"id":2}}"#,
+        r#"{"name":"B","age":0,"tags":["t"],"role":3,"boss":null,"score":1.5e-3}"#,
+        r#"{ "name" : "B" , "age" : 7 , "tags" : [ "t" ] , "role" : null, "score": null }"#,
+    ];
+    for g in good {
+        assert!(accepts(&s, g.as_bytes()), "{g}");
+    }
+    let bad = [
+        r#"{"name":"Ann","age":41}"#,           // required tags missing
+        r#"{"name":"","age":41,"tags":["x"]}"#, // minLength
+        r#"{"name":"abcdefghijklm","age":1,"tags":["x"]}"#, // maxLength 12
+        r#"{"name":"A","age":4.5,"tags":["x"]}"#, // integer
+        r#"{"name":"A","age":4,"tags":[]}"#,    // minItems
+        r#"{"name":"A","age":4,"tags":["a","b","c","d"]}"#, // maxItems
+        r#"{"name":"A","age":4,"tags":["x"],"role":"root"}"#, // enum
+        r#"{"name":"A","age":4,"tags":["x"],"extra":1}"#, // additionalProperties
+        r#"{"name":"A","age":4,"tags":["x"],"boss":{}}"#, // nested required
+        r#"{"name":"A","age":4,"tags":["x"],"score":"1"}"#, // type union
+        r#"["name"]"#,
+    ];
+    for b in bad {
+        assert!(!accepts(&s, b.as_bytes()), "{b}");
+    }
+}
+
+#[test]
+fn unsupported_keywords_and_contradictions_are_refused_by_name() {
+    for (schema, word) in [
+        (json!({"type": "string", "pattern": "^a"}), "pattern"),
+        (json!({"type": "integer", "minimum": 0}), "minimum"),
+        (json!({"allOf": [{"type": "string"}]}), "allOf"),
+        (
+            json!({"anyOf": [{"type": "object"}, {"type": "object"}]}),
+            "same JSON type",
+        ),
+        (json!({"type": "object", "required": ["x"]}), "\"x\""),
+        (
+            json!({"$ref": "http://example.com/s.json"}),
+            "only references",
+        ),
+        (json!({"type": "wat"}), "unknown type"),
+    ] {
+        let e = JsonSchema::compile(&schema).unwrap_err().to_string();
+        assert!(e.contains(word), "{schema}: {e}");
+    }
+    // Annotations are not constraints.
+    JsonSchema::compile(
+        &json!({"title": "t", "description": "d", "type": "string", "format": "date"}),
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_recursive_schema_nests() {
+    let tree = json!({
+        "$defs": {"node": {"type": "object", "properties": {
+            "v": {"type": "integer"},
+            "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+            "required": ["v"], "additionalProperties": false}},
+        "$ref": "#/$defs/node"
+    });
+    let s = JsonSchema::compile(&tree).unwrap();
+    assert!(accepts(
+        &s,
+        br#"{"v":1,"kids":[{"v":2},{"v":3,"kids":[{"v":4,"kids":[]}]}]}"#
+    ));
+    assert!(!accepts(&s, br#"{"v":1,"kids":[{"w":2}]}"#));
+}
+
+/// A byte-level vocabulary: every single byte, a few multi-byte tokens, and an EOS.
+fn byte_vocab() -> (Arc<TokenTable>, u32) {
+    let mut t: Vec<Option<Vec<u8>>> = (0..=255u8).map(|b| Some(vec![b])).collect();
+    for s in [
+        "{\"", "\":", "\",\"", "true", "null", "admin", "name", "age", "tags", "\"]", "},",
+    ] {
+        t.push(Some(s.as_bytes().to_vec()));
+    }
+    let eos = t.len() as u32;
+    t.push(None);
+    (Arc::new(TokenTable::from_bytes(t)), eos)
+}
+
+/// Random logits, drawn through the constraint until it ends: the output parses and
+/// satisfies the schema's rules (checked on the parsed value).
+#[test]
+fn constrained_random_draws_always_finish_with_a_valid_document() {
+    let (table, eos) = byte_vocab();
+    let schema = Arc::new(JsonSchema::compile(&person()).unwrap());
+    let mut r = Rand(3);
+    for seed in 0..40 {
+        let mut c = JsonConstraint::new(schema.clone(), table.clone(), vec![eos]);
+        let mut sampler = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed,
+            ..SamplingParams::default()
+        })
+        .unwrap();
+        let mut out = Vec::new();
+        let mut ended = false;
+        for step in 0..4000 {
+            let mut logits: Vec<f32> = (0..=eos).map(|_| (r.below(1000) as f32) / 250.0).collect();
+            // Later on, favour the bytes that close things so that documents end.
+            if step > 60 {
+                for b in [b'}', b']', b'"', b'0', b'n'] {
+                    logits[b as usize] += 8.0;
+                }
+                logits[eos as usize] += 8.0;
+            }
+            let tok = c
+                .sample(&mut sampler, &mut logits, &[])
+                .expect("a token fits");
+            if tok == eos {
+                ended = true;
+                break;
+            }
+            assert!(c.allows(tok));
+            out.extend_from_slice(table.get(tok).unwrap());
+            c.advance(tok);
+        }
+        assert!(ended, "seed {seed}: {}", String::from_utf8_lossy(&out));
+        let v: Value = serde_json::from_slice(&out)
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}: {}", String::from_utf8_lossy(&out)));
+        check_person(&v);
+    }
+}
+
+fn check_person(v: &Value) {
+    let o = v.as_object().expect("an object");
+    let name = o["name"].as_str().unwrap();
+    assert!((1..=12).contains(&name.chars().count()), "{v}");
+    assert!(o["age"].is_i64(), "{v}");
+    let tags = o["tags"].as_array().unwrap();
+    assert!(
+        (1..=3).contains(&tags.len()) && tags.iter().all(Value::is_string),
+        "{v}"
+    );
+    for k in o.keys() {
+        assert!(
+            ["name", "age", "role", "tags", "boss", "score"].contains(&k.as_str()),
+            "{v}"
+        );
+    }
+    if let Some(role) = o.get("role") {
+        assert!(
+            [json!("admin"), json!("user"), json!(3), Value::Null].contains(role),
+            "{v}"
+        );
+    }
+    if let Some(b) = o.get("boss") {
+        assert!(
+            b.is_null() || (b["id"].is_i64() && b.as_object().unwrap().len() == 1),
+            "{v}"
+        );
+    }
+    if let Some(s) = o.get("score") {
+        assert!(s.is_null() || s.is_number(), "{v}");
+    }
+}
+
+#[test]
+fn the_mask_keeps_exactly_the_tokens_that_fit() {
+    let (table, eos) = byte_vocab();
+    let schema = Arc::new(JsonSchema::compile(&person()).unwrap());
+    let mut c = JsonConstraint::new(schema, table.clone(), vec![eos]);
+    for &b in br#"{"na"# {
+        c.advance(b as u32);
+    }
+    let mut logits = vec![0.0f32; eos as usize + 1];
+    let n = c.mask(&mut logits);
+    let kept: Vec<u32> = (0..=eos)
+        .filter(|&i| logits[i as usize].is_finite())
+        .collect();
+    assert_eq!(kept, vec![b'm' as u32]);
+    assert_eq!(n, 1);
+    assert!(!c.allows(eos));
+}
+
+#[test]
+fn whitespace_runs_hold_one_line_break() {
+    let any = any_value();
+    assert!(accepts(&any, b"{\r\n  \"a\": [\n    1,\n    2\n  ]\n}"));
+    assert!(!accepts(&any, b"{\n\n\"a\": 1}"));
+    assert!(!accepts(&any, b"{\"a\":\n\r1}"));
+    let spaces = format!("{{{}\"a\": 1}}", " ".repeat(33));
+    assert!(!accepts(&any, spaces.as_bytes()));
+    // Inside strings whitespace is content.
+    assert!(accepts(
+        &any,
+        b"{\"a\": \"x                                    y\"}"
+    ));
+}
