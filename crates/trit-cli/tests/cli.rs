@@ -240,30 +240,95 @@ fn json_schema_output_parses_and_bad_schemas_are_named() {
     .unwrap();
     let arg = format!("@{}", schema.display());
     let out = trit()
-        .args(["run", "-q", "--temp", "0", "-n", "100", "--json-schema", &arg])
+        .args([
+            "run",
+            "-q",
+            "--temp",
+            "0",
+            "-n",
+            "100",
+            "--json-schema",
+            &arg,
+        ])
         .arg("Name a famous painter and the year they were born, as JSON.")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
     let o = v.as_object().unwrap();
     assert_eq!(o.len(), 2, "{v}");
-    assert!(o["name"].as_str().is_some_and(|n| n.chars().count() <= 20), "{v}");
+    assert!(
+        o["name"].as_str().is_some_and(|n| n.chars().count() <= 20),
+        "{v}"
+    );
     assert!(o["year"].is_i64(), "{v}");
     // --json: any object.
     let out = trit()
-        .args(["run", "-q", "--temp", "0", "-n", "100", "--json", "Describe Paris."])
+        .args([
+            "run",
+            "-q",
+            "--temp",
+            "0",
+            "-n",
+            "100",
+            "--json",
+            "Describe Paris.",
+        ])
         .output()
         .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
     assert!(v.is_object(), "{v}");
     let out = trit()
-        .args(["run", "--json-schema", r#"{"type": "string", "pattern": "a"}"#, "hi"])
+        .args([
+            "run",
+            "--json-schema",
+            r#"{"type": "string", "pattern": "a"}"#,
+            "hi",
+        ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("`pattern`"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn logit_bias_flag_forces_a_token_and_bad_values_are_named() {
+    let Some(model) = default_model() else {
+        eprintln!("skipped: no default model in models/default");
+        return;
+    };
+    let files = trit::format::open(&model).unwrap();
+    let tok = trit::tokenizer::Tokenizer::from_source(&files.tokenizer).unwrap();
+    let dragon = tok.encode(" dragon", false).unwrap()[0];
+    let out = trit()
+        .args(["run", "-q", "--raw", "--temp", "0", "-n", "1", "-l"])
+        .arg(format!("{dragon}+100"))
+        .arg("Once upon a time")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text.trim_end_matches('\n'),
+        tok.decode(&[dragon], false).unwrap()
+    );
+    for bad in ["abc+1", "12", "12+x", "12+inf"] {
+        let out = trit().args(["run", "-l", bad, "hi"]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("logit-bias"),
+            "{bad}: {err}"
+        );
+    }
 }

@@ -347,6 +347,7 @@ fn scheduler_on_the_gpu_samples_the_same_from_candidates_as_from_full_rows() {
             min_p,
             penalties: Penalties::default(),
             seed,
+            logit_bias: Vec::new(),
         },
         stop: vec![],
         eos: vec![],

@@ -62,6 +62,11 @@ pub struct Common {
     pub stream_options: Option<StreamOptions>,
     pub n: Option<i64>,
     pub response_format: Option<Value>,
+    pub logit_bias: Option<Value>,
+    /// llama.cpp's top-level schema field (same as `response_format` json_schema).
+    pub json_schema: Option<Value>,
+    /// llama.cpp's GBNF grammar: refused (only JSON schemas are enforced), never ignored.
+    pub grammar: Option<Value>,
 }
 
 /// What the scheduler needs, validated.
@@ -116,7 +121,7 @@ impl Common {
             }
             Some(m) => m as usize,
         };
-        let sampling = self.sampling(&state.config.defaults)?;
+        let sampling = self.sampling(&state.config.defaults, state.tokenizer.vocab_size())?;
         let stop = match &self.stop {
             None => Vec::new(),
             Some(OneOrMany::One(s)) => vec![s.clone()],
@@ -140,7 +145,63 @@ impl Common {
         })
     }
 
-    fn sampling(&self, d: &SamplingParams) -> Result<SamplingParams, ApiError> {
+    /// OpenAI's `{"token id": bias}` (llama.cpp's `[[id, bias], …]` too): bias in −100..=100
+    /// added to the logit, −100 (or llama.cpp's `false`) bans the token as OpenAI documents.
+    fn logit_bias(&self, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+        let pairs: Vec<(String, &Value)> = match &self.logit_bias {
+            None | Some(Value::Null) => return Ok(Vec::new()),
+            Some(Value::Object(m)) => m.iter().map(|(k, v)| (k.clone(), v)).collect(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|p| match p.as_array().map(Vec::as_slice) {
+                    Some([id, b]) => Ok((id.to_string(), b)),
+                    _ => Err(ApiError::invalid(
+                        "field 'logit_bias': a list must hold [token id, bias] pairs",
+                    )),
+                })
+                .collect::<Result<_, _>>()?,
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "field 'logit_bias': expected an object of token id → bias",
+                ))
+            }
+        };
+        pairs
+            .into_iter()
+            .map(|(key, v)| {
+                let id = key
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|&id| (id as usize) < vocab)
+                    .ok_or_else(|| {
+                        ApiError::invalid(format!(
+                            "field 'logit_bias': {key} is not a token id of this model (0..{vocab})"
+                        ))
+                    })?;
+                let bias = match v {
+                    Value::Bool(false) => f32::NEG_INFINITY,
+                    v => match v.as_f64() {
+                        Some(b) if (-100.0..=100.0).contains(&b) => {
+                            if b <= -100.0 {
+                                f32::NEG_INFINITY
+                            } else {
+                                b as f32
+                            }
+                        }
+                        _ => {
+                            return Err(ApiError::invalid(format!(
+                                "field 'logit_bias': the bias of token {id} must be a number \
+                                 from -100 to 100"
+                            )))
+                        }
+                    },
+                };
+                Ok((id, bias))
+            })
+            .collect()
+    }
+
+    fn sampling(&self, d: &SamplingParams, vocab: usize) -> Result<SamplingParams, ApiError> {
         if let Some(t) = self.temperature {
             if !(0.0..=2.0).contains(&t) {
                 return Err(ApiError::invalid(format!(
@@ -182,6 +243,7 @@ impl Common {
                 Some(s) => s as u64,
                 None => fresh_seed(),
             },
+            logit_bias: self.logit_bias(vocab)?,
         };
         p.validate()
             .map_err(|e| ApiError::invalid(e.to_string().replace("invalid argument: ", "")))?;
@@ -192,11 +254,13 @@ impl Common {
 impl Common {
     /// Whether `response_format` asks for JSON (checked in full by [`job`](Self::job)).
     pub fn wants_json(&self) -> bool {
-        self.response_format
-            .as_ref()
-            .and_then(|f| f.get("type"))
-            .and_then(Value::as_str)
-            .is_some_and(|t| t == "json_object" || t == "json_schema")
+        self.json_schema.is_some()
+            || self
+                .response_format
+                .as_ref()
+                .and_then(|f| f.get("type"))
+                .and_then(Value::as_str)
+                .is_some_and(|t| t == "json_object" || t == "json_schema")
     }
 
     /// `response_format` is enforced or refused, never ignored: `json_object` (any object, or
@@ -204,8 +268,24 @@ impl Common {
     /// decoded under their schema; a schema with keywords the recognizer cannot enforce gets
     /// a 400 naming them.
     fn json_output(&self, state: &AppState) -> Result<Option<JsonOutput>, ApiError> {
-        let Some(f) = &self.response_format else {
-            return Ok(None);
+        if self.grammar.as_ref().is_some_and(|g| !g.is_null()) {
+            return Err(ApiError::invalid(
+                "grammar (GBNF) is not supported: use response_format with a JSON schema",
+            ));
+        }
+        let wrapped;
+        let f = match (&self.response_format, &self.json_schema) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid(
+                    "give either response_format or json_schema, not both",
+                ))
+            }
+            (Some(f), None) => f,
+            (None, Some(s)) => {
+                wrapped = serde_json::json!({"type": "json_schema", "schema": s});
+                &wrapped
+            }
+            (None, None) => return Ok(None),
         };
         let schema = match f.get("type").and_then(Value::as_str) {
             Some("text") => return Ok(None),

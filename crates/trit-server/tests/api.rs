@@ -335,3 +335,49 @@ fn enable_thinking_false_reaches_the_qwen3_template() {
     let (on, off) = (prompt_tokens(true), prompt_tokens(false));
     assert!(off > on && off - on <= 6, "thinking on {on}, off {off}");
 }
+
+#[test]
+fn logit_bias_bans_and_forces_tokens() {
+    let addr = server().addr;
+    let files = trit::format::open(&common::default_model_path()).unwrap();
+    let tok = trit::tokenizer::Tokenizer::from_source(&files.tokenizer).unwrap();
+    let first_token = |bias: Value| {
+        let r = post(
+            addr,
+            "/v1/completions",
+            &json!({"prompt": "Once upon a time", "max_tokens": 3, "temperature": 0,
+                    "logprobs": 1, "logit_bias": bias}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["choices"][0]["logprobs"]["tokens"][0]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let greedy = first_token(json!({}));
+    let id = tok.encode(&greedy, false).unwrap();
+    assert_eq!(id.len(), 1, "{greedy:?}");
+    // -100 bans (OpenAI), as does llama.cpp's false and its [[id, bias]] list form.
+    for ban in [json!({id[0].to_string(): -100}), json!([[id[0], false]])] {
+        assert_ne!(first_token(ban.clone()), greedy, "{ban}");
+    }
+    let dragon = tok.encode(" dragon", false).unwrap();
+    assert_eq!(
+        first_token(json!({dragon[0].to_string(): 100})),
+        tok.decode(&dragon[..1], false).unwrap()
+    );
+    for bad in [
+        json!({"abc": 1}),
+        json!({"5": 200}),
+        json!({"99999999": 1}),
+        json!("x"),
+    ] {
+        let r = post(
+            addr,
+            "/v1/completions",
+            &json!({"prompt": "x", "max_tokens": 1, "logit_bias": bad}),
+        );
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+        assert!(r.text().contains("logit_bias"), "{}", r.text());
+    }
+}

@@ -198,3 +198,19 @@ fn formats_that_cannot_be_enforced_are_refused_by_name() {
         assert!(msg.contains(word), "{extra}: {msg}");
     }
 }
+
+#[test]
+fn llama_cpp_json_schema_field_is_enforced_and_grammar_refused() {
+    let body = json!({"prompt": "The city of Paris, as JSON:", "max_tokens": 200, "temperature": 0,
+                      "json_schema": city_schema()});
+    let (text, finish) = reply("/v1/completions", &body);
+    assert_eq!(finish, "stop", "{text}");
+    check_city(&serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")));
+    let r = post(
+        server().addr,
+        "/v1/completions",
+        &json!({"prompt": "x", "max_tokens": 2, "grammar": "root ::= \"a\""}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("grammar"), "{}", r.text());
+}

@@ -495,6 +495,7 @@ fn candidate_rows_give_the_tokens_and_logprobs_of_full_rows() {
             min_p,
             penalties: Penalties::default(),
             seed,
+            logit_bias: Vec::new(),
         },
         stop: vec![],
         eos: vec![],
@@ -617,6 +618,7 @@ fn generation_from_candidate_rows_equals_generation_from_full_rows() {
                 ..Penalties::default()
             },
             seed: 42,
+            logit_bias: Vec::new(),
         },
         stop: vec![],
         eos: vec![],

@@ -185,6 +185,28 @@ pub struct SamplingArgs {
     /// Stop before this string (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
+    /// Bias a token's logit, llama.cpp style: TOKEN_ID(+|-)BIAS, e.g. 15043+1 or 15043-inf
+    /// (bans it); repeatable.
+    #[arg(short = 'l', long, value_parser = parse_logit_bias, value_name = "ID(+|-)BIAS")]
+    pub logit_bias: Vec<(u32, f32)>,
+}
+
+fn parse_logit_bias(s: &str) -> std::result::Result<(u32, f32), String> {
+    let at = s
+        .find(['+', '-'])
+        .ok_or_else(|| format!("{s:?}: expected TOKEN_ID+BIAS or TOKEN_ID-BIAS"))?;
+    let id = s[..at]
+        .parse::<u32>()
+        .map_err(|_| format!("{s:?}: {:?} is not a token id", &s[..at]))?;
+    let bias = match &s[at..] {
+        "-inf" => f32::NEG_INFINITY,
+        b => b
+            .parse::<f32>()
+            .ok()
+            .filter(|b| b.is_finite())
+            .ok_or_else(|| format!("{s:?}: {b:?} is not a finite bias (or -inf)"))?,
+    };
+    Ok((id, bias))
 }
 
 impl SamplingArgs {
@@ -200,6 +222,7 @@ impl SamplingArgs {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: 0,
+            logit_bias: Vec::new(),
             stop: Vec::new(),
         };
         none.params(loaded)
@@ -219,6 +242,7 @@ impl SamplingArgs {
                 last_n: 64,
             },
             seed: self.seed,
+            logit_bias: self.logit_bias.clone(),
         }
     }
 }

@@ -1,5 +1,6 @@
-//! Token selection. Order follows llama.cpp's default chain: penalties → top-k → top-p →
-//! min-p (both on untempered probabilities) → temperature → draw. Temperature 0 is greedy.
+//! Token selection. Order follows llama.cpp's default chain: logit bias → penalties → top-k →
+//! top-p → min-p (both on untempered probabilities) → temperature → draw. Temperature 0 is
+//! greedy.
 
 use super::candidates::{top_k_indices, TopLogits};
 use super::processors::Penalties;
@@ -17,6 +18,8 @@ pub struct SamplingParams {
     pub min_p: f32,
     pub penalties: Penalties,
     pub seed: u64,
+    /// Added to these tokens' logits before anything else (−∞ bans a token).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -28,6 +31,7 @@ impl Default for SamplingParams {
             min_p: 0.0,
             penalties: Penalties::default(),
             seed: 0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -54,15 +58,23 @@ impl SamplingParams {
         if !(self.penalties.repetition > 0.0 && self.penalties.repetition.is_finite()) {
             return bad("repetition penalty must be > 0");
         }
+        if self
+            .logit_bias
+            .iter()
+            .any(|&(_, b)| b.is_nan() || b == f32::INFINITY)
+        {
+            return bad("a logit bias must be a number or −∞");
+        }
         Ok(())
     }
 
     /// Whether [`Sampler::sample_top`] on a row's `k` best candidates picks exactly what
     /// [`Sampler::sample`] picks on the full row: greedy, or a top-k of at most `k` (top-p
     /// and min-p then work within the top-k set, temperature after them), and no penalties
-    /// (they change logits of tokens that may lie outside the candidates).
+    /// and no logit bias (they change logits of tokens that may lie outside the candidates).
     pub fn exact_on_top(&self, k: usize) -> bool {
-        let no_penalties = self.penalties.is_neutral() || self.penalties.last_n == 0;
+        let no_penalties = (self.penalties.is_neutral() || self.penalties.last_n == 0)
+            && self.logit_bias.is_empty();
         let within = self.temperature <= 0.0 || (self.top_k >= 1 && self.top_k <= k);
         no_penalties && k >= 1 && within
     }
@@ -88,6 +100,11 @@ impl Sampler {
     /// tokens seen so far in this sequence.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
         let p = &self.params;
+        for &(t, b) in &p.logit_bias {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l += b;
+            }
+        }
         p.penalties.apply(logits, history);
         if p.temperature <= 0.0 {
             return argmax(logits);
@@ -210,6 +227,7 @@ mod tests {
             min_p,
             penalties: Penalties::default(),
             seed: 42,
+            logit_bias: Vec::new(),
         }
     }
 
@@ -367,5 +385,33 @@ mod tests {
         assert!(Sampler::new(params(-1.0, 0, 1.0, 0.0)).is_err());
         assert!(Sampler::new(params(1.0, 0, 0.0, 0.0)).is_err());
         assert!(Sampler::new(params(1.0, 0, 1.0, 2.0)).is_err());
+    }
+
+    #[test]
+    fn logit_bias_comes_first_and_disables_the_candidate_shortcut() {
+        let logits = [1.0f32, 3.0, 2.0, 0.5];
+        let mut p = params(0.0, 0, 1.0, 0.0);
+        p.logit_bias = vec![(1, f32::NEG_INFINITY)];
+        assert_eq!(
+            Sampler::new(p.clone())
+                .unwrap()
+                .sample(&mut logits.clone(), &[]),
+            2
+        );
+        p.logit_bias = vec![(3, 2.6)];
+        assert_eq!(
+            Sampler::new(p.clone())
+                .unwrap()
+                .sample(&mut logits.clone(), &[]),
+            3
+        );
+        // A bias can lift a token from outside any candidate set.
+        assert!(!p.exact_on_top(2));
+        // Sampled: a banned token is never drawn.
+        let mut banned = params(1.0, 0, 1.0, 0.0);
+        banned.logit_bias = vec![(1, f32::NEG_INFINITY)];
+        assert_eq!(histogram(banned.clone(), &logits, 2000)[1], 0);
+        banned.logit_bias = vec![(1, f32::NAN)];
+        assert!(Sampler::new(banned).is_err());
     }
 }
