@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod request;
 pub mod state;
 pub mod stream;
+pub mod tokenize;
 pub mod tool_stream;
 pub mod tools;
 
@@ -77,6 +78,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/models", get(models))
         .route("/health", get(health))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), require_key))
@@ -127,6 +130,16 @@ async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Response
     };
     let result = completions::handle(state.clone(), &bytes).await;
     counted(&state, result)
+}
+
+async fn tokenize(State(state): State<Arc<AppState>>, body: Body) -> Response {
+    let result = read_body(&state, body).and_then(|b| tokenize::tokenize(&state, &b));
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn detokenize(State(state): State<Arc<AppState>>, body: Body) -> Response {
+    let result = read_body(&state, body).and_then(|b| tokenize::detokenize(&state, &b));
+    result.unwrap_or_else(IntoResponse::into_response)
 }
 
 fn read_body(state: &AppState, body: Body) -> Result<Bytes, ApiError> {

@@ -67,6 +67,18 @@ pub struct Common {
     pub json_schema: Option<Value>,
     /// llama.cpp's GBNF grammar: refused (only JSON schemas are enforced), never ignored.
     pub grammar: Option<Value>,
+    /// llama.cpp: keep generating past end-of-sequence tokens (they are banned).
+    pub ignore_eos: Option<bool>,
+    /// llama.cpp's name for max_tokens; −1: until the context is full.
+    pub n_predict: Option<i64>,
+    /// llama.cpp samplers this server does not have: accepted at their neutral values only.
+    pub typical_p: Option<f64>,
+    pub tfs_z: Option<f64>,
+    pub mirostat: Option<i64>,
+    pub dry_multiplier: Option<f64>,
+    pub xtc_probability: Option<f64>,
+    pub top_n_sigma: Option<f64>,
+    pub dynatemp_range: Option<f64>,
 }
 
 /// What the scheduler needs, validated.
@@ -106,7 +118,20 @@ impl Common {
         if prompt.len() >= n_ctx {
             return Err(ApiError::exceeds_context(prompt.len(), n_ctx));
         }
-        let max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
+        self.check_samplers()?;
+        let requested = match (
+            self.max_completion_tokens.or(self.max_tokens),
+            self.n_predict,
+        ) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid(
+                    "give either max_tokens or n_predict, not both",
+                ))
+            }
+            (None, Some(-1)) => None,
+            (m, n) => m.or(n),
+        };
+        let max_tokens = match requested {
             // Unset: generate until the end of the sequence or of the context.
             None => n_ctx - prompt.len(),
             Some(m) if m < 1 => {
@@ -121,7 +146,11 @@ impl Common {
             }
             Some(m) => m as usize,
         };
-        let sampling = self.sampling(&state.config.defaults, state.tokenizer.vocab_size())?;
+        let mut sampling = self.sampling(&state.config.defaults, state.tokenizer.vocab_size())?;
+        if self.ignore_eos == Some(true) {
+            let ban = state.config.eos.iter().map(|&t| (t, f32::NEG_INFINITY));
+            sampling.logit_bias.extend(ban);
+        }
         let stop = match &self.stop {
             None => Vec::new(),
             Some(OneOrMany::One(s)) => vec![s.clone()],
@@ -199,6 +228,36 @@ impl Common {
                 Ok((id, bias))
             })
             .collect()
+    }
+
+    /// llama.cpp sampler fields at anything but their neutral value are refused by name (a
+    /// client that sets mirostat gets told, not a different sampler).
+    fn check_samplers(&self) -> Result<(), ApiError> {
+        let active = [
+            ("typical_p", self.typical_p.is_some_and(|v| v != 1.0)),
+            ("tfs_z", self.tfs_z.is_some_and(|v| v != 1.0)),
+            ("mirostat", self.mirostat.is_some_and(|v| v != 0)),
+            (
+                "dry_multiplier",
+                self.dry_multiplier.is_some_and(|v| v != 0.0),
+            ),
+            (
+                "xtc_probability",
+                self.xtc_probability.is_some_and(|v| v != 0.0),
+            ),
+            ("top_n_sigma", self.top_n_sigma.is_some_and(|v| v > 0.0)),
+            (
+                "dynatemp_range",
+                self.dynatemp_range.is_some_and(|v| v != 0.0),
+            ),
+        ];
+        match active.iter().find(|a| a.1) {
+            Some((name, _)) => Err(ApiError::invalid(format!(
+                "{name} is not supported by this server (only its neutral value is accepted); \
+                 it has temperature, top_k, top_p, min_p, the penalties and logit_bias"
+            ))),
+            None => Ok(()),
+        }
     }
 
     fn sampling(&self, d: &SamplingParams, vocab: usize) -> Result<SamplingParams, ApiError> {

@@ -381,3 +381,87 @@ fn logit_bias_bans_and_forces_tokens() {
         assert!(r.text().contains("logit_bias"), "{}", r.text());
     }
 }
+
+#[test]
+fn tokenize_and_detokenize_round_trip() {
+    let addr = server().addr;
+    let text = "Héllo, wörld! 日本 😀";
+    let r = post(addr, "/tokenize", &json!({"content": text}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let ids: Vec<u64> = r.json()["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    let files = trit::format::open(&common::default_model_path()).unwrap();
+    let tok = trit::tokenizer::Tokenizer::from_source(&files.tokenizer).unwrap();
+    let expected: Vec<u64> = tok
+        .encode(text, false)
+        .unwrap()
+        .into_iter()
+        .map(u64::from)
+        .collect();
+    assert_eq!(ids, expected);
+    let back = post(addr, "/detokenize", &json!({ "tokens": ids }));
+    assert_eq!(back.json()["content"], text);
+    // With pieces: their bytes (text, or a byte array where a piece splits a character) join up
+    // to the text.
+    let r = post(
+        addr,
+        "/tokenize",
+        &json!({"content": text, "with_pieces": true}),
+    );
+    let mut bytes = Vec::new();
+    for t in r.json()["tokens"].as_array().unwrap() {
+        assert!(t["id"].is_u64());
+        match &t["piece"] {
+            Value::String(s) => bytes.extend(s.as_bytes()),
+            Value::Array(b) => bytes.extend(b.iter().map(|x| x.as_u64().unwrap() as u8)),
+            other => panic!("{other}"),
+        }
+    }
+    assert_eq!(String::from_utf8(bytes).unwrap(), text);
+    let bad = post(addr, "/detokenize", &json!({"tokens": [99_999_999]}));
+    assert_eq!(bad.status, 400, "{}", bad.text());
+}
+
+#[test]
+fn ignore_eos_and_n_predict_and_refused_samplers() {
+    let addr = server().addr;
+    let body = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "Say hi."}],
+                           "max_tokens": 60, "temperature": 0});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let plain = chat(body(json!({})));
+    assert_eq!(plain["choices"][0]["finish_reason"], "stop", "{plain}");
+    let long = chat(body(json!({"ignore_eos": true})));
+    assert_eq!(long["choices"][0]["finish_reason"], "length", "{long}");
+    assert_eq!(long["usage"]["completion_tokens"], 60);
+    // llama.cpp's n_predict: -1 is "until the end", a number caps like max_tokens.
+    let mut b = body(json!({"n_predict": 3}));
+    b.as_object_mut().unwrap().remove("max_tokens");
+    assert_eq!(chat(b)["usage"]["completion_tokens"], 3);
+    let mut b = body(json!({"n_predict": -1}));
+    b.as_object_mut().unwrap().remove("max_tokens");
+    assert_eq!(chat(b)["choices"][0]["finish_reason"], "stop");
+    // Neutral values of samplers this server lacks pass; active ones are named.
+    chat(body(
+        json!({"typical_p": 1.0, "mirostat": 0, "dry_multiplier": 0.0}),
+    ));
+    for (extra, name) in [
+        (json!({"mirostat": 2}), "mirostat"),
+        (json!({"typical_p": 0.9}), "typical_p"),
+        (json!({"dry_multiplier": 0.8}), "dry_multiplier"),
+        (json!({"xtc_probability": 0.5}), "xtc_probability"),
+        (json!({"n_predict": 4}), "n_predict"),
+    ] {
+        let r = post(addr, "/v1/chat/completions", &body(extra.clone()));
+        assert_eq!(r.status, 400, "{extra}: {}", r.text());
+        assert!(r.text().contains(name), "{}", r.text());
+    }
+}
