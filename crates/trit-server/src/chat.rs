@@ -14,6 +14,7 @@ use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use trit::chat::{split_reasoning, ReasoningStream, ReplyPart};
 use trit::engine::{SeqSummary, TokenLogprob};
+use trit::sample::JsonSchema;
 use trit::tokenizer::Tokenizer;
 
 #[derive(Deserialize, Debug)]
@@ -31,60 +32,65 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
     let common: Common = decode(body)?;
     let fields: ChatFields = decode(body)?;
     let messages = normalize_messages(&fields.messages)?;
-    let tools = match (&fields.tools, &fields.tool_choice) {
-        (None, _) => None,
-        (Some(_), Some(Value::String(c))) if c == "none" => None,
-        (Some(t), None) => Some(t),
-        (Some(t), Some(Value::String(c))) if c == "auto" => Some(t),
-        (Some(_), Some(other)) => {
-            return Err(ApiError::invalid(format!(
-                "tool_choice {other} is not supported: only \"auto\" and \"none\" (the model \
-                 decides; calls cannot be forced without constrained decoding)"
-            )))
-        }
-    };
+    let (tools, forced) = tool_choice(fields.tools.as_ref(), fields.tool_choice.as_ref())?;
     let top_logprobs = logprobs_request(fields.logprobs, fields.top_logprobs)?;
     let Some(template) = &state.template else {
         return Err(ApiError::invalid(
             "this model has no chat template; use /v1/completions with a raw prompt",
         ));
     };
-    let mut kwargs = fields.chat_template_kwargs.unwrap_or_default();
-    if common.wants_json() {
-        // The document starts the reply: no tool calls, no thinking block before it.
-        if tools.is_some() {
+    let forced = match forced {
+        Some(_) if template.writes_xml_tool_calls() => {
             return Err(ApiError::invalid(
-                "response_format json_object/json_schema together with tools is not supported",
+                "tool_choice 'required' or a named function needs a model that writes tool \
+                 calls as JSON; this model's template uses the XML dialect",
+            ))
+        }
+        Some(_) if common.wants_json() => {
+            return Err(ApiError::invalid(
+                "response_format together with a forced tool_choice is not supported",
+            ))
+        }
+        Some(f) => Some(
+            JsonSchema::tool_call(&f)
+                .map_err(|e| ApiError::invalid(e.to_string().replace("invalid argument: ", "")))?,
+        ),
+        None => None,
+    };
+    let mut kwargs = fields.chat_template_kwargs.unwrap_or_default();
+    if common.wants_json() && tools.is_some() {
+        return Err(ApiError::invalid(
+            "response_format json_object/json_schema together with tools is not supported",
+        ));
+    }
+    // A constrained reply (a JSON document or a forced tool call) starts right away: no
+    // thinking block before it.
+    let constrained = common.wants_json() || forced.is_some();
+    if constrained {
+        if kwargs.get("enable_thinking") == Some(&Value::Bool(true)) {
+            return Err(ApiError::invalid(
+                "response_format json_object/json_schema and a forced tool_choice need \
+                 enable_thinking false: the constrained output must start the reply",
             ));
         }
-        match kwargs.get("enable_thinking") {
-            Some(Value::Bool(true)) => {
-                return Err(ApiError::invalid(
-                    "response_format json_object/json_schema needs enable_thinking false: \
-                     the JSON document must start the reply",
-                ))
-            }
-            _ => {
-                kwargs.insert("enable_thinking".into(), Value::Bool(false));
-            }
-        }
+        kwargs.insert("enable_thinking".into(), Value::Bool(false));
     }
     let tools_json = tools.map(|t| Value::Array(t.clone()));
     let text = template
         .render(&messages, true, tools_json.as_ref(), &kwargs)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
     let starts_in_reasoning = text.trim_end().ends_with("<think>");
-    if starts_in_reasoning && common.wants_json() {
+    if starts_in_reasoning && constrained {
         return Err(ApiError::invalid(
-            "response_format json_object/json_schema: this chat template always starts a \
-             thinking block, so the reply cannot start with the JSON document",
+            "response_format json_object/json_schema or a forced tool_choice: this chat \
+             template always starts a thinking block, so the reply cannot start with them",
         ));
     }
     let prompt = state
         .tokenizer
         .encode(&text, false)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
-    let job = common.job(&state, prompt, top_logprobs)?;
+    let job = common.job(&state, prompt, top_logprobs, forced)?;
     let started = state.start(&job).await?;
     let ctx = ReplyContext {
         model_id: state.config.model_id.clone(),
@@ -146,6 +152,60 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
 }
 
 /// `logprobs: true` (+ optional `top_logprobs` 0..=20) → how many alternatives to report.
+/// The tools the template sees and, for `tool_choice` `required` or a named function, the
+/// (name, parameters) of the tools the reply must call one of.
+#[allow(clippy::type_complexity)]
+fn tool_choice<'a>(
+    tools: Option<&'a Vec<Value>>,
+    choice: Option<&Value>,
+) -> Result<(Option<&'a Vec<Value>>, Option<Vec<(String, Value)>>), ApiError> {
+    let Some(tools) = tools else {
+        return match choice {
+            None | Some(Value::Null) => Ok((None, None)),
+            Some(Value::String(c)) if c == "none" || c == "auto" => Ok((None, None)),
+            Some(_) => Err(ApiError::invalid("tool_choice needs tools")),
+        };
+    };
+    let signature = |t: &Value| -> Result<(String, Value), ApiError> {
+        let f = &t["function"];
+        let name = f["name"]
+            .as_str()
+            .ok_or_else(|| ApiError::invalid("tools: every function needs a name"))?;
+        let params = match &f["parameters"] {
+            Value::Null => serde_json::json!({"type": "object"}),
+            p => p.clone(),
+        };
+        Ok((name.to_string(), params))
+    };
+    match choice {
+        None | Some(Value::Null) => Ok((Some(tools), None)),
+        Some(Value::String(c)) if c == "auto" => Ok((Some(tools), None)),
+        Some(Value::String(c)) if c == "none" => Ok((None, None)),
+        Some(Value::String(c)) if c == "required" => {
+            let all = tools.iter().map(signature).collect::<Result<_, _>>()?;
+            Ok((Some(tools), Some(all)))
+        }
+        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .ok_or_else(|| ApiError::invalid("tool_choice: function.name is missing"))?;
+            let tool = tools
+                .iter()
+                .find(|t| t["function"]["name"] == name)
+                .ok_or_else(|| {
+                    ApiError::invalid(format!("tool_choice: no tool named {name:?} in tools"))
+                })?;
+            Ok((Some(tools), Some(vec![signature(tool)?])))
+        }
+        Some(other) => Err(ApiError::invalid(format!(
+            "tool_choice {other} is not supported: \"auto\", \"none\", \"required\" or \
+             {{\"type\": \"function\", \"function\": {{\"name\": …}}}}"
+        ))),
+    }
+}
+
 fn logprobs_request(logprobs: bool, top: Option<i64>) -> Result<Option<usize>, ApiError> {
     match (logprobs, top) {
         (false, None) => Ok(None),

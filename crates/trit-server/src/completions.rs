@@ -83,7 +83,7 @@ async fn respond(
     if prompt.is_empty() {
         return Err(ApiError::invalid("prompt must not be empty"));
     }
-    let job = common.job(&state, prompt, top_logprobs)?;
+    let job = common.job(&state, prompt, top_logprobs, None)?;
     let started = state.start(&job).await?;
     let chunks = Chunks {
         state: state.clone(),

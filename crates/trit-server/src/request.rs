@@ -97,6 +97,7 @@ impl Common {
         state: &AppState,
         prompt: Vec<u32>,
         top_logprobs: Option<usize>,
+        forced: Option<JsonSchema>,
     ) -> Result<Job, ApiError> {
         if let Some(m) = &self.model {
             if !state.accepts_model(m) {
@@ -113,7 +114,14 @@ impl Common {
                 )));
             }
         }
-        let json = self.json_output(state)?;
+        let json = match forced {
+            // A forced tool call (chat's tool_choice): decoded under its own schema.
+            Some(schema) => Some(JsonOutput {
+                schema: Arc::new(schema),
+                table: state.token_table(),
+            }),
+            None => self.json_output(state)?,
+        };
         let n_ctx = state.config.n_ctx;
         if prompt.len() >= n_ctx {
             return Err(ApiError::exceeds_context(prompt.len(), n_ctx));

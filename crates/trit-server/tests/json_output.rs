@@ -214,3 +214,104 @@ fn llama_cpp_json_schema_field_is_enforced_and_grammar_refused() {
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("grammar"), "{}", r.text());
 }
+
+fn tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+         "parameters": {"type": "object", "properties": {
+             "city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["c", "f"]}},
+             "required": ["city", "unit"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "get_time", "description": "Local time",
+         "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 12}},
+             "required": ["zone"], "additionalProperties": false}}}
+    ])
+}
+
+fn check_call(call: &Value) {
+    assert_eq!(call["type"], "function", "{call}");
+    let name = call["function"]["name"].as_str().unwrap();
+    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("{e}: {call}"));
+    let o = args.as_object().unwrap();
+    match name {
+        "get_weather" => {
+            assert_eq!(o.len(), 2, "{call}");
+            assert!(
+                o["city"].as_str().is_some_and(|c| c.chars().count() <= 20),
+                "{call}"
+            );
+            assert!(o["unit"] == "c" || o["unit"] == "f", "{call}");
+        }
+        "get_time" => {
+            assert_eq!(o.len(), 1, "{call}");
+            assert!(
+                o["zone"].as_str().is_some_and(|z| z.chars().count() <= 12),
+                "{call}"
+            );
+        }
+        other => panic!("called {other}"),
+    }
+}
+
+#[test]
+fn a_forced_tool_choice_calls_a_tool_with_fitting_arguments() {
+    let body = |choice: Value, stream: bool| {
+        json!({"messages": [{"role": "user", "content": "What time is it in Tokyo?"}],
+               "tools": tools(), "tool_choice": choice, "max_tokens": 120, "temperature": 0,
+               "stream": stream})
+    };
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    for (choice, want) in [(named, Some("get_weather")), (json!("required"), None)] {
+        let r = post(
+            server().addr,
+            "/v1/chat/completions",
+            &body(choice.clone(), false),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        let c = &v["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+        let calls = c["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{v}");
+        check_call(&calls[0]);
+        if let Some(w) = want {
+            assert_eq!(calls[0]["function"]["name"], w);
+        }
+        // Streamed: the deltas add up to the same call.
+        let r = post(
+            server().addr,
+            "/v1/chat/completions",
+            &body(choice.clone(), true),
+        );
+        let (mut name, mut args) = (String::new(), String::new());
+        for e in r.events() {
+            for d in e["choices"][0]["delta"]["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                name.push_str(d["function"]["name"].as_str().unwrap_or(""));
+                args.push_str(d["function"]["arguments"].as_str().unwrap_or(""));
+            }
+        }
+        assert_eq!(name, calls[0]["function"]["name"].as_str().unwrap());
+        // (streamed as the model wrote them; the whole reply re-serializes them compactly)
+        let parse = |s: &str| serde_json::from_str::<Value>(s).unwrap();
+        assert_eq!(parse(&args), parse(calls[0]["function"]["arguments"].as_str().unwrap()));
+    }
+    for (choice, word) in [
+        (
+            json!({"type": "function", "function": {"name": "nope"}}),
+            "nope",
+        ),
+        (json!("sometimes"), "tool_choice"),
+    ] {
+        let r = post(server().addr, "/v1/chat/completions", &body(choice, false));
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert!(r.text().contains(word), "{}", r.text());
+    }
+    let no_tools = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+                          "tool_choice": "required"});
+    let r = post(server().addr, "/v1/chat/completions", &no_tools);
+    assert_eq!(r.status, 400, "{}", r.text());
+}

@@ -42,6 +42,9 @@ pub struct ChatTemplate {
     eos_token: String,
     /// Unix seconds returned by `strftime_now`, or `SYSTEM_CLOCK`.
     clock: Arc<AtomicI64>,
+    /// The template shows tool calls in Qwen3.5's XML dialect (`<function=NAME>`) rather than
+    /// as Hermes JSON.
+    xml_tool_calls: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -90,6 +93,7 @@ impl ChatTemplate {
         env.add_function("strftime_now", move |fmt: &str| {
             strftime_now(clock_fn.load(Ordering::Relaxed), fmt)
         });
+        let xml_tool_calls = source.contains("<function=");
         env.add_template_owned(TEMPLATE_NAME, replace_generation_tags(source))
             .map_err(|e| Error::Template(format!("cannot compile: {}", template_error(e))))?;
         Ok(ChatTemplate {
@@ -97,7 +101,13 @@ impl ChatTemplate {
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
             clock,
+            xml_tool_calls,
         })
+    }
+
+    /// Whether the model was taught tool calls as Qwen3.5's XML (`<function=NAME>`), not JSON.
+    pub fn writes_xml_tool_calls(&self) -> bool {
+        self.xml_tool_calls
     }
 
     /// Makes `strftime_now` report a fixed time (Unix seconds, UTC), or the system clock again
@@ -308,6 +318,14 @@ mod tests {
         assert_send_sync::<ChatTemplate>();
         assert_send_sync::<crate::tokenizer::Tokenizer>();
         assert_send_sync::<crate::tokenizer::StreamDecoder>();
+    }
+
+    #[test]
+    fn the_tool_call_dialect_is_read_off_the_template() {
+        let xml = "{% for t in tools %}<tool_call>\n<function={{ t.name }}>\n</function>{% endfor %}";
+        let hermes = "{% for t in tools %}<tool_call>\n{\"name\": {{ t.name }}}{% endfor %}";
+        assert!(ChatTemplate::new(xml, "", "").unwrap().writes_xml_tool_calls());
+        assert!(!ChatTemplate::new(hermes, "", "").unwrap().writes_xml_tool_calls());
     }
 
     #[test]

@@ -114,6 +114,15 @@ enum Frame {
         alive: u64,
         pos: u16,
     },
+    /// A forced tool call's opening text (one per tool), then that tool's arguments.
+    Opening {
+        alive: u64,
+        pos: u16,
+    },
+    /// The text after the arguments.
+    Closing {
+        pos: u16,
+    },
 }
 
 /// What a string's next byte is.
@@ -225,10 +234,21 @@ pub struct ParseState {
 
 impl ParseState {
     pub fn new(schema: &JsonSchema) -> Self {
-        ParseState {
-            stack: vec![Frame::Value {
+        let stack = if schema.openings.is_empty() {
+            vec![Frame::Value {
                 node: schema.root as u32,
-            }],
+            }]
+        } else {
+            vec![
+                Frame::Closing { pos: 0 },
+                Frame::Opening {
+                    alive: mask(schema.openings.len()),
+                    pos: 0,
+                },
+            ]
+        };
+        ParseState {
+            stack,
             whitespace: 0,
             line_break: 0,
         }
@@ -404,6 +424,36 @@ impl<'s> Recognizer<'s> {
                 None => Outcome::Reject,
             },
             Frame::Literal { src, alive, pos } => self.literal(src, alive, pos, b),
+            Frame::Opening { alive, pos } => {
+                let openings = &self.schema.openings;
+                let mut next = 0u64;
+                for (i, (text, _)) in openings.iter().enumerate() {
+                    if alive >> i & 1 == 1 && text.get(pos as usize) == Some(&b) {
+                        next |= 1 << i;
+                    }
+                }
+                let pos = pos + 1;
+                // Openings differ in their tool's name, so at most one ends here.
+                let done = openings
+                    .iter()
+                    .enumerate()
+                    .find(|(i, (text, _))| next >> i & 1 == 1 && text.len() == pos as usize);
+                match (next, done) {
+                    (0, _) => Outcome::Reject,
+                    (_, Some((_, (_, node)))) => {
+                        Outcome::Replace(Frame::Value { node: *node as u32 })
+                    }
+                    _ => Outcome::Replace(Frame::Opening { alive: next, pos }),
+                }
+            }
+            Frame::Closing { pos } => {
+                let closing = &self.schema.closing;
+                match closing.get(pos as usize) {
+                    Some(&c) if c == b && pos as usize + 1 == closing.len() => Outcome::Done,
+                    Some(&c) if c == b => Outcome::Replace(Frame::Closing { pos: pos + 1 }),
+                    _ => Outcome::Reject,
+                }
+            }
         }
     }
 

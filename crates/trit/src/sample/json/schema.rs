@@ -84,6 +84,10 @@ impl Node {
 pub struct JsonSchema {
     pub(crate) nodes: Vec<Node>,
     pub(crate) root: usize,
+    /// A forced tool call: the document is one of these literal openings (each naming its
+    /// tool), then that tool's arguments (the node), then `closing`.
+    pub(crate) openings: Vec<(Vec<u8>, usize)>,
+    pub(crate) closing: Vec<u8>,
 }
 
 /// Keywords that do not constrain a value.
@@ -114,7 +118,41 @@ impl JsonSchema {
         JsonSchema {
             nodes: vec![Node::any(), obj],
             root: 1,
+            openings: Vec::new(),
+            closing: Vec::new(),
         }
+    }
+
+    /// One call of one of `tools` (name, parameters schema) in the Qwen3/Hermes dialect:
+    /// `<tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>`, ARGS a document of
+    /// that tool's parameters schema.
+    pub fn tool_call(tools: &[(String, Value)]) -> Result<JsonSchema> {
+        if tools.is_empty() || tools.len() > MAX_ALTERNATIVES {
+            return Err(Error::InvalidArgument(format!(
+                "a forced tool call needs 1 to {MAX_ALTERNATIVES} tools"
+            )));
+        }
+        let mut openings = Vec::new();
+        let mut nodes = vec![Node::any()];
+        for (name, params) in tools {
+            let mut c = Compiler {
+                root: params,
+                nodes,
+                refs: HashMap::new(),
+                building: Vec::new(),
+            };
+            let node = c.node(params, &format!("tool {name:?} parameters"))?;
+            nodes = c.nodes;
+            let quoted = serde_json::to_string(name).expect("strings serialize");
+            let open = format!("<tool_call>\n{{\"name\": {quoted}, \"arguments\": ");
+            openings.push((open.into_bytes(), node));
+        }
+        Ok(JsonSchema {
+            nodes,
+            root: ANY,
+            openings,
+            closing: b"}\n</tool_call>".to_vec(),
+        })
     }
 
     /// Compiles `schema`; an error names the first keyword or construct it cannot enforce.
@@ -129,6 +167,8 @@ impl JsonSchema {
         Ok(JsonSchema {
             nodes: c.nodes,
             root,
+            openings: Vec::new(),
+            closing: Vec::new(),
         })
     }
 }

@@ -373,3 +373,42 @@ fn whitespace_runs_hold_one_line_break() {
         b"{\"a\": \"x                                    y\"}"
     ));
 }
+
+#[test]
+fn a_forced_tool_call_names_a_tool_and_fits_its_parameters() {
+    let weather = json!({"type": "object", "properties": {"city": {"type": "string"},
+        "unit": {"enum": ["c", "f"]}}, "required": ["city"], "additionalProperties": false});
+    let time = json!({"type": "object", "properties": {"zone": {"type": "string"}},
+        "required": ["zone"], "additionalProperties": false});
+    let s = JsonSchema::tool_call(&[("get_weather".into(), weather), ("get_time".into(), time)])
+        .unwrap();
+    let call = |name: &str, args: &str| {
+        format!("<tool_call>\n{{\"name\": \"{name}\", \"arguments\": {args}}}\n</tool_call>")
+    };
+    assert!(accepts(
+        &s,
+        call("get_weather", r#"{"city": "Paris", "unit": "c"}"#).as_bytes()
+    ));
+    assert!(accepts(
+        &s,
+        call("get_time", r#"{"zone":"UTC"}"#).as_bytes()
+    ));
+    // Each tool's own parameters: get_time has no city, get_weather needs one.
+    assert!(!accepts(
+        &s,
+        call("get_time", r#"{"city": "Paris"}"#).as_bytes()
+    ));
+    assert!(!accepts(
+        &s,
+        call("get_weather", r#"{"unit": "c"}"#).as_bytes()
+    ));
+    assert!(!accepts(&s, call("get_date", r#"{}"#).as_bytes()));
+    // Unfinished: cannot end before the closing tag.
+    let full = call("get_time", r#"{"zone":"UTC"}"#);
+    assert!(!accepts(&s, &full.as_bytes()[..full.len() - 1]));
+    // The parameters' unsupported keywords are named.
+    let e = JsonSchema::tool_call(&[("f".into(), json!({"type": "string", "pattern": "x"}))])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("pattern") && e.contains("\"f\""), "{e}");
+}
