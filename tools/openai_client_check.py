@@ -1,6 +1,6 @@
 """Drives a running `trit serve` with the official `openai` Python client and checks what a
-client sees: chat (plain, streamed with usage), completions, models, a tool-call round trip,
-structured outputs (a pydantic model through the client's `parse`, validated by the
+client sees: chat (plain, streamed with usage), completions, models, a tool-call round trip
+and a forced call (`tool_choice="required"`), structured outputs (a pydantic model through the client's `parse`, validated by the
 `jsonschema` package), and the error cases as the client raises them. Prints OK and exits 0
 when everything holds.
 
@@ -72,6 +72,18 @@ second = client.chat.completions.create(model=model, messages=history, tools=too
                                         temperature=0)
 check(second.choices[0].message.content is not None or second.choices[0].message.tool_calls,
       "reply after the tool result")
+# A forced call (tool_choice "required"): one call whose arguments fit the parameters.
+bounded = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}},
+                   "required": ["city"], "additionalProperties": False}}}]
+forced = client.chat.completions.create(model=model, messages=[
+    {"role": "user", "content": "Weather in Paris?"}], tools=bounded, tool_choice="required",
+    max_tokens=80, temperature=0)
+check(forced.choices[0].finish_reason == "tool_calls", f"forced call: {forced}")
+call = forced.choices[0].message.tool_calls[0]
+check(call.function.name == "get_weather", "forced call's name")
+jsonschema.validate(json.loads(call.function.arguments), bounded[0]["function"]["parameters"])
 
 # Structured outputs: the client's own strict schema from a pydantic model, enforced.
 class City(pydantic.BaseModel):
