@@ -332,3 +332,41 @@ fn logit_bias_flag_forces_a_token_and_bad_values_are_named() {
         );
     }
 }
+
+#[test]
+fn a_draft_model_changes_the_passes_not_the_text() {
+    let Some(model) = default_model() else {
+        eprintln!("skipped: no default model in models/default");
+        return;
+    };
+    let run = |extra: &[&str]| {
+        let out = trit()
+            .args(["run", "--temp", "0", "-n", "40"])
+            .args(extra)
+            .arg("Once upon a time")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let text = |s: &str| s.split("==========").nth(1).unwrap_or("").to_string();
+    let plain = run(&[]);
+    // The model as its own draft: every proposed token is the model's own greedy pick.
+    let m = model.to_str().unwrap();
+    let drafted = run(&["--draft-model", m, "--draft-p-min", "0", "--draft-max", "4"]);
+    assert_eq!(text(&drafted), text(&plain));
+    let line = drafted.lines().find(|l| l.starts_with("Draft:")).expect(&drafted);
+    let nums: Vec<usize> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    // "Draft: A of D drafted tokens accepted (P %), N passes of the model for T tokens"
+    assert!(nums[0] == nums[1] && nums[1] > 20, "{line}");
+    assert!(nums[nums.len() - 2] < 40 / 2, "{line}");
+    let out = trit()
+        .args(["run", "--draft-model", "/nonexistent/draft.gguf", "hi"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("draft"), "{err}");
+}

@@ -297,7 +297,10 @@ fn a_forced_tool_choice_calls_a_tool_with_fitting_arguments() {
         assert_eq!(name, calls[0]["function"]["name"].as_str().unwrap());
         // (streamed as the model wrote them; the whole reply re-serializes them compactly)
         let parse = |s: &str| serde_json::from_str::<Value>(s).unwrap();
-        assert_eq!(parse(&args), parse(calls[0]["function"]["arguments"].as_str().unwrap()));
+        assert_eq!(
+            parse(&args),
+            parse(calls[0]["function"]["arguments"].as_str().unwrap())
+        );
     }
     for (choice, word) in [
         (

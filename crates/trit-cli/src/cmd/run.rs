@@ -5,8 +5,11 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::{json, Map, Value};
 use std::io::Write;
+use std::path::PathBuf;
 use std::sync::Arc;
-use trit::engine::{generate, GenerateOptions, Session};
+use trit::engine::{
+    check_draft, generate, generate_speculative, DraftOptions, GenerateOptions, Session,
+};
 use trit::sample::{JsonOutput, JsonSchema, TokenTable};
 
 #[derive(Args, Debug)]
@@ -38,6 +41,16 @@ pub struct RunArgs {
     /// Constrain the output to a JSON document of this JSON Schema (inline, or @FILE).
     #[arg(long, value_name = "SCHEMA")]
     pub json_schema: Option<String>,
+    /// Speculative decoding: a small model with the same vocabulary drafts tokens that the
+    /// model checks in one pass (same output as without it). llama.cpp's --model-draft.
+    #[arg(long, alias = "model-draft", value_name = "PATH")]
+    pub draft_model: Option<PathBuf>,
+    /// Tokens the draft proposes per pass of the model, at most.
+    #[arg(long, alias = "num-draft-tokens", default_value_t = 8)]
+    pub draft_max: usize,
+    /// The draft stops proposing when its best token's probability is below this.
+    #[arg(long, default_value_t = 0.75)]
+    pub draft_p_min: f32,
 }
 
 /// `--json` / `--json-schema` as a constraint over the loaded model's vocabulary.
@@ -126,19 +139,65 @@ pub fn run(a: RunArgs) -> Result<()> {
         json,
     };
     let mut session = Session::new(loaded.model.clone(), loaded.n_ctx);
+    let mut draft = match &a.draft_model {
+        None => None,
+        Some(path) => {
+            let args = ModelArgs {
+                model: Some(path.clone()),
+                adapter: None,
+                ..a.model.clone()
+            };
+            let d = load(&args)
+                .with_context(|| format!("loading the draft model {}", path.display()))?;
+            let draft = Session::new(d.model.clone(), loaded.n_ctx);
+            check_draft(&session, &draft)?;
+            Some(draft)
+        }
+    };
     if !a.quiet {
         println!("==========");
     }
     let mut stdout = std::io::stdout();
-    let g = generate(&mut session, &loaded.tokenizer, &ids, &opts, &mut |piece| {
+    let mut print = |piece: &str| {
         print!("{piece}");
         let _ = stdout.flush();
         true
-    })?;
+    };
+    let (g, stats) = match &mut draft {
+        None => (
+            generate(&mut session, &loaded.tokenizer, &ids, &opts, &mut print)?,
+            None,
+        ),
+        Some(d) => {
+            let (g, s) = generate_speculative(
+                &mut session,
+                d,
+                &loaded.tokenizer,
+                &ids,
+                &opts,
+                DraftOptions {
+                    max: a.draft_max,
+                    p_min: a.draft_p_min,
+                },
+                &mut print,
+            )?;
+            (g, Some(s))
+        }
+    };
     println!();
     if !a.quiet {
         println!("==========");
         print_speed(&g);
+        if let Some(s) = stats {
+            println!(
+                "Draft: {} of {} drafted tokens accepted ({:.1} %), {} passes of the model for {} tokens",
+                s.accepted,
+                s.drafted,
+                100.0 * s.acceptance(),
+                s.target_passes,
+                g.tokens.len()
+            );
+        }
     }
     Ok(())
 }

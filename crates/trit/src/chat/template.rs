@@ -322,10 +322,15 @@ mod tests {
 
     #[test]
     fn the_tool_call_dialect_is_read_off_the_template() {
-        let xml = "{% for t in tools %}<tool_call>\n<function={{ t.name }}>\n</function>{% endfor %}";
+        let xml =
+            "{% for t in tools %}<tool_call>\n<function={{ t.name }}>\n</function>{% endfor %}";
         let hermes = "{% for t in tools %}<tool_call>\n{\"name\": {{ t.name }}}{% endfor %}";
-        assert!(ChatTemplate::new(xml, "", "").unwrap().writes_xml_tool_calls());
-        assert!(!ChatTemplate::new(hermes, "", "").unwrap().writes_xml_tool_calls());
+        assert!(ChatTemplate::new(xml, "", "")
+            .unwrap()
+            .writes_xml_tool_calls());
+        assert!(!ChatTemplate::new(hermes, "", "")
+            .unwrap()
+            .writes_xml_tool_calls());
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod perplexity;
 pub mod scheduler;
 pub mod sequence;
 pub mod session;
+pub mod speculative;
 pub mod stats;
 
 pub use block_pool::{BlockPool, BlockStats};
@@ -18,3 +19,4 @@ pub use scheduler::{
 };
 pub use sequence::{Decoding, Step, TokenLogprob};
 pub use session::Session;
+pub use speculative::{check_draft, generate_speculative, DraftOptions, DraftStats};

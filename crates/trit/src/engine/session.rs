@@ -46,6 +46,20 @@ impl Session {
         self.last_evaluated
     }
 
+    /// Whether the cache holds a recurrent state (hybrid models), which cannot be cut back to
+    /// an arbitrary position.
+    pub fn is_recurrent(&self) -> bool {
+        self.cache.has_recurrent()
+    }
+
+    /// Drops the cached tokens after the first `len` (attention-only caches: the keys and
+    /// values of the kept positions stay valid).
+    pub fn truncate(&mut self, len: usize) {
+        debug_assert!(!self.is_recurrent(), "a recurrent state cannot be cut back");
+        self.cache.truncate(len.min(self.tokens.len()));
+        self.tokens.truncate(self.cache.len());
+    }
+
     pub fn reset(&mut self) {
         self.cache.clear();
         self.tokens.clear();
