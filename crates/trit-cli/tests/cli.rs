@@ -346,7 +346,11 @@ fn a_draft_model_changes_the_passes_not_the_text() {
             .arg("Once upon a time")
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).to_string()
     };
     let text = |s: &str| s.split("==========").nth(1).unwrap_or("").to_string();
@@ -355,7 +359,10 @@ fn a_draft_model_changes_the_passes_not_the_text() {
     let m = model.to_str().unwrap();
     let drafted = run(&["--draft-model", m, "--draft-p-min", "0", "--draft-max", "4"]);
     assert_eq!(text(&drafted), text(&plain));
-    let line = drafted.lines().find(|l| l.starts_with("Draft:")).expect(&drafted);
+    let line = drafted
+        .lines()
+        .find(|l| l.starts_with("Draft:"))
+        .expect(&drafted);
     let nums: Vec<usize> = line
         .split(|c: char| !c.is_ascii_digit())
         .filter_map(|w| w.parse().ok())
