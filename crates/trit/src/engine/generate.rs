@@ -1,7 +1,7 @@
 //! The generation loop: prefill (with prefix reuse), then sample → stream → step until an
 //! EOS token, a stop string, `max_tokens`, or the end of the context.
 
-use super::sequence::Decoding;
+use super::sequence::{Decoding, Step};
 use super::session::Session;
 use crate::sample::{JsonOutput, RowLogits, SamplingParams, TOP_CANDIDATES};
 use crate::tokenizer::Tokenizer;
@@ -52,6 +52,49 @@ pub struct Generation {
 }
 
 impl Generation {
+    /// Prefills `prompt` and starts the record; returns the logits after it.
+    pub(crate) fn after_prefill(session: &mut Session, prompt: &[u32]) -> Result<(Vec<f32>, Self)> {
+        let t0 = Instant::now();
+        let logits = session.prefill(prompt)?;
+        let out = Generation {
+            text: String::new(),
+            tokens: Vec::new(),
+            finish: FinishReason::Length,
+            prompt_tokens: prompt.len(),
+            prompt_evaluated: session.last_evaluated(),
+            prompt_secs: t0.elapsed().as_secs_f64(),
+            gen_secs: 0.0,
+        };
+        Ok((logits, out))
+    }
+
+    /// Records a step: its token and text, passed on to `on_text` (which may cancel). Returns
+    /// whether generation has finished.
+    pub(crate) fn record(
+        &mut self,
+        mut step: Step,
+        decoding: &mut Decoding,
+        tokenizer: &Tokenizer,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> bool {
+        self.tokens.extend(step.token);
+        if !step.text.is_empty() {
+            self.text.push_str(&step.text);
+            if !on_text(&step.text) && step.finish.is_none() {
+                step = decoding.cancel(tokenizer);
+                self.text.push_str(&step.text);
+                on_text(&step.text);
+            }
+        }
+        match step.finish {
+            Some(f) => {
+                self.finish = f;
+                true
+            }
+            None => false,
+        }
+    }
+
     pub fn prompt_tps(&self) -> f64 {
         self.prompt_evaluated as f64 / self.prompt_secs.max(1e-9)
     }
@@ -84,44 +127,23 @@ pub fn generate(
 ) -> Result<Generation> {
     check_context(prompt.len(), opts.max_tokens, session.n_ctx())?;
     let mut decoding = Decoding::new(prompt, opts)?;
-    let t0 = Instant::now();
-    let mut row = RowLogits::Full(session.prefill(prompt)?);
-    let prompt_evaluated = session.last_evaluated();
-    let prompt_secs = t0.elapsed().as_secs_f64();
+    let (logits, mut out) = Generation::after_prefill(session, prompt)?;
+    let mut row = RowLogits::Full(logits);
     let t1 = Instant::now();
-
-    let mut out = Generation {
-        text: String::new(),
-        tokens: Vec::new(),
-        finish: FinishReason::Length,
-        prompt_tokens: prompt.len(),
-        prompt_evaluated,
-        prompt_secs,
-        gen_secs: 0.0,
-    };
     loop {
-        let mut step = decoding.step_row(
+        let step = decoding.step_row(
             std::mem::replace(&mut row, RowLogits::Full(Vec::new())),
             tokenizer,
             session.tokens().len(),
             session.n_ctx(),
         );
-        out.tokens.extend(step.token);
-        if !step.text.is_empty() {
-            out.text.push_str(&step.text);
-            if !on_text(&step.text) && step.finish.is_none() {
-                step = decoding.cancel(tokenizer);
-                out.text.push_str(&step.text);
-                on_text(&step.text);
-            }
-        }
-        if let Some(finish) = step.finish {
-            out.finish = finish;
+        let token = step.token;
+        if out.record(step, &mut decoding, tokenizer, on_text) {
             break;
         }
         // A sampler that needs only the best candidates gets only those from a device backend
         // (the GPU reduces the row; a few hundred bytes cross instead of the vocabulary).
-        match step.token {
+        match token {
             Some(tok) if decoding.exact_on_top(TOP_CANDIDATES) => {
                 row = session.step_top(tok, TOP_CANDIDATES)?
             }

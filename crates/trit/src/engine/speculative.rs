@@ -7,7 +7,7 @@
 //! (same seed, same text) — only the number of target passes changes. Attention-only models
 //! (the caches are cut back after a rejection; a recurrent state cannot be).
 
-use super::generate::{check_context, FinishReason, GenerateOptions, Generation};
+use super::generate::{check_context, GenerateOptions, Generation};
 use super::sequence::Decoding;
 use super::session::Session;
 use crate::sample::sampler::argmax;
@@ -77,20 +77,8 @@ pub fn generate_speculative(
     let vocab = target.model().config().vocab;
     let mut decoding = Decoding::new(prompt, opts)?;
     let mut stats = DraftStats::default();
-    let t0 = Instant::now();
-    let mut rows = target.prefill(prompt)?;
-    let prompt_evaluated = target.last_evaluated();
-    let prompt_secs = t0.elapsed().as_secs_f64();
+    let (mut rows, mut out) = Generation::after_prefill(target, prompt)?;
     let t1 = Instant::now();
-    let mut out = Generation {
-        text: String::new(),
-        tokens: Vec::new(),
-        finish: FinishReason::Length,
-        prompt_tokens: prompt.len(),
-        prompt_evaluated,
-        prompt_secs,
-        gen_secs: 0.0,
-    };
     // `rows` holds the target's logits for the positions after `base` cached tokens; the
     // first `proposed.len()` of them are followed by the draft's tokens.
     let mut proposed: Vec<u32> = Vec::new();
@@ -99,23 +87,14 @@ pub fn generate_speculative(
         let mut next = None;
         for i in 0..=proposed.len() {
             let row = &mut rows[i * vocab..(i + 1) * vocab];
-            let mut step = decoding.step(row, tokenizer, base + i, n_ctx);
-            out.tokens.extend(step.token);
-            if !step.text.is_empty() {
-                out.text.push_str(&step.text);
-                if !on_text(&step.text) && step.finish.is_none() {
-                    step = decoding.cancel(tokenizer);
-                    out.text.push_str(&step.text);
-                    on_text(&step.text);
-                }
-            }
-            if let Some(finish) = step.finish {
+            let step = decoding.step(row, tokenizer, base + i, n_ctx);
+            let token = step.token;
+            if out.record(step, &mut decoding, tokenizer, on_text) {
                 // As after plain generation: the cache holds what was fed before this row.
                 target.truncate(base + i);
-                out.finish = finish;
                 break 'decode;
             }
-            let tok = step.token.expect("a step that did not finish has a token");
+            let tok = token.expect("a step that did not finish has a token");
             if i < proposed.len() && tok == proposed[i] {
                 stats.accepted += 1;
                 continue;
