@@ -223,6 +223,23 @@ fn cache_types_are_chosen_like_llama_cpp() {
     }
 }
 
+/// `trit ARGS…`'s standard output, which must succeed.
+fn stdout_of<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> String {
+    let out = trit().args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// `trit run -q --temp 0 -n 100 EXTRA… PROMPT`, its output parsed as JSON.
+fn json_reply(extra: &[&str], prompt: &str) -> serde_json::Value {
+    let mut args = vec!["run", "-q", "--temp", "0", "-n", "100"];
+    args.extend(extra);
+    args.push(prompt);
+    let out = stdout_of(&args);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
 #[test]
 fn json_schema_output_parses_and_bad_schemas_are_named() {
     if default_model().is_none() {
@@ -239,58 +256,17 @@ fn json_schema_output_parses_and_bad_schemas_are_named() {
     )
     .unwrap();
     let arg = format!("@{}", schema.display());
-    let out = trit()
-        .args([
-            "run",
-            "-q",
-            "--temp",
-            "0",
-            "-n",
-            "100",
-            "--json-schema",
-            &arg,
-        ])
-        .arg("Name a famous painter and the year they were born, as JSON.")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    let prompt = "Name a famous painter and the year they were born, as JSON.";
+    let v = json_reply(&["--json-schema", &arg], prompt);
     let o = v.as_object().unwrap();
     assert_eq!(o.len(), 2, "{v}");
-    assert!(
-        o["name"].as_str().is_some_and(|n| n.chars().count() <= 20),
-        "{v}"
-    );
-    assert!(o["year"].is_i64(), "{v}");
+    let name = o["name"].as_str().unwrap();
+    assert!(name.chars().count() <= 20 && o["year"].is_i64(), "{v}");
     // --json: any object.
+    assert!(json_reply(&["--json"], "Describe Paris.").is_object());
+    let bad = r#"{"type": "string", "pattern": "a"}"#;
     let out = trit()
-        .args([
-            "run",
-            "-q",
-            "--temp",
-            "0",
-            "-n",
-            "100",
-            "--json",
-            "Describe Paris.",
-        ])
-        .output()
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
-    assert!(v.is_object(), "{v}");
-    let out = trit()
-        .args([
-            "run",
-            "--json-schema",
-            r#"{"type": "string", "pattern": "a"}"#,
-            "hi",
-        ])
+        .args(["run", "--json-schema", bad, "hi"])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -307,18 +283,19 @@ fn logit_bias_flag_forces_a_token_and_bad_values_are_named() {
     let files = trit::format::open(&model).unwrap();
     let tok = trit::tokenizer::Tokenizer::from_source(&files.tokenizer).unwrap();
     let dragon = tok.encode(" dragon", false).unwrap()[0];
-    let out = trit()
-        .args(["run", "-q", "--raw", "--temp", "0", "-n", "1", "-l"])
-        .arg(format!("{dragon}+100"))
-        .arg("Once upon a time")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
+    let bias = format!("{dragon}+100");
+    let text = stdout_of(&[
+        "run",
+        "-q",
+        "--raw",
+        "--temp",
+        "0",
+        "-n",
+        "1",
+        "-l",
+        &bias,
+        "Once upon a time",
+    ]);
     assert_eq!(
         text.trim_end_matches('\n'),
         tok.decode(&[dragon], false).unwrap()
@@ -340,18 +317,10 @@ fn a_draft_model_changes_the_passes_not_the_text() {
         return;
     };
     let run = |extra: &[&str]| {
-        let out = trit()
-            .args(["run", "--temp", "0", "-n", "40"])
-            .args(extra)
-            .arg("Once upon a time")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).to_string()
+        let mut args = vec!["run", "--temp", "0", "-n", "40"];
+        args.extend(extra);
+        args.push("Once upon a time");
+        stdout_of(&args)
     };
     let text = |s: &str| s.split("==========").nth(1).unwrap_or("").to_string();
     let plain = run(&[]);
