@@ -144,6 +144,29 @@ fn batched_sequences_at_different_depths_match_each_alone_and_the_cpu() {
     }
 }
 
+/// The "tiny" preset on the GPU with `slots` sequence slots, its files, and its context.
+fn tiny_with_slots(
+    dir: &std::path::Path,
+    slots: usize,
+) -> (trit::format::ModelFiles, CudaModel, usize) {
+    let files = trit::format::open(&tiny_model(dir, "tiny")).unwrap();
+    let ctx = 128;
+    let m = CudaModel::load(&files, &CudaOptions::new(ctx))
+        .unwrap()
+        .with_max_sequences(slots);
+    (files, m, ctx)
+}
+
+/// One sequence through the batched path; the last position's logits.
+fn run_one(m: &CudaModel, c: &mut KvCache, toks: &[u32]) -> trit::Result<Vec<f32>> {
+    let mut b = [BatchSeq {
+        tokens: toks,
+        cache: c,
+        logits: Logits::Last,
+    }];
+    Ok(m.forward_batch(&mut b)?.remove(0))
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn slots_return_when_caches_drop_and_a_reused_slot_starts_clean() {
@@ -151,21 +174,9 @@ fn slots_return_when_caches_drop_and_a_reused_slot_starts_clean() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let path = tiny_model(dir.path(), "tiny");
-    let files = trit::format::open(&path).unwrap();
-    let ctx = 128;
-    let m = CudaModel::load(&files, &CudaOptions::new(ctx))
-        .unwrap()
-        .with_max_sequences(2);
+    let (files, m, ctx) = tiny_with_slots(dir.path(), 2);
     let vocab = files.config.vocab;
-    let run = |c: &mut KvCache, toks: &[u32]| -> trit::Result<Vec<f32>> {
-        let mut b = [BatchSeq {
-            tokens: toks,
-            cache: c,
-            logits: Logits::Last,
-        }];
-        Ok(m.forward_batch(&mut b)?.remove(0))
-    };
+    let run = |c: &mut KvCache, toks: &[u32]| run_one(&m, c, toks);
     let short = prompt(5, vocab, 1);
     let mut fresh = KvCache::new(files.config.n_layers, 0, ctx);
     let want = run(&mut fresh, &short).unwrap();
@@ -229,21 +240,9 @@ fn a_copied_prefix_continues_like_a_computed_one() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let path = tiny_model(dir.path(), "tiny");
-    let files = trit::format::open(&path).unwrap();
-    let ctx = 128;
-    let m = CudaModel::load(&files, &CudaOptions::new(ctx))
-        .unwrap()
-        .with_max_sequences(3);
+    let (files, m, ctx) = tiny_with_slots(dir.path(), 3);
     let vocab = files.config.vocab;
-    let run = |c: &mut KvCache, toks: &[u32]| -> trit::Result<Vec<f32>> {
-        let mut b = [BatchSeq {
-            tokens: toks,
-            cache: c,
-            logits: Logits::Last,
-        }];
-        Ok(m.forward_batch(&mut b)?.remove(0))
-    };
+    let run = |c: &mut KvCache, toks: &[u32]| run_one(&m, c, toks);
     let new = || KvCache::new(files.config.n_layers, 0, ctx);
     let a_prompt = prompt(40, vocab, 5);
     let mut b_prompt = a_prompt[..24].to_vec();
