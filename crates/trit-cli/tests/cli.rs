@@ -123,27 +123,28 @@ fn chat_keeps_the_cache_between_turns() {
         return;
     }
     use std::io::Write;
-    let mut child = trit()
-        .args(["chat", "--temp", "0", "-n", "16", "-v", "--model"])
-        .arg(&model)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"What is the capital of France?\nAnd of Italy?\n/reset\nHi\n/exit\n")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let chat = |extra: &[&std::ffi::OsStr]| {
+        let mut child = trit()
+            .args(["chat", "--temp", "0", "-n", "16", "-v", "--model"])
+            .arg(&model)
+            .args(extra)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"What is the capital of France?\nAnd of Italy?\n/reset\nHi\n/exit\n")
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let stdout = chat(&[]);
     let reused: Vec<usize> = stdout
         .lines()
         .filter_map(|l| l.split(" tokens (").nth(1))
@@ -156,6 +157,24 @@ fn chat_keeps_the_cache_between_turns() {
     assert_eq!(reused[2], 0, "{stdout}");
     assert!(stdout.contains("Paris"), "{stdout}");
     assert!(stdout.contains("(conversation cleared)"));
+    // With the distilled default model drafting: the same replies, and a draft line per turn.
+    let Some(draft) = default_model() else { return };
+    let p_min = std::ffi::OsStr::new("--draft-p-min");
+    let drafted = chat(&[
+        "--draft-model".as_ref(),
+        draft.as_os_str(),
+        p_min,
+        "0".as_ref(),
+    ]);
+    let replies = |s: &str| -> Vec<String> {
+        s.lines()
+            .filter(|l| !l.starts_with('['))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(replies(&drafted), replies(&stdout));
+    let lines = drafted.lines().filter(|l| l.starts_with("[Draft:")).count();
+    assert_eq!(lines, 3, "{drafted}");
 }
 
 /// `--cache-type-k/-v` (and llama.cpp's `-ctk/-ctv`, and `TRIT_ARG_CACHE_TYPE_K/V`) choose how

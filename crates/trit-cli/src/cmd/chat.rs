@@ -2,14 +2,14 @@
 //! the chat template, and the session evaluates only the tokens after the longest common
 //! prefix with its KV cache, so earlier turns are never re-read.
 
-use super::run::template_kwargs;
+use super::run::{draft_line, template_kwargs, DraftArgs};
 use super::{eos_ids, load, ModelArgs, SamplingArgs};
 use anyhow::{bail, Result};
 use clap::Args;
 use rustyline::error::ReadlineError;
 use serde_json::{json, Value};
 use std::io::Write;
-use trit::engine::{generate, GenerateOptions, Session};
+use trit::engine::{GenerateOptions, Session};
 use trit::Error;
 
 #[derive(Args, Debug)]
@@ -27,6 +27,8 @@ pub struct ChatArgs {
     /// Print prompt/generation speed after each reply.
     #[arg(short, long)]
     pub verbose: bool,
+    #[command(flatten)]
+    pub draft: DraftArgs,
 }
 
 const HELP: &str = "commands: /help (h), /clear or /reset (r) forget the conversation, \
@@ -46,6 +48,8 @@ pub fn run(a: ChatArgs) -> Result<()> {
         json: None,
     };
     let mut session = Session::new(loaded.model.clone(), loaded.n_ctx);
+    // A draft keeps its own cache of the conversation, reused between turns the same way.
+    let mut draft = a.draft.session(&a.model, &session)?;
     let mut system = a.system.clone();
     let mut history: Vec<Value> = Vec::new();
     let mut rl = rustyline::DefaultEditor::new()?;
@@ -70,6 +74,9 @@ pub fn run(a: ChatArgs) -> Result<()> {
             "/clear" | "/reset" | "r" => {
                 history.clear();
                 session.reset();
+                if let Some(d) = &mut draft {
+                    d.reset();
+                }
                 println!("(conversation cleared)");
                 continue;
             }
@@ -90,14 +97,21 @@ pub fn run(a: ChatArgs) -> Result<()> {
         let text = template.render(&messages, true, None, &kwargs)?;
         let ids = loaded.tokenizer.encode(&text, false)?;
         let mut stdout = std::io::stdout();
-        let result = generate(&mut session, &loaded.tokenizer, &ids, &opts, &mut |piece| {
-            print!("{piece}");
-            let _ = stdout.flush();
-            true
-        });
+        let result = a.draft.generate(
+            &mut session,
+            draft.as_mut(),
+            &loaded.tokenizer,
+            &ids,
+            &opts,
+            &mut |piece| {
+                print!("{piece}");
+                let _ = stdout.flush();
+                true
+            },
+        );
         println!();
         match result {
-            Ok(g) => {
+            Ok((g, stats)) => {
                 history.push(json!({"role": "user", "content": input}));
                 history.push(json!({"role": "assistant", "content": g.text.trim()}));
                 if a.verbose {
@@ -109,6 +123,9 @@ pub fn run(a: ChatArgs) -> Result<()> {
                         g.tokens.len(),
                         g.gen_tps()
                     );
+                    if let Some(s) = stats {
+                        println!("[{}]", draft_line(&s, g.tokens.len()));
+                    }
                 }
             }
             Err(Error::ContextOverflow { n_prompt, n_ctx }) => {

@@ -8,7 +8,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 use trit::engine::{
-    check_draft, generate, generate_speculative, DraftOptions, GenerateOptions, Session,
+    check_draft, generate, generate_speculative, DraftOptions, DraftStats, GenerateOptions,
+    Generation, Session,
 };
 use trit::sample::{JsonOutput, JsonSchema, TokenTable};
 
@@ -41,6 +42,13 @@ pub struct RunArgs {
     /// Constrain the output to a JSON document of this JSON Schema (inline, or @FILE).
     #[arg(long, value_name = "SCHEMA")]
     pub json_schema: Option<String>,
+    #[command(flatten)]
+    pub draft: DraftArgs,
+}
+
+/// Speculative decoding (`run`, `chat`).
+#[derive(Args, Debug, Clone)]
+pub struct DraftArgs {
     /// Speculative decoding: a small model with the same vocabulary drafts tokens that the
     /// model checks in one pass (same output as without it). llama.cpp's --model-draft.
     #[arg(long, alias = "model-draft", value_name = "PATH")]
@@ -51,6 +59,60 @@ pub struct RunArgs {
     /// The draft stops proposing when its best token's probability is below this.
     #[arg(long, default_value_t = 0.75)]
     pub draft_p_min: f32,
+}
+
+impl DraftArgs {
+    /// The draft's session beside `target` (loaded like the model, without its adapter).
+    pub fn session(&self, model: &ModelArgs, target: &Session) -> Result<Option<Session>> {
+        let Some(path) = &self.draft_model else {
+            return Ok(None);
+        };
+        let args = ModelArgs {
+            model: Some(path.clone()),
+            adapter: None,
+            ..model.clone()
+        };
+        let d =
+            load(&args).with_context(|| format!("loading the draft model {}", path.display()))?;
+        let draft = Session::new(d.model.clone(), target.n_ctx());
+        check_draft(target, &draft)?;
+        Ok(Some(draft))
+    }
+
+    /// One generation, drafted when there is a draft session.
+    pub fn generate(
+        &self,
+        session: &mut Session,
+        draft: Option<&mut Session>,
+        tokenizer: &trit::tokenizer::Tokenizer,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        on_text: &mut dyn FnMut(&str) -> bool,
+    ) -> trit::Result<(Generation, Option<DraftStats>)> {
+        match draft {
+            None => Ok((generate(session, tokenizer, prompt, opts, on_text)?, None)),
+            Some(d) => {
+                let o = DraftOptions {
+                    max: self.draft_max,
+                    p_min: self.draft_p_min,
+                };
+                let (g, s) = generate_speculative(session, d, tokenizer, prompt, opts, o, on_text)?;
+                Ok((g, Some(s)))
+            }
+        }
+    }
+}
+
+/// The line `run` prints after a drafted generation.
+pub fn draft_line(s: &DraftStats, tokens: usize) -> String {
+    format!(
+        "Draft: {} of {} drafted tokens accepted ({:.1} %), {} passes of the model for {} tokens",
+        s.accepted,
+        s.drafted,
+        100.0 * s.acceptance(),
+        s.target_passes,
+        tokens
+    )
 }
 
 /// `--json` / `--json-schema` as a constraint over the loaded model's vocabulary.
@@ -139,21 +201,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         json,
     };
     let mut session = Session::new(loaded.model.clone(), loaded.n_ctx);
-    let mut draft = match &a.draft_model {
-        None => None,
-        Some(path) => {
-            let args = ModelArgs {
-                model: Some(path.clone()),
-                adapter: None,
-                ..a.model.clone()
-            };
-            let d = load(&args)
-                .with_context(|| format!("loading the draft model {}", path.display()))?;
-            let draft = Session::new(d.model.clone(), loaded.n_ctx);
-            check_draft(&session, &draft)?;
-            Some(draft)
-        }
-    };
+    let mut draft = a.draft.session(&a.model, &session)?;
     if !a.quiet {
         println!("==========");
     }
@@ -163,40 +211,20 @@ pub fn run(a: RunArgs) -> Result<()> {
         let _ = stdout.flush();
         true
     };
-    let (g, stats) = match &mut draft {
-        None => (
-            generate(&mut session, &loaded.tokenizer, &ids, &opts, &mut print)?,
-            None,
-        ),
-        Some(d) => {
-            let (g, s) = generate_speculative(
-                &mut session,
-                d,
-                &loaded.tokenizer,
-                &ids,
-                &opts,
-                DraftOptions {
-                    max: a.draft_max,
-                    p_min: a.draft_p_min,
-                },
-                &mut print,
-            )?;
-            (g, Some(s))
-        }
-    };
+    let (g, stats) = a.draft.generate(
+        &mut session,
+        draft.as_mut(),
+        &loaded.tokenizer,
+        &ids,
+        &opts,
+        &mut print,
+    )?;
     println!();
     if !a.quiet {
         println!("==========");
         print_speed(&g);
         if let Some(s) = stats {
-            println!(
-                "Draft: {} of {} drafted tokens accepted ({:.1} %), {} passes of the model for {} tokens",
-                s.accepted,
-                s.drafted,
-                100.0 * s.acceptance(),
-                s.target_passes,
-                g.tokens.len()
-            );
+            println!("{}", draft_line(&s, g.tokens.len()));
         }
     }
     Ok(())
