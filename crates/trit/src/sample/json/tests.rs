@@ -262,14 +262,13 @@ fn byte_vocab() -> (Arc<TokenTable>, u32) {
     (Arc::new(TokenTable::from_bytes(t)), eos)
 }
 
-/// Random logits, drawn through the constraint until it ends: the output parses and
-/// satisfies the schema's rules (checked on the parsed value).
-#[test]
-fn constrained_random_draws_always_finish_with_a_valid_document() {
+/// Random logits, drawn through the constraint until it ends, `n` times: each output parses
+/// (serde_json) and passes `check`.
+fn draw_documents(schema: JsonSchema, n: u64, check: impl Fn(&Value)) {
     let (table, eos) = byte_vocab();
-    let schema = Arc::new(JsonSchema::compile(&person()).unwrap());
+    let schema = Arc::new(schema);
     let mut r = Rand(3);
-    for seed in 0..40 {
+    for seed in 0..n {
         let mut c = JsonConstraint::new(schema.clone(), table.clone(), vec![eos]);
         let mut sampler = Sampler::new(SamplingParams {
             temperature: 1.0,
@@ -304,8 +303,47 @@ fn constrained_random_draws_always_finish_with_a_valid_document() {
         assert!(ended, "seed {seed}: {}", String::from_utf8_lossy(&out));
         let v: Value = serde_json::from_slice(&out)
             .unwrap_or_else(|e| panic!("seed {seed}: {e}: {}", String::from_utf8_lossy(&out)));
-        check_person(&v);
+        check(&v);
     }
+}
+
+#[test]
+fn constrained_random_draws_always_finish_with_a_valid_document() {
+    draw_documents(JsonSchema::compile(&person()).unwrap(), 40, check_person);
+    draw_documents(JsonSchema::any_object(), 20, |v| {
+        assert!(v.is_object(), "{v}")
+    });
+    // Recursion, arrays of literals and numbers.
+    let tree = json!({
+        "$defs": {"node": {"type": "object", "properties": {
+            "v": {"type": "number"},
+            "tags": {"type": "array", "items": {"enum": ["a", 1, true]}, "maxItems": 4},
+            "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+            "required": ["v"], "additionalProperties": false}},
+        "$ref": "#/$defs/node"
+    });
+    fn check_node(v: &Value) {
+        let o = v.as_object().unwrap_or_else(|| panic!("{v}"));
+        assert!(o["v"].is_number(), "{v}");
+        assert!(
+            o.keys()
+                .all(|k| ["v", "tags", "kids"].contains(&k.as_str())),
+            "{v}"
+        );
+        if let Some(t) = o.get("tags") {
+            let t = t.as_array().unwrap();
+            assert!(t.len() <= 4, "{v}");
+            assert!(
+                t.iter()
+                    .all(|x| [json!("a"), json!(1), json!(true)].contains(x)),
+                "{v}"
+            );
+        }
+        for k in o.get("kids").map_or(&vec![], |k| k.as_array().unwrap()) {
+            check_node(k);
+        }
+    }
+    draw_documents(JsonSchema::compile(&tree).unwrap(), 30, check_node);
 }
 
 fn check_person(v: &Value) {
