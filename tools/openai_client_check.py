@@ -7,6 +7,7 @@ when everything holds.
     python tools/openai_client_check.py BASE_URL API_KEY
 """
 
+import datetime
 import json
 import re
 import sys
@@ -89,6 +90,8 @@ jsonschema.validate(json.loads(call.function.arguments), bounded[0]["function"][
 class City(pydantic.BaseModel):
     city: str = pydantic.Field(max_length=24)
     country: str = pydantic.Field(max_length=24)
+    code: str = pydantic.Field(pattern=r"^[A-Z]{2}$")
+    founded: datetime.date
     population: int
     capital: bool
 
@@ -99,7 +102,8 @@ parsed = parse(model=model, messages=describe, max_tokens=200, temperature=0, re
 city = parsed.choices[0].message.parsed
 check(isinstance(city, City), f"parsed into the model: {parsed.choices[0].message.content!r}")
 check(parsed.choices[0].finish_reason == "stop", "the document ended")
-jsonschema.validate(json.loads(parsed.choices[0].message.content), City.model_json_schema())
+jsonschema.validate(json.loads(parsed.choices[0].message.content), City.model_json_schema(),
+                    format_checker=jsonschema.FormatChecker())
 any_object = client.chat.completions.create(model=model, messages=describe, max_tokens=200,
                                             temperature=0, response_format={"type": "json_object"})
 if any_object.choices[0].finish_reason == "stop":
@@ -123,10 +127,10 @@ except openai.NotFoundError as e:
 try:
     client.chat.completions.create(model=model, messages=messages, max_tokens=4, response_format={
         "type": "json_schema",
-        "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "^a+$"}}})
-    check(False, "a schema with `pattern` must be refused")
+        "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 0}}})
+    check(False, "a schema with `minimum` must be refused")
 except openai.BadRequestError as e:
-    check("pattern" in e.body["message"], f"names the keyword: {e.body}")
+    check("minimum" in e.body["message"], f"names the keyword: {e.body}")
 
 try:
     openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0).models.list()

@@ -22,9 +22,11 @@ fn city_schema() -> Value {
             "country": {"type": "string", "maxLength": 24},
             "population": {"type": "integer"},
             "capital": {"type": "boolean"},
-            "kind": {"enum": ["town", "city", "village"]}
+            "kind": {"enum": ["town", "city", "village"]},
+            "code": {"type": "string", "pattern": "^[A-Z]{2}$"},
+            "founded": {"type": "string", "format": "date"}
         },
-        "required": ["city", "country", "population", "capital", "kind"],
+        "required": ["city", "country", "population", "capital", "kind", "code", "founded"],
         "additionalProperties": false
     })
 }
@@ -34,8 +36,16 @@ fn check_city(v: &Value) {
         .as_object()
         .unwrap_or_else(|| panic!("not an object: {v}"));
     let keys: Vec<&str> = o.keys().map(String::as_str).collect();
-    assert_eq!(o.len(), 5, "{v}");
-    for k in ["city", "country", "population", "capital", "kind"] {
+    assert_eq!(o.len(), 7, "{v}");
+    for k in [
+        "city",
+        "country",
+        "population",
+        "capital",
+        "kind",
+        "code",
+        "founded",
+    ] {
         assert!(keys.contains(&k), "{k} missing: {v}");
     }
     assert!(
@@ -54,6 +64,19 @@ fn check_city(v: &Value) {
         ["town", "city", "village"].contains(&o["kind"].as_str().unwrap()),
         "{v}"
     );
+    let code = o["code"].as_str().unwrap();
+    assert!(
+        code.len() == 2 && code.bytes().all(|b| b.is_ascii_uppercase()),
+        "{v}"
+    );
+    // A date, as Python's date.fromisoformat reads one: YYYY-MM-DD.
+    let day: Vec<&str> = o["founded"].as_str().unwrap().split('-').collect();
+    assert!(
+        day.len() == 3 && day[0].len() == 4 && day[1].len() == 2 && day[2].len() == 2,
+        "{v}"
+    );
+    let (m, d): (u32, u32) = (day[1].parse().unwrap(), day[2].parse().unwrap());
+    assert!((1..=12).contains(&m) && (1..=31).contains(&d), "{v}");
 }
 
 fn chat_body(format: Value, stream: bool, temperature: f32) -> Value {
@@ -178,8 +201,8 @@ fn formats_that_cannot_be_enforced_are_refused_by_name() {
         ),
         (
             json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
-                   "schema": {"type": "string", "pattern": "^a+$"}}}}),
-            "pattern",
+                   "schema": {"type": "integer", "minimum": 0}}}}),
+            "minimum",
         ),
         (
             json!({"response_format": {"type": "json_object"}, "tools": [{"type": "function",

@@ -76,9 +76,7 @@ enum Lex {
 #[derive(Clone, Copy, Debug)]
 enum Frame {
     /// A value of `node` starts here (whitespace first allowed).
-    Value {
-        node: u32,
-    },
+    Value { node: u32 },
     Object {
         node: u32,
         seen: u64,
@@ -94,6 +92,8 @@ enum Frame {
         node: u32,
         chars: u32,
         lex: Lex,
+        /// The pattern's DFA state (strings with a `pattern` or enforced `format`).
+        re: u32,
     },
     /// A property name: `alive` are the properties it can still become (by their escaped
     /// names, compared byte for byte); none alive means another property's name.
@@ -115,14 +115,9 @@ enum Frame {
         pos: u16,
     },
     /// A forced tool call's opening text (one per tool), then that tool's arguments.
-    Opening {
-        alive: u64,
-        pos: u16,
-    },
+    Opening { alive: u64, pos: u16 },
     /// The text after the arguments.
-    Closing {
-        pos: u16,
-    },
+    Closing { pos: u16 },
 }
 
 /// What a string's next byte is.
@@ -376,20 +371,35 @@ impl<'s> Recognizer<'s> {
                 node,
                 chars,
                 mut lex,
+                re,
             } => {
                 let n = self.node(node);
+                let pattern = n.pattern.map(|p| &self.schema.patterns[p]);
+                if pattern.is_some() && lex == Lex::Normal && b == b'\\' {
+                    // A pattern-constrained string holds its characters unescaped.
+                    return Outcome::Reject;
+                }
                 match self::lex(&mut lex, b) {
                     LexStep::Reject => Outcome::Reject,
                     LexStep::Close if (chars as usize) < n.min_len => Outcome::Reject,
+                    LexStep::Close if pattern.is_some_and(|p| !p.accepts(re)) => Outcome::Reject,
                     LexStep::Close => Outcome::Done,
                     LexStep::Content(new) => {
                         if new && n.max_len.is_some_and(|m| chars as usize >= m) {
                             return Outcome::Reject;
                         }
+                        let re = match pattern {
+                            None => re,
+                            Some(p) => match p.next(re, b) {
+                                Some(next) => next,
+                                None => return Outcome::Reject,
+                            },
+                        };
                         Outcome::Replace(Frame::Str {
                             node,
                             chars: chars + new as u32,
                             lex,
+                            re,
                         })
                     }
                 }
@@ -531,6 +541,7 @@ impl<'s> Recognizer<'s> {
                 node,
                 chars: 0,
                 lex: Lex::Normal,
+                re: n.pattern.map_or(0, |p| self.schema.patterns[p].start()),
             }),
             b'-' | b'0'..=b'9' if k & (INTEGER | NUMBER) != 0 => {
                 let phase = match b {

@@ -7,6 +7,7 @@
 //! Any other keyword is refused with its name: a schema is enforced or rejected, never
 //! enforced in part.
 
+use super::pattern::{format_regex, Pattern};
 use crate::{Error, Result};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
@@ -56,6 +57,8 @@ pub(crate) struct Node {
     /// Characters (code points) a string value may have.
     pub(crate) min_len: usize,
     pub(crate) max_len: Option<usize>,
+    /// A string's `pattern` (or enforced `format`): index into `JsonSchema::patterns`.
+    pub(crate) pattern: Option<usize>,
 }
 
 impl Node {
@@ -75,6 +78,7 @@ impl Node {
             },
             min_len: 0,
             max_len: None,
+            pattern: None,
         }
     }
 }
@@ -84,6 +88,7 @@ impl Node {
 pub struct JsonSchema {
     pub(crate) nodes: Vec<Node>,
     pub(crate) root: usize,
+    pub(crate) patterns: Vec<Pattern>,
     /// A forced tool call: the document is one of these literal openings (each naming its
     /// tool), then that tool's arguments (the node), then `closing`.
     pub(crate) openings: Vec<(Vec<u8>, usize)>,
@@ -118,6 +123,7 @@ impl JsonSchema {
         JsonSchema {
             nodes: vec![Node::any(), obj],
             root: 1,
+            patterns: Vec::new(),
             openings: Vec::new(),
             closing: Vec::new(),
         }
@@ -134,15 +140,18 @@ impl JsonSchema {
         }
         let mut openings = Vec::new();
         let mut nodes = vec![Node::any()];
+        let mut patterns = Vec::new();
         for (name, params) in tools {
             let mut c = Compiler {
                 root: params,
                 nodes,
+                patterns,
                 refs: HashMap::new(),
                 building: Vec::new(),
             };
             let node = c.node(params, &format!("tool {name:?} parameters"))?;
             nodes = c.nodes;
+            patterns = c.patterns;
             let quoted = serde_json::to_string(name).expect("strings serialize");
             let open = format!("<tool_call>\n{{\"name\": {quoted}, \"arguments\": ");
             openings.push((open.into_bytes(), node));
@@ -150,6 +159,7 @@ impl JsonSchema {
         Ok(JsonSchema {
             nodes,
             root: ANY,
+            patterns,
             openings,
             closing: b"}\n</tool_call>".to_vec(),
         })
@@ -160,6 +170,7 @@ impl JsonSchema {
         let mut c = Compiler {
             root: schema,
             nodes: vec![Node::any()],
+            patterns: Vec::new(),
             refs: HashMap::new(),
             building: Vec::new(),
         };
@@ -167,6 +178,7 @@ impl JsonSchema {
         Ok(JsonSchema {
             nodes: c.nodes,
             root,
+            patterns: c.patterns,
             openings: Vec::new(),
             closing: Vec::new(),
         })
@@ -176,6 +188,7 @@ impl JsonSchema {
 struct Compiler<'a> {
     root: &'a Value,
     nodes: Vec<Node>,
+    patterns: Vec<Pattern>,
     /// `$ref` targets compiled so far (recursive references reuse the reserved index).
     refs: HashMap<String, usize>,
     /// Reserved indices whose node is still being built.
@@ -267,6 +280,7 @@ impl Compiler<'_> {
             "maxItems",
             "minLength",
             "maxLength",
+            "pattern",
             "enum",
             "const",
             "anyOf",
@@ -293,6 +307,7 @@ impl Compiler<'_> {
             node.literals = union.literals;
             node.min_len = union.min_len;
             node.max_len = union.max_len;
+            node.pattern = union.pattern;
         }
         if let Some(lits) = literals(o, at)? {
             node.kinds &= lits.iter().fold(0, |k, l| k | literal_kind(l));
@@ -311,6 +326,25 @@ impl Compiler<'_> {
             if node.array.max.is_some_and(|m| m < node.array.min) {
                 return Err(bad(at, "maxItems is below minItems"));
             }
+        }
+        let format = o
+            .get("format")
+            .and_then(Value::as_str)
+            .and_then(format_regex);
+        let pattern = match (o.get("pattern"), format) {
+            (Some(_), Some(_)) => {
+                return Err(bad(
+                    at,
+                    "`pattern` beside an enforced `format` is not supported",
+                ))
+            }
+            (Some(Value::String(p)), None) => Some(p.clone()),
+            (Some(_), None) => return Err(bad(at, "`pattern` must be a string")),
+            (None, f) => f,
+        };
+        if let Some(p) = pattern {
+            self.patterns.push(Pattern::new(&p, at)?);
+            node.pattern = Some(self.patterns.len() - 1);
         }
         node.min_len = count(o, "minLength", at)?.unwrap_or(node.min_len);
         node.max_len = count(o, "maxLength", at)?.or(node.max_len);
@@ -431,6 +465,7 @@ impl Compiler<'_> {
             if n.kinds & STRING != 0 {
                 out.min_len = n.min_len;
                 out.max_len = n.max_len;
+                out.pattern = n.pattern;
             }
             out.kinds |= n.kinds;
         }

@@ -208,7 +208,8 @@ fn a_schema_admits_exactly_its_documents() {
 #[test]
 fn unsupported_keywords_and_contradictions_are_refused_by_name() {
     for (schema, word) in [
-        (json!({"type": "string", "pattern": "^a"}), "pattern"),
+        (json!({"type": "string", "pattern": "a(?=b)"}), "pattern"),
+        (json!({"type": "number", "multipleOf": 3}), "multipleOf"),
         (json!({"type": "integer", "minimum": 0}), "minimum"),
         (json!({"allOf": [{"type": "string"}]}), "allOf"),
         (
@@ -445,8 +446,130 @@ fn a_forced_tool_call_names_a_tool_and_fits_its_parameters() {
     let full = call("get_time", r#"{"zone":"UTC"}"#);
     assert!(!accepts(&s, &full.as_bytes()[..full.len() - 1]));
     // The parameters' unsupported keywords are named.
-    let e = JsonSchema::tool_call(&[("f".into(), json!({"type": "string", "pattern": "x"}))])
+    let e = JsonSchema::tool_call(&[("f".into(), json!({"type": "integer", "minimum": 1}))])
         .unwrap_err()
         .to_string();
-    assert!(e.contains("pattern") && e.contains("\"f\""), "{e}");
+    assert!(e.contains("minimum") && e.contains("\"f\""), "{e}");
+}
+
+#[test]
+fn patterns_search_as_the_regex_crate_does() {
+    let patterns = [
+        r"^[A-Z]{2}-[0-9]{3}$",
+        r"ab+c",
+        r"^(red|green|blue)$",
+        r"^\d+(\.\d+)?$",
+        r"^\w+@\w+\.com$",
+        r"x$",
+        r"^é.",
+    ];
+    let mut r = Rand(5);
+    let alphabet: Vec<char> = "abcxAZ09-.@_ é日".chars().collect();
+    let mut corpus: Vec<String> = [
+        "AB-123",
+        "ab-123",
+        "AB-1234",
+        "xxabbbcxx",
+        "ac",
+        "red",
+        "redd",
+        "3.14",
+        "3.",
+        "me@site.com",
+        "x",
+        "yx",
+        "xy",
+        "éa",
+        "é",
+        "ée日",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for _ in 0..400 {
+        corpus.push(
+            (0..r.below(7))
+                .map(|_| alphabet[r.below(alphabet.len())])
+                .collect(),
+        );
+    }
+    for p in patterns {
+        let s = JsonSchema::compile(&json!({"type": "string", "pattern": p})).unwrap();
+        let reference = regex::Regex::new(p).unwrap();
+        for text in &corpus {
+            let doc = serde_json::to_string(text).unwrap();
+            assert_eq!(
+                accepts(&s, doc.as_bytes()),
+                reference.is_match(text),
+                "{p} on {text:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn formats_with_a_shape_are_enforced_and_others_stay_annotations() {
+    let check = |format: &str, good: &[&str], bad: &[&str]| {
+        let s = JsonSchema::compile(&json!({"type": "string", "format": format})).unwrap();
+        for g in good {
+            assert!(accepts(&s, format!("\"{g}\"").as_bytes()), "{format}: {g}");
+        }
+        for b in bad {
+            assert!(!accepts(&s, format!("\"{b}\"").as_bytes()), "{format}: {b}");
+        }
+    };
+    check(
+        "date",
+        &["2024-02-29", "1999-12-31"],
+        &["2024-13-01", "24-01-01", "2024-01-32"],
+    );
+    check(
+        "date-time",
+        &[
+            "2024-02-29T12:30:00Z",
+            "2024-02-29T23:59:59.123+05:30",
+            "2024-02-29T12:30:00",
+        ],
+        &["2024-02-29 12:30:00", "2024-02-29T24:00:00Z"],
+    );
+    check(
+        "uuid",
+        &["123e4567-e89b-12d3-a456-426614174000"],
+        &["123e4567e89b12d3a456426614174000"],
+    );
+    check("email", &["a.b@example.org"], &["not an email", "a@b"]);
+    check("ipv4", &["192.168.0.1"], &["256.1.1.1", "1.2.3"]);
+    // An annotation-only format admits any string.
+    check("uri", &["anything at all"], &[]);
+    for (schema, word) in [
+        (json!({"type": "string", "pattern": "a(?=b)"}), "pattern"),
+        (
+            json!({"type": "string", "pattern": "^\"$"}),
+            "without escapes",
+        ),
+        (
+            json!({"type": "string", "pattern": "a", "format": "date"}),
+            "format",
+        ),
+    ] {
+        let e = JsonSchema::compile(&schema).unwrap_err().to_string();
+        assert!(e.contains(word), "{schema}: {e}");
+    }
+}
+
+#[test]
+fn constrained_draws_under_patterns_match_them() {
+    let schema = json!({"type": "object", "properties": {
+        "code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"},
+        "day": {"type": "string", "format": "date"},
+        "tag": {"type": "string", "pattern": "^a+b$"}},
+        "required": ["code", "day", "tag"], "additionalProperties": false});
+    let code = regex::Regex::new("^[A-Z]{2}-[0-9]{3}$").unwrap();
+    let day = regex::Regex::new(r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$").unwrap();
+    let tag = regex::Regex::new("^a+b$").unwrap();
+    draw_documents(JsonSchema::compile(&schema).unwrap(), 30, |v| {
+        assert!(code.is_match(v["code"].as_str().unwrap()), "{v}");
+        assert!(day.is_match(v["day"].as_str().unwrap()), "{v}");
+        assert!(tag.is_match(v["tag"].as_str().unwrap()), "{v}");
+    });
 }

@@ -1,0 +1,165 @@
+//! A string's `pattern` (and the `format`s that have one) as a DFA over the string's bytes.
+//! JSON Schema patterns search (they match anywhere unless anchored), so the DFA is built for
+//! `.*(?:PATTERN).*` and asked at the closing quote whether the whole content matched. While
+//! the string grows, a byte is accepted only if the DFA can still reach a match through bytes
+//! a string may hold unescaped (a pattern-constrained string takes no `\` escapes, so its raw
+//! bytes are its characters). Unicode classes as Python's `re` (the validator tests use).
+
+use crate::{Error, Result};
+use regex_automata::dfa::{dense, Automaton, StartKind};
+use regex_automata::util::primitives::StateID;
+use regex_automata::util::syntax;
+use regex_automata::{Anchored, Input, MatchKind};
+use std::collections::{HashMap, VecDeque};
+
+/// DFA states explored at most (a larger pattern is refused).
+const MAX_STATES: usize = 20_000;
+
+const LIVE: u8 = 1;
+const ACCEPTS: u8 = 2;
+
+#[derive(Clone, Debug)]
+pub(crate) struct Pattern {
+    dfa: dense::DFA<Vec<u32>>,
+    start: u32,
+    /// Per reachable state: `LIVE` (a match is still reachable), `ACCEPTS` (the string may end).
+    flags: HashMap<u32, u8>,
+}
+
+/// Regular expressions of the `format`s enforced (others are annotations).
+pub(crate) fn format_regex(format: &str) -> Option<String> {
+    const DATE: &str = r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])";
+    const TIME: &str = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])?";
+    const OCTET: &str = r"(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])";
+    let body = match format {
+        "date" => DATE.to_string(),
+        "time" => TIME.to_string(),
+        "date-time" => format!("{DATE}T{TIME}"),
+        "uuid" => {
+            r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}".into()
+        }
+        "email" => r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+".into(),
+        "ipv4" => format!(r"({OCTET}\.){{3}}{OCTET}"),
+        _ => return None,
+    };
+    Some(format!("^{body}$"))
+}
+
+impl Pattern {
+    pub(crate) fn new(pattern: &str, at: &str) -> Result<Pattern> {
+        let bad = |what: String| Error::InvalidArgument(format!("json schema at {at}: {what}"));
+        let wrapped = format!("(?s:.*?)(?:{pattern})(?s:.*)");
+        let dfa = dense::Builder::new()
+            .configure(
+                dense::Config::new()
+                    .match_kind(MatchKind::All)
+                    .start_kind(StartKind::Anchored)
+                    .dfa_size_limit(Some(16 << 20))
+                    .determinize_size_limit(Some(16 << 20)),
+            )
+            .syntax(syntax::Config::new().utf8(true).unicode(true))
+            .build(&wrapped)
+            .map_err(|e| bad(format!("pattern {pattern:?} is not supported: {e}")))?;
+        let start = dfa
+            .start_state_forward(&Input::new("").anchored(Anchored::Yes))
+            .map_err(|e| bad(format!("pattern {pattern:?}: {e}")))?;
+        let mut p = Pattern {
+            dfa,
+            start: start.as_u32(),
+            flags: HashMap::new(),
+        };
+        p.explore()
+            .map_err(|e| bad(format!("pattern {pattern:?}: {e}")))?;
+        if !p.is_live(p.start) {
+            return Err(bad(format!(
+                "pattern {pattern:?} admits no string without escapes"
+            )));
+        }
+        Ok(p)
+    }
+
+    fn id(s: u32) -> StateID {
+        StateID::new(s as usize).expect("a state of this DFA")
+    }
+
+    /// Visits every state reachable through unescaped string bytes, then marks those from
+    /// which an accepting one is reachable.
+    fn explore(&mut self) -> std::result::Result<(), String> {
+        let mut preds: HashMap<u32, Vec<u32>> = HashMap::new();
+        let mut seen: HashMap<u32, u8> = HashMap::new();
+        let mut queue = VecDeque::from([self.start]);
+        seen.insert(self.start, 0);
+        while let Some(s) = queue.pop_front() {
+            let sid = Self::id(s);
+            if self.dfa.is_match_state(self.dfa.next_eoi_state(sid)) {
+                seen.insert(s, ACCEPTS);
+            }
+            for b in 0..=255u8 {
+                if !raw_string_byte(b) {
+                    continue;
+                }
+                let next = self.dfa.next_state(sid, b);
+                if self.dfa.is_dead_state(next) || self.dfa.is_quit_state(next) {
+                    continue;
+                }
+                let n = next.as_u32();
+                preds.entry(n).or_default().push(s);
+                if let std::collections::hash_map::Entry::Vacant(e) = seen.entry(n) {
+                    e.insert(0);
+                    queue.push_back(n);
+                }
+            }
+            if seen.len() > MAX_STATES {
+                return Err("its automaton is too large".into());
+            }
+        }
+        // Backwards from the accepting states.
+        let mut flags: HashMap<u32, u8> = seen.clone();
+        let mut queue: VecDeque<u32> = seen
+            .iter()
+            .filter(|(_, &f)| f & ACCEPTS != 0)
+            .map(|(&s, _)| s)
+            .collect();
+        for s in &queue {
+            *flags.get_mut(s).expect("seen") |= LIVE;
+        }
+        while let Some(s) = queue.pop_front() {
+            for &p in preds.get(&s).map(Vec::as_slice).unwrap_or(&[]) {
+                let f = flags.get_mut(&p).expect("seen");
+                if *f & LIVE == 0 {
+                    *f |= LIVE;
+                    queue.push_back(p);
+                }
+            }
+        }
+        self.flags = flags;
+        Ok(())
+    }
+
+    pub(crate) fn start(&self) -> u32 {
+        self.start
+    }
+
+    fn is_live(&self, s: u32) -> bool {
+        self.flags.get(&s).is_some_and(|f| f & LIVE != 0)
+    }
+
+    /// The state after `b`, if a match is still reachable from it.
+    pub(crate) fn next(&self, s: u32, b: u8) -> Option<u32> {
+        if !raw_string_byte(b) {
+            return None;
+        }
+        let n = self.dfa.next_state(Self::id(s), b).as_u32();
+        self.is_live(n).then_some(n)
+    }
+
+    /// Whether the string may end here.
+    pub(crate) fn accepts(&self, s: u32) -> bool {
+        self.flags.get(&s).is_some_and(|f| f & ACCEPTS != 0)
+    }
+}
+
+/// Bytes a JSON string holds as they are: no quote, backslash or control character.
+fn raw_string_byte(b: u8) -> bool {
+    b >= 0x20 && b != b'"' && b != b'\\'
+}
