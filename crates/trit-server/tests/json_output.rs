@@ -201,8 +201,8 @@ fn formats_that_cannot_be_enforced_are_refused_by_name() {
         ),
         (
             json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
-                   "schema": {"type": "integer", "minimum": 0}}}}),
-            "minimum",
+                   "schema": {"type": "integer", "multipleOf": 2}}}}),
+            "multipleOf",
         ),
         (
             json!({"response_format": {"type": "json_object"}, "tools": [{"type": "function",

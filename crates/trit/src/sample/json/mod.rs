@@ -5,6 +5,7 @@
 //! fit masked out and the draw repeated. Once the document is complete only an
 //! end-of-sequence token remains.
 
+mod int_range;
 mod pattern;
 mod recognizer;
 mod schema;

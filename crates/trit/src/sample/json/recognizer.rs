@@ -4,6 +4,7 @@
 //! One frame per open value on a stack; every frame is a few words (no buffers), so trying
 //! a token on a copy of the state costs one small allocation.
 
+use super::int_range::IntPrefix;
 use super::schema::{JsonSchema, Node, ARRAY, BOOL, INTEGER, NULL, NUMBER, OBJECT, STRING};
 
 /// Whitespace bytes allowed in a row, of which one line break (pretty-printed JSON fits; a
@@ -107,6 +108,9 @@ enum Frame {
         integer: bool,
         phase: NumPhase,
         len: u8,
+        node: u32,
+        /// An integer's sign and digits so far (its node may bound it).
+        int: IntPrefix,
     },
     /// One of a set of literal values; `alive`: those the bytes so far still match.
     Literal {
@@ -285,7 +289,9 @@ impl<'s> Recognizer<'s> {
     /// could go on also counts: the end finishes it).
     pub fn can_end(&self) -> bool {
         self.state.stack.iter().all(|f| match *f {
-            Frame::Number { phase, .. } => number_accepting(phase),
+            Frame::Number {
+                phase, node, int, ..
+            } => number_accepting(phase) && self.int_in_range(node, int),
             Frame::Literal { src, alive, pos } => self.literal_complete(src, alive, pos),
             _ => false,
         })
@@ -414,25 +420,35 @@ impl<'s> Recognizer<'s> {
                 integer,
                 phase,
                 len,
-            } => match number_next(phase, integer, b) {
-                Some(_)
-                    if len
-                        >= if integer {
-                            MAX_INTEGER_LEN
-                        } else {
-                            MAX_NUMBER_LEN
-                        } =>
-                {
-                    Outcome::Reject
+                node,
+                int,
+            } => {
+                let limit = if integer {
+                    MAX_INTEGER_LEN
+                } else {
+                    MAX_NUMBER_LEN
+                };
+                match number_next(phase, integer, b) {
+                    Some(_) if len >= limit => Outcome::Reject,
+                    Some(phase) => {
+                        let int = if integer { int.push(b) } else { int };
+                        match self.node(node).int_range {
+                            Some(r) if integer && !r.feasible(int) => Outcome::Reject,
+                            _ => Outcome::Replace(Frame::Number {
+                                integer,
+                                phase,
+                                len: len + 1,
+                                node,
+                                int,
+                            }),
+                        }
+                    }
+                    None if number_accepting(phase) && self.int_in_range(node, int) => {
+                        Outcome::DoneBefore
+                    }
+                    None => Outcome::Reject,
                 }
-                Some(phase) => Outcome::Replace(Frame::Number {
-                    integer,
-                    phase,
-                    len: len + 1,
-                }),
-                None if number_accepting(phase) => Outcome::DoneBefore,
-                None => Outcome::Reject,
-            },
+            }
             Frame::Literal { src, alive, pos } => self.literal(src, alive, pos, b),
             Frame::Opening { alive, pos } => {
                 let openings = &self.schema.openings;
@@ -549,10 +565,16 @@ impl<'s> Recognizer<'s> {
                     b'0' => NumPhase::Zero,
                     _ => NumPhase::Int,
                 };
+                let int = IntPrefix::start(b);
+                if n.int_range.is_some_and(|r| !r.feasible(int)) {
+                    return Outcome::Reject;
+                }
                 Outcome::Replace(Frame::Number {
                     integer: k & NUMBER == 0,
                     phase,
                     len: 1,
+                    node,
+                    int,
                 })
             }
             b'n' if k & NULL != 0 => self.keyword(0),
@@ -560,6 +582,11 @@ impl<'s> Recognizer<'s> {
             b'f' if k & BOOL != 0 => self.keyword(2),
             _ => Outcome::Reject,
         }
+    }
+
+    /// Whether a finished integer lies in its node's range (always, without one).
+    fn int_in_range(&self, node: u32, int: IntPrefix) -> bool {
+        self.node(node).int_range.is_none_or(|r| r.contains(int))
     }
 
     /// `null`, `true` or `false`, its first byte taken.
@@ -712,7 +739,8 @@ fn number_next(p: NumPhase, integer: bool, b: u8) -> Option<NumPhase> {
     use NumPhase::*;
     let digit = b.is_ascii_digit();
     Some(match (p, b) {
-        (Sign, b'0') => Zero,
+        // "-0" is a float to most readers (serde_json): integers never write it.
+        (Sign, b'0') if !integer => Zero,
         (Sign, _) if digit => Int,
         (Int, _) if digit => Int,
         (Zero | Int, b'.') if !integer => Dot,

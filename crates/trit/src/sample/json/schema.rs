@@ -7,6 +7,7 @@
 //! Any other keyword is refused with its name: a schema is enforced or rejected, never
 //! enforced in part.
 
+use super::int_range::IntRange;
 use super::pattern::{format_regex, Pattern};
 use crate::{Error, Result};
 use serde_json::{Map, Value};
@@ -59,6 +60,8 @@ pub(crate) struct Node {
     pub(crate) max_len: Option<usize>,
     /// A string's `pattern` (or enforced `format`): index into `JsonSchema::patterns`.
     pub(crate) pattern: Option<usize>,
+    /// An integer's `minimum`/`maximum` (and exclusive forms).
+    pub(crate) int_range: Option<IntRange>,
 }
 
 impl Node {
@@ -79,6 +82,7 @@ impl Node {
             min_len: 0,
             max_len: None,
             pattern: None,
+            int_range: None,
         }
     }
 }
@@ -281,6 +285,10 @@ impl Compiler<'_> {
             "minLength",
             "maxLength",
             "pattern",
+            "minimum",
+            "maximum",
+            "exclusiveMinimum",
+            "exclusiveMaximum",
             "enum",
             "const",
             "anyOf",
@@ -308,6 +316,7 @@ impl Compiler<'_> {
             node.min_len = union.min_len;
             node.max_len = union.max_len;
             node.pattern = union.pattern;
+            node.int_range = union.int_range;
         }
         if let Some(lits) = literals(o, at)? {
             node.kinds &= lits.iter().fold(0, |k, l| k | literal_kind(l));
@@ -346,6 +355,7 @@ impl Compiler<'_> {
             self.patterns.push(Pattern::new(&p, at)?);
             node.pattern = Some(self.patterns.len() - 1);
         }
+        self.bounds(o, at, &mut node)?;
         node.min_len = count(o, "minLength", at)?.unwrap_or(node.min_len);
         node.max_len = count(o, "maxLength", at)?.or(node.max_len);
         if node.max_len.is_some_and(|m| m < node.min_len) {
@@ -355,6 +365,35 @@ impl Compiler<'_> {
             return Err(bad(at, "no value satisfies these types"));
         }
         Ok(node)
+    }
+
+    /// `minimum`/`maximum` and their exclusive forms, for integers only.
+    fn bounds(&self, o: &Map<String, Value>, at: &str, node: &mut Node) -> Result<()> {
+        let keys = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
+        let mut v = [None; 4];
+        for (slot, key) in v.iter_mut().zip(keys) {
+            *slot = match o.get(key) {
+                None => None,
+                Some(x) => Some(
+                    x.as_f64()
+                        .ok_or_else(|| bad(at, format!("`{key}` must be a number")))?,
+                ),
+            };
+        }
+        if v.iter().all(Option::is_none) {
+            return Ok(());
+        }
+        if node.kinds & !(INTEGER | NULL) != 0 || node.kinds & INTEGER == 0 {
+            return Err(bad(
+                at,
+                "`minimum`/`maximum` are supported on integers only (type \"integer\")",
+            ));
+        }
+        node.int_range = Some(
+            IntRange::new(v[0], v[1], v[2], v[3])
+                .ok_or_else(|| bad(at, "no integer lies within these bounds"))?,
+        );
+        Ok(())
     }
 
     fn object(&mut self, o: &Map<String, Value>, at: &str, spec: &mut ObjectSpec) -> Result<()> {
@@ -466,6 +505,15 @@ impl Compiler<'_> {
                 out.min_len = n.min_len;
                 out.max_len = n.max_len;
                 out.pattern = n.pattern;
+            }
+            if n.kinds & INTEGER != 0 {
+                if out.kinds & INTEGER != 0 && (n.int_range.is_some() || out.int_range.is_some()) {
+                    return Err(bad(
+                        at,
+                        "a bounded integer beside another numeric `anyOf`/`oneOf` branch is not supported",
+                    ));
+                }
+                out.int_range = n.int_range;
             }
             out.kinds |= n.kinds;
         }

@@ -210,7 +210,7 @@ fn unsupported_keywords_and_contradictions_are_refused_by_name() {
     for (schema, word) in [
         (json!({"type": "string", "pattern": "a(?=b)"}), "pattern"),
         (json!({"type": "number", "multipleOf": 3}), "multipleOf"),
-        (json!({"type": "integer", "minimum": 0}), "minimum"),
+        (json!({"type": "number", "minimum": 0}), "minimum"),
         (json!({"allOf": [{"type": "string"}]}), "allOf"),
         (
             json!({"anyOf": [{"type": "object"}, {"type": "object"}]}),
@@ -446,10 +446,10 @@ fn a_forced_tool_call_names_a_tool_and_fits_its_parameters() {
     let full = call("get_time", r#"{"zone":"UTC"}"#);
     assert!(!accepts(&s, &full.as_bytes()[..full.len() - 1]));
     // The parameters' unsupported keywords are named.
-    let e = JsonSchema::tool_call(&[("f".into(), json!({"type": "integer", "minimum": 1}))])
+    let e = JsonSchema::tool_call(&[("f".into(), json!({"type": "integer", "multipleOf": 2}))])
         .unwrap_err()
         .to_string();
-    assert!(e.contains("minimum") && e.contains("\"f\""), "{e}");
+    assert!(e.contains("multipleOf") && e.contains("\"f\""), "{e}");
 }
 
 #[test]
@@ -571,5 +571,92 @@ fn constrained_draws_under_patterns_match_them() {
         assert!(code.is_match(v["code"].as_str().unwrap()), "{v}");
         assert!(day.is_match(v["day"].as_str().unwrap()), "{v}");
         assert!(tag.is_match(v["tag"].as_str().unwrap()), "{v}");
+    });
+}
+
+/// Every string over `-0123456789` of up to `n` bytes.
+fn digit_strings(n: usize) -> Vec<String> {
+    let mut out = vec![String::new()];
+    let mut frontier = vec![String::new()];
+    for _ in 0..n {
+        let mut next = Vec::new();
+        for s in &frontier {
+            for c in "-0123456789".chars() {
+                next.push(format!("{s}{c}"));
+            }
+        }
+        out.extend(next.iter().cloned());
+        frontier = next;
+    }
+    out
+}
+
+#[test]
+fn integer_bounds_admit_exactly_the_integers_in_range() {
+    let strings = digit_strings(3);
+    for (schema, lo, hi) in [
+        (
+            json!({"type": "integer", "minimum": 0, "maximum": 150}),
+            0i64,
+            150i64,
+        ),
+        (
+            json!({"type": "integer", "minimum": -42, "maximum": -7}),
+            -42,
+            -7,
+        ),
+        (
+            json!({"type": "integer", "exclusiveMinimum": 9.5, "exclusiveMaximum": 120}),
+            10,
+            119,
+        ),
+        (json!({"type": "integer", "minimum": 100}), 100, i64::MAX),
+        (json!({"type": "integer", "maximum": -100}), i64::MIN, -100),
+    ] {
+        let s = JsonSchema::compile(&schema).unwrap();
+        for text in &strings {
+            // The whole text: serde_json's verdict and the range.
+            let want = serde_json::from_str::<Value>(text)
+                .ok()
+                .and_then(|v| v.as_i64())
+                .is_some_and(|v| (lo..=hi).contains(&v));
+            assert_eq!(accepts(&s, text.as_bytes()), want, "{schema} on {text:?}");
+            // As a prefix: accepted exactly when some continuation of up to 3 bytes is a
+            // document of the schema (or, for the ranges without a small bound, a longer one).
+            let mut r = Recognizer::new(&s);
+            let fed = r.feed_all(text.as_bytes());
+            let completes = strings
+                .iter()
+                .any(|tail| accepts(&s, format!("{text}{tail}").as_bytes()));
+            if completes {
+                assert!(fed, "{schema}: the prefix {text:?} was refused");
+            } else if fed && hi - lo < 10_000 && lo.abs() < 10_000 && hi.abs() < 10_000 {
+                panic!("{schema}: the prefix {text:?} was accepted but cannot be completed");
+            }
+        }
+    }
+    for (schema, word) in [
+        (json!({"type": "number", "minimum": 0}), "integers only"),
+        (
+            json!({"type": "integer", "minimum": 5, "maximum": 4}),
+            "no integer",
+        ),
+    ] {
+        let e = JsonSchema::compile(&schema).unwrap_err().to_string();
+        assert!(e.contains(word), "{schema}: {e}");
+    }
+}
+
+#[test]
+fn constrained_draws_under_integer_bounds_stay_in_them() {
+    let schema = json!({"type": "object", "properties": {
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "delta": {"type": "integer", "minimum": -5, "maximum": 5},
+        "big": {"type": "integer", "exclusiveMinimum": 1000}},
+        "required": ["age", "delta", "big"], "additionalProperties": false});
+    draw_documents(JsonSchema::compile(&schema).unwrap(), 30, |v| {
+        assert!((0..=150).contains(&v["age"].as_i64().unwrap()), "{v}");
+        assert!((-5..=5).contains(&v["delta"].as_i64().unwrap()), "{v}");
+        assert!(v["big"].as_i64().unwrap() > 1000, "{v}");
     });
 }

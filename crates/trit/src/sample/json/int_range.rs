@@ -1,0 +1,112 @@
+//! `minimum`/`maximum` (and their exclusive forms) of an integer, checked digit by digit: a
+//! digit is accepted only while some continuation of the number (up to the 18 digits an
+//! integer may have) still lands in the range, and the number may end only inside it.
+
+/// Largest magnitude an integer may have (18 digits).
+const LIMIT: i128 = 999_999_999_999_999_999;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct IntRange {
+    pub(crate) lo: i128,
+    pub(crate) hi: i128,
+}
+
+/// Where an integer's text is: its sign and the value and count of the digits so far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct IntPrefix {
+    pub(crate) neg: bool,
+    pub(crate) value: u64,
+    pub(crate) digits: u8,
+}
+
+impl IntRange {
+    /// The range of `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` (any may be
+    /// absent or fractional), or `None` when no integer satisfies them.
+    pub(crate) fn new(
+        min: Option<f64>,
+        max: Option<f64>,
+        ex_min: Option<f64>,
+        ex_max: Option<f64>,
+    ) -> Option<IntRange> {
+        let mut lo = -LIMIT;
+        let mut hi = LIMIT;
+        if let Some(m) = min {
+            lo = lo.max(m.ceil().clamp(-1e19, 1e19) as i128);
+        }
+        if let Some(m) = ex_min {
+            lo = lo.max(m.floor().clamp(-1e19, 1e19) as i128 + 1);
+        }
+        if let Some(m) = max {
+            hi = hi.min(m.floor().clamp(-1e19, 1e19) as i128);
+        }
+        if let Some(m) = ex_max {
+            hi = hi.min(m.ceil().clamp(-1e19, 1e19) as i128 - 1);
+        }
+        (lo <= hi).then_some(IntRange { lo, hi })
+    }
+
+    fn meets(&self, a: i128, b: i128) -> bool {
+        a <= self.hi && b >= self.lo
+    }
+
+    /// Whether some completion of `p` (more digits, or none if it has some) is in range. An
+    /// integer takes 18 bytes at most, its sign included (the recognizer's limit).
+    pub(crate) fn feasible(&self, p: IntPrefix) -> bool {
+        let sign = |a: i128, b: i128| if p.neg { (-b, -a) } else { (a, b) };
+        let max_digits = 18 - p.neg as u8;
+        if p.digits == 0 {
+            // Only "-" so far: any negative integer of up to 17 digits ("-0" is not written).
+            let (a, b) = sign(1, LIMIT / 10);
+            return self.meets(a, b);
+        }
+        if p.value == 0 {
+            // "0": JSON allows no digit after a leading zero.
+            return self.meets(0, 0);
+        }
+        let v = p.value as i128;
+        let mut scale: i128 = 1;
+        for _ in p.digits..=max_digits {
+            let (a, b) = sign(v * scale, v * scale + scale - 1);
+            if self.meets(a, b) {
+                return true;
+            }
+            scale *= 10;
+        }
+        false
+    }
+
+    /// Whether the integer as it stands is in range.
+    pub(crate) fn contains(&self, p: IntPrefix) -> bool {
+        let v = if p.neg {
+            -(p.value as i128)
+        } else {
+            p.value as i128
+        };
+        p.digits > 0 && self.lo <= v && v <= self.hi
+    }
+}
+
+impl IntPrefix {
+    pub(crate) fn start(first: u8) -> IntPrefix {
+        match first {
+            b'-' => IntPrefix {
+                neg: true,
+                value: 0,
+                digits: 0,
+            },
+            d => IntPrefix {
+                neg: false,
+                value: (d - b'0') as u64,
+                digits: 1,
+            },
+        }
+    }
+
+    pub(crate) fn push(self, d: u8) -> IntPrefix {
+        IntPrefix {
+            value: self.value * 10 + (d - b'0') as u64,
+            digits: self.digits + 1,
+            ..self
+        }
+    }
+}
