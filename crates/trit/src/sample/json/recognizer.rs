@@ -695,8 +695,9 @@ impl<'s> Recognizer<'s> {
         let spec = &self.node(node).array;
         let closable = count as usize >= spec.min;
         let room = spec.max.is_none_or(|m| (count as usize) < m);
+        // The item that would come next is item `count` (tuples give each its own node).
         let item = Frame::Value {
-            node: spec.items as u32,
+            node: spec.item(count as usize) as u32,
         };
         let next = Frame::Array {
             node,
@@ -740,7 +741,8 @@ fn number_next(p: NumPhase, integer: bool, b: u8) -> Option<NumPhase> {
     let digit = b.is_ascii_digit();
     Some(match (p, b) {
         // "-0" is a float to most readers (serde_json): integers never write it.
-        (Sign, b'0') if !integer => Zero,
+        (Sign, b'0') if integer => return None,
+        (Sign, b'0') => Zero,
         (Sign, _) if digit => Int,
         (Int, _) if digit => Int,
         (Zero | Int, b'.') if !integer => Dot,

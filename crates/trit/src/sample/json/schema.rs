@@ -43,9 +43,19 @@ pub(crate) struct ObjectSpec {
 
 #[derive(Clone, Debug)]
 pub(crate) struct ArraySpec {
+    /// `prefixItems`: the nodes of the first items, in order (tuples).
+    pub(crate) prefix: Vec<usize>,
+    /// The node of every later item.
     pub(crate) items: usize,
     pub(crate) min: usize,
     pub(crate) max: Option<usize>,
+}
+
+impl ArraySpec {
+    /// The node of item `i`.
+    pub(crate) fn item(&self, i: usize) -> usize {
+        self.prefix.get(i).copied().unwrap_or(self.items)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -75,6 +85,7 @@ impl Node {
                 additional: Some(ANY),
             },
             array: ArraySpec {
+                prefix: Vec::new(),
                 items: ANY,
                 min: 0,
                 max: None,
@@ -282,6 +293,7 @@ impl Compiler<'_> {
             "items",
             "minItems",
             "maxItems",
+            "prefixItems",
             "minLength",
             "maxLength",
             "pattern",
@@ -327,11 +339,27 @@ impl Compiler<'_> {
             self.object(o, at, &mut node.object)?;
         }
         if node.kinds & ARRAY != 0 {
-            if let Some(items) = o.get("items") {
-                node.array.items = self.node(items, &format!("{at}/items"))?;
+            if let Some(prefix) = o.get("prefixItems") {
+                let prefix = prefix
+                    .as_array()
+                    .ok_or_else(|| bad(at, "`prefixItems` must be an array"))?;
+                node.array.prefix = Vec::new();
+                for (i, p) in prefix.iter().enumerate() {
+                    let n = self.node(p, &format!("{at}/prefixItems/{i}"))?;
+                    node.array.prefix.push(n);
+                }
+            }
+            match o.get("items") {
+                None => {}
+                // No items past the prefix (tuples).
+                Some(Value::Bool(false)) => node.array.max = Some(node.array.prefix.len()),
+                Some(items) => node.array.items = self.node(items, &format!("{at}/items"))?,
             }
             node.array.min = count(o, "minItems", at)?.unwrap_or(node.array.min);
-            node.array.max = count(o, "maxItems", at)?.or(node.array.max);
+            node.array.max = match (count(o, "maxItems", at)?, node.array.max) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             if node.array.max.is_some_and(|m| m < node.array.min) {
                 return Err(bad(at, "maxItems is below minItems"));
             }

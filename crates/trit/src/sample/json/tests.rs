@@ -595,6 +595,7 @@ fn digit_strings(n: usize) -> Vec<String> {
 fn integer_bounds_admit_exactly_the_integers_in_range() {
     let strings = digit_strings(3);
     for (schema, lo, hi) in [
+        (json!({"type": "integer"}), i64::MIN, i64::MAX),
         (
             json!({"type": "integer", "minimum": 0, "maximum": 150}),
             0i64,
@@ -658,5 +659,34 @@ fn constrained_draws_under_integer_bounds_stay_in_them() {
         assert!((0..=150).contains(&v["age"].as_i64().unwrap()), "{v}");
         assert!((-5..=5).contains(&v["delta"].as_i64().unwrap()), "{v}");
         assert!(v["big"].as_i64().unwrap() > 1000, "{v}");
+    });
+}
+
+#[test]
+fn tuples_type_each_position() {
+    // pydantic's Tuple[int, str, bool] and a tuple with a typed rest.
+    let exact = json!({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"},
+        {"type": "boolean"}], "minItems": 3, "maxItems": 3});
+    let rest = json!({"type": "array", "prefixItems": [{"type": "string"}],
+        "items": {"type": "integer", "minimum": 0}});
+    let closed = json!({"type": "array", "prefixItems": [{"type": "null"}], "items": false});
+    let s = JsonSchema::compile(&exact).unwrap();
+    assert!(accepts(&s, br#"[1, "a", true]"#));
+    for bad in [r#"["a", 1, true]"#, r#"[1, "a"]"#, r#"[1, "a", true, 2]"#] {
+        assert!(!accepts(&s, bad.as_bytes()), "{bad}");
+    }
+    let s = JsonSchema::compile(&rest).unwrap();
+    assert!(accepts(&s, br#"["a", 1, 2, 3]"#) && accepts(&s, br#"[]"#) && accepts(&s, br#"["a"]"#));
+    assert!(
+        !accepts(&s, br#"[1]"#) && !accepts(&s, br#"["a", -1]"#) && !accepts(&s, br#"["a", "b"]"#)
+    );
+    let s = JsonSchema::compile(&closed).unwrap();
+    assert!(accepts(&s, b"[null]") && accepts(&s, b"[]") && !accepts(&s, b"[null, null]"));
+    draw_documents(JsonSchema::compile(&exact).unwrap(), 20, |v| {
+        let t = v.as_array().unwrap();
+        assert!(
+            t.len() == 3 && t[0].is_i64() && t[1].is_string() && t[2].is_boolean(),
+            "{v}"
+        );
     });
 }
