@@ -621,9 +621,17 @@ impl<'s> Recognizer<'s> {
             value,
         };
         match (phase, b) {
+            // An object that takes other properties follows every name (a repeated one is
+            // refused at its closing quote: readers keep the last value, which the schema may
+            // not admit); one that does not follows the unused names only (so it never
+            // starts a name it could not finish).
             (ObjPhase::KeyOrEnd | ObjPhase::Key, b'"') if more_keys => Outcome::Push(Frame::Key {
                 obj: node,
-                alive: all & !seen,
+                alive: if spec.additional.is_some() {
+                    all
+                } else {
+                    all & !seen
+                },
                 pos: 0,
                 lex: Lex::Normal,
             }),
@@ -669,6 +677,12 @@ impl<'s> Recognizer<'s> {
                     (None, Some(extra)) => (0, extra as u32),
                     (None, None) => return Outcome::Reject,
                 };
+                let n = self.state.stack.len();
+                if let Some(Frame::Object { seen, .. }) = self.state.stack.get(n.wrapping_sub(2)) {
+                    if seen & bit != 0 {
+                        return Outcome::Reject;
+                    }
+                }
                 self.state.stack.pop();
                 match self.state.stack.last_mut() {
                     Some(Frame::Object {

@@ -690,3 +690,20 @@ fn tuples_type_each_position() {
         );
     });
 }
+
+#[test]
+fn a_property_is_written_once() {
+    // Readers keep a repeated name's last value; the schema may not admit it.
+    let open = JsonSchema::compile(&json!({"type": "object", "properties": {
+        "age": {"type": "integer"}}}))
+    .unwrap();
+    assert!(accepts(&open, br#"{"age": 1, "other": "x"}"#));
+    assert!(!accepts(&open, br#"{"age": 1, "age": "x"}"#));
+    // A longer name that starts like a used one is another property.
+    assert!(accepts(&open, br#"{"age": 1, "ages": "x"}"#));
+    let closed = JsonSchema::compile(&json!({"type": "object", "properties": {
+        "a": {"type": "integer"}, "b": {"type": "integer"}}, "additionalProperties": false}))
+    .unwrap();
+    assert!(!accepts(&closed, br#"{"a": 1, "a": 2}"#));
+    assert!(accepts(&closed, br#"{"b": 1, "a": 2}"#));
+}
