@@ -152,13 +152,15 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
 }
 
 /// `logprobs: true` (+ optional `top_logprobs` 0..=20) → how many alternatives to report.
+/// (name, parameters schema) of tools.
+type Signatures = Vec<(String, Value)>;
+
 /// The tools the template sees and, for `tool_choice` `required` or a named function, the
 /// (name, parameters) of the tools the reply must call one of.
-#[allow(clippy::type_complexity)]
 fn tool_choice<'a>(
     tools: Option<&'a Vec<Value>>,
     choice: Option<&Value>,
-) -> Result<(Option<&'a Vec<Value>>, Option<Vec<(String, Value)>>), ApiError> {
+) -> Result<(Option<&'a Vec<Value>>, Option<Signatures>), ApiError> {
     let Some(tools) = tools else {
         return match choice {
             None | Some(Value::Null) => Ok((None, None)),

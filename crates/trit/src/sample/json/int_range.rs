@@ -28,20 +28,18 @@ impl IntRange {
         ex_min: Option<f64>,
         ex_max: Option<f64>,
     ) -> Option<IntRange> {
-        let mut lo = -LIMIT;
-        let mut hi = LIMIT;
-        if let Some(m) = min {
-            lo = lo.max(m.ceil().clamp(-1e19, 1e19) as i128);
-        }
-        if let Some(m) = ex_min {
-            lo = lo.max(m.floor().clamp(-1e19, 1e19) as i128 + 1);
-        }
-        if let Some(m) = max {
-            hi = hi.min(m.floor().clamp(-1e19, 1e19) as i128);
-        }
-        if let Some(m) = ex_max {
-            hi = hi.min(m.ceil().clamp(-1e19, 1e19) as i128 - 1);
-        }
+        // The least/greatest integer each bound admits (beyond ±1e19 is beyond any integer).
+        let int = |x: f64| x.clamp(-1e19, 1e19) as i128;
+        let lo = [
+            min.map(|m| int(m.ceil())),
+            ex_min.map(|m| int(m.floor()) + 1),
+        ];
+        let hi = [
+            max.map(|m| int(m.floor())),
+            ex_max.map(|m| int(m.ceil()) - 1),
+        ];
+        let lo = lo.into_iter().flatten().fold(-LIMIT, i128::max);
+        let hi = hi.into_iter().flatten().fold(LIMIT, i128::min);
         (lo <= hi).then_some(IntRange { lo, hi })
     }
 

@@ -147,7 +147,7 @@ impl JsonConstraint {
         logits: &mut [f32],
         history: &[u32],
     ) -> Option<u32> {
-        if self.recognizer().is_done() {
+        if self.state.is_done() {
             return self.eos.first().copied();
         }
         let mut trial = logits.to_vec();

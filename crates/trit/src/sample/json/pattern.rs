@@ -114,8 +114,8 @@ impl Pattern {
             }
         }
         // Backwards from the accepting states.
-        let mut flags: HashMap<u32, u8> = seen.clone();
-        let mut queue: VecDeque<u32> = seen
+        let mut flags = seen;
+        let mut queue: VecDeque<u32> = flags
             .iter()
             .filter(|(_, &f)| f & ACCEPTS != 0)
             .map(|(&s, _)| s)

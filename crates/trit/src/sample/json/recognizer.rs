@@ -232,6 +232,11 @@ pub struct ParseState {
 }
 
 impl ParseState {
+    /// The document is complete: nothing but the end may follow.
+    pub fn is_done(&self) -> bool {
+        self.stack.is_empty()
+    }
+
     pub fn new(schema: &JsonSchema) -> Self {
         let stack = if schema.openings.is_empty() {
             vec![Frame::Value {
@@ -282,7 +287,7 @@ impl<'s> Recognizer<'s> {
 
     /// The document is complete: nothing but the end may follow.
     pub fn is_done(&self) -> bool {
-        self.state.stack.is_empty()
+        self.state.is_done()
     }
 
     /// Whether the text so far is a complete document (a top-level number or literal that
