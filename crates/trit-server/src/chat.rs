@@ -51,10 +51,7 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
                 "response_format together with a forced tool_choice is not supported",
             ))
         }
-        Some(f) => Some(
-            JsonSchema::tool_call(&f)
-                .map_err(|e| ApiError::invalid(e.to_string().replace("invalid argument: ", "")))?,
-        ),
+        Some(f) => Some(JsonSchema::tool_call(&f).map_err(|e| ApiError::bad_value(&e))?),
         None => None,
     };
     let mut kwargs = fields.chat_template_kwargs.unwrap_or_default();

@@ -77,6 +77,13 @@ impl ApiError {
     }
 
     /// An engine error: what the caller sent (context, arguments, template) is a 400.
+    /// A 400 for a request value the engine refused, worded as the engine's message alone
+    /// (without its "invalid argument: " prefix).
+    pub fn bad_value(e: &trit::Error) -> Self {
+        let msg = e.to_string();
+        Self::invalid(msg.strip_prefix("invalid argument: ").unwrap_or(&msg))
+    }
+
     pub fn from_engine(e: &trit::Error) -> Self {
         match e {
             trit::Error::ContextOverflow { n_prompt, n_ctx } => {

@@ -312,8 +312,7 @@ impl Common {
             },
             logit_bias: self.logit_bias(vocab)?,
         };
-        p.validate()
-            .map_err(|e| ApiError::invalid(e.to_string().replace("invalid argument: ", "")))?;
+        p.validate().map_err(|e| ApiError::bad_value(&e))?;
         Ok(p)
     }
 }
@@ -387,8 +386,7 @@ impl Common {
 }
 
 fn compile(schema: &Value) -> Result<JsonSchema, ApiError> {
-    JsonSchema::compile(schema)
-        .map_err(|e| ApiError::invalid(e.to_string().replace("invalid argument: ", "")))
+    JsonSchema::compile(schema).map_err(|e| ApiError::bad_value(&e))
 }
 
 /// A seed for requests that give none, so unseeded requests differ from each other.
