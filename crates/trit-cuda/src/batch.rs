@@ -46,7 +46,7 @@ fn use_graph() -> bool {
 /// (TRIT_CUDA_BATCH_SINGLE=N; 0: always the batched kernels). H200, 8B: the batched kernels
 /// take ~3.2 ms for 1, 2 or 4 rows, the single path 1.37 ms per row, so a server with one or
 /// two clients decodes at the single path's speed (B=1: 314 → 728 tok/s).
-fn single_rows_max() -> usize {
+pub(crate) fn single_rows_max() -> usize {
     static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *MAX.get_or_init(|| {
         std::env::var("TRIT_CUDA_BATCH_SINGLE")
@@ -59,7 +59,7 @@ fn single_rows_max() -> usize {
 /// Ternary GEMM of the decode step: the small-batch kernel (its wide-load variant;
 /// TRIT_CUDA_BATCH_GEMM=plain: the first one), or with TRIT_CUDA_BATCH_GEMM=prefill the
 /// prefill's (for comparison).
-fn use_small_gemm() -> bool {
+pub(crate) fn use_small_gemm() -> bool {
     std::env::var("TRIT_CUDA_BATCH_GEMM").map_or(true, |v| v != "prefill")
 }
 

@@ -25,6 +25,7 @@ use trit::model::{ExternalNet, KvCache, Logits};
 use trit::sample::RowLogits;
 use trit::{Error, Result};
 
+mod batch;
 mod prefill;
 mod step;
 
@@ -64,13 +65,49 @@ struct Buffers {
     host_logits: PinnedHostSlice<f32>,
     /// Per position `rotary_dim / 2` (cos, sin) pairs.
     cos_sin: CudaSlice<f32>,
+    /// The single path's sequence.
+    seq: SeqBufs,
+}
+
+/// One sequence's state on the GPU: the single path's (`Buffers::seq`) or a batched slot's
+/// (`batch.rs`).
+pub(crate) struct SeqBufs {
     /// Per DeltaNet layer `kernel` slots of `conv_dim` inputs: `deltanet_step` keeps them as a
     /// ring indexed by position, the separate `deltanet_conv_silu` uses the first `kernel − 1`
     /// as a shifted window.
     conv_window: Vec<CudaSlice<f32>>,
     ssm: Vec<CudaSlice<f32>>,
+    /// Per full-attention layer `[kv_head][ctx][head_dim]` f16.
     k_cache: Vec<CudaSlice<u16>>,
     v_cache: Vec<CudaSlice<u16>>,
+}
+
+impl SeqBufs {
+    fn new(gpu: &Gpu, c: &ModelConfig, hy: &HybridConfig, ctx: usize) -> Result<SeqBufs> {
+        let (n_lin, n_full) = (hy.n_linear(), hy.n_full());
+        let kv = c.n_kv_heads * c.head_dim * ctx;
+        Ok(SeqBufs {
+            conv_window: (0..n_lin)
+                .map(|_| gpu.zeros(hy.conv_kernel.max(1) * hy.conv_dim()))
+                .collect::<Result<_>>()?,
+            ssm: (0..n_lin)
+                .map(|_| gpu.zeros(hy.v_heads * hy.v_dim * hy.k_dim))
+                .collect::<Result<_>>()?,
+            k_cache: (0..n_full).map(|_| gpu.zeros(kv)).collect::<Result<_>>()?,
+            v_cache: (0..n_full).map(|_| gpu.zeros(kv)).collect::<Result<_>>()?,
+        })
+    }
+
+    /// Zeroes every conv window and delta-rule state (a sequence starting at position 0; the
+    /// KV caches are written before they are read).
+    fn reset(&mut self, gpu: &Gpu) -> Result<()> {
+        let s = gpu.stream.clone();
+        for buf in self.conv_window.iter_mut().chain(self.ssm.iter_mut()) {
+            s.memset_zeros(buf)
+                .map_err(|e| crate::device::cuda_err("resetting the recurrent state", e))?;
+        }
+        Ok(())
+    }
 }
 
 struct State {
@@ -87,8 +124,11 @@ struct State {
     history: Vec<u32>,
     /// Candidate buffers of sampled steps (`ExternalNet::forward_top`), made on first use.
     top: Option<TopBuffers>,
-    /// Chunk activations of the batched prompt path, allocated on the first prompt.
+    /// Chunk activations of the batched prompt path (and the batched step's rows), allocated
+    /// on first use.
     prefill: Option<prefill::HybridPrefill>,
+    /// The batched path's slots and buffers, made by its first call.
+    batch: Option<batch::HybridBatch>,
 }
 
 pub struct CudaHybrid {
@@ -117,6 +157,8 @@ pub struct CudaHybrid {
     dn_chunk: bool,
     /// `CudaOptions::rotation_in_prologue`.
     rot_prologue: bool,
+    /// Sequences one batched call may carry (slots): 1 where the batched step cannot run.
+    max_seqs: usize,
     weight_bytes: usize,
     bytes_per_token: usize,
     device_name: String,
@@ -205,7 +247,7 @@ impl CudaHybrid {
             files.rotation.as_ref(),
         )?;
         let b = Buffers::new(&gpu, &cfg, &hy, opts.ctx)?;
-        Ok(CudaHybrid {
+        let mut model = CudaHybrid {
             ctx: opts.ctx,
             prefill: opts.prefill,
             prefill_chunk: opts.prefill_chunk,
@@ -219,6 +261,7 @@ impl CudaHybrid {
             dn_held: opts.deltanet_held,
             dn_chunk: opts.deltanet_chunk,
             rot_prologue: opts.rotation_in_prologue,
+            max_seqs: 1,
             weight_bytes: w.weight_bytes(),
             bytes_per_token: w.bytes_per_token(),
             device_name: gpu.name.clone(),
@@ -232,10 +275,21 @@ impl CudaHybrid {
                 device_pos: None,
                 top: None,
                 prefill: None,
+                batch: None,
                 seq_len: Some(0),
                 history: Vec::new(),
             }),
-        })
+        };
+        // Slots as for dense models (TRIT_CUDA_MAX_SEQS, else 64); one where the batched step
+        // cannot run this model.
+        let batchable = {
+            let st = model.state.lock().map_err(|_| poisoned())?;
+            model.batchable(&st)
+        };
+        if batchable {
+            model.max_seqs = crate::batch::max_seqs_from_env();
+        }
+        Ok(model)
     }
 
     pub fn device_name(&self) -> &str {
@@ -259,8 +313,6 @@ impl Buffers {
                 cs.push(*b);
             }
         }
-        let (n_lin, n_full) = (hy.n_linear(), hy.n_full());
-        let kv = nkv * ctx;
         Ok(Buffers {
             toks: gpu.zeros(ctx)?,
             step: gpu.zeros(2)?,
@@ -283,14 +335,7 @@ impl Buffers {
             logits: gpu.zeros(c.vocab)?,
             host_logits: alloc_host_logits(gpu, c.vocab)?,
             cos_sin: gpu.upload(&cs)?,
-            conv_window: (0..n_lin)
-                .map(|_| gpu.zeros(hy.conv_kernel.max(1) * cd))
-                .collect::<Result<_>>()?,
-            ssm: (0..n_lin)
-                .map(|_| gpu.zeros(hy.v_heads * hy.v_dim * hy.k_dim))
-                .collect::<Result<_>>()?,
-            k_cache: (0..n_full).map(|_| gpu.zeros(kv)).collect::<Result<_>>()?,
-            v_cache: (0..n_full).map(|_| gpu.zeros(kv)).collect::<Result<_>>()?,
+            seq: SeqBufs::new(gpu, c, hy, ctx)?,
         })
     }
 }
@@ -316,16 +361,6 @@ impl CudaHybrid {
         g.launch("hybrid decode")
     }
 
-    /// Zeroes every conv window and delta-rule state (a sequence starting at position 0).
-    fn reset_state(st: &mut State) -> Result<()> {
-        let s = st.gpu.stream.clone();
-        for buf in st.b.conv_window.iter_mut().chain(st.b.ssm.iter_mut()) {
-            s.memset_zeros(buf)
-                .map_err(|e| crate::device::cuda_err("resetting the recurrent state", e))?;
-        }
-        Ok(())
-    }
-
     /// Runs `tokens` from `pos0`; returns the logits `which` asks for (`None`: the last
     /// token's row stays on the device, for the candidate kernel).
     fn forward_locked(
@@ -347,7 +382,7 @@ impl CudaHybrid {
                     st.history.len()
                 )));
             }
-            Self::reset_state(st)?;
+            st.b.seq.reset(&st.gpu)?;
             let mut f = st.history[..pos0].to_vec();
             f.extend_from_slice(tokens);
             (0, f)
@@ -457,6 +492,51 @@ impl ExternalNet for CudaHybrid {
 
     fn bytes_per_token(&self) -> usize {
         self.bytes_per_token
+    }
+
+    fn max_sequences(&self) -> usize {
+        self.max_seqs
+    }
+
+    fn forward_batch(&self, seqs: &mut [trit::model::BatchSeq<'_>]) -> Result<Vec<Vec<f32>>> {
+        if self.max_seqs <= 1 {
+            // The single path, as the trait's default does.
+            return match seqs {
+                [s] => Ok(vec![self.forward(s.tokens, s.cache, s.logits)?]),
+                _ => Err(Error::Unsupported(
+                    "batched decoding of this hybrid model on the GPU (one sequence at a time)"
+                        .into(),
+                )),
+            };
+        }
+        Ok(self
+            .forward_batch_rows(seqs, 0, &[])?
+            .into_iter()
+            .map(|r| match r {
+                RowLogits::Full(l) => l,
+                RowLogits::Top(_) => unreachable!("no candidates were asked for"),
+            })
+            .collect())
+    }
+
+    fn forward_batch_top(
+        &self,
+        seqs: &mut [trit::model::BatchSeq<'_>],
+        k: usize,
+        want_top: &[bool],
+    ) -> Result<Vec<RowLogits>> {
+        if self.max_seqs <= 1 {
+            let rows = self.forward_batch(seqs)?;
+            return Ok(rows.into_iter().map(RowLogits::Full).collect());
+        }
+        if !want_top.is_empty() && want_top.len() != seqs.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} candidate flags for {} sequences",
+                want_top.len(),
+                seqs.len()
+            )));
+        }
+        self.forward_batch_rows(seqs, k, want_top)
     }
 }
 

@@ -469,3 +469,141 @@ fn hadamard_transform_matches_the_cpu() {
         }
     }
 }
+
+/// What one sequence of the batched test feeds per call (empty: not in that call).
+struct Feeds {
+    calls: Vec<Vec<u32>>,
+}
+
+/// The server's continuous batching on the hybrid: four sequences in one call (prompts of 40,
+/// 23 and 9 tokens and a one-token one, which joins the batched step at position 0), then
+/// steps of four rows (the batched GEMM step; the LM head as one GEMM over the rows, or with
+/// TRIT_CUDA_HEAD_PER_ROW=1 one GEMV per row), two of two rows (the single step on each
+/// row's slot), and a sequence that ends while a new one takes its slot (its state zeroed).
+/// Every call's logits must be those of the same sequence run alone through the single path,
+/// within the CPU int8 path's error against the f32 reference; a continuation the slot's state
+/// does not stand at is refused.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn batched_sequences_match_each_alone() {
+    if gpu_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_, mut paths) = tiny_models(&dir.path().join("plain"), 21, &["q2_0"]);
+    let (_, rotated) = preset_models("tiny-prism", &dir.path().join("prism"), 22, &["q2_0"]);
+    paths.extend(rotated);
+    for (path, head_rows) in paths.iter().flat_map(|p| [(p, false), (p, true)]) {
+        std::env::set_var("TRIT_CUDA_HEAD_PER_ROW", if head_rows { "1" } else { "0" });
+        let files = trit::format::open(path).unwrap();
+        let vocab = files.config.vocab;
+        let what = format!("{} (head per row: {head_rows})", path.display());
+        let mut opts = CudaOptions::new(96);
+        opts.prefill_chunk = 16;
+        let (_, cpu_int8_err) = compare_with(path, &prompt(40, vocab, 23), 2, &opts);
+        let batched = load_model(&files, &opts).unwrap();
+        assert!(
+            batched.max_sequences() >= 4,
+            "{what}: {}",
+            batched.max_sequences()
+        );
+        // Calls 0..13: A, B, C, D start at call 0; C ends after call 6; E starts at call 9.
+        let tok = |seed: u64, n: usize| prompt(n, vocab, seed);
+        let mut seqs: Vec<Feeds> = Vec::new();
+        for (i, (start, first, end)) in
+            [(0, 40, 13), (0, 23, 13), (0, 1, 7), (0, 9, 13), (9, 12, 13)]
+                .into_iter()
+                .enumerate()
+        {
+            let calls = (0..13)
+                .map(|c| match c {
+                    c if c < start || c >= end => Vec::new(),
+                    c if c == start => tok(100 + i as u64, first),
+                    // Calls 7 and 8: only A and B (two rows: the single step per slot).
+                    7 | 8 if i >= 2 => Vec::new(),
+                    c => tok(1000 + 10 * i as u64 + c as u64, 1),
+                })
+                .collect();
+            seqs.push(Feeds { calls });
+        }
+        // D and E pause at calls 7 and 8 too (the filter above); E starts at 9.
+        let mut caches: Vec<Option<trit::model::KvCache>> = (0..seqs.len()).map(|_| None).collect();
+        let mut got: Vec<Vec<Vec<f32>>> = vec![Vec::new(); seqs.len()];
+        for call in 0..13 {
+            let live: Vec<usize> = (0..seqs.len())
+                .filter(|&i| !seqs[i].calls[call].is_empty())
+                .collect();
+            for (i, c) in caches.iter_mut().enumerate() {
+                let started = seqs[i].calls[..call].iter().any(|f| !f.is_empty());
+                let ended = started && seqs[i].calls[call..].iter().all(|f| f.is_empty());
+                if ended {
+                    *c = None; // The slot goes back to the pool.
+                } else if c.is_none() && live.contains(&i) {
+                    *c = Some(batched.new_cache(96));
+                }
+            }
+            let mut refs: Vec<&mut trit::model::KvCache> = Vec::new();
+            let mut order = Vec::new();
+            for (i, c) in caches.iter_mut().enumerate() {
+                if let (Some(c), true) = (c.as_mut(), live.contains(&i)) {
+                    refs.push(c);
+                    order.push(i);
+                }
+            }
+            let mut batch: Vec<trit::model::BatchSeq<'_>> = refs
+                .into_iter()
+                .zip(&order)
+                .map(|(c, &i)| trit::model::BatchSeq {
+                    tokens: &seqs[i].calls[call],
+                    cache: c,
+                    logits: Logits::Last,
+                })
+                .collect();
+            let out = batched.forward_batch(&mut batch).unwrap();
+            for (l, &i) in out.into_iter().zip(&order) {
+                assert_eq!(l.len(), vocab, "{what}: call {call}");
+                got[i].push(l);
+            }
+        }
+        // Each sequence alone through the single path, call by call.
+        let alone = load_model(&files, &opts).unwrap();
+        let mut worst = 0f64;
+        let mut identical = 0;
+        for (i, s) in seqs.iter().enumerate() {
+            let mut c = alone.new_cache(96);
+            let feeds: Vec<&Vec<u32>> = s.calls.iter().filter(|f| !f.is_empty()).collect();
+            assert_eq!(feeds.len(), got[i].len());
+            for (f, g) in feeds.into_iter().zip(&got[i]) {
+                let want = alone.forward(f, &mut c, Logits::Last).unwrap();
+                worst = worst.max(rel_err(g, &want));
+                identical += usize::from(*g == want);
+            }
+        }
+        let total: usize = got.iter().map(|g| g.len()).sum();
+        eprintln!("{what}: batched vs alone, worst relative error {worst:.2e}, {identical} of {total} rows identical");
+        assert!(
+            worst <= cpu_int8_err + 1e-3,
+            "{what}: {worst} (cpu int8 {cpu_int8_err})"
+        );
+        assert!(identical < total, "{what}: no row took the batched step");
+        // A sequence cut back cannot continue: its slot's state is further on.
+        let mut c = batched.new_cache(96);
+        let p = prompt(20, vocab, 7);
+        let mut b = [trit::model::BatchSeq {
+            tokens: &p,
+            cache: &mut c,
+            logits: Logits::Last,
+        }];
+        batched.forward_batch(&mut b).unwrap();
+        c.truncate(10);
+        let one = [p[10]];
+        let mut b = [trit::model::BatchSeq {
+            tokens: &one,
+            cache: &mut c,
+            logits: Logits::Last,
+        }];
+        let e = batched.forward_batch(&mut b).unwrap_err().to_string();
+        assert!(e.contains("cannot be cut back"), "{what}: {e}");
+    }
+    std::env::remove_var("TRIT_CUDA_HEAD_PER_ROW");
+}

@@ -234,7 +234,7 @@ fn batched_rows_asked_as_candidates_are_the_candidates_of_the_full_rows() {
 /// The GPU model, shared, answering the scheduler with candidates where it asks for them
 /// (`candidates`), or with every row in full, as the trait's default `forward_batch_top` does.
 struct Shared {
-    gpu: Arc<CudaModel>,
+    gpu: Arc<dyn ExternalNet>,
     candidates: bool,
 }
 
@@ -328,16 +328,9 @@ fn serve(
         .collect()
 }
 
-#[test]
-#[ignore = "needs an NVIDIA GPU"]
-fn scheduler_on_the_gpu_samples_the_same_from_candidates_as_from_full_rows() {
-    if gpu_missing() {
-        return;
-    }
-    let files = trit::format::open(&default_model_path()).unwrap();
-    let tok = Arc::new(Tokenizer::from_source(&files.tokenizer).unwrap());
-    let ctx = 128;
-    let gpu = Arc::new(CudaModel::load(&files, &CudaOptions::new(ctx)).unwrap());
+/// Requests with these sampling settings (and `top_logprobs` counts): greedy, the server's
+/// default, wide top-k, min-p, top-p alone, a presence penalty, and six more random ones.
+fn sampled_requests() -> Vec<(GenerateOptions, usize)> {
     let sampled = |t: f32, top_k: usize, top_p: f32, min_p: f32, seed: u64| GenerateOptions {
         max_tokens: 24,
         sampling: SamplingParams {
@@ -366,6 +359,19 @@ fn scheduler_on_the_gpu_samples_the_same_from_candidates_as_from_full_rows() {
     for seed in 10..16 {
         requests.push((sampled(1.1, 50, 0.9, 0.0, seed), 4));
     }
+    requests
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn scheduler_on_the_gpu_samples_the_same_from_candidates_as_from_full_rows() {
+    if gpu_missing() {
+        return;
+    }
+    let files = trit::format::open(&default_model_path()).unwrap();
+    let tok = Arc::new(Tokenizer::from_source(&files.tokenizer).unwrap());
+    let ctx = 128;
+    let gpu = Arc::new(CudaModel::load(&files, &CudaOptions::new(ctx)).unwrap());
     let texts = [
         "The capital of France is",
         "Once upon a time",
@@ -374,17 +380,57 @@ fn scheduler_on_the_gpu_samples_the_same_from_candidates_as_from_full_rows() {
         "One, two, three,",
         "In the beginning",
     ];
-    let prompts: Vec<Vec<u32>> = (0..requests.len())
+    let prompts: Vec<Vec<u32>> = (0..12)
         .map(|i| tok.encode(texts[i % texts.len()], false).unwrap())
         .collect();
+    same_from_candidates_as_from_full_rows(gpu, &tok, &prompts, ctx);
+}
+
+/// The same on the hybrid (tiny-qwen35): twelve sequences decoding together through its
+/// batched step (rows through the small-batch GEMMs and the per-slot DeltaNet and attention
+/// kernels), prompts of 3 to 25 tokens.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn scheduler_on_the_gpu_runs_hybrid_sequences_together() {
+    if gpu_missing() {
+        return;
+    }
+    use trit::format::testgen::hybrid::{generate, HybridPreset};
+    use trit::format::testgen::{OutFormat, TokenizerAssets};
+    let dir = tempfile::tempdir().unwrap();
+    let p = HybridPreset::by_name("tiny-qwen35").unwrap();
+    let f = OutFormat::parse("q2_0").unwrap();
+    generate(&p, 31, dir.path(), &[f], &TokenizerAssets::Placeholder).unwrap();
+    let files = trit::format::open(&dir.path().join(f.file_name())).unwrap();
+    let tok = Arc::new(Tokenizer::from_source(&files.tokenizer).unwrap());
+    let ctx = 96;
+    let gpu = trit_cuda::hybrid::CudaHybrid::load(&files, &CudaOptions::new(ctx)).unwrap();
+    assert!(gpu.max_sequences() >= 12, "{}", gpu.max_sequences());
+    let vocab = files.config.vocab;
+    let prompts: Vec<Vec<u32>> = (0..12)
+        .map(|i| prompt(3 + 2 * i, vocab, 40 + i as u64))
+        .collect();
+    same_from_candidates_as_from_full_rows(Arc::new(gpu), &tok, &prompts, ctx);
+}
+
+/// Serves `prompts` with [`sampled_requests`] through a scheduler over `gpu`, once answering
+/// with candidates and once with full rows: every request must get the same tokens and
+/// log-probabilities.
+fn same_from_candidates_as_from_full_rows(
+    gpu: Arc<dyn ExternalNet>,
+    tok: &Arc<Tokenizer>,
+    prompts: &[Vec<u32>],
+    ctx: usize,
+) {
+    let requests = sampled_requests();
     // Candidates first: the full-row run is the reference either way.
     let top = serve(
         Box::new(Shared {
             gpu: gpu.clone(),
             candidates: true,
         }),
-        &tok,
-        &prompts,
+        tok,
+        prompts,
         &requests,
         ctx,
         "candidates",
@@ -394,8 +440,8 @@ fn scheduler_on_the_gpu_samples_the_same_from_candidates_as_from_full_rows() {
             gpu: gpu.clone(),
             candidates: false,
         }),
-        &tok,
-        &prompts,
+        tok,
+        prompts,
         &requests,
         ctx,
         "full rows",

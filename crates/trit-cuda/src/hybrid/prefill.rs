@@ -16,7 +16,7 @@ use super::step::{AttnIo, DnStepIo};
 use super::{CudaHybrid, State};
 use crate::device::{ptr, Arg, Gpu};
 use crate::gemm::launch_ternary_gemm;
-use crate::hybrid_weights::{DevDeltaNet, DevFullAttention, DevMixer};
+use crate::hybrid_weights::{DevDeltaNet, DevFullAttention, DevHybridLayer, DevMixer};
 use crate::launch::{self, QuantOut};
 use crate::rotation::{launch_rotate_rows, RotOut, RotSource};
 use crate::weights::DevMatrix;
@@ -26,21 +26,21 @@ use trit::Result;
 
 /// Activations of one chunk, token after token.
 pub(super) struct HybridPrefill {
-    chunk: usize,
+    pub(super) chunk: usize,
     /// Each token's position (the per-token kernels read their position through a pointer).
-    pos: CudaSlice<i32>,
-    x: CudaSlice<f32>,
-    xn: CudaSlice<f32>,
-    xq: CudaSlice<i8>,
-    xm: CudaSlice<f32>,
-    proj: CudaSlice<f32>,
-    mixed: CudaSlice<f32>,
-    gu: CudaSlice<f32>,
+    pub(super) pos: CudaSlice<i32>,
+    pub(super) x: CudaSlice<f32>,
+    pub(super) xn: CudaSlice<f32>,
+    pub(super) xq: CudaSlice<i8>,
+    pub(super) xm: CudaSlice<f32>,
+    pub(super) proj: CudaSlice<f32>,
+    pub(super) mixed: CudaSlice<f32>,
+    pub(super) gu: CudaSlice<f32>,
     /// (g, β) per token and value head (`deltanet_gates_rows`).
-    gb: CudaSlice<f32>,
+    pub(super) gb: CudaSlice<f32>,
     /// Per token the gated attention's normed, rotated queries and its gates.
-    q: CudaSlice<f32>,
-    gate: CudaSlice<f32>,
+    pub(super) q: CudaSlice<f32>,
+    pub(super) gate: CudaSlice<f32>,
 }
 
 impl HybridPrefill {
@@ -109,12 +109,8 @@ impl CudaHybrid {
     /// chunks, updating the recurrent state and KV caches; leaves the last token's hidden state
     /// in the step's `x`, its logits in `logits`, and the device position at `start + n`.
     pub(super) fn prefill_prompt(&self, st: &mut State, start: usize, n: usize) -> Result<()> {
-        if st.prefill.is_none() {
-            // At 512 tokens (the default) ~150 MB of activations for the 27B shape.
-            let chunk = self.prefill_chunk.min(self.ctx).max(1);
-            st.prefill = Some(HybridPrefill::new(&st.gpu, &self.config, &self.hy, chunk)?);
-        }
-        let chunk = st.prefill.as_ref().map_or(1, |p| p.chunk);
+        self.ensure_rows(st)?;
+        let chunk = self.prompt_chunk();
         let mut done = 0;
         while done < n {
             let m = chunk.min(n - done);
@@ -136,6 +132,22 @@ impl CudaHybrid {
         self.enqueue_head(st)
     }
 
+    /// The chunk activations (made on first use; at 512 tokens, the default, ~150 MB for the
+    /// 27B shape) for a prompt chunk's tokens or a batched step's sequences; returns the rows
+    /// they hold.
+    pub(super) fn ensure_rows(&self, st: &mut State) -> Result<usize> {
+        if st.prefill.is_none() {
+            let rows = self.prompt_chunk().max(self.max_seqs);
+            st.prefill = Some(HybridPrefill::new(&st.gpu, &self.config, &self.hy, rows)?);
+        }
+        Ok(st.prefill.as_ref().map_or(1, |p| p.chunk))
+    }
+
+    /// Tokens of one prompt chunk.
+    fn prompt_chunk(&self) -> usize {
+        self.prefill_chunk.min(self.ctx).max(1)
+    }
+
     /// Every layer for the `n` tokens at positions `pos..pos + n`.
     fn prefill_chunk(&self, st: &mut State, pos: usize, n: usize) -> Result<()> {
         {
@@ -146,48 +158,76 @@ impl CudaHybrid {
                 .map_err(|e| crate::device::cuda_err("uploading positions", e))?;
         }
         let st: &State = st;
-        let (c, g, s) = (&self.config, &st.gpu, &st.gpu.stream);
+        let s = &st.gpu.stream;
         let pb = st.prefill.as_ref().expect("allocated by prefill");
-        let p = |x: &CudaSlice<f32>| ptr(x, s);
-        let toks = ptr(&st.b.toks, s);
-        let first_pos = ptr(&pb.pos, s);
-        launch::embed(g, &st.w.embed, toks, first_pos, p(&pb.x), n as u32)?;
-        if let Some(r) = st.w.rot_embed {
-            let src = RotSource::Embed {
-                x: p(&pb.x),
-                round_f16: st.w.embed_f16,
-            };
-            let out = RotOut {
-                rotated: p(&pb.x),
-                ..RotOut::default()
-            };
-            launch_rotate_rows(g, st.w.rotations.get(r), c.hidden, n, src, out)?;
-        }
+        self.embed_rows(st, ptr(&st.b.toks, s), ptr(&pb.pos, s), n)?;
         for layer in &st.w.layers {
             match &layer.mixer {
                 DevMixer::Linear(m) => self.prefill_delta_net(st, m, &layer.attn_norm, pos, n)?,
                 DevMixer::Full(m) => self.prefill_attention(st, m, &layer.attn_norm, n)?,
             }
-            // MLP: RMSNorm rows, gate‖up, SwiGLU (+ int8 rows), down into the residual.
-            self.norm_rows(st, &layer.post_norm, layer.rot_gu, n)?;
-            self.gemm(st, &layer.gate_up, n, p(&pb.gu), false)?;
-            match layer.rot_down {
-                Some(r) => {
-                    let src = RotSource::Glu { x: p(&pb.gu) };
-                    launch_rotate_rows(g, st.w.rotations.get(r), c.ffn, n, src, pb.int8_out(s))?
-                }
-                None => {
-                    let h_out = QuantOut {
-                        f32: 0,
-                        q: ptr(&pb.xq, s),
-                        meta: p(&pb.xm),
-                    };
-                    launch::silu_mul_quant(g, p(&pb.gu), c.ffn, h_out, n as u32)?
-                }
-            }
-            self.gemm(st, &layer.down, n, p(&pb.x), true)?;
+            self.mlp_rows(st, layer, n, false)?;
         }
         Ok(())
+    }
+
+    /// The embedding rows of `toks[*first + r]` for `r < n` into the chunk's `x` (rotated
+    /// where Bonsai 2's embedding is).
+    pub(super) fn embed_rows(&self, st: &State, toks: u64, first: u64, n: usize) -> Result<()> {
+        let (c, g, s) = (&self.config, &st.gpu, &st.gpu.stream);
+        let pb = st.prefill.as_ref().expect("allocated by the caller");
+        let x = ptr(&pb.x, s);
+        launch::embed(g, &st.w.embed, toks, first, x, n as u32)?;
+        if let Some(r) = st.w.rot_embed {
+            let src = RotSource::Embed {
+                x,
+                round_f16: st.w.embed_f16,
+            };
+            let out = RotOut {
+                rotated: x,
+                ..RotOut::default()
+            };
+            launch_rotate_rows(g, st.w.rotations.get(r), c.hidden, n, src, out)?;
+        }
+        Ok(())
+    }
+
+    /// The MLP of `n` rows: RMSNorm rows, gate‖up, SwiGLU (+ int8 rows), down into the
+    /// residual; `decode`: a batched decode step's rows (its small-batch GEMM).
+    pub(super) fn mlp_rows(
+        &self,
+        st: &State,
+        layer: &DevHybridLayer,
+        n: usize,
+        decode: bool,
+    ) -> Result<()> {
+        let gemm = |m: &DevMatrix, y: u64, acc: bool| {
+            if decode {
+                self.rows_gemm(st, m, n, y, acc)
+            } else {
+                self.gemm(st, m, n, y, acc)
+            }
+        };
+        let (c, g, s) = (&self.config, &st.gpu, &st.gpu.stream);
+        let pb = st.prefill.as_ref().expect("allocated by the caller");
+        let p = |x: &CudaSlice<f32>| ptr(x, s);
+        self.norm_rows(st, &layer.post_norm, layer.rot_gu, n)?;
+        gemm(&layer.gate_up, p(&pb.gu), false)?;
+        match layer.rot_down {
+            Some(r) => {
+                let src = RotSource::Glu { x: p(&pb.gu) };
+                launch_rotate_rows(g, st.w.rotations.get(r), c.ffn, n, src, pb.int8_out(s))?
+            }
+            None => {
+                let h_out = QuantOut {
+                    f32: 0,
+                    q: ptr(&pb.xq, s),
+                    meta: p(&pb.xm),
+                };
+                launch::silu_mul_quant(g, p(&pb.gu), c.ffn, h_out, n as u32)?
+            }
+        }
+        gemm(&layer.down, p(&pb.x), true)
     }
 
     fn prefill_delta_net(
@@ -217,7 +257,7 @@ impl CudaHybrid {
                     q: 0,
                     meta: 0,
                 };
-                self.launch_dn_step(st, m, attn_norm, (kernel, 512), io)?;
+                self.launch_dn_step(st, &st.b.seq, m, attn_norm, (kernel, 512), io)?;
             }
         }
         // The int8 blocks of all rows at once (the same codes the per-token kernel would write).
@@ -259,7 +299,7 @@ impl CudaHybrid {
                 Arg::Ptr(p(&pb.gb)),
             ],
         )?;
-        let window = p(&b.conv_window[m.slot]);
+        let window = p(&b.seq.conv_window[m.slot]);
         g.launch(
             "deltanet_chunk",
             (hy.v_heads as u32, 1),
@@ -273,7 +313,7 @@ impl CudaHybrid {
                 Arg::I32(hy.conv_kernel as i32),
                 Arg::I32(pos as i32),
                 Arg::I32(n as i32),
-                Arg::Ptr(p(&b.ssm[m.slot])),
+                Arg::Ptr(p(&b.seq.ssm[m.slot])),
                 Arg::I32(hy.k_heads as i32),
                 Arg::I32(hy.k_dim as i32),
                 Arg::I32(hy.v_dim as i32),
@@ -324,14 +364,14 @@ impl CudaHybrid {
             out: p(&pb.mixed),
             rows: n,
         };
-        self.launch_gated_attention(st, m, io)?;
+        self.launch_gated_attention(st, &st.b.seq, m, io)?;
         self.quantize_rows(st, p(&pb.mixed), nq, m.rot_out, n)?;
         self.gemm(st, &m.o, n, p(&pb.x), true)
     }
 
     /// The int8 blocks (into `xq`/`xm`) of `n` rows of `width` values at `x`, rotated first
     /// when the projection reading them is.
-    fn quantize_rows(
+    pub(super) fn quantize_rows(
         &self,
         st: &State,
         x: u64,
@@ -353,7 +393,7 @@ impl CudaHybrid {
 
     /// RMSNorm with `gamma` + int8 blocks of the chunk's `n` residual rows (into `xq`/`xm`),
     /// rotated in between when the projections reading them are.
-    fn norm_rows(
+    pub(super) fn norm_rows(
         &self,
         st: &State,
         gamma: &CudaSlice<f32>,
@@ -385,7 +425,14 @@ impl CudaHybrid {
     }
 
     /// `y (+)= m · rows` over the chunk's `n` int8 rows (`xq`/`xm`).
-    fn gemm(&self, st: &State, m: &DevMatrix, n: usize, y: u64, accumulate: bool) -> Result<()> {
+    pub(super) fn gemm(
+        &self,
+        st: &State,
+        m: &DevMatrix,
+        n: usize,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<()> {
         let s = &st.gpu.stream;
         let pb = st.prefill.as_ref().expect("allocated");
         let args = m.ternary_args(s).expect("use_prefill checked: ternary");

@@ -15,7 +15,7 @@
 //! quantization kernel it replaces (RMSNorm, SwiGLU or a copy, then `H_B(s ⊙ x)`, then int8);
 //! the fused GEMV then copies those int8 blocks (its prologue cannot rotate).
 
-use super::{CudaHybrid, State, DN_ROWS};
+use super::{CudaHybrid, SeqBufs, State, DN_ROWS};
 use crate::device::{ptr, Arg};
 use crate::gemv::{
     fused_fits, launch_matrix_gemv, launch_ternary_fused, stream_takes_rotated, FusedInput,
@@ -116,8 +116,21 @@ impl CudaHybrid {
         fuse: bool,
         rot_fuse: bool,
     ) -> Result<Input> {
+        self.norm_input_at(st, Self::p(st, &st.b.x), gamma, rot, fuse, rot_fuse)
+    }
+
+    /// `norm_input` of the residual row at `x`.
+    fn norm_input_at(
+        &self,
+        st: &State,
+        x: u64,
+        gamma: &CudaSlice<f32>,
+        rot: Option<usize>,
+        fuse: bool,
+        rot_fuse: bool,
+    ) -> Result<Input> {
         let (g, b, c) = (&st.gpu, &st.b, &self.config);
-        let (x, xn) = (Self::p(st, &b.x), Self::p(st, &b.xn));
+        let xn = Self::p(st, &b.xn);
         if let (Some(r), true) = (rot, rot_fuse) {
             let rotation = st.w.rotations.get(r);
             return Ok(Input::NormRot {
@@ -281,12 +294,18 @@ impl CudaHybrid {
 
     /// Final norm and LM head of the residual stream `x` into `logits`.
     pub(super) fn enqueue_head(&self, st: &State) -> Result<()> {
+        let (x, y) = (Self::p(st, &st.b.x), Self::p(st, &st.b.logits));
+        self.enqueue_head_at(st, x, y)
+    }
+
+    /// Final norm and LM head of the residual row at `x` into the `vocab` logits at `y`.
+    pub(super) fn enqueue_head_at(&self, st: &State, x: u64, y: u64) -> Result<()> {
         let w = &st.w;
         let head = w.head();
         let fuse = self.fusable(st, head, self.fused.head, false).is_some();
         let rot_fuse = fuse && self.rot_fusable(st, head, false, w.rot_head);
-        let input = self.norm_input(st, &w.final_norm, w.rot_head, fuse, rot_fuse)?;
-        self.project(st, head, input, Self::p(st, &st.b.logits), false, false)
+        let input = self.norm_input_at(st, x, &w.final_norm, w.rot_head, fuse, rot_fuse)?;
+        self.project(st, head, input, y, false, false)
     }
 
     fn mlp(&self, st: &State, layer: &crate::hybrid_weights::DevHybridLayer) -> Result<()> {
@@ -354,7 +373,7 @@ impl CudaHybrid {
             out: p(&b.mixed),
             rows: 1,
         };
-        self.launch_gated_attention(st, m, io)?;
+        self.launch_gated_attention(st, &st.b.seq, m, io)?;
         let o_in = self.vec_input(st, p(&b.mixed), nh * hd, m.rot_out)?;
         self.project(st, &m.o, o_in, p(&b.x), true, false)
     }
@@ -365,13 +384,14 @@ impl CudaHybrid {
     pub(super) fn launch_gated_attention(
         &self,
         st: &State,
+        seq: &SeqBufs,
         m: &DevFullAttention,
         io: AttnIo,
     ) -> Result<()> {
         let (c, hy, b, s) = (&self.config, &self.hy, &st.b, &st.gpu.stream);
         let (hd, nh, nkv) = (c.head_dim, c.n_heads, c.n_kv_heads);
         let p = |x: &CudaSlice<f32>| Self::p(st, x);
-        let (kc, vc) = (ptr(&b.k_cache[m.slot], s), ptr(&b.v_cache[m.slot], s));
+        let (kc, vc) = (ptr(&seq.k_cache[m.slot], s), ptr(&seq.v_cache[m.slot], s));
         let rows = io.rows as u32;
         let (prep, attend) = if rows > 1 {
             ("hybrid_attn_prep_rows", "hybrid_attn_decode_rows")
@@ -424,6 +444,7 @@ impl CudaHybrid {
     pub(super) fn launch_dn_step(
         &self,
         st: &State,
+        seq: &SeqBufs,
         m: &DevDeltaNet,
         attn_norm: &CudaSlice<f32>,
         (kernel, threads): (&str, u32),
@@ -445,13 +466,13 @@ impl CudaHybrid {
                 Arg::I32(c.hidden as i32),
                 Arg::Ptr(p(ab)),
                 Arg::Ptr(io.proj),
-                Arg::Ptr(p(&st.b.conv_window[m.slot])),
+                Arg::Ptr(p(&seq.conv_window[m.slot])),
                 Arg::Ptr(p(&m.conv)),
                 Arg::I32(hy.conv_kernel as i32),
                 Arg::Ptr(io.step),
                 Arg::Ptr(p(&m.a_neg)),
                 Arg::Ptr(p(&m.dt_bias)),
-                Arg::Ptr(p(&st.b.ssm[m.slot])),
+                Arg::Ptr(p(&seq.ssm[m.slot])),
                 Arg::I32(hy.k_heads as i32),
                 Arg::I32(hy.k_dim as i32),
                 Arg::I32(hy.v_dim as i32),
@@ -510,7 +531,7 @@ impl CudaHybrid {
                 q: if quant { xq } else { 0 },
                 meta: if quant { xm } else { 0 },
             };
-            self.launch_dn_step(st, m, attn_norm, (kernel, threads), io)?;
+            self.launch_dn_step(st, &st.b.seq, m, attn_norm, (kernel, threads), io)?;
             let out_in = if quant {
                 Self::ready(st, p(&b.mixed))
             } else {
@@ -543,7 +564,7 @@ impl CudaHybrid {
             256,
             &[
                 Arg::Ptr(p(&b.proj)),
-                Arg::Ptr(p(&b.conv_window[m.slot])),
+                Arg::Ptr(p(&b.seq.conv_window[m.slot])),
                 Arg::Ptr(p(&m.conv)),
                 Arg::I32(cd as i32),
                 Arg::I32(hy.conv_kernel as i32),
@@ -559,7 +580,7 @@ impl CudaHybrid {
                 Arg::Ptr(p(&b.ab)),
                 Arg::Ptr(p(&m.a_neg)),
                 Arg::Ptr(p(&m.dt_bias)),
-                Arg::Ptr(p(&b.ssm[m.slot])),
+                Arg::Ptr(p(&b.seq.ssm[m.slot])),
                 Arg::I32(hy.k_heads as i32),
                 Arg::I32(hy.v_heads as i32),
                 Arg::I32(hy.k_dim as i32),

@@ -420,3 +420,22 @@ DELTANET_STEP(deltanet_step_early, 4, false, true, false, __launch_bounds__(512)
 // At most 64 registers, so that 12 warps fit beside a streaming GEMV block (ptxas: 64, no
 // spills).
 DELTANET_STEP(deltanet_step_held, 4, false, true, true, __maxnreg__(64))
+
+// The batched decode step (hybrid/batch.rs): row blockIdx.y is one token of another sequence
+// (residual, projection, position and output rows at their strides); its conv window and
+// delta-rule state are in its slot row_slot[y]: the slot table holds `stride` addresses per
+// slot, this layer's window and state at `at` and `at + 1` (written by the host before the
+// step). Its gated-norm output has no int8 blocks (the step quantizes all rows at once).
+extern "C" __global__ void __launch_bounds__(512) deltanet_step_slots(
+    const float* x, const float* gamma, float eps, int d, const float* ab_w, const float* proj,
+    int proj_row, const unsigned long long* tab, int stride, int at, const int* row_slot,
+    const float* conv_w, int kernel, const int* step, const float* a_neg,
+    const float* dt_bias, int hk, int dk, int dv, int v_tiled, const float* norm_w,
+    int regroup, float* out) {
+    const int r = blockIdx.y;
+    const unsigned long long* e = tab + (size_t)row_slot[r] * stride + at;
+    deltanet_step_impl<4, false, false, false>(
+        x + (size_t)r * d, gamma, eps, d, ab_w, proj + (size_t)r * proj_row, (float*)e[0],
+        conv_w, kernel, step + r, a_neg, dt_bias, (float*)e[1], hk, dk, dv, v_tiled, norm_w,
+        regroup, out + (size_t)r * gridDim.x * dv, nullptr, nullptr);
+}

@@ -77,6 +77,25 @@ __device__ __forceinline__ void hybrid_attn_prep_impl(
 HYBRID_ATTN_PREP(hybrid_attn_prep, false)
 HYBRID_ATTN_PREP(hybrid_attn_prep_rows, true)
 
+// The batched decode step (hybrid/batch.rs): row y is one token of another sequence, whose
+// caches are in its slot row_slot[y]: the slot table holds `stride` addresses per slot, this
+// layer's key and value caches at `at` and `at + 1` (written by the host before the step, so
+// read before the wait).
+__device__ __forceinline__ const unsigned long long* ha_slot_entry(
+    const unsigned long long* tab, int stride, int at, const int* row_slot) {
+    return tab + (size_t)row_slot[blockIdx.y] * stride + at;
+}
+extern "C" __global__ void hybrid_attn_prep_slots(
+    const float* __restrict__ proj, const float* __restrict__ q_norm,
+    const float* __restrict__ k_norm, float eps, const float* __restrict__ cos_sin,
+    const int* step, int nh, int nkv, int hd, int rot, const unsigned long long* tab,
+    int stride, int at, const int* row_slot, float* __restrict__ q, float* __restrict__ gate,
+    int proj_row) {
+    const unsigned long long* e = ha_slot_entry(tab, stride, at, row_slot);
+    hybrid_attn_prep_impl<true>(proj, q_norm, k_norm, eps, cos_sin, step, nh, nkv, hd, rot,
+                                (half_bits*)e[0], (half_bits*)e[1], q, gate, proj_row);
+}
+
 // out[h] = sigmoid(gate[h]) ⊙ softmax(scale · q_h Kᵀ) V over positions 0..=pos, query head h
 // reading kv head h / (nh / nkv). One block of HA_WARPS warps per query head; each warp runs an
 // online softmax over every HA_WARPS-th position (lane holds hd/32 dims), HA_UNROLL of its
@@ -181,3 +200,13 @@ __device__ __forceinline__ void hybrid_attn_decode_impl(
     }
 HYBRID_ATTN_DECODE(hybrid_attn_decode, false)
 HYBRID_ATTN_DECODE(hybrid_attn_decode_rows, true)
+
+// hybrid_attn_decode_rows over each row's own slot (as hybrid_attn_prep_slots).
+extern "C" __global__ void __launch_bounds__(32 * HA_WARPS) hybrid_attn_decode_slots(
+    const float* __restrict__ q, const float* __restrict__ gate, const unsigned long long* tab,
+    int stride, int at, const int* row_slot, const int* step, int nh, int nkv, int hd,
+    float scale, float* __restrict__ out) {
+    const unsigned long long* e = ha_slot_entry(tab, stride, at, row_slot);
+    hybrid_attn_decode_impl<true>(q, gate, (const half_bits*)e[0], (const half_bits*)e[1], step,
+                                  nh, nkv, hd, scale, out);
+}
