@@ -8,8 +8,10 @@
 //! `hybrid/prefill.rs` (batched GEMMs, the chunk's recurrence per value head). The recurrent
 //! state cannot be cut back: a forward that starts before where the last one ended (a chat turn
 //! reusing a prefix) zeroes it and replays the sequence's earlier tokens up to there (kept on
-//! the host), without the LM head. The step's kernel sequence is `step.rs`; Hadamard-rotated (Bonsai 2) files run with
-//! their rotations applied on the GPU (`rotation.rs`).
+//! the host), without the LM head. The step's kernel sequence is `step.rs`; Hadamard-rotated
+//! (Bonsai 2) files run with their rotations applied on the GPU (`rotation.rs`). Several
+//! sequences (the server's continuous batching) decode together through `batch.rs`, each in
+//! its own slot.
 
 use crate::device::{ptr, Gpu};
 use crate::graph::{alloc_host_logits, copy_to_pinned, StepGraph};
