@@ -380,7 +380,9 @@ impl CudaHybrid {
         } else {
             if pos0 > st.history.len() {
                 return Err(Error::InvalidArgument(format!(
-                    "CUDA hybrid: a cache at position {pos0}, but this GPU model has run only                      {} tokens of the sequence (it serves one sequence at a time)",
+                    "CUDA hybrid: a cache at position {pos0}, but this GPU model's single path \
+                     has run only {} tokens of its sequence (it serves one sequence at a time; \
+                     several go through forward_batch)",
                     st.history.len()
                 )));
             }

@@ -18,6 +18,7 @@
 //! 5.3x, B = 64 5.7x; the small-batch GEMMs take most of the step (MLP ~110 µs per layer at
 //! 8 rows against ~29 µs on the single path's GEMVs).
 
+use super::{CudaHybrid, SeqBufs, State};
 use crate::batch::{single_rows_max, use_small_gemm};
 use crate::batch_gemm::{launch_small_gemm, SmallGemm, SplitScratch};
 use crate::device::{cuda_err, ptr, Arg, Gpu};
