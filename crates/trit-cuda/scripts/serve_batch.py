@@ -3,12 +3,15 @@
 the server's batched GPU path). Standard library only.
 
     serve_batch.py TRIT_BINARY MODEL [--n 32] [--max-tokens 64] [--parallel 32] [--device cuda]
+                   [--token-prompts VOCAB]
 
 Starts the server on a free loopback port, sends each prompt once alone (greedy, streamed) and
 then all N at once, and checks that every stream completes: content chunks, a finish_reason,
 `data: [DONE]`. Prints the aggregate completion tokens/s of the concurrent run, how many
 concurrent replies equal their solo reply token for token, and the server's /metrics counters.
-Exit status 1 if any request fails or does not complete.
+Exit status 1 if any request fails or does not complete. `--token-prompts VOCAB` sends each
+prompt as a list of token ids below VOCAB instead of text (the completions API takes either):
+for `gen_model`'s random-weight models, whose placeholder tokenizer encodes text to nothing.
 """
 import json
 import subprocess
@@ -52,6 +55,7 @@ def main():
     max_tokens = int(opts.get("--max-tokens", 64))
     parallel = opts.get("--parallel", "32")
     device = opts.get("--device", "cuda")
+    vocab = int(opts.get("--token-prompts", 0))
     server = subprocess.Popen(
         [binary, "serve", model, "--device", device, "--port", "0", "--ctx", "512",
          "--parallel", parallel], stderr=subprocess.PIPE, text=True)
@@ -60,7 +64,13 @@ def main():
         print("server:", line.strip())
         addr = line.split("http://")[1].split()[0]
         base = "http://" + addr
-        prompts = [f"Story {i}: once upon a time in a land of {i * 7} rivers," for i in range(n)]
+        if vocab:
+            # 12-19 ids per prompt, spread over the vocabulary, different for every request.
+            prompts = [[(i * 7919 + j * 104729) % (vocab - 1) + 1 for j in range(12 + i % 8)]
+                       for i in range(n)]
+        else:
+            prompts = [f"Story {i}: once upon a time in a land of {i * 7} rivers,"
+                       for i in range(n)]
         t0 = time.time()
         solo = [stream(base, p, max_tokens) for p in prompts[:8]]
         t_solo = time.time() - t0
