@@ -40,16 +40,14 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
         ));
     };
     let forced = match forced {
-        Some(_) if template.writes_xml_tool_calls() => {
-            return Err(ApiError::invalid(
-                "tool_choice 'required' or a named function needs a model that writes tool \
-                 calls as JSON; this model's template uses the XML dialect",
-            ))
-        }
         Some(_) if common.wants_json() => {
             return Err(ApiError::invalid(
                 "response_format together with a forced tool_choice is not supported",
             ))
+        }
+        // The call in the dialect the model was taught: Qwen3.5's XML or Hermes JSON.
+        Some(f) if template.writes_xml_tool_calls() => {
+            Some(JsonSchema::xml_tool_call(&f).map_err(|e| ApiError::bad_value(&e))?)
         }
         Some(f) => Some(JsonSchema::tool_call(&f).map_err(|e| ApiError::bad_value(&e))?),
         None => None,

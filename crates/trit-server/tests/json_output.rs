@@ -278,6 +278,35 @@ fn check_call(call: &Value) {
 
 #[test]
 fn a_forced_tool_choice_calls_a_tool_with_fitting_arguments() {
+    forced_tool_choice_calls_a_fitting_tool(
+        server(),
+        "{\"name\": \"get_weather\", \"arguments\": ",
+    );
+}
+
+/// A Qwen3.5-style template (tool calls shown in the XML dialect, `<function=NAME>`) on the
+/// default model: a forced tool call is written in that dialect and read back the same.
+#[test]
+fn a_forced_tool_choice_in_the_xml_dialect_calls_a_tool_with_fitting_arguments() {
+    static XML: OnceLock<TestServer> = OnceLock::new();
+    let template = "{%- if tools %}<|im_start|>system\nTools:{% for t in tools %} \
+        {{ t.function.name }}{% endfor %}. Call one as <tool_call>\n<function=NAME>\n\
+        <parameter=ARG>\nVALUE\n</parameter>\n</function>\n</tool_call><|im_end|>\n\
+        {% endif %}{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}\
+        <|im_end|>\n{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n\
+        {% endif %}";
+    let server = XML.get_or_init(|| {
+        common::start(Options {
+            chat_template: Some(template.into()),
+            ..Options::default()
+        })
+    });
+    forced_tool_choice_calls_a_fitting_tool(server, "<function=get_weather>\n<parameter=");
+}
+
+/// Forced calls, named and `required`, whole and streamed; the model's text (its tokens, from
+/// `logprobs`) holds `dialect`.
+fn forced_tool_choice_calls_a_fitting_tool(server: &TestServer, dialect: &str) {
     let body = |choice: Value, stream: bool| {
         json!({"messages": [{"role": "user", "content": "What time is it in Tokyo?"}],
                "tools": tools(), "tool_choice": choice, "max_tokens": 120, "temperature": 0,
@@ -286,7 +315,7 @@ fn a_forced_tool_choice_calls_a_tool_with_fitting_arguments() {
     let named = json!({"type": "function", "function": {"name": "get_weather"}});
     for (choice, want) in [(named, Some("get_weather")), (json!("required"), None)] {
         let r = post(
-            server().addr,
+            server.addr,
             "/v1/chat/completions",
             &body(choice.clone(), false),
         );
@@ -299,10 +328,21 @@ fn a_forced_tool_choice_calls_a_tool_with_fitting_arguments() {
         check_call(&calls[0]);
         if let Some(w) = want {
             assert_eq!(calls[0]["function"]["name"], w);
+            // The text the model wrote, token by token.
+            let mut b = body(choice.clone(), false);
+            b["logprobs"] = json!(true);
+            let r = post(server.addr, "/v1/chat/completions", &b).json();
+            let text: String = r["choices"][0]["logprobs"]["content"]
+                .as_array()
+                .unwrap_or_else(|| panic!("no logprobs: {r}"))
+                .iter()
+                .map(|t| t["token"].as_str().unwrap())
+                .collect();
+            assert!(text.contains(dialect), "{text:?}");
         }
         // Streamed: the deltas add up to the same call.
         let r = post(
-            server().addr,
+            server.addr,
             "/v1/chat/completions",
             &body(choice.clone(), true),
         );
@@ -332,12 +372,12 @@ fn a_forced_tool_choice_calls_a_tool_with_fitting_arguments() {
         ),
         (json!("sometimes"), "tool_choice"),
     ] {
-        let r = post(server().addr, "/v1/chat/completions", &body(choice, false));
+        let r = post(server.addr, "/v1/chat/completions", &body(choice, false));
         assert_eq!(r.status, 400, "{}", r.text());
         assert!(r.text().contains(word), "{}", r.text());
     }
     let no_tools = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
                           "tool_choice": "required"});
-    let r = post(server().addr, "/v1/chat/completions", &no_tools);
+    let r = post(server.addr, "/v1/chat/completions", &no_tools);
     assert_eq!(r.status, 400, "{}", r.text());
 }

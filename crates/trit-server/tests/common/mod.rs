@@ -69,6 +69,8 @@ pub struct Options {
     pub kv_cache_bytes: usize,
     /// Another model than the default one.
     pub model: Option<PathBuf>,
+    /// A chat template instead of the model's.
+    pub chat_template: Option<String>,
 }
 
 impl Default for Options {
@@ -80,6 +82,7 @@ impl Default for Options {
             body_limit: 64 << 10,
             kv_cache_bytes: 64 << 20,
             model: None,
+            chat_template: None,
         }
     }
 }
@@ -89,7 +92,11 @@ pub fn start(opts: Options) -> TestServer {
     let path = opts.model.clone().unwrap_or_else(default_model_path);
     let files = trit::format::open(&path).unwrap();
     let tokenizer = Tokenizer::from_source(&files.tokenizer).unwrap();
-    let template = files.chat_template.as_deref().map(|src| {
+    let source = opts
+        .chat_template
+        .as_deref()
+        .or(files.chat_template.as_deref());
+    let template = source.map(|src| {
         ChatTemplate::new(
             src,
             &tokenizer.bos_token().unwrap_or_default(),

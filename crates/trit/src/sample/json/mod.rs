@@ -174,3 +174,5 @@ impl JsonConstraint {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod xml_tests;

@@ -6,6 +6,9 @@
 
 use super::int_range::IntPrefix;
 use super::schema::{JsonSchema, Node, ARRAY, BOOL, INTEGER, NULL, NUMBER, OBJECT, STRING};
+use xml_call::XmlPhase;
+
+mod xml_call;
 
 /// Whitespace bytes allowed in a row, of which one line break (pretty-printed JSON fits; a
 /// model that would rather end its turn cannot stall on newlines).
@@ -122,6 +125,15 @@ enum Frame {
     Opening { alive: u64, pos: u16 },
     /// The text after the arguments.
     Closing { pos: u16 },
+    /// A forced tool call's arguments in Qwen3.5's XML dialect (`xml_call.rs`): `seen` the
+    /// properties written, `alive`/`pos` the texts the bytes since `phase` began still match.
+    XmlArgs {
+        node: u32,
+        seen: u64,
+        phase: XmlPhase,
+        alive: u64,
+        pos: u16,
+    },
 }
 
 /// What a string's next byte is.
@@ -241,6 +253,12 @@ impl ParseState {
         let stack = if schema.openings.is_empty() {
             vec![Frame::Value {
                 node: schema.root as u32,
+            }]
+        } else if schema.xml {
+            // The arguments' frame writes the closing text itself.
+            vec![Frame::Opening {
+                alive: mask(schema.openings.len()),
+                pos: 0,
             }]
         } else {
             vec![
@@ -471,12 +489,22 @@ impl<'s> Recognizer<'s> {
                     .find(|(i, (text, _))| next >> i & 1 == 1 && text.len() == pos as usize);
                 match (next, done) {
                     (0, _) => Outcome::Reject,
+                    (_, Some((_, (_, node)))) if self.schema.xml => {
+                        Outcome::Replace(self.xml_start(*node as u32))
+                    }
                     (_, Some((_, (_, node)))) => {
                         Outcome::Replace(Frame::Value { node: *node as u32 })
                     }
                     _ => Outcome::Replace(Frame::Opening { alive: next, pos }),
                 }
             }
+            Frame::XmlArgs {
+                node,
+                seen,
+                phase,
+                alive,
+                pos,
+            } => self.xml_args(node, seen, phase, alive, pos, b),
             Frame::Closing { pos } => {
                 let closing = &self.schema.closing;
                 match closing.get(pos as usize) {

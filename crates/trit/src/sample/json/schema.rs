@@ -108,6 +108,17 @@ pub struct JsonSchema {
     /// tool), then that tool's arguments (the node), then `closing`.
     pub(crate) openings: Vec<(Vec<u8>, usize)>,
     pub(crate) closing: Vec<u8>,
+    /// The arguments are written in Qwen3.5's XML dialect (`JsonSchema::xml_tool_call`), not
+    /// as a JSON object.
+    pub(crate) xml: bool,
+}
+
+/// A name the XML dialect can write between `=` and `>` as it is (its JSON escape is itself).
+fn plain_xml_name(b: &[u8]) -> bool {
+    !b.is_empty()
+        && !b
+            .iter()
+            .any(|&c| c < 0x20 || matches!(c, b'<' | b'>' | b'"' | b'\\'))
 }
 
 /// Keywords that do not constrain a value.
@@ -141,6 +152,7 @@ impl JsonSchema {
             patterns: Vec::new(),
             openings: Vec::new(),
             closing: Vec::new(),
+            xml: false,
         }
     }
 
@@ -148,6 +160,69 @@ impl JsonSchema {
     /// `<tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>`, ARGS a document of
     /// that tool's parameters schema.
     pub fn tool_call(tools: &[(String, Value)]) -> Result<JsonSchema> {
+        let (nodes, patterns, openings) = Self::tools(tools, |name| {
+            let quoted = serde_json::to_string(name).expect("strings serialize");
+            format!("<tool_call>\n{{\"name\": {quoted}, \"arguments\": ")
+        })?;
+        Ok(JsonSchema {
+            nodes,
+            root: ANY,
+            patterns,
+            openings,
+            closing: b"}\n</tool_call>".to_vec(),
+            xml: false,
+        })
+    }
+
+    /// One call of one of `tools` in Qwen3.5's XML dialect: `<tool_call>\n<function=NAME>\n`,
+    /// per argument `<parameter=ARG>\nVALUE\n</parameter>\n` (VALUE JSON), then
+    /// `</function>\n</tool_call>`. Each tool's parameters must be an object schema whose
+    /// property names are plain text (no `<`, `>`, quotes, backslashes or control characters);
+    /// only its declared properties are written.
+    pub fn xml_tool_call(tools: &[(String, Value)]) -> Result<JsonSchema> {
+        for (name, _) in tools {
+            if !plain_xml_name(name.as_bytes()) {
+                return Err(Error::InvalidArgument(format!(
+                    "tool name {name:?}: the XML tool-call dialect needs names without <, >, \
+                     quotes, backslashes or control characters"
+                )));
+            }
+        }
+        let (nodes, patterns, openings) =
+            Self::tools(tools, |name| format!("<tool_call>\n<function={name}>\n"))?;
+        for ((name, _), (_, node)) in tools.iter().zip(&openings) {
+            let n = &nodes[*node];
+            if n.kinds & OBJECT == 0 || n.literals.is_some() {
+                return Err(Error::InvalidArgument(format!(
+                    "tool {name:?}: the XML tool-call dialect needs parameters that are an \
+                     object schema"
+                )));
+            }
+            if let Some((p, _)) = n.object.props.iter().find(|(p, _)| !plain_xml_name(p)) {
+                return Err(Error::InvalidArgument(format!(
+                    "tool {name:?}: parameter {:?} cannot be named in the XML tool-call dialect \
+                     (no <, >, quotes, backslashes or control characters)",
+                    String::from_utf8_lossy(p)
+                )));
+            }
+        }
+        Ok(JsonSchema {
+            nodes,
+            root: ANY,
+            patterns,
+            openings,
+            closing: b"</function>\n</tool_call>".to_vec(),
+            xml: true,
+        })
+    }
+
+    /// Compiles each tool's parameters schema into one node table; each tool's opening text
+    /// (from `open(name)`) with its parameters' node.
+    #[allow(clippy::type_complexity)]
+    fn tools(
+        tools: &[(String, Value)],
+        open: impl Fn(&str) -> String,
+    ) -> Result<(Vec<Node>, Vec<Pattern>, Vec<(Vec<u8>, usize)>)> {
         if tools.is_empty() || tools.len() > MAX_ALTERNATIVES {
             return Err(Error::InvalidArgument(format!(
                 "a forced tool call needs 1 to {MAX_ALTERNATIVES} tools"
@@ -167,17 +242,9 @@ impl JsonSchema {
             let node = c.node(params, &format!("tool {name:?} parameters"))?;
             nodes = c.nodes;
             patterns = c.patterns;
-            let quoted = serde_json::to_string(name).expect("strings serialize");
-            let open = format!("<tool_call>\n{{\"name\": {quoted}, \"arguments\": ");
-            openings.push((open.into_bytes(), node));
+            openings.push((open(name).into_bytes(), node));
         }
-        Ok(JsonSchema {
-            nodes,
-            root: ANY,
-            patterns,
-            openings,
-            closing: b"}\n</tool_call>".to_vec(),
-        })
+        Ok((nodes, patterns, openings))
     }
 
     /// Compiles `schema`; an error names the first keyword or construct it cannot enforce.
@@ -196,6 +263,7 @@ impl JsonSchema {
             patterns: c.patterns,
             openings: Vec::new(),
             closing: Vec::new(),
+            xml: false,
         })
     }
 }

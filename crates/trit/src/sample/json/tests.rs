@@ -56,7 +56,7 @@ fn random_value(r: &mut Rand, depth: usize) -> Value {
     }
 }
 
-fn accepts(schema: &JsonSchema, text: &[u8]) -> bool {
+pub(super) fn accepts(schema: &JsonSchema, text: &[u8]) -> bool {
     let mut r = Recognizer::new(schema);
     r.feed_all(text) && r.can_end()
 }
@@ -266,9 +266,20 @@ fn byte_vocab() -> (Arc<TokenTable>, u32) {
 /// Random logits, drawn through the constraint until it ends, `n` times: each output parses
 /// (serde_json) and passes `check`.
 fn draw_documents(schema: JsonSchema, n: u64, check: impl Fn(&Value)) {
+    for (seed, out) in draw(schema, n).into_iter().enumerate() {
+        let v: Value = serde_json::from_slice(&out)
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}: {}", String::from_utf8_lossy(&out)));
+        check(&v);
+    }
+}
+
+/// `n` outputs drawn under `schema` from random logits (bytes that close things favoured
+/// after 60 steps, so that outputs end); each must end within 4,000 tokens.
+pub(super) fn draw(schema: JsonSchema, n: u64) -> Vec<Vec<u8>> {
     let (table, eos) = byte_vocab();
     let schema = Arc::new(schema);
     let mut r = Rand(3);
+    let mut outs = Vec::new();
     for seed in 0..n {
         let mut c = JsonConstraint::new(schema.clone(), table.clone(), vec![eos]);
         let mut sampler = Sampler::new(SamplingParams {
@@ -285,7 +296,7 @@ fn draw_documents(schema: JsonSchema, n: u64, check: impl Fn(&Value)) {
             let mut logits: Vec<f32> = (0..=eos).map(|_| (r.below(1000) as f32) / 250.0).collect();
             // Later on, favour the bytes that close things so that documents end.
             if step > 60 {
-                for b in [b'}', b']', b'"', b'0', b'n'] {
+                for b in [b'}', b']', b'"', b'0', b'n', b'<', b'/'] {
                     logits[b as usize] += 8.0;
                 }
                 logits[eos as usize] += 8.0;
@@ -302,10 +313,9 @@ fn draw_documents(schema: JsonSchema, n: u64, check: impl Fn(&Value)) {
             c.advance(tok);
         }
         assert!(ended, "seed {seed}: {}", String::from_utf8_lossy(&out));
-        let v: Value = serde_json::from_slice(&out)
-            .unwrap_or_else(|e| panic!("seed {seed}: {e}: {}", String::from_utf8_lossy(&out)));
-        check(&v);
+        outs.push(out);
     }
+    outs
 }
 
 #[test]
