@@ -15,15 +15,15 @@
 //! (`decode_row_single`): for so few rows the GEMV kernels are faster than the GEMM tiles.
 
 use crate::batch_gemm::{launch_small_gemm, SmallGemm, SplitScratch};
+use crate::batch_rows::{self, Row};
 use crate::device::{cuda_err, ptr, Arg, Gpu};
-use crate::graph::{alloc_host_logits, copy_to_pinned, StepGraph};
+use crate::graph::{alloc_host_logits, StepGraph};
 use crate::launch;
 use crate::model::{CudaModel, Input, State};
 use crate::prefill::KvTarget;
 use crate::topk::{self, TopBuffers};
 use crate::weights::DevMatrix;
 use cudarc::driver::{CudaSlice, PinnedHostSlice};
-use rayon::prelude::*;
 use std::collections::HashMap;
 use std::time::Instant;
 use trit::format::config::{ModelConfig, RopeStyle};
@@ -254,15 +254,6 @@ impl CudaModel {
     }
 }
 
-/// One sequence of a batched decode step.
-struct Row {
-    slot: usize,
-    pos: usize,
-    token: u32,
-    /// Whether its best candidates will do instead of its logits.
-    want_top: bool,
-}
-
 impl CudaModel {
     /// Slots that sequences may own at once (= the most sequences per batched call).
     pub fn max_sequences(&self) -> usize {
@@ -309,24 +300,7 @@ impl CudaModel {
         want_top: &[bool],
     ) -> Result<Vec<RowLogits>> {
         let c = &self.config;
-        if !want_top.is_empty() && want_top.len() != seqs.len() {
-            return Err(Error::InvalidArgument(format!(
-                "{} candidate flags for {} sequences",
-                want_top.len(),
-                seqs.len()
-            )));
-        }
-        for s in seqs.iter() {
-            trit::model::check_input(s.tokens, s.cache, c.vocab)?;
-            if s.cache.capacity() > self.ctx {
-                return Err(Error::InvalidArgument(format!(
-                    "a {}-token context on a GPU model loaded for {} positions (load it with a \
-                     larger --ctx)",
-                    s.cache.capacity(),
-                    self.ctx
-                )));
-            }
-        }
+        batch_rows::check_seqs(seqs, want_top, c.vocab, self.ctx)?;
         let mut guard = self
             .state
             .lock()
@@ -345,49 +319,14 @@ impl CudaModel {
         // Every sequence gets (or already owns) a slot of this model.
         for s in seqs.iter_mut() {
             let batch = st.batch.as_mut().expect("created above");
-            match s.cache.device_slot() {
-                Some(slot) if batch.slots.owns(slot) => {}
-                Some(_) => {
-                    return Err(Error::InvalidArgument(
-                        "a cache whose keys/values live on another GPU model".into(),
-                    ))
-                }
-                None if !s.cache.is_empty() => {
-                    return Err(Error::InvalidArgument(
-                        "a cache filled by the single-sequence GPU path cannot join a batch \
-                         (its keys/values are not in a batch slot)"
-                            .into(),
-                    ))
-                }
-                None => {
-                    let slot = batch.slots.take().ok_or_else(|| {
-                        Error::InvalidArgument(format!(
-                            "all {} GPU sequence slots are in use",
-                            self.max_seqs
-                        ))
-                    })?;
-                    s.cache.set_device_slot(slot);
-                }
-            }
-            let slot = s.cache.device_slot().expect("set above").index();
+            let slot = batch_rows::attach(&batch.slots, s.cache, "keys/values")?;
             batch.ensure_slot(&st.gpu, c, self.ctx, slot)?;
         }
         let mut out: Vec<RowLogits> = vec![RowLogits::Full(Vec::new()); seqs.len()];
-        let mut rows = Vec::new();
-        let mut row_of = Vec::new();
-        for (i, s) in seqs.iter().enumerate() {
+        let (rows, row_of) = batch_rows::split_rows(seqs, want_top);
+        for (i, s) in seqs.iter().enumerate().filter(|(_, s)| s.tokens.len() != 1) {
             let slot = s.cache.device_slot().expect("attached above").index();
             let pos = s.cache.len();
-            if s.tokens.len() == 1 {
-                rows.push(Row {
-                    slot,
-                    pos,
-                    token: s.tokens[0],
-                    want_top: want_top.get(i).copied().unwrap_or(false),
-                });
-                row_of.push(i);
-                continue;
-            }
             // A prompt: the batched prefill, keys/values into the slot.
             let ids: Vec<i32> = s.tokens.iter().map(|&t| t as i32).collect();
             {
@@ -475,51 +414,28 @@ impl CudaModel {
         }
         let t3 = Instant::now();
         let batch = st.batch.as_mut().expect("created by forward_batch_gpu");
-        let mut out: Vec<Option<RowLogits>> = vec![None; n];
-        if rows.iter().any(|r| r.want_top) && topk::supported(k, c.vocab) {
-            // Every row (one block each, microseconds); only those that asked keep theirs.
-            let logits = ptr(&batch.bufs.logits, &st.gpu.stream);
-            let tops = batch.top.run(&st.gpu, logits, n, c.vocab, k)?;
-            for ((o, r), t) in out.iter_mut().zip(rows).zip(tops) {
-                if r.want_top {
-                    *o = t.map(RowLogits::Top);
-                }
-            }
-        }
-        let t4 = Instant::now();
-        // The rest in full: one copy of the span of rows that holds them, then one owned
-        // vector per row (the sampler takes it), copied out of the pinned buffer on several
-        // threads (B × vocab floats is milliseconds on one core).
-        let missing: Vec<usize> = (0..n).filter(|&i| out[i].is_none()).collect();
-        if let (Some(&lo), Some(&hi)) = (missing.first(), missing.last()) {
-            let b = &mut batch.bufs;
-            let span = b.logits.slice(lo * c.vocab..(hi + 1) * c.vocab);
-            let v = copy_to_pinned(&st.gpu, &span, &mut b.host_logits)
-                .map_err(|e| Error::Unsupported(format!("rows {lo}..={hi} of {n} in full: {e}")))?;
-            let rows: Vec<Vec<f32>> = missing
-                .par_iter()
-                .map(|&i| v[(i - lo) * c.vocab..(i - lo + 1) * c.vocab].to_vec())
-                .collect();
-            for (i, r) in missing.into_iter().zip(rows) {
-                out[i] = Some(RowLogits::Full(r));
-            }
-        }
+        let b = &mut batch.bufs;
+        let out = batch_rows::gather(
+            &st.gpu,
+            &b.logits,
+            &mut b.host_logits,
+            &mut batch.top,
+            rows,
+            k,
+            c.vocab,
+        )?;
         if timing {
             let ms = |a: Instant, b: Instant| 1e3 * (b - a).as_secs_f64();
             eprintln!(
                 "batched step, {n} rows: uploads {:.3} ms, enqueue {:.3} ms, GPU {:.3} ms, \
-                 candidates to host {:.3} ms, full logits to host {:.3} ms",
+                 rows to host (candidates and full) {:.3} ms",
                 ms(t0, t1),
                 ms(t1, t2),
                 ms(t2, t3),
-                ms(t3, t4),
-                ms(t4, Instant::now())
+                ms(t3, Instant::now())
             );
         }
-        Ok(out
-            .into_iter()
-            .map(|o| o.expect("every row answered above"))
-            .collect())
+        Ok(out)
     }
 
     /// One decode row as the single path's step (its graph, captured per slot) over the row's

@@ -533,13 +533,6 @@ impl ExternalNet for CudaHybrid {
             let rows = self.forward_batch(seqs)?;
             return Ok(rows.into_iter().map(RowLogits::Full).collect());
         }
-        if !want_top.is_empty() && want_top.len() != seqs.len() {
-            return Err(Error::InvalidArgument(format!(
-                "{} candidate flags for {} sequences",
-                want_top.len(),
-                seqs.len()
-            )));
-        }
         self.forward_batch_rows(seqs, k, want_top)
     }
 }

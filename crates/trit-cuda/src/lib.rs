@@ -26,6 +26,7 @@
 mod attention_o;
 mod batch;
 pub mod batch_gemm;
+mod batch_rows;
 pub mod device;
 pub mod flash;
 pub mod gemm;

@@ -21,8 +21,9 @@
 use super::{CudaHybrid, SeqBufs, State};
 use crate::batch::{single_rows_max, use_small_gemm};
 use crate::batch_gemm::{launch_small_gemm, SmallGemm, SplitScratch};
+use crate::batch_rows::{self, Row};
 use crate::device::{cuda_err, ptr, Arg, Gpu};
-use crate::graph::{alloc_host_logits, copy_to_pinned, StepGraph};
+use crate::graph::{alloc_host_logits, StepGraph};
 use crate::hybrid_weights::DevMixer;
 use crate::topk::{self, TopBuffers};
 use crate::weights::DevMatrix;
@@ -112,14 +113,6 @@ impl HybridBatch {
     }
 }
 
-/// One sequence of a batched decode step.
-struct Row {
-    slot: usize,
-    pos: usize,
-    token: u32,
-    want_top: bool,
-}
-
 impl CudaHybrid {
     /// Whether several sequences can run together: every layer one the batched prompt path
     /// covers (its row kernels run the batched step), and int8 tensor cores.
@@ -136,17 +129,7 @@ impl CudaHybrid {
         want_top: &[bool],
     ) -> Result<Vec<RowLogits>> {
         let c = &self.config;
-        for s in seqs.iter() {
-            trit::model::check_input(s.tokens, s.cache, c.vocab)?;
-            if s.cache.capacity() > self.ctx {
-                return Err(Error::InvalidArgument(format!(
-                    "a {}-token context on a GPU model loaded for {} positions (load it with a \
-                     larger --ctx)",
-                    s.cache.capacity(),
-                    self.ctx
-                )));
-            }
-        }
+        batch_rows::check_seqs(seqs, want_top, c.vocab, self.ctx)?;
         let mut guard = self.state.lock().map_err(|_| crate::model::poisoned())?;
         let st: &mut State = &mut guard;
         if !self.batchable(st) {
@@ -164,21 +147,10 @@ impl CudaHybrid {
         }
         self.attach_slots(st, seqs)?;
         let mut out: Vec<RowLogits> = vec![RowLogits::Full(Vec::new()); seqs.len()];
-        let mut rows = Vec::new();
-        let mut row_of = Vec::new();
-        for (i, s) in seqs.iter().enumerate() {
+        let (rows, row_of) = batch_rows::split_rows(seqs, want_top);
+        for (i, s) in seqs.iter().enumerate().filter(|(_, s)| s.tokens.len() != 1) {
             let slot = s.cache.device_slot().expect("attached above").index();
             let pos = s.cache.len();
-            if s.tokens.len() == 1 {
-                rows.push(Row {
-                    slot,
-                    pos,
-                    token: s.tokens[0],
-                    want_top: want_top.get(i).copied().unwrap_or(false),
-                });
-                row_of.push(i);
-                continue;
-            }
             out[i] = RowLogits::Full(self.slot_prompt(st, slot, s.tokens, pos, s.logits)?);
         }
         if !rows.is_empty() {
@@ -211,31 +183,7 @@ impl CudaHybrid {
         let (c, hy) = (&self.config, &self.hy);
         let batch = st.batch.as_mut().expect("created by the caller");
         for s in seqs.iter_mut() {
-            match s.cache.device_slot() {
-                Some(slot) if batch.pool.owns(slot) => {}
-                Some(_) => {
-                    return Err(Error::InvalidArgument(
-                        "a cache whose state lives on another GPU model".into(),
-                    ))
-                }
-                None if !s.cache.is_empty() => {
-                    return Err(Error::InvalidArgument(
-                        "a cache filled by the single-sequence GPU path cannot join a batch \
-                         (its state is not in a batch slot)"
-                            .into(),
-                    ))
-                }
-                None => {
-                    let slot = batch.pool.take().ok_or_else(|| {
-                        Error::InvalidArgument(format!(
-                            "all {} GPU sequence slots are in use",
-                            self.max_seqs
-                        ))
-                    })?;
-                    s.cache.set_device_slot(slot);
-                }
-            }
-            let i = s.cache.device_slot().expect("set above").index();
+            let i = batch_rows::attach(&batch.pool, s.cache, "state")?;
             if batch.slots[i].is_none() {
                 batch.slots[i] = Some(Slot {
                     seq: SeqBufs::new(&st.gpu, c, hy, self.ctx)?,
@@ -402,31 +350,8 @@ impl CudaHybrid {
             self.enqueue_rows(st, n, &Phases::new(false))?;
         }
         let batch = st.batch.as_mut().expect("created by forward_batch_rows");
-        let mut out: Vec<Option<RowLogits>> = vec![None; n];
-        if rows.iter().any(|r| r.want_top) && topk::supported(k, vocab) {
-            let logits = ptr(&batch.logits, &st.gpu.stream);
-            let tops = batch.top.run(&st.gpu, logits, n, vocab, k)?;
-            for ((o, r), t) in out.iter_mut().zip(rows).zip(tops) {
-                if r.want_top {
-                    *o = t.map(RowLogits::Top);
-                }
-            }
-        }
-        let missing: Vec<usize> = (0..n).filter(|&i| out[i].is_none()).collect();
-        if let (Some(&lo), Some(&hi)) = (missing.first(), missing.last()) {
-            let span = batch.logits.slice(lo * vocab..(hi + 1) * vocab);
-            let v = copy_to_pinned(&st.gpu, &span, &mut batch.host_logits)?;
-            for i in missing {
-                out[i] = Some(RowLogits::Full(
-                    v[(i - lo) * vocab..(i - lo + 1) * vocab].to_vec(),
-                ));
-            }
-        }
-        st.gpu.sync()?;
-        Ok(out
-            .into_iter()
-            .map(|o| o.expect("every row answered above"))
-            .collect())
+        let (logits, host) = (&batch.logits, &mut batch.host_logits);
+        batch_rows::gather(&st.gpu, logits, host, &mut batch.top, rows, k, vocab)
     }
 
     /// Enqueues the batched step of `n` rows (tokens in the batch's `toks`, positions in the
