@@ -7,7 +7,7 @@ use crate::request::{decode, Common};
 use crate::state::{token_bytes, token_text, AppState};
 use crate::stream::{collect, new_id, sse_response, timings, unix_now, usage, ChunkFormatter};
 use crate::tool_stream::{ToolCallStream, ToolDelta};
-use crate::tools::parse_tool_calls;
+use crate::tools::{parse_tool_calls, ParamTypes};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -95,10 +95,11 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
         tools: tools.is_some(),
         logprobs: top_logprobs.is_some(),
     };
+    let types = tools.map_or_else(ParamTypes::default, |t| ParamTypes::from_tools(t));
     if job.stream {
         let chunks = ChatChunks {
             reasoning: ReasoningStream::new(starts_in_reasoning),
-            tool_stream: ctx.tools.then(ToolCallStream::default),
+            tool_stream: ctx.tools.then(|| ToolCallStream::new(types)),
             include_usage: job.include_usage,
             pending_logprobs: Vec::new(),
             ctx,
@@ -108,7 +109,7 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
     let c = collect(started).await?;
     let split = split_reasoning(&c.text, starts_in_reasoning);
     let (content, calls) = if ctx.tools {
-        parse_tool_calls(&split.content)
+        parse_tool_calls(&split.content, &types)
     } else {
         (split.content, Vec::new())
     };

@@ -9,7 +9,7 @@
 //! end like a non-streaming reply (and stays content when it does not parse), so nothing the
 //! model wrote is lost. The whole body is re-scanned on each piece: calls are short.
 
-use crate::tools::{parse_tool_calls, xml_value};
+use crate::tools::{parse_tool_calls, xml_value, ParamTypes};
 use serde_json::{json, Value};
 
 const OPEN: &str = "<tool_call>";
@@ -32,6 +32,8 @@ pub struct ToolCallStream {
     calls: usize,
     /// The call in progress, once its first delta went out.
     current: Option<Progress>,
+    /// The request's tools' string parameters (how XML values are typed).
+    types: ParamTypes,
 }
 
 /// How far the call in progress has been sent.
@@ -42,6 +44,14 @@ struct Progress {
 }
 
 impl ToolCallStream {
+    /// A stream for a request whose tools declare `types`.
+    pub fn new(types: ParamTypes) -> ToolCallStream {
+        ToolCallStream {
+            types,
+            ..ToolCallStream::default()
+        }
+    }
+
     /// Tool calls streamed so far (or started).
     pub fn calls(&self) -> usize {
         self.calls
@@ -101,7 +111,7 @@ impl ToolCallStream {
             if self.current.is_some() {
                 self.end_call(&rest, &mut out);
             } else {
-                let (content, calls) = parse_tool_calls(&format!("{OPEN}{rest}"));
+                let (content, calls) = parse_tool_calls(&format!("{OPEN}{rest}"), &self.types);
                 self.send_whole(content, calls, &mut out);
             }
         } else if self.calls == 0 || !rest.trim().is_empty() {
@@ -116,7 +126,7 @@ impl ToolCallStream {
         let trimmed = body.trim_start();
         let skipped = body.len() - trimmed.len();
         if trimmed.starts_with("<function=") {
-            let scan = scan_xml(trimmed);
+            let scan = scan_xml(trimmed, &self.types);
             let Some(name) = scan.name else { return };
             let p = self.start(name, out);
             for (i, (arg, value)) in scan.params.iter().enumerate().skip(p.sent) {
@@ -172,7 +182,7 @@ impl ToolCallStream {
         self.advance_call(body, out);
         let Some(p) = self.current.take() else {
             // The name never became readable: parse the call whole.
-            let (content, calls) = parse_tool_calls(&format!("{OPEN}{body}{CLOSE}"));
+            let (content, calls) = parse_tool_calls(&format!("{OPEN}{body}{CLOSE}"), &self.types);
             return self.send_whole(content, calls, out);
         };
         let trimmed = body.trim_start();
@@ -341,7 +351,7 @@ struct XmlScan {
     params: Vec<(String, String)>,
 }
 
-fn scan_xml(s: &str) -> XmlScan {
+fn scan_xml(s: &str, types: &ParamTypes) -> XmlScan {
     let mut scan = XmlScan::default();
     let Some(rest) = s.strip_prefix("<function=") else {
         return scan;
@@ -349,7 +359,8 @@ fn scan_xml(s: &str) -> XmlScan {
     let Some((name, mut rest)) = rest.split_once('>') else {
         return scan;
     };
-    scan.name = Some(name.trim().to_string());
+    let name = name.trim();
+    scan.name = Some(name.to_string());
     loop {
         rest = rest.trim_start();
         let Some(after) = rest.strip_prefix("<parameter=") else {
@@ -361,8 +372,9 @@ fn scan_xml(s: &str) -> XmlScan {
         let Some((raw, after)) = after.split_once("</parameter>") else {
             return scan;
         };
-        scan.params
-            .push((arg.trim().to_string(), xml_value(raw).to_string()));
+        let arg = arg.trim();
+        let value = xml_value(raw, types.is_string(name, arg));
+        scan.params.push((arg.to_string(), value.to_string()));
         rest = after;
     }
 }
