@@ -63,13 +63,30 @@ pub(crate) fn use_small_gemm() -> bool {
     std::env::var("TRIT_CUDA_BATCH_GEMM").map_or(true, |v| v != "prefill")
 }
 
-/// `max_seqs` of a model being loaded: TRIT_CUDA_MAX_SEQS, else the default.
-pub(crate) fn max_seqs_from_env() -> usize {
-    std::env::var("TRIT_CUDA_MAX_SEQS")
+/// GPU memory kept free beside the slots of a model just loaded: the batched step's
+/// activations and logits, the prompt path's chunk buffers (~150 MB for the 27B shape at 512
+/// tokens), captured graphs and the driver's own.
+const SLOT_RESERVE: usize = 2 << 30;
+
+/// `max_seqs` of a model just loaded whose slots take `per_slot` bytes each:
+/// TRIT_CUDA_MAX_SEQS when set, else as many as the GPU's free memory holds (`slots_that_fit`):
+/// slots are allocated as sequences first use them, and one that could not be would fail
+/// every sequence of that step.
+pub(crate) fn max_seqs_for(gpu: &Gpu, per_slot: usize) -> usize {
+    let set = std::env::var("TRIT_CUDA_MAX_SEQS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .filter(|&n: &usize| n >= 1)
-        .unwrap_or(DEFAULT_MAX_SEQS)
+        .filter(|&n: &usize| n >= 1);
+    set.unwrap_or_else(|| {
+        let free = gpu.ctx.mem_get_info().map_or(usize::MAX, |(free, _)| free);
+        slots_that_fit(free, per_slot)
+    })
+}
+
+/// Slots of `per_slot` bytes that `free` bytes hold beside `SLOT_RESERVE`: at least 1 (the
+/// single path's), at most `DEFAULT_MAX_SEQS`.
+pub(crate) fn slots_that_fit(free: usize, per_slot: usize) -> usize {
+    (free.saturating_sub(SLOT_RESERVE) / per_slot.max(1)).clamp(1, DEFAULT_MAX_SEQS)
 }
 
 /// Keys and values of one slot: per layer `[kv_head][ctx][head_dim]` f16.
@@ -261,7 +278,8 @@ impl CudaModel {
     }
 
     /// Sets the number of slots (before the first batched call, which allocates them; at
-    /// least 1). The default: TRIT_CUDA_MAX_SEQS, else 64.
+    /// least 1). The default: TRIT_CUDA_MAX_SEQS, else as many as the GPU's free memory
+    /// held after loading (`max_seqs_for`), at most 64.
     pub fn with_max_sequences(mut self, n: usize) -> Self {
         let st = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
         if st.batch.is_none() {
@@ -642,4 +660,22 @@ fn attn_rows_kernel(hd: usize) -> &'static str {
         "attn_rows_e8",
     ];
     NAMES[(hd / 32).clamp(1, 8) - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slots_that_fit;
+
+    #[test]
+    fn slots_are_what_free_memory_holds_beside_the_reserve() {
+        let gib = 1usize << 30;
+        // 8B shape at 4,096 positions: 576 MiB per slot, 32 of them in 18 GiB.
+        let slot = 36 * 2 * 8 * 128 * 4096 * 2;
+        assert_eq!(slots_that_fit(20 * gib, slot), 32);
+        assert_eq!(slots_that_fit(20 * gib - 1, slot), 31);
+        assert_eq!(slots_that_fit(130 * gib, slot), 64);
+        // Not even one slot beside the reserve: still the single path's one.
+        assert_eq!(slots_that_fit(gib, slot), 1);
+        assert_eq!(slots_that_fit(0, 0), 1);
+    }
 }

@@ -282,20 +282,31 @@ impl CudaHybrid {
                 history: Vec::new(),
             }),
         };
-        // Slots as for dense models (TRIT_CUDA_MAX_SEQS, else 64); one where the batched step
-        // cannot run this model.
+        // Slots as for dense models (TRIT_CUDA_MAX_SEQS, else as many as fit); one where the
+        // batched step cannot run this model.
         let batchable = {
             let st = model.state.lock().map_err(|_| poisoned())?;
             model.batchable(&st)
         };
         if batchable {
-            model.max_seqs = crate::batch::max_seqs_from_env();
+            let per_slot = model.slot_bytes();
+            let st = model.state.get_mut().unwrap_or_else(|e| e.into_inner());
+            model.max_seqs = crate::batch::max_seqs_for(&st.gpu, per_slot);
         }
         Ok(model)
     }
 
     pub fn device_name(&self) -> &str {
         &self.device_name
+    }
+
+    /// Bytes of one sequence's state (`SeqBufs`): per DeltaNet layer its conv window and
+    /// delta-rule state (f32), per full-attention layer its keys and values (f16).
+    fn slot_bytes(&self) -> usize {
+        let (c, hy) = (&self.config, &self.hy);
+        let linear = hy.conv_kernel.max(1) * hy.conv_dim() + hy.v_heads * hy.v_dim * hy.k_dim;
+        let full = 2 * c.n_kv_heads * c.head_dim * self.ctx;
+        hy.n_linear() * linear * 4 + hy.n_full() * full * 2
     }
 }
 

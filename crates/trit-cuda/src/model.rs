@@ -195,7 +195,11 @@ impl CudaModel {
             weight_bytes,
             bytes_per_token,
             device_name: gpu.name.clone(),
-            max_seqs: crate::batch::max_seqs_from_env(),
+            // Per slot: keys and values of every layer for the full context, f16.
+            max_seqs: crate::batch::max_seqs_for(
+                &gpu,
+                cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * opts.ctx * 2,
+            ),
             config: cfg,
             state: Mutex::new(State {
                 gpu,

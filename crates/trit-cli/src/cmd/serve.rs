@@ -55,7 +55,8 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
     if a.parallel > slots {
         eprintln!(
             "trit serve: warning: --parallel {} is more than the {slots} sequences the GPU holds \
-             at once (TRIT_CUDA_MAX_SEQS); running {slots} together, the rest wait in the queue",
+             at once (its free memory at this --ctx, or TRIT_CUDA_MAX_SEQS); running {slots} \
+             together, the rest wait in the queue",
             a.parallel
         );
         a.parallel = slots;
