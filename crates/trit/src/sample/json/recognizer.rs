@@ -134,6 +134,16 @@ enum Frame {
         alive: u64,
         pos: u16,
     },
+    /// An XML argument's string value written as it is (`xml_call.rs`): `tail` bytes of the
+    /// closing `\n</parameter>` seen, not yet known to be content; `watch` bytes of a
+    /// `</parameter>` inside the content (which a reader would take for the end).
+    RawText {
+        node: u32,
+        chars: u32,
+        lex: Lex,
+        tail: u8,
+        watch: u8,
+    },
 }
 
 /// What a string's next byte is.
@@ -363,7 +373,7 @@ impl<'s> Recognizer<'s> {
         }
         let in_string = matches!(
             self.state.stack.last(),
-            Some(Frame::Str { .. } | Frame::Key { .. })
+            Some(Frame::Str { .. } | Frame::Key { .. } | Frame::RawText { .. })
         );
         if ws && !in_string {
             // One break per run ("\r\n" counts as one).
@@ -505,6 +515,13 @@ impl<'s> Recognizer<'s> {
                 alive,
                 pos,
             } => self.xml_args(node, seen, phase, alive, pos, b),
+            Frame::RawText {
+                node,
+                chars,
+                lex,
+                tail,
+                watch,
+            } => self.raw_text(node, chars, lex, (tail, watch), b),
             Frame::Closing { pos } => {
                 let closing = &self.schema.closing;
                 match closing.get(pos as usize) {

@@ -1,6 +1,7 @@
 //! Forced tool calls in Qwen3.5's XML dialect (`JsonSchema::xml_tool_call`): which texts the
 //! recognizer admits, and random draws through the constraint read back by an independent
-//! reader of the dialect into arguments that fit each tool's schema.
+//! reader of the dialect (a string parameter's text as it is, any other as JSON) into
+//! arguments that fit each tool's schema.
 
 use super::tests::{accepts, draw};
 use super::JsonSchema;
@@ -16,7 +17,8 @@ fn weather() -> Value {
 }
 
 fn tools() -> JsonSchema {
-    let time = json!({"type": "object", "properties": {"zone": {"type": "string"}}});
+    let time = json!({"type": "object", "properties": {"zone": {"type": "string", "minLength": 1, "maxLength": 16},
+        "format": {"enum": ["24h", "12h"]}}});
     let now = json!({"type": "object", "properties": {}});
     JsonSchema::xml_tool_call(&[
         ("get_weather".into(), weather()),
@@ -35,8 +37,11 @@ fn call(name: &str, params: &[(&str, &str)]) -> String {
     s + "</function>\n</tool_call>"
 }
 
-/// Reads a call back: its name and arguments, each parameter's text parsed as JSON (what
-/// the server's reader does with a value that is JSON).
+/// The parameters written as raw text: plain strings.
+const RAW: [&str; 2] = ["city", "zone"];
+
+/// Reads a call back: its name and arguments (a plain string parameter's text as it is, any
+/// other parsed as JSON, as the server's reader does with declared types).
 fn read(text: &str) -> (String, Map<String, Value>) {
     let body = text
         .strip_prefix("<tool_call>\n<function=")
@@ -49,7 +54,10 @@ fn read(text: &str) -> (String, Map<String, Value>) {
         let (v, after) = after
             .split_once("\n</parameter>\n")
             .expect("a closed parameter");
-        let v: Value = serde_json::from_str(v).unwrap_or_else(|e| panic!("{v:?}: {e}"));
+        let v: Value = match RAW.contains(&p) {
+            true => Value::String(v.to_string()),
+            false => serde_json::from_str(v).unwrap_or_else(|e| panic!("{v:?}: {e}")),
+        };
         assert!(
             args.insert(p.to_string(), v).is_none(),
             "{p} twice in {text:?}"
@@ -65,41 +73,51 @@ fn the_xml_dialect_admits_exactly_calls_that_fit_a_tool() {
     let s = tools();
     let ok = |t: String| assert!(accepts(&s, t.as_bytes()), "refused: {t:?}");
     let no = |t: String| assert!(!accepts(&s, t.as_bytes()), "admitted: {t:?}");
-    ok(call("get_weather", &[("city", "\"Paris\""), ("days", "3")]));
+    ok(call("get_weather", &[("city", "Paris"), ("days", "3")]));
     ok(call(
         "get_weather",
         &[
             ("days", "14"),
             ("hourly", "true"),
             ("unit", "\"f\""),
-            ("city", "\"Oslo\""),
+            ("city", "Oslo, Norway"),
         ],
     ));
     ok(call("get_time", &[]));
-    ok(call("get_time", &[("zone", "\"Europe/Paris\"")]));
+    ok(call("get_time", &[("zone", "Europe/Paris")]));
     ok(call("now", &[]));
     // A required parameter missing; one twice; an undeclared one; a value of the wrong type
     // or out of its bounds; a string not written as JSON; an unknown tool.
-    no(call("get_weather", &[("city", "\"Paris\"")]));
+    no(call("get_weather", &[("city", "Paris")]));
     no(call(
         "get_weather",
-        &[("city", "\"A\""), ("days", "3"), ("days", "4")],
+        &[("city", "A"), ("days", "3"), ("days", "4")],
     ));
     no(call(
         "get_weather",
-        &[("city", "\"A\""), ("days", "3"), ("when", "1")],
+        &[("city", "A"), ("days", "3"), ("when", "1")],
     ));
-    no(call("get_weather", &[("city", "\"A\""), ("days", "\"3\"")]));
-    no(call("get_weather", &[("city", "\"A\""), ("days", "15")]));
+    no(call("get_weather", &[("city", "A"), ("days", "\"3\"")]));
+    no(call("get_weather", &[("city", "A"), ("days", "15")]));
     no(call(
         "get_weather",
-        &[("city", "\"A long city name\""), ("days", "1")],
+        &[("city", "A long city name"), ("days", "1")],
     ));
-    no(call("get_weather", &[("city", "Paris"), ("days", "3")]));
+    // Raw strings: any text (quotes too, line breaks inside), but no control character, no
+    // `</parameter>` inside, and within the length bounds.
+    ok(call("get_weather", &[("city", "\"Rome\""), ("days", "3")]));
+    ok(call("get_time", &[("zone", "a\nb <x> </param")]));
+    ok(call("get_time", &[("zone", "\n")]));
+    no(call("get_time", &[("zone", "")]));
+    no(call("get_time", &[("zone", "a</parameter>b")]));
+    no(call("get_time", &[("zone", "a\u{1}b")]));
+    // Other strings stay JSON: an enum's values are quoted.
+    ok(call("get_time", &[("format", "\"24h\"")]));
+    no(call("get_time", &[("format", "24h")]));
     no(call("get_date", &[]));
     no(call("now", &[("x", "1")]));
     // The framing is exact: the line break after a name, the closing tag's lines.
-    let t = call("get_time", &[("zone", "\"UTC\"")]);
+    let t = call("get_time", &[("zone", "UTC")]);
     no(t.replace("<parameter=zone>\n", "<parameter=zone>"));
     no(t.replace("\n</parameter>", "</parameter>"));
     // Unfinished: no end before the closing text.
@@ -127,8 +145,17 @@ fn constrained_xml_draws_read_back_as_calls_that_fit_their_tool() {
                 assert!(args.len() <= 4, "{text:?}");
             }
             "get_time" => {
-                assert!(args.keys().all(|k| k == "zone"), "{text:?}");
-                assert!(args.values().all(Value::is_string), "{text:?}");
+                if let Some(z) = args.get("zone") {
+                    let n = z.as_str().map(|z| z.chars().count());
+                    assert!(n.is_some_and(|n| (1..=16).contains(&n)), "{text:?}");
+                }
+                if let Some(f) = args.get("format") {
+                    assert!(f == "24h" || f == "12h", "{text:?}");
+                }
+                assert!(
+                    args.keys().all(|k| k == "zone" || k == "format"),
+                    "{text:?}"
+                );
             }
             "now" => assert!(args.is_empty(), "{text:?}"),
             other => panic!("unknown tool {other} in {text:?}"),

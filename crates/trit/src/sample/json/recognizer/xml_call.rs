@@ -1,14 +1,24 @@
 //! Qwen3.5's XML tool-call dialect as a frame of the recognizer. After the opening text
 //! `<tool_call>\n<function=NAME>\n` each argument is `<parameter=NAME>\n` VALUE
-//! `\n</parameter>\n`, VALUE a JSON document of the property's schema (the server's parser
-//! reads a parameter's text as JSON when it is JSON, so every value comes back with its type),
-//! and once every required property is written the call may end with the schema's closing
-//! text, `</function>\n</tool_call>`. Only declared properties, each at most once.
+//! `\n</parameter>\n`, and once every required property is written the call may end with the
+//! schema's closing text, `</function>\n</tool_call>`. Only declared properties, each at most
+//! once. A plain string property's VALUE is its text as it is, as Qwen3.5's template writes
+//! strings (any UTF-8 without control characters but tab and line break, within the length
+//! bounds; the server's reader keeps a string parameter's text); any other VALUE is a JSON
+//! document of the property's schema.
 
-use super::{Frame, Outcome, Recognizer};
+use super::{lex, Frame, Lex, LexStep, Outcome, Recognizer};
+use crate::sample::json::schema::{Node, STRING};
 
 const PARAM_OPEN: &[u8] = b"<parameter=";
 const PARAM_CLOSE: &[u8] = b"\n</parameter>\n";
+/// What ends a raw value (the rest of `PARAM_CLOSE` follows).
+const RAW_END: &[u8] = b"\n</parameter>";
+
+/// Whether a property's value is written raw: a string without enumerated values or pattern.
+fn raw_string(n: &Node) -> bool {
+    n.kinds == STRING && n.literals.is_none() && n.pattern.is_none()
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum XmlPhase {
@@ -114,8 +124,10 @@ impl Recognizer<'_> {
                     alive: 0,
                     pos: 0,
                 });
-                Outcome::Push(Frame::Value {
-                    node: props[i].1 as u32,
+                let value = props[i].1 as u32;
+                Outcome::Push(match raw_string(self.node(value)) {
+                    true => raw(value, 0, Lex::Normal, (0, 0)),
+                    false => Frame::Value { node: value },
                 })
             }
             XmlPhase::ValueEnd => {
@@ -128,5 +140,77 @@ impl Recognizer<'_> {
                 Outcome::Replace(frame(XmlPhase::ValueEnd, 0, pos + 1))
             }
         }
+    }
+
+    /// A raw string value's next byte. A line break may begin the closing `\n</parameter>`:
+    /// its bytes are held in `tail` until they either complete it (the value ends; the
+    /// arguments' frame then takes the last line break) or stop matching (they were content).
+    /// Content may not hold `</parameter>` anywhere (`watch`): readers end the value there.
+    pub(super) fn raw_text(
+        &mut self,
+        node: u32,
+        chars: u32,
+        lex: Lex,
+        (tail, watch): (u8, u8),
+        b: u8,
+    ) -> Outcome {
+        let n = self.node(node);
+        let mut chars = chars;
+        let t = tail as usize;
+        if t > 0 {
+            if RAW_END[t] == b {
+                if t + 1 < RAW_END.len() {
+                    return Outcome::Replace(raw(node, chars, lex, (tail + 1, 0)));
+                }
+                if (chars as usize) < n.min_len {
+                    return Outcome::Reject;
+                }
+                // The value is over: the arguments' frame below expects PARAM_CLOSE's last byte.
+                let below = self.state.stack.len() - 2;
+                if let Frame::XmlArgs { pos, .. } = &mut self.state.stack[below] {
+                    *pos = RAW_END.len() as u16;
+                }
+                return Outcome::Done;
+            }
+            // The held bytes were content: a line break and ASCII, a character each. (They
+            // match `</parameter>` only up to the byte that just broke the match.)
+            chars += tail as u32;
+            if n.max_len.is_some_and(|m| chars as usize > m) {
+                return Outcome::Reject;
+            }
+        }
+        let mut lex = lex;
+        let new = match (lex, b) {
+            (Lex::Normal, b'\n') => return Outcome::Replace(raw(node, chars, lex, (1, 0))),
+            (Lex::Normal, b'\t' | 0x20..=0x7f) => true,
+            (Lex::Normal, 0..=0x1f) => return Outcome::Reject,
+            // A UTF-8 lead or continuation byte (JSON's lexer checks them alike).
+            _ => match self::lex(&mut lex, b) {
+                LexStep::Content(new) => new,
+                _ => return Outcome::Reject,
+            },
+        };
+        let chars = chars + new as u32;
+        if n.max_len.is_some_and(|m| chars as usize > m) {
+            return Outcome::Reject;
+        }
+        let end_tag = &RAW_END[1..];
+        let watch = match (t == 0 && end_tag[watch as usize] == b, b == b'<') {
+            (true, _) if watch as usize + 1 == end_tag.len() => return Outcome::Reject,
+            (true, _) => watch + 1,
+            (false, true) => 1,
+            (false, false) => 0,
+        };
+        Outcome::Replace(raw(node, chars, lex, (0, watch)))
+    }
+}
+
+fn raw(node: u32, chars: u32, lex: Lex, (tail, watch): (u8, u8)) -> Frame {
+    Frame::RawText {
+        node,
+        chars,
+        lex,
+        tail,
+        watch,
     }
 }
