@@ -219,7 +219,7 @@ fn logprobs_request(logprobs: bool, top: Option<i64>) -> Result<Option<usize>, A
 }
 
 /// Checks message shapes and flattens content parts into text (templates expect strings).
-fn normalize_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
+pub(crate) fn normalize_messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid("messages must not be empty"));
     }

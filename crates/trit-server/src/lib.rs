@@ -9,6 +9,7 @@ pub mod chat;
 pub mod completions;
 pub mod error;
 pub mod metrics;
+pub mod props;
 pub mod request;
 pub mod state;
 pub mod stream;
@@ -78,6 +79,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/models", get(models))
         .route("/health", get(health))
+        .route("/props", get(props))
+        .route("/apply-template", post(apply_template))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/metrics", get(metrics))
@@ -134,6 +137,15 @@ async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Response
 
 async fn tokenize(State(state): State<Arc<AppState>>, body: Body) -> Response {
     let result = read_body(&state, body).and_then(|b| tokenize::tokenize(&state, &b));
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn props(State(state): State<Arc<AppState>>) -> Response {
+    props::props(&state)
+}
+
+async fn apply_template(State(state): State<Arc<AppState>>, body: Body) -> Response {
+    let result = read_body(&state, body).and_then(|b| props::apply_template(&state, &b));
     result.unwrap_or_else(IntoResponse::into_response)
 }
 

@@ -465,3 +465,61 @@ fn ignore_eos_and_n_predict_and_refused_samplers() {
         assert!(r.text().contains(name), "{}", r.text());
     }
 }
+
+/// llama.cpp's `GET /props` and `POST /apply-template`: the served settings and template, and
+/// a conversation rendered exactly as a chat request renders it.
+#[test]
+fn props_and_apply_template_show_what_the_server_runs() {
+    let addr = server().addr;
+    let files = trit::format::open(&common::default_model_path()).unwrap();
+    let source = files
+        .chat_template
+        .clone()
+        .expect("the default model has a template");
+    let p = get(addr, "/props").json();
+    assert_eq!(p["default_generation_settings"]["n_ctx"], 256, "{p}");
+    assert_eq!(p["total_slots"], 4, "{p}");
+    assert_eq!(p["chat_template"], source.as_str());
+    assert!(p["eos_tokens"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("<|im_end|>")));
+    let params = &p["default_generation_settings"]["params"];
+    assert!(
+        params["temperature"].is_number() && params["top_p"].is_number(),
+        "{p}"
+    );
+
+    let messages = json!([{"role": "system", "content": "Be brief."},
+                          {"role": "user", "content": "Hi there"}]);
+    let r = post(addr, "/apply-template", &json!({ "messages": messages }));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let prompt = r.json()["prompt"].as_str().unwrap().to_string();
+    let tok = trit::tokenizer::Tokenizer::from_source(&files.tokenizer).unwrap();
+    let template = trit::chat::ChatTemplate::new(
+        &source,
+        &tok.bos_token().unwrap_or_default(),
+        &tok.eos_token().unwrap_or_default(),
+    )
+    .unwrap();
+    let no_kwargs = serde_json::Map::new();
+    let msgs = messages.as_array().unwrap();
+    let want = template.render(msgs, true, None, &no_kwargs).unwrap();
+    assert_eq!(prompt, want);
+    assert!(prompt.contains("Hi there") && prompt.ends_with("<|im_start|>assistant\n"));
+    let r = post(
+        addr,
+        "/apply-template",
+        &json!({"messages": messages, "add_generation_prompt": false}),
+    );
+    let open = r.json()["prompt"].as_str().unwrap().to_string();
+    assert_eq!(
+        open,
+        template.render(msgs, false, None, &no_kwargs).unwrap()
+    );
+    assert!(!open.ends_with("<|im_start|>assistant\n"), "{open:?}");
+    for bad in [json!({"messages": []}), json!({"prompt": "x"})] {
+        let r = post(addr, "/apply-template", &bad);
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+    }
+}

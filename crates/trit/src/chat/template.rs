@@ -45,6 +45,8 @@ pub struct ChatTemplate {
     /// The template shows tool calls in Qwen3.5's XML dialect (`<function=NAME>`) rather than
     /// as Hermes JSON.
     xml_tool_calls: bool,
+    /// The Jinja text as given (a server's `/props` shows it).
+    source: String,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -102,7 +104,13 @@ impl ChatTemplate {
             eos_token: eos_token.to_string(),
             clock,
             xml_tool_calls,
+            source: source.to_string(),
         })
+    }
+
+    /// The Jinja text the template was compiled from.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Whether the model was taught tool calls as Qwen3.5's XML (`<function=NAME>`), not JSON.
