@@ -98,6 +98,13 @@ impl ExternalNet for SlotNet {
             }
             let i = s.cache.device_slot().unwrap().index();
             let mut c = slots[i].take().expect("a cache per owned slot");
+            if c.len() != s.cache.len() && self.inner.config().hybrid.is_some() {
+                // As the GPU's hybrid: a slot's recurrent state cannot be cut back.
+                slots[i] = Some(c);
+                return Err(trit::Error::InvalidArgument(
+                    "a hybrid slot cut back".into(),
+                ));
+            }
             c.truncate(s.cache.len());
             let mut held = self.slot_tokens.lock().unwrap();
             held[i].truncate(s.cache.len());
@@ -654,4 +661,104 @@ fn generation_from_candidate_rows_equals_generation_from_full_rows() {
             assert_eq!((fulls, tops), (12, 0), "{:?}", opts.sampling);
         }
     }
+}
+
+/// A hybrid on a device backend: its state exists only at a sequence's end, so a finished
+/// sequence's slot is parked and taken over by a prompt that extends all of its tokens (a chat
+/// follow-up re-sent as full history computes only the new turn), and never for a partial match
+/// (the stand-in refuses a cut-back slot, as the GPU does). The reused state must give the
+/// distribution the whole prompt gives alone on the CPU engine. (Compared as log-probabilities:
+/// the random tiny hybrid has near ties, and the batched rows and the chunked prompt sum in
+/// another order than a session's steps, so greedy tokens may part after a few steps.)
+#[test]
+fn a_hybrids_parked_slot_continues_a_prompt_that_extends_it_whole() {
+    use trit::format::testgen::hybrid::{generate as generate_hybrid, HybridPreset};
+    use trit::format::testgen::{OutFormat, TokenizerAssets};
+    let dir = tempfile::tempdir().unwrap();
+    let preset = HybridPreset::by_name("tiny-qwen35").unwrap();
+    let f = OutFormat::parse("q2_0").unwrap();
+    generate_hybrid(&preset, 5, dir.path(), &[f], &TokenizerAssets::Placeholder).unwrap();
+    let files = trit::format::open(&dir.path().join(f.file_name())).unwrap();
+    let tok = Arc::new(Tokenizer::from_source(&files.tokenizer).unwrap());
+    let ctx = 128;
+    let net = Arc::new(SlotNet::new(Model::load(&files, 2).unwrap(), 2, ctx, true));
+    let model = Arc::new(Model::from_external(Box::new(Shared(net.clone()))));
+    let config = SchedulerConfig {
+        n_ctx: ctx,
+        parallel: 2,
+        max_queue: 8,
+        kv_cache_bytes: 64 << 20,
+    };
+    let sched = Scheduler::start(model, tok.clone(), config).unwrap();
+    let cpu = Arc::new(Model::load(&files, 2).unwrap());
+    let ids = |n: usize, seed: u32| -> Vec<u32> {
+        (0..n as u32)
+            .map(|i| (i * 7919 + seed * 104_729) % 4000 + 10)
+            .collect()
+    };
+    // The first token's 8 best log-probabilities from the scheduler, and those of a session
+    // that reaches `prompt` the same way: `steps` tokens of it generated one at a time after
+    // `before` of it as a prompt (the reused history), the rest as the next prompt.
+    let check_first = |prompt: &[u32], before: usize, steps: usize| -> SeqSummary {
+        let (tx, rx) = mpsc::channel();
+        sched
+            .submit(SeqRequest {
+                prompt: prompt.to_vec(),
+                options: greedy(1),
+                top_logprobs: Some(8),
+                sink: Box::new(move |e| tx.send(e).is_ok()),
+            })
+            .unwrap();
+        let (mut top, mut summary) = (Vec::new(), None);
+        while summary.is_none() {
+            match rx.recv_timeout(Duration::from_secs(120)).unwrap() {
+                SeqEvent::Piece { logprob, .. } => top.extend(logprob.map(|l| l.top)),
+                SeqEvent::Done(s) => summary = Some(s),
+                SeqEvent::Prompt { .. } => {}
+                SeqEvent::Error(e) => panic!("unexpected error {e}"),
+            }
+        }
+        let mut session = Session::new(cpu.clone(), ctx);
+        if before > 0 {
+            session.prefill(&prompt[..before]).unwrap();
+            for &t in &prompt[before..before + steps] {
+                session.step(t).unwrap();
+            }
+        }
+        let logits = session.prefill(prompt).unwrap();
+        let max = logits.iter().fold(f32::MIN, |a, &b| a.max(b));
+        let log_z = max + logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln();
+        let top = &top[0];
+        assert_eq!(top.len(), 8);
+        for &(id, lp) in top {
+            let want = logits[id as usize] - log_z;
+            assert!(
+                (lp - want).abs() < 1e-3,
+                "token {id}: {lp} against {want} alone"
+            );
+        }
+        summary.unwrap()
+    };
+    let first = ids(30, 1);
+    let (reply, s0) = collect(&submit(&sched, &first, greedy(6)));
+    assert_eq!(s0.cached_tokens, 0);
+    // The follow-up: the first prompt, its reply, a new turn. The parked slot holds the prompt
+    // and the reply tokens that were fed back (all but the last).
+    let mut follow = first.clone();
+    follow.extend(&reply);
+    follow.extend(ids(8, 2));
+    // The reply's last token is sampled but never fed back, so the history holds the rest.
+    let s1 = check_first(&follow, first.len(), reply.len() - 1);
+    let history = first.len() + reply.len();
+    assert_eq!(
+        s1.cached_tokens,
+        history - 1,
+        "of a {history}-token history"
+    );
+    // Sharing only the first 20 tokens with a parked history: computed from the start.
+    let mut partial = first[..20].to_vec();
+    partial.extend(ids(15, 3));
+    assert_eq!(check_first(&partial, 0, 0).cached_tokens, 0);
+    assert!(sched.stats().prefix_hits_total >= 1);
+    assert_eq!(check_first(&first, 0, 0).cached_tokens, 0);
 }

@@ -9,6 +9,10 @@
 //!
 //! Parked caches hold slots that new sequences may need: the oldest is dropped (its slot
 //! returns to the backend's pool) whenever a sequence must start without one.
+//!
+//! A hybrid's recurrent state exists only at its sequence's end, so its parked slot is taken
+//! over only by a prompt that starts with all of the slot's tokens (a chat follow-up whose
+//! history re-renders as the model saw it), never cut back to a shorter common prefix.
 
 use super::block_pool::common_prefix;
 use crate::model::KvCache;
@@ -29,17 +33,19 @@ pub(crate) struct ParkedSlots {
     entries: Vec<Parked>,
     /// Device slots in all (running sequences + parked caches never exceed it).
     slots: usize,
-    /// Most caches kept: `slots`, or 0 for a model whose caches cannot be cut back (a hybrid's
-    /// recurrent state exists only at the end position, so no shorter prefix could resume).
+    /// Most caches kept.
     keep: usize,
+    /// Caches continue only from their end (a hybrid's): adopted whole or not at all.
+    whole: bool,
 }
 
 impl ParkedSlots {
-    pub(crate) fn new(slots: usize, keep: usize) -> ParkedSlots {
+    pub(crate) fn new(slots: usize, keep: usize, whole: bool) -> ParkedSlots {
         ParkedSlots {
             entries: Vec::new(),
             slots,
             keep: keep.min(slots),
+            whole,
         }
     }
 
@@ -62,13 +68,21 @@ impl ParkedSlots {
     }
 
     /// The parked cache sharing the longest prefix with `prompt`, cut to that prefix (at most
-    /// `limit` tokens), and its length — if at least [`MIN_REUSE`] tokens.
+    /// `limit` tokens), and its length — if at least [`MIN_REUSE`] tokens. With `whole` caches
+    /// only one whose every token starts `prompt` (within `limit`), uncut.
     pub(crate) fn adopt(&mut self, prompt: &[u32], limit: usize) -> Option<(KvCache, usize)> {
+        let shared = |p: &Parked| {
+            let n = common_prefix(&p.tokens, prompt).min(limit);
+            match self.whole && n < p.tokens.len() {
+                true => 0,
+                false => n,
+            }
+        };
         let (i, n) = self
             .entries
             .iter()
             .enumerate()
-            .map(|(i, p)| (i, common_prefix(&p.tokens, prompt).min(limit)))
+            .map(|(i, p)| (i, shared(p)))
             .max_by_key(|&(i, n)| (n, i))?;
         if n < MIN_REUSE {
             return None;
@@ -102,7 +116,7 @@ mod tests {
     #[test]
     fn the_longest_shared_prefix_is_adopted_and_cut_to_it() {
         let pool = SlotPool::new(3);
-        let mut parked = ParkedSlots::new(3, 3);
+        let mut parked = ParkedSlots::new(3, 3, false);
         let a: Vec<u32> = (0..40).collect();
         let mut b: Vec<u32> = (0..30).collect();
         b.extend(100..110);
@@ -127,12 +141,12 @@ mod tests {
     #[test]
     fn short_prefixes_unslotted_caches_and_unkept_models_are_not_reused() {
         let pool = SlotPool::new(2);
-        // A model whose caches cannot be cut back (a hybrid) keeps none: the slot comes back.
-        let mut none = ParkedSlots::new(2, 0);
+        // Keeping none: the slot comes back.
+        let mut none = ParkedSlots::new(2, 0, false);
         let a: Vec<u32> = (0..40).collect();
         none.park(parked_cache(&pool, &a), a.clone());
         assert_eq!((none.len(), pool.free_count()), (0, 2));
-        let mut parked = ParkedSlots::new(2, 2);
+        let mut parked = ParkedSlots::new(2, 2, false);
         parked.park(parked_cache(&pool, &a), a.clone());
         let mut prompt: Vec<u32> = (0..MIN_REUSE as u32 - 1).collect();
         prompt.push(999);
@@ -153,9 +167,28 @@ mod tests {
     }
 
     #[test]
+    fn a_hybrids_cache_is_adopted_whole_or_not_at_all() {
+        let pool = SlotPool::new(2);
+        let mut parked = ParkedSlots::new(2, 2, true);
+        let a: Vec<u32> = (0..40).collect();
+        parked.park(parked_cache(&pool, &a), a.clone());
+        // 30 tokens in common: a dense cache would be cut to them, a hybrid's cannot.
+        let mut partial: Vec<u32> = (0..30).collect();
+        partial.extend(500..520);
+        assert!(parked.adopt(&partial, partial.len() - 1).is_none());
+        // The whole history, then more: taken over, uncut. But not when the limit (the last
+        // prompt token is always computed) falls inside it.
+        let mut follow: Vec<u32> = a.clone();
+        follow.extend(600..610);
+        assert!(parked.adopt(&follow, 39).is_none());
+        let (cache, n) = parked.adopt(&follow, follow.len() - 1).expect("whole");
+        assert_eq!((n, cache.len()), (40, 40));
+    }
+
+    #[test]
     fn room_is_made_oldest_first_and_slots_come_back() {
         let pool = SlotPool::new(3);
-        let mut parked = ParkedSlots::new(3, 3);
+        let mut parked = ParkedSlots::new(3, 3, false);
         for k in 0..3u32 {
             let t: Vec<u32> = (0..20).map(|i| i + 100 * k).collect();
             parked.park(parked_cache(&pool, &t), t);

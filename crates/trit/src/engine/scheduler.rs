@@ -21,7 +21,8 @@
 //! takes it over (`parked_slots.rs`); failing that, a backend that can copy between slots
 //! ([`ExternalNet::copy_prefix`](crate::model::ExternalNet::copy_prefix)) copies the longest
 //! such prefix a running sequence holds into the new sequence's slot; other prompts are
-//! computed in full.
+//! computed in full. A hybrid's slot holds its recurrent state only at its end, so it is taken
+//! over only by a prompt that extends the whole parked sequence.
 //!
 //! Hybrid models (Qwen3.5) also need the recurrent state of their Gated DeltaNet layers at the
 //! position where reuse starts, and that state exists only where a copy was kept. A finished
@@ -213,8 +214,9 @@ impl Scheduler {
             reserved_blocks: 0,
             parallel,
             share_prefixes,
-            // A hybrid's recurrent state exists only at the end position: nothing to resume.
-            parked: ParkedSlots::new(slots, if hybrid { 0 } else { slots }),
+            // A hybrid's recurrent state exists only at the end position: its slot can only
+            // continue a prompt that extends it whole.
+            parked: ParkedSlots::new(slots, slots, hybrid),
             waiting: waiting.clone(),
             stats: stats.clone(),
             n_ctx: config.n_ctx,
