@@ -112,7 +112,8 @@ fn gpu_report() -> Value {
 }
 
 /// The GPU section: driver version, each GPU with its memory, and which known models fit
-/// on it (the GPU keeps its KV cache in f16: half the CPU's bytes per token).
+/// on it — dense and hybrid (the GPU keeps its KV cache in f16: half the CPU's bytes per
+/// token; a hybrid's recurrent state once per sequence).
 #[cfg(feature = "cuda")]
 fn gpu_report() -> Value {
     match trit_cuda::device::probe() {
@@ -126,7 +127,6 @@ fn gpu_report() -> Value {
                 .map(|g| {
                     let fits: Vec<Value> = MODELS
                         .iter()
-                        .filter(|m| m.state_bytes == 0) // the GPU backend runs dense models
                         .map(|m| {
                             let ctx = fit_gpu(m, g.free_bytes as u64);
                             json!({"model": m.name, "format": m.format, "fits": ctx.is_some(),
@@ -148,8 +148,9 @@ fn gpu_report() -> Value {
     }
 }
 
-/// The largest context that fits on a GPU with `free` bytes beside the weights.
-#[cfg(feature = "cuda")]
+/// The largest context that fits on a GPU with `free` bytes beside the weights, one
+/// sequence's recurrent state (hybrids) and 512 MiB of activations.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 fn fit_gpu(m: &KnownModel, free: u64) -> Option<usize> {
     // The GPU keeps keys and values in f16.
     let kv_per_token = trit::model::KvCache::bytes_for(
@@ -158,7 +159,12 @@ fn fit_gpu(m: &KnownModel, free: u64) -> Option<usize> {
         trit::model::KvTypes::F16,
         1,
     ) as u64;
-    let fixed = m.weight_bytes + (512 << 20);
+    // Base-3 files are repacked to 2 bits per weight on the GPU as on the CPU (1.28x the file).
+    let weights = match m.format.contains("TQ1_0") {
+        true => m.weight_bytes * 128 / 100,
+        false => m.weight_bytes,
+    };
+    let fixed = weights + m.state_bytes + (512 << 20);
     let ctx = (free.checked_sub(fixed)? / kv_per_token).min(m.max_ctx as u64) as usize;
     (ctx >= 512).then_some(ctx)
 }
@@ -307,5 +313,20 @@ mod tests {
         let ctx = ctx.unwrap();
         assert!(ctx > 4096 && ctx <= 65_536, "{ctx}");
         assert_eq!(fit(&MODELS[3], 4_000_000_000).1, None);
+    }
+
+    #[test]
+    fn gpu_fits_count_hybrid_state_and_repacked_base3_weights() {
+        let bonsai27 = &MODELS[3];
+        assert!(bonsai27.state_bytes > 0 && bonsai27.format.contains("PTQ1_0"));
+        // 8 GB: the 2-bit repack (~7.6 GB) plus the state does not leave 512 positions.
+        assert_eq!(fit_gpu(bonsai27, 8_000_000_000), None);
+        // 24 GB: it fits, with 16 layers × 4 KV heads × 256 × 2 × f16 = 64 KiB per position.
+        let ctx = fit_gpu(bonsai27, 24_000_000_000).expect("fits in 24 GB");
+        let free = 24_000_000_000 - bonsai27.weight_bytes * 128 / 100 - bonsai27.state_bytes;
+        let want = (free - (512 << 20)) / (64 * 1024);
+        assert_eq!(ctx as u64, want.min(bonsai27.max_ctx as u64));
+        // A dense model's context is capped at its maximum on a large GPU.
+        assert_eq!(fit_gpu(&MODELS[0], 140_000_000_000), Some(MODELS[0].max_ctx));
     }
 }
