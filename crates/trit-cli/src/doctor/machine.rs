@@ -327,6 +327,9 @@ mod tests {
         let want = (free - (512 << 20)) / (64 * 1024);
         assert_eq!(ctx as u64, want.min(bonsai27.max_ctx as u64));
         // A dense model's context is capped at its maximum on a large GPU.
-        assert_eq!(fit_gpu(&MODELS[0], 140_000_000_000), Some(MODELS[0].max_ctx));
+        assert_eq!(
+            fit_gpu(&MODELS[0], 140_000_000_000),
+            Some(MODELS[0].max_ctx)
+        );
     }
 }
