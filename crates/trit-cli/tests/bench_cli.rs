@@ -155,3 +155,51 @@ fn bad_flags_are_clear_errors() {
     assert_clear_error(&[m, "-g", "16"], "--format mlx");
     assert_clear_error(&["/nonexistent/model.gguf"], "/nonexistent/model.gguf");
 }
+
+/// `--npl`: llama-batched-bench's table, one row per sequence count, its columns consistent
+/// (N_KV = B · (PP + TG), T = T_PP + T_TG); flags it does not combine with are clear errors.
+#[test]
+fn npl_prints_the_batched_bench_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, _) = tiny_model(dir.path());
+    let m = model.to_str().unwrap();
+    let out = trit()
+        .args(["bench", m, "--npl", "1,3", "-p", "8", "-n", "4", "-t", "1"])
+        .output()
+        .unwrap();
+    let text = ok_stdout(&out);
+    assert!(text.contains("N_KV") && text.contains("S_TG t/s"), "{text}");
+    let rows: Vec<Vec<f64>> = text
+        .lines()
+        .filter(|l| {
+            let first = l.trim_start_matches('|').trim_start();
+            l.starts_with('|') && first.starts_with(|c: char| c.is_ascii_digit())
+        })
+        .map(|l| {
+            l.split('|')
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .map(|c| c.parse::<f64>().unwrap_or_else(|_| panic!("{c} in {l}")))
+                .collect()
+        })
+        .collect();
+    assert_eq!(rows.len(), 2, "{text}");
+    for (row, b) in rows.iter().zip([1.0, 3.0]) {
+        let [pp, tg, rb, n_kv, t_pp, _, t_tg, _, t, _] = row[..] else {
+            panic!("10 columns: {row:?}")
+        };
+        assert_eq!((pp, tg, rb), (8.0, 4.0, b));
+        assert_eq!(n_kv, b * 12.0);
+        assert!((t - (t_pp + t_tg)).abs() <= 0.0015, "{row:?}");
+    }
+    assert_clear_error(&[m, "--npl", "1,0"], "at least 1");
+    assert_clear_error(
+        &[m, "--npl", "2", "--format", "mlx"],
+        "--npl is not an mlx flag",
+    );
+    assert_clear_error(
+        &[m, "--npl", "2", "-d", "8"],
+        "--npl measures -p and -n only",
+    );
+    assert_clear_error(&[m, "--npl", "2", "-o", "json"], "markdown");
+}

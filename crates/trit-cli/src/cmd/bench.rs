@@ -8,6 +8,7 @@
 //! logits for the last position only; `tg` feeds single tokens, one forward call each; every
 //! test runs once untimed as a warm-up.
 
+mod batched;
 mod membw;
 mod profile;
 mod report;
@@ -100,6 +101,10 @@ pub struct BenchArgs {
     /// Print progress to stderr.
     #[arg(long)]
     pub progress: bool,
+    /// Sequences run together (llama-batched-bench's -npl), e.g. 1,8,32: each reads a -p-token
+    /// prompt and generates -n tokens, all in batched calls; prints its PP/TG/B/N_KV table.
+    #[arg(long, value_name = "B[,B..]")]
+    pub npl: Option<String>,
     /// After the results, print per-op time counters (each matmul kind, activation
     /// quantization, norms, RoPE, attention, SwiGLU) of every test's timed runs.
     #[arg(long)]
@@ -474,9 +479,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.membw && (a.membw_mib == 0 || a.membw_passes == 0) {
         bail!("--membw-mib and --membw-passes must be at least 1");
     }
-    match a.format {
-        Style::Mlx => run_mlx(&a, &path),
-        Style::Llama => run_llama(&a, &path),
+    match (a.format, &a.npl) {
+        (Style::Mlx, Some(_)) => bail!("--npl is not an mlx flag (use --format llama)"),
+        (Style::Mlx, None) => run_mlx(&a, &path),
+        (Style::Llama, Some(npl)) => batched::run(&a, &path, npl),
+        (Style::Llama, None) => run_llama(&a, &path),
     }
 }
 
