@@ -298,14 +298,11 @@ impl CudaModel {
 
     /// `ExternalNet::forward_batch` on the GPU (see the module documentation).
     pub(crate) fn forward_batch_gpu(&self, seqs: &mut [BatchSeq<'_>]) -> Result<Vec<Vec<f32>>> {
-        let rows = self.forward_batch_rows(seqs, 0, &[])?;
-        Ok(rows
-            .into_iter()
-            .map(|r| match r {
-                RowLogits::Full(l) => l,
-                RowLogits::Top(_) => unreachable!("no candidates were asked for"),
-            })
-            .collect())
+        Ok(batch_rows::full_rows(self.forward_batch_rows(
+            seqs,
+            0,
+            &[],
+        )?))
     }
 
     /// `ExternalNet::forward_batch_top` on the GPU: decode rows with `want_top` set come back

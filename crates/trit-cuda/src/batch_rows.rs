@@ -49,6 +49,16 @@ pub(crate) fn check_seqs(
     Ok(())
 }
 
+/// Rows answered in full (a call that asked for no candidates) as plain logits.
+pub(crate) fn full_rows(rows: Vec<RowLogits>) -> Vec<Vec<f32>> {
+    rows.into_iter()
+        .map(|r| match r {
+            RowLogits::Full(l) => l,
+            RowLogits::Top(_) => unreachable!("no candidates were asked for"),
+        })
+        .collect()
+}
+
 /// The decode rows of a call (its sequences that feed one token, each already in its slot)
 /// and their places in `seqs`; the other sequences are prompts.
 pub(crate) fn split_rows(seqs: &[BatchSeq<'_>], want_top: &[bool]) -> (Vec<Row>, Vec<usize>) {

@@ -85,6 +85,14 @@ pub(crate) struct SeqBufs {
 }
 
 impl SeqBufs {
+    /// Bytes of one sequence's state: per DeltaNet layer its conv window and delta-rule state
+    /// (f32), per full-attention layer its keys and values (f16) — what `new` allocates.
+    fn bytes(c: &ModelConfig, hy: &HybridConfig, ctx: usize) -> usize {
+        let linear = hy.conv_kernel.max(1) * hy.conv_dim() + hy.v_heads * hy.v_dim * hy.k_dim;
+        let full = 2 * c.n_kv_heads * c.head_dim * ctx;
+        hy.n_linear() * linear * 4 + hy.n_full() * full * 2
+    }
+
     fn new(gpu: &Gpu, c: &ModelConfig, hy: &HybridConfig, ctx: usize) -> Result<SeqBufs> {
         let (n_lin, n_full) = (hy.n_linear(), hy.n_full());
         let kv = c.n_kv_heads * c.head_dim * ctx;
@@ -289,7 +297,7 @@ impl CudaHybrid {
             model.batchable(&st)
         };
         if batchable {
-            let per_slot = model.slot_bytes();
+            let per_slot = SeqBufs::bytes(&model.config, &model.hy, model.ctx);
             let st = model.state.get_mut().unwrap_or_else(|e| e.into_inner());
             model.max_seqs = crate::batch::max_seqs_for(&st.gpu, per_slot);
         }
@@ -298,15 +306,6 @@ impl CudaHybrid {
 
     pub fn device_name(&self) -> &str {
         &self.device_name
-    }
-
-    /// Bytes of one sequence's state (`SeqBufs`): per DeltaNet layer its conv window and
-    /// delta-rule state (f32), per full-attention layer its keys and values (f16).
-    fn slot_bytes(&self) -> usize {
-        let (c, hy) = (&self.config, &self.hy);
-        let linear = hy.conv_kernel.max(1) * hy.conv_dim() + hy.v_heads * hy.v_dim * hy.k_dim;
-        let full = 2 * c.n_kv_heads * c.head_dim * self.ctx;
-        hy.n_linear() * linear * 4 + hy.n_full() * full * 2
     }
 }
 
@@ -524,14 +523,8 @@ impl ExternalNet for CudaHybrid {
                 )),
             };
         }
-        Ok(self
-            .forward_batch_rows(seqs, 0, &[])?
-            .into_iter()
-            .map(|r| match r {
-                RowLogits::Full(l) => l,
-                RowLogits::Top(_) => unreachable!("no candidates were asked for"),
-            })
-            .collect())
+        let rows = self.forward_batch_rows(seqs, 0, &[])?;
+        Ok(crate::batch_rows::full_rows(rows))
     }
 
     fn forward_batch_top(

@@ -522,7 +522,9 @@ fn head_per_row() -> bool {
 /// TRIT_CUDA_BATCH_TIMING=1: the batched step runs kernel by kernel, synchronizing after each
 /// group of kernels, and prints where its time went (for looking, not for measuring totals).
 fn timing() -> bool {
-    std::env::var("TRIT_CUDA_BATCH_TIMING").is_ok_and(|v| v == "1")
+    // Read once: this is asked on every batched step.
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("TRIT_CUDA_BATCH_TIMING").is_ok_and(|v| v == "1"))
 }
 
 /// Time per group of kernels of one step (`timing`).
