@@ -426,6 +426,25 @@ fn a_running_sequences_prefix_is_copied_into_a_new_sequences_slot() {
 /// What one request produced: its tokens and their log-probabilities.
 type Reply = (Vec<u32>, Vec<TokenLogprob>);
 
+/// Submits `prompt` asking for the `top` best log-probabilities of every token.
+fn submit_top(
+    sched: &Scheduler,
+    prompt: &[u32],
+    options: GenerateOptions,
+    top: usize,
+) -> mpsc::Receiver<SeqEvent> {
+    let (tx, rx) = mpsc::channel();
+    sched
+        .submit(SeqRequest {
+            prompt: prompt.to_vec(),
+            options,
+            top_logprobs: Some(top),
+            sink: Box::new(move |e| tx.send(e).is_ok()),
+        })
+        .unwrap();
+    rx
+}
+
 /// Runs `requests` (options, top_logprobs) together through a scheduler over a `SlotNet`
 /// that answers with candidates or not; returns each reply and the net.
 fn serve(
@@ -453,18 +472,7 @@ fn serve(
     let rxs: Vec<_> = prompts
         .iter()
         .zip(requests)
-        .map(|(p, (opts, top))| {
-            let (tx, rx) = mpsc::channel();
-            sched
-                .submit(SeqRequest {
-                    prompt: p.clone(),
-                    options: opts.clone(),
-                    top_logprobs: Some(*top),
-                    sink: Box::new(move |e| tx.send(e).is_ok()),
-                })
-                .unwrap();
-            rx
-        })
+        .map(|(p, (opts, top))| submit_top(&sched, p, opts.clone(), *top))
         .collect();
     let replies = rxs
         .iter()
@@ -700,15 +708,7 @@ fn a_hybrids_parked_slot_continues_a_prompt_that_extends_it_whole() {
     // that reaches `prompt` the same way: `steps` tokens of it generated one at a time after
     // `before` of it as a prompt (the reused history), the rest as the next prompt.
     let check_first = |prompt: &[u32], before: usize, steps: usize| -> SeqSummary {
-        let (tx, rx) = mpsc::channel();
-        sched
-            .submit(SeqRequest {
-                prompt: prompt.to_vec(),
-                options: greedy(1),
-                top_logprobs: Some(8),
-                sink: Box::new(move |e| tx.send(e).is_ok()),
-            })
-            .unwrap();
+        let rx = submit_top(&sched, prompt, greedy(1), 8);
         let (mut top, mut summary) = (Vec::new(), None);
         while summary.is_none() {
             match rx.recv_timeout(Duration::from_secs(120)).unwrap() {
