@@ -3,12 +3,15 @@
 //! prompt of random ids (one batched call for all of them), then generate `-n` tokens
 //! together, each step one batched call of B rows (greedy). Columns as llama-batched-bench's:
 //! PP, TG, B, N_KV (B · (PP + TG) positions), then time and tokens/s of the prompts, of the
-//! generation and of both.
+//! generation and of both. The generation steps ask for each row's best candidates, as the
+//! server's sampler does: a GPU then copies a few hundred bytes per row instead of the whole
+//! vocabulary (llama-batched-bench copies every logit; the CPU returns full rows anyway).
 
 use super::{argmax, parse_list, single, thread_counts, BenchArgs, Output, TokenRng};
 use anyhow::{bail, Result};
 use std::time::Instant;
 use trit::model::{BatchSeq, KvCache, Logits, Model};
+use trit::sample::{RowLogits, TOP_CANDIDATES};
 
 /// One row of the table.
 pub struct BatchedRow {
@@ -25,6 +28,19 @@ impl BatchedRow {
     }
 }
 
+/// One batched call's sequences: each cache with its tokens, the last row's logits wanted.
+fn last_rows<'a>(caches: &'a mut [KvCache], feeds: &'a [Vec<u32>]) -> Vec<BatchSeq<'a>> {
+    caches
+        .iter_mut()
+        .zip(feeds)
+        .map(|(cache, tokens)| BatchSeq {
+            tokens,
+            cache,
+            logits: Logits::Last,
+        })
+        .collect()
+}
+
 /// B sequences: their prompts in one call, then `tg` steps of B rows.
 fn measure(
     model: &Model,
@@ -36,25 +52,26 @@ fn measure(
     let vocab = model.config().vocab;
     let mut caches: Vec<KvCache> = (0..b).map(|_| model.new_cache(pp + tg)).collect();
     let prompts: Vec<Vec<u32>> = (0..b).map(|_| rng.tokens(pp, vocab)).collect();
-    let step = |caches: &mut [KvCache], feeds: &[Vec<u32>]| -> Result<Vec<Vec<f32>>> {
-        let mut seqs: Vec<BatchSeq<'_>> = caches
-            .iter_mut()
-            .zip(feeds)
-            .map(|(cache, tokens)| BatchSeq {
-                tokens,
-                cache,
-                logits: Logits::Last,
-            })
-            .collect();
-        Ok(model.forward_batch(&mut seqs)?)
-    };
     let t0 = Instant::now();
-    let mut logits = step(&mut caches, &prompts)?;
+    let rows = model.forward_batch(&mut last_rows(&mut caches, &prompts))?;
+    let mut next: Vec<u32> = rows.iter().map(|l| argmax(l)).collect();
     let t_pp = t0.elapsed().as_secs_f64();
+    let want_top = vec![true; b];
     let t1 = Instant::now();
     for _ in 0..tg {
-        let next: Vec<Vec<u32>> = logits.iter().map(|l| vec![argmax(l)]).collect();
-        logits = step(&mut caches, &next)?;
+        let feeds: Vec<Vec<u32>> = next.iter().map(|&t| vec![t]).collect();
+        next = model
+            .forward_batch_top(
+                &mut last_rows(&mut caches, &feeds),
+                TOP_CANDIDATES,
+                &want_top,
+            )?
+            .iter()
+            .map(|row| match row {
+                RowLogits::Full(l) => argmax(l),
+                RowLogits::Top(t) => t.argmax(),
+            })
+            .collect();
     }
     let t_tg = t1.elapsed().as_secs_f64();
     Ok(BatchedRow {
