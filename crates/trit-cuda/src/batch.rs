@@ -56,8 +56,8 @@ pub(crate) fn single_rows_max() -> usize {
     })
 }
 
-/// Ternary GEMM of the decode step: the small-batch kernel (its wide-load variant;
-/// TRIT_CUDA_BATCH_GEMM=plain: the first one), or with TRIT_CUDA_BATCH_GEMM=prefill the
+/// Ternary GEMM of the decode step: the small-batch kernel (`SmallGemm::from_env`: the ring
+/// variant; =wide, =plain the earlier ones), or with TRIT_CUDA_BATCH_GEMM=prefill the
 /// prefill's (for comparison).
 pub(crate) fn use_small_gemm() -> bool {
     std::env::var("TRIT_CUDA_BATCH_GEMM").map_or(true, |v| v != "prefill")
@@ -600,7 +600,7 @@ impl CudaModel {
             g.launch(
                 attn,
                 (c.n_heads as u32, nt),
-                128,
+                256,
                 &[
                     Arg::Ptr(p(&b.qr)),
                     Arg::Ptr(row_pos),

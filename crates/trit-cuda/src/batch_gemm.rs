@@ -10,24 +10,38 @@ use cudarc::driver::CudaSlice;
 use trit::{Error, Result};
 
 /// Which small-batch GEMM kernel: the 64 columns of a block in the mma's own k order, or
-/// `Wide` (each lane's columns contiguous: fewer, wider loads; `WIDE` in batch_gemm.cu).
+/// `Wide` (each lane's columns contiguous: fewer, wider loads; `WIDE` in batch_gemm.cu), or
+/// `Ring` (`Wide` with the weights staged through shared memory in quads of 4 blocks; `RING`
+/// in batch_gemm.cu). `Ring` needs rows of a multiple of 4 blocks (256 columns): other
+/// matrices run `Wide`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SmallGemm {
     Plain,
     Wide,
+    Ring,
 }
 
 impl SmallGemm {
-    /// `Wide` (measured faster at 32 and 64 sequences on the H200, BENCHMARKS.md "GPU batched
-    /// decode, session 6"), or `Plain` with TRIT_CUDA_BATCH_GEMM=plain.
+    /// `Ring` (H200, session 17: 8B +24 % at 8 sequences and +11 % at 32 against `Wide`, 27B
+    /// hybrid +31 % / +6 %; BENCHMARKS.md "GPU, session 17"), or `Wide` / `Plain` with
+    /// TRIT_CUDA_BATCH_GEMM=wide / plain.
     pub fn from_env() -> SmallGemm {
         match std::env::var("TRIT_CUDA_BATCH_GEMM").as_deref() {
             Ok("plain") => SmallGemm::Plain,
-            _ => SmallGemm::Wide,
+            Ok("wide") => SmallGemm::Wide,
+            _ => SmallGemm::Ring,
         }
     }
 
-    /// `SG_ROWS` = 32 rows × `SG_TOKS` = 32 tokens per block (both kernels).
+    /// The kernel that runs a matrix of `nb` 64-column blocks per row.
+    fn for_blocks(self, nb: usize) -> SmallGemm {
+        match self {
+            SmallGemm::Ring if !nb.is_multiple_of(4) => SmallGemm::Wide,
+            k => k,
+        }
+    }
+
+    /// `SG_ROWS` = 32 rows × `SG_TOKS` = 32 tokens per block (every kernel).
     fn kernels(self) -> &'static Int8Gemm {
         const PLAIN: Int8Gemm = Int8Gemm {
             f16: "ternary_gemm_small_f16",
@@ -36,6 +50,7 @@ impl SmallGemm {
             tile_rows: 32,
             split_k: true,
             what: "the batched decode GEMM",
+            dyn_smem: 0,
         };
         const WIDE: Int8Gemm = Int8Gemm {
             f16: "ternary_gemm_small_wide_f16",
@@ -44,10 +59,18 @@ impl SmallGemm {
             tile_rows: 32,
             split_k: true,
             what: "the batched decode GEMM",
+            dyn_smem: 0,
+        };
+        const RING: Int8Gemm = Int8Gemm {
+            f16: "ternary_gemm_small_ring_f16",
+            f32: "ternary_gemm_small_ring_f32",
+            dyn_smem: RING_SMEM,
+            ..WIDE
         };
         match self {
             SmallGemm::Plain => &PLAIN,
             SmallGemm::Wide => &WIDE,
+            SmallGemm::Ring => &RING,
         }
     }
 }
@@ -71,6 +94,10 @@ pub fn small_split(tiles: usize, col_blocks: usize, slots: usize, room: usize) -
 
 /// Warps of a small-GEMM block (`SG_WARPS` in batch_gemm.cu).
 const SG_WARPS: usize = 8;
+
+/// The ring kernels' dynamic shared memory, `SG_RING_SMEM` in batch_gemm.cu: per warp
+/// `SG_RING` = 3 stages of 32 rows × 4 blocks of codes (2 KB) and their scales (512 bytes).
+const RING_SMEM: u32 = (SG_WARPS * 3 * (2048 + 512)) as u32;
 
 /// Partial tiles and per-tile tickets of split-K small GEMMs (see batch_gemm.cu), room for
 /// four tiles per multiprocessor. One per batched path: its GEMMs run one after another.
@@ -103,7 +130,9 @@ impl SplitScratch {
             Some(p) => p.clamp(1, (self.room / tiles.max(1)).max(1)),
             None => {
                 let kernel = if m.f16 { k.f16 } else { k.f32 };
-                let slots = gpu.sm_count * gpu.resident_blocks(kernel, 32 * SG_WARPS as u32)?;
+                let threads = 32 * SG_WARPS as u32;
+                let blocks = gpu.resident_blocks_smem(kernel, threads, k.dyn_smem as usize)?;
+                let slots = gpu.sm_count * blocks;
                 small_split(tiles, m.cols / 64, slots as usize, self.room)
             }
         };
@@ -133,7 +162,7 @@ pub(crate) fn launch_small_gemm(
     accumulate: bool,
     scratch: &SplitScratch,
 ) -> Result<()> {
-    let k = kernel.kernels();
+    let k = kernel.for_blocks(m.cols / 64).kernels();
     let split = scratch.split(gpu, k, m, ntok)?;
     launch_int8_gemm(gpu, k, m, ntok, q, meta, y, accumulate, split)
 }

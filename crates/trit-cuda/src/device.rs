@@ -192,10 +192,16 @@ pub const KERNELS: &[&str] = &[
     "row_top_merge",
     "ternary_gemm_small_wide_f16",
     "ternary_gemm_small_wide_f32",
+    "ternary_gemm_small_ring_f16",
+    "ternary_gemm_small_ring_f32",
 ];
 
 /// Kernels (name prefixes) that take dynamic shared memory beyond the default 48 KB.
-const DYNAMIC_SMEM_KERNELS: &[&str] = &["ternary_gemv_stream_", "mlp_persist_"];
+const DYNAMIC_SMEM_KERNELS: &[&str] = &[
+    "ternary_gemv_stream_",
+    "mlp_persist_",
+    "ternary_gemm_small_ring_",
+];
 /// Bytes of the opt-in shared memory left for those kernels' static arrays (the streaming
 /// GEMV's are at most 1,152: its scratch and the split reduction of 32 warps × 8 rows).
 const STATIC_SMEM_ROOM: usize = 4096;
@@ -431,6 +437,18 @@ impl Gpu {
         args: &[Arg],
     ) -> Result<()> {
         self.launch_grid(kernel, grid, block, 0, args)
+    }
+
+    /// [`launch_3d`](Self::launch_3d) with `smem` bytes of dynamic shared memory.
+    pub fn launch_3d_smem(
+        &self,
+        kernel: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        self.launch_grid(kernel, grid, block, smem, args)
     }
 
     fn launch_grid(

@@ -19,6 +19,8 @@ pub(crate) struct Int8Gemm {
     pub split_k: bool,
     /// Named in the error on a GPU without int8 tensor cores.
     pub what: &'static str,
+    /// Bytes of dynamic shared memory per block (kernels in `DYNAMIC_SMEM_KERNELS`).
+    pub dyn_smem: u32,
 }
 
 /// The prefill GEMM (`ternary_gemm` in prefill.cu): `GM_ROWS` = 128 rows × `GM_TOKS` = 64
@@ -30,6 +32,7 @@ const PREFILL_GEMM: Int8Gemm = Int8Gemm {
     tile_rows: 128,
     split_k: false,
     what: "the prefill GEMM",
+    dyn_smem: 0,
 };
 
 /// A split-K launch (`split_k` kernels): `parts` ranges of the columns, partial tiles in
@@ -93,7 +96,13 @@ pub(crate) fn launch_int8_gemm(
     if k.split_k {
         args.extend([Arg::Ptr(split.part), Arg::Ptr(split.tickets)]);
     }
-    gpu.launch_3d(if m.f16 { k.f16 } else { k.f32 }, grid, 256, &args)
+    gpu.launch_3d_smem(
+        if m.f16 { k.f16 } else { k.f32 },
+        grid,
+        256,
+        k.dyn_smem,
+        &args,
+    )
 }
 
 /// The prefill GEMM for `ntok` tokens (see [`launch_int8_gemm`]).

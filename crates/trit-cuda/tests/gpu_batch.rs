@@ -330,7 +330,8 @@ fn thirty_two_sequences_decode_together_on_the_default_model() {
 /// The decode step's small-batch GEMM against the CPU emulation of its arithmetic
 /// (`repack::gemv_reference`, token by token) on ragged shapes: rows not a multiple of the
 /// 32-row tile, 1 to 65 tokens (partial 8-token tiles, a second 32-token tile), row lengths
-/// not a multiple of the 8 warps' 64-column share, a zero token; then accumulating onto y.
+/// not a multiple of the 8 warps' 64-column share, a zero token; then accumulating onto y;
+/// the ring kernel's quads of 4 blocks split over fewer quads than warps.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn small_batch_gemm_matches_its_cpu_emulation_on_ragged_shapes() {
@@ -338,13 +339,18 @@ fn small_batch_gemm_matches_its_cpu_emulation_on_ragged_shapes() {
         return;
     }
     let gpu = trit_cuda::device::Gpu::open(0).unwrap();
-    for kernel in [SmallGemm::Plain, SmallGemm::Wide] {
+    for kernel in [SmallGemm::Plain, SmallGemm::Wide, SmallGemm::Ring] {
+        // (Ring runs rows of a multiple of 4 blocks — 1280, 4096, 768 columns — and Wide for
+        // the others.)
         for (i, (rows, cols, ntok)) in [
             (37, 8256, 1),
             (200, 128, 7),
             (130, 640, 33),
             (64, 4096, 65),
             (300, 192, 12),
+            (70, 1280, 9),
+            (33, 768, 40),
+            (96, 12288, 32),
         ]
         .into_iter()
         .enumerate()
@@ -366,7 +372,7 @@ fn small_batch_gemm_matches_its_cpu_emulation_on_ragged_shapes() {
             }
         }
     }
-    eprintln!("small-batch GEMMs (plain, wide) equal their CPU emulation on 5 ragged shapes");
+    eprintln!("small-batch GEMMs (plain, wide, ring) equal their CPU emulation on 8 ragged shapes");
 }
 
 #[test]

@@ -45,18 +45,22 @@ rope_append_rows(const float* __restrict__ qkv, const float* q_norm, const float
     }
 }
 
-// Attention of row r's query (head h) over its slot's positions 0..row_pos[r], one block per
-// (head, row): each warp walks every ATT_WARPS-th position with an online softmax, then the
-// warps' partials are merged in shared memory. Output att[r][h][hd] (f32; the caller
-// quantizes it).
+// Attention of row r's query (head h) over its slot's positions 0..row_pos[r], one block of
+// DEC_WARPS warps per (head, row): the decode kernel's rounds (attend_rounds, attention.cu) —
+// each warp takes DEC_U positions at a time with all their loads issued first and the next
+// round requested during the current one — then the warps' partials are merged in shared
+// memory. (One position per step with its loads, dot and softmax in a chain cost ~1 µs per
+// position at a 256-position context: the step's attention grew with the context.) The row's
+// current position is in the cache already (rope_append_rows). Output att[r][h][hd] (f32;
+// the caller quantizes it).
 template <int E>
 __device__ __forceinline__ void attn_rows(const float* __restrict__ qr, const int* row_pos,
                                           const int* row_slot,
                                           const unsigned long long* kv_tab, int layer,
                                           int n_layers, int n_heads, int n_kv, int ctx,
                                           float* __restrict__ att) {
-    __shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
-    __shared__ float sm_o[ATT_WARPS][MAX_HD];
+    __shared__ float sm_m[DEC_WARPS], sm_l[DEC_WARPS];
+    __shared__ float sm_o[DEC_WARPS][MAX_HD];
     pdl_launch_dependents();
     pdl_wait();
     const int h = blockIdx.x, r = blockIdx.y;
@@ -67,35 +71,20 @@ __device__ __forceinline__ void attn_rows(const float* __restrict__ qr, const in
     const size_t kv_row = (size_t)kvh * ctx * hd;
     const half_bits* kc = slot_cache(kv_tab, row_slot[r], layer, n_layers, 0) + kv_row;
     const half_bits* vc = slot_cache(kv_tab, row_slot[r], layer, n_layers, 1) + kv_row;
-    const float* q = qr + ((size_t)r * n_heads + h) * hd + lane * E;
-    float qv[E], acc[E];
-#pragma unroll
-    for (int e = 0; e < E; e++) {
-        qv[e] = q[e];
-        acc[e] = 0.0f;
-    }
-    float m = -INFINITY, l = 0.0f;
-    for (int p = warp; p < end; p += ATT_WARPS) {
-        const half_bits* kp = kc + (size_t)p * hd + lane * E;
-        const half_bits* vp = vc + (size_t)p * hd + lane * E;
-        float dot = 0.0f;
-#pragma unroll
-        for (int e = 0; e < E; e++) dot += qv[e] * h2f(kp[e]);
-        dot = warp_sum(dot);
-        const float mn = fmaxf(m, dot);
-        const float corr = expf(m - mn), pe = expf(dot - mn);
-        l = l * corr + pe;
-#pragma unroll
-        for (int e = 0; e < E; e++) acc[e] = acc[e] * corr + pe * h2f(vp[e]);
-        m = mn;
-    }
+    const int p0 = warp * DEC_U;
+    float kk[DEC_U][E], vv[DEC_U][E];
+    // pos = -1: no position is taken from shared memory instead of the cache.
+    if (p0 < end) load_round<E>(kc, vc, hd, p0, end, -1, lane, kk, vv);
+    float m, l, acc[E];
+    attend_rounds<E>(qr + ((size_t)r * n_heads + h) * hd, nullptr, nullptr, kc, vc, hd, p0, end,
+                     -1, false, lane, kk, vv, m, l, acc);
     float* out = att + ((size_t)r * n_heads + h) * hd;
-    merge_warps<ATT_WARPS, E>(m, l, acc, sm_m, sm_l, sm_o, out, hd);
+    merge_warps<DEC_WARPS, E>(m, l, acc, sm_m, sm_l, sm_o, out, hd);
 }
 
 // One kernel per head size (E = head_dim / 32 values per lane).
 #define ATTN_ROWS(E)                                                                          \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                 \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS)                                 \
         attn_rows_e##E(const float* qr, const int* row_pos, const int* row_slot,              \
                        const unsigned long long* kv_tab, int layer, int n_layers, int n_heads, \
                        int n_kv, int ctx, float* att) {                                       \
