@@ -39,39 +39,60 @@
 
 // The mma work of one 64-column block `b` for every token tile of the block: A fragments `af`
 // (2 m tiles × 2 k halves), their rows' scales `sr`, the tiles' activations and per-block
-// pairs from global memory (WIDE: one 16-byte vector per lane and tile).
-template <bool WIDE>
+// pairs from global memory (WIDE: one 16-byte vector per lane and tile). NT > 0: exactly NT
+// tiles, every tile's loads issued before the first mma (the addresses are clamped to the last
+// token, so the loads need no guard; with a run-time count and a break between tiles the
+// compiler cannot move a later tile's loads above the earlier tile's work, and at 32 rows
+// each block waited for 4 round trips, now 1). NT = 0: `ntiles` tiles, one after the other.
+template <bool WIDE, int NT = 0>
 __device__ __forceinline__ void sg_tiles(const unsigned (&af)[2][2][4], const float (&sr)[2][2],
                                          int b, int tok0, int ntiles, int ntok, int nb, size_t K,
                                          const i8* __restrict__ xq,
                                          const float2* __restrict__ meta, int g, int t,
                                          float (&acc)[2][4][4]) {
-#pragma unroll
-    for (int ni = 0; ni < 4; ni++) {
-        if (ni >= ntiles) break;
+    constexpr int N = NT > 0 ? NT : 4;
+    unsigned bf[N][4];
+    float2 m0[N], m1[N];
+    auto load = [&](int ni) {
         const int tb = tok0 + ni * 8;
         // B fragment: token tb + g, bytes 4t.., 16+4t.., 32+4t.., 48+4t.. of this block.
         const unsigned* ap =
             (const unsigned*)(xq + (size_t)min(tb + g, ntok - 1) * K + (size_t)b * QBLOCK);
-        unsigned b00, b01, b10, b11;
         if (WIDE) {
             const uint4 v = __ldg((const uint4*)ap + t);
-            b00 = v.x, b01 = v.y, b10 = v.z, b11 = v.w;
+            bf[ni][0] = v.x, bf[ni][1] = v.y, bf[ni][2] = v.z, bf[ni][3] = v.w;
         } else {
-            b00 = ap[t], b01 = ap[4 + t], b10 = ap[8 + t], b11 = ap[12 + t];
+            bf[ni][0] = ap[t], bf[ni][1] = ap[4 + t], bf[ni][2] = ap[8 + t], bf[ni][3] = ap[12 + t];
         }
         // This lane's output tokens: tb + 2t and tb + 2t + 1.
-        const float2 m0 = meta[(size_t)min(tb + 2 * t, ntok - 1) * nb + b];
-        const float2 m1 = meta[(size_t)min(tb + 2 * t + 1, ntok - 1) * nb + b];
+        m0[ni] = meta[(size_t)min(tb + 2 * t, ntok - 1) * nb + b];
+        m1[ni] = meta[(size_t)min(tb + 2 * t + 1, ntok - 1) * nb + b];
+    };
+    auto mma = [&](int ni) {
 #pragma unroll
         for (int mi = 0; mi < 2; mi++) {
             int c[4] = {0, 0, 0, 0};
-            mma_u8s8(c, af[mi][0][0], af[mi][0][1], af[mi][0][2], af[mi][0][3], b00, b01);
-            mma_u8s8(c, af[mi][1][0], af[mi][1][1], af[mi][1][2], af[mi][1][3], b10, b11);
-            acc[mi][ni][0] += sr[mi][0] * (m0.x * (float)c[0] - m0.y);
-            acc[mi][ni][1] += sr[mi][0] * (m1.x * (float)c[1] - m1.y);
-            acc[mi][ni][2] += sr[mi][1] * (m0.x * (float)c[2] - m0.y);
-            acc[mi][ni][3] += sr[mi][1] * (m1.x * (float)c[3] - m1.y);
+            mma_u8s8(c, af[mi][0][0], af[mi][0][1], af[mi][0][2], af[mi][0][3], bf[ni][0],
+                     bf[ni][1]);
+            mma_u8s8(c, af[mi][1][0], af[mi][1][1], af[mi][1][2], af[mi][1][3], bf[ni][2],
+                     bf[ni][3]);
+            acc[mi][ni][0] += sr[mi][0] * (m0[ni].x * (float)c[0] - m0[ni].y);
+            acc[mi][ni][1] += sr[mi][0] * (m1[ni].x * (float)c[1] - m1[ni].y);
+            acc[mi][ni][2] += sr[mi][1] * (m0[ni].x * (float)c[2] - m0[ni].y);
+            acc[mi][ni][3] += sr[mi][1] * (m1[ni].x * (float)c[3] - m1[ni].y);
+        }
+    };
+    if constexpr (NT > 0) {
+#pragma unroll
+        for (int ni = 0; ni < N; ni++) load(ni);
+#pragma unroll
+        for (int ni = 0; ni < N; ni++) mma(ni);
+    } else {
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++) {
+            if (ni >= ntiles) break;
+            load(ni);
+            mma(ni);
         }
     }
 }
@@ -224,7 +245,16 @@ __device__ __forceinline__ void small_gemm(const uint4* __restrict__ codes,
 // Dynamic shared memory of a ring block (batch_gemm.rs RING_SMEM), also the reduction's 32 KB.
 #define SG_RING_SMEM (SG_WARPS * SG_RING * SG_STAGE)
 
+// The scale of row r (of the tile) and block j of a ring stage.
 template <typename S>
+__device__ __forceinline__ float ring_scale(const unsigned char* st, int r, int j) {
+    const S* sp = (const S*)(st + SG_STAGE_CODES) + 4 * r + j;
+    if constexpr (sizeof(S) == 2) return h2f(*sp);
+    else return *sp;
+}
+
+// NT: the block's token tiles, 1–4 (the kernel picks the instance: sg_tiles wants a constant).
+template <typename S, int NT>
 __device__ __forceinline__ void small_gemm_ring(const uint4* __restrict__ codes,
                                                 const S* __restrict__ scales, int rows, int nb,
                                                 int ntok, const i8* __restrict__ xq,
@@ -284,23 +314,8 @@ __device__ __forceinline__ void small_gemm_ring(const uint4* __restrict__ codes,
         if (qa < q_end) issue(sa, qa);
         cp_async_commit();
         const unsigned char* st = ring + stage * SG_STAGE;
-        // Scales of rows 8i + g for the quad's 4 blocks.
-        float sc[4][4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const unsigned char* sp = st + SG_STAGE_CODES + (8 * i + g) * (int)(4 * sizeof(S));
-            if (sizeof(S) == 2) {
-                const uint2 v = *(const uint2*)sp;
-                sc[i][0] = h2f((half_bits)(v.x & 0xffff));
-                sc[i][1] = h2f((half_bits)(v.x >> 16));
-                sc[i][2] = h2f((half_bits)(v.y & 0xffff));
-                sc[i][3] = h2f((half_bits)(v.y >> 16));
-            } else {
-                const float4 v = *(const float4*)sp;
-                sc[i][0] = v.x, sc[i][1] = v.y, sc[i][2] = v.z, sc[i][3] = v.w;
-            }
-        }
-#pragma unroll
+        // Not unrolled: 4 blocks' fragments at once do not fit beside 4 tiles' accumulators.
+#pragma unroll 1
         for (int j = 0; j < 4; j++) {
             // Word t of block j of rows g, g + 8, g + 16, g + 24.
             unsigned wv[4];
@@ -318,10 +333,12 @@ __device__ __forceinline__ void small_gemm_ring(const uint4* __restrict__ codes,
                     af[mi][h][2] = codes4(wv[2 * mi], 2 * h + 1);
                     af[mi][h][3] = codes4(wv[2 * mi + 1], 2 * h + 1);
                 }
-                sr[mi][0] = sc[2 * mi][j];
-                sr[mi][1] = sc[2 * mi + 1][j];
+                // Scales read per block, not held for the quad (registers).
+                sr[mi][0] = ring_scale<S>(st, 16 * mi + g, j);
+                sr[mi][1] = ring_scale<S>(st, 16 * mi + 8 + g, j);
             }
-            sg_tiles<true>(af, sr, 4 * q + j, tok0, ntiles, ntok, nb, K, xq, meta, g, t, acc);
+            sg_tiles<true, NT>(af, sr, 4 * q + j, tok0, ntiles, ntok, nb,
+                                                K, xq, meta, g, t, acc);
         }
         stage = stage == SG_RING - 1 ? 0 : stage + 1;
     }
@@ -349,8 +366,19 @@ SMALL_GEMM(ternary_gemm_small_wide_f32, float, true)
     extern "C" __global__ void __launch_bounds__(SG_WARPS * 32, SG_MIN_BLOCKS)                 \
         NAME(const uint4* codes, const S* scales, int rows, int nb, int ntok, const i8* xq,     \
              const float2* meta, float* y, int accumulate, float* part, unsigned* tickets) {    \
-        small_gemm_ring<S>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate, part,       \
-                           tickets);                                                           \
+        const int nt = min(4, (ntok - (int)blockIdx.x * SG_TOKS + 7) / 8);                      \
+        if (nt == 1)                                                                            \
+            small_gemm_ring<S, 1>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate, part, \
+                                  tickets);                                                     \
+        else if (nt == 2)                                                                       \
+            small_gemm_ring<S, 2>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate, part, \
+                                  tickets);                                                     \
+        else if (nt == 3)                                                                       \
+            small_gemm_ring<S, 3>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate, part, \
+                                  tickets);                                                     \
+        else                                                                                    \
+            small_gemm_ring<S, 4>(codes, scales, rows, nb, ntok, xq, meta, y, accumulate, part, \
+                                  tickets);                                                     \
     }
 SMALL_GEMM_RING(ternary_gemm_small_ring_f16, half_bits)
 SMALL_GEMM_RING(ternary_gemm_small_ring_f32, float)
