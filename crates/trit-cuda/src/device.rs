@@ -428,19 +428,8 @@ impl Gpu {
         self.launch_grid(kernel, (grid.0, grid.1, 1), block, smem, args)
     }
 
-    /// [`launch`](Self::launch) on a three-dimensional grid.
+    /// [`launch_smem`](Self::launch_smem) on a three-dimensional grid.
     pub fn launch_3d(
-        &self,
-        kernel: &str,
-        grid: (u32, u32, u32),
-        block: u32,
-        args: &[Arg],
-    ) -> Result<()> {
-        self.launch_grid(kernel, grid, block, 0, args)
-    }
-
-    /// [`launch_3d`](Self::launch_3d) with `smem` bytes of dynamic shared memory.
-    pub fn launch_3d_smem(
         &self,
         kernel: &str,
         grid: (u32, u32, u32),

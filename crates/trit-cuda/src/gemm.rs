@@ -96,7 +96,7 @@ pub(crate) fn launch_int8_gemm(
     if k.split_k {
         args.extend([Arg::Ptr(split.part), Arg::Ptr(split.tickets)]);
     }
-    gpu.launch_3d_smem(
+    gpu.launch_3d(
         if m.f16 { k.f16 } else { k.f32 },
         grid,
         256,
