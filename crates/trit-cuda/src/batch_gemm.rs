@@ -22,9 +22,9 @@ pub enum SmallGemm {
 }
 
 impl SmallGemm {
-    /// `Ring` (H200, session 17: 8B +24 % at 8 sequences and +11 % at 32 against `Wide`, 27B
-    /// hybrid +31 % / +6 %; BENCHMARKS.md "GPU, session 17"), or `Wide` / `Plain` with
-    /// TRIT_CUDA_BATCH_GEMM=wide / plain.
+    /// `Ring` (H200, session 17: 8B at 32 sequences 7,200 tok/s against `Wide`'s 5,967, at 8
+    /// +24 %; 27B hybrid at 8 +31 %; BENCHMARKS.md "GPU, session 17"), or `Wide` / `Plain`
+    /// with TRIT_CUDA_BATCH_GEMM=wide / plain.
     pub fn from_env() -> SmallGemm {
         match std::env::var("TRIT_CUDA_BATCH_GEMM").as_deref() {
             Ok("plain") => SmallGemm::Plain,
