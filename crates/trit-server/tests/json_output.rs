@@ -24,9 +24,11 @@ fn city_schema() -> Value {
             "capital": {"type": "boolean"},
             "kind": {"enum": ["town", "city", "village"]},
             "code": {"type": "string", "pattern": "^[A-Z]{2}$"},
-            "founded": {"type": "string", "format": "date"}
+            "founded": {"type": "string", "format": "date"},
+            "area_km2": {"type": "number", "exclusiveMinimum": 0, "maximum": 20000}
         },
-        "required": ["city", "country", "population", "capital", "kind", "code", "founded"],
+        "required": ["city", "country", "population", "capital", "kind", "code", "founded",
+                     "area_km2"],
         "additionalProperties": false
     })
 }
@@ -36,7 +38,7 @@ fn check_city(v: &Value) {
         .as_object()
         .unwrap_or_else(|| panic!("not an object: {v}"));
     let keys: Vec<&str> = o.keys().map(String::as_str).collect();
-    assert_eq!(o.len(), 7, "{v}");
+    assert_eq!(o.len(), 8, "{v}");
     for k in [
         "city",
         "country",
@@ -45,6 +47,7 @@ fn check_city(v: &Value) {
         "kind",
         "code",
         "founded",
+        "area_km2",
     ] {
         assert!(keys.contains(&k), "{k} missing: {v}");
     }
@@ -59,6 +62,8 @@ fn check_city(v: &Value) {
         "{v}"
     );
     assert!(o["population"].is_i64(), "{v}");
+    let area = o["area_km2"].as_f64().unwrap();
+    assert!(area > 0.0 && area <= 20000.0, "{v}");
     assert!(o["capital"].is_boolean(), "{v}");
     assert!(
         ["town", "city", "village"].contains(&o["kind"].as_str().unwrap()),

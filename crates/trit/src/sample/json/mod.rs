@@ -5,6 +5,7 @@
 //! fit masked out and the draw repeated. Once the document is complete only an
 //! end-of-sequence token remains.
 
+mod dec_range;
 mod int_range;
 mod pattern;
 mod recognizer;
@@ -172,6 +173,8 @@ impl JsonConstraint {
     }
 }
 
+#[cfg(test)]
+mod number_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

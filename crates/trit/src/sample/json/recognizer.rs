@@ -4,6 +4,7 @@
 //! One frame per open value on a stack; every frame is a few words (no buffers), so trying
 //! a token on a copy of the state costs one small allocation.
 
+use super::dec_range::DecPrefix;
 use super::int_range::IntPrefix;
 use super::schema::{JsonSchema, Node, ARRAY, BOOL, INTEGER, NULL, NUMBER, OBJECT, STRING};
 use lex::{lex, Lex, LexStep};
@@ -101,6 +102,8 @@ enum Frame {
         node: u32,
         /// An integer's sign and digits so far (its node may bound it).
         int: IntPrefix,
+        /// A bounded number's text so far (`dec_range`; default otherwise).
+        dec: DecPrefix,
     },
     /// One of a set of literal values; `alive`: those the bytes so far still match.
     Literal {
@@ -228,8 +231,12 @@ impl<'s> Recognizer<'s> {
     pub fn can_end(&self) -> bool {
         self.state.stack.iter().all(|f| match *f {
             Frame::Number {
-                phase, node, int, ..
-            } => number_accepting(phase) && self.int_in_range(node, int),
+                phase,
+                node,
+                int,
+                dec,
+                ..
+            } => number_accepting(phase) && self.number_in_range(node, int, dec),
             Frame::Literal { src, alive, pos } => self.literal_complete(src, alive, pos),
             _ => false,
         })
@@ -360,31 +367,47 @@ impl<'s> Recognizer<'s> {
                 len,
                 node,
                 int,
+                dec,
             } => {
                 let limit = if integer {
                     MAX_INTEGER_LEN
                 } else {
                     MAX_NUMBER_LEN
                 };
-                match number_next(phase, integer, b) {
-                    Some(_) if len >= limit => Outcome::Reject,
-                    Some(phase) => {
+                let n = self.node(node);
+                // A bounded number (not an integer) takes no exponent and the grid's digits.
+                let dec_next = match n.dec_range {
+                    Some(_) if !integer => dec.push(b),
+                    _ => Some(dec),
+                };
+                match (number_next(phase, integer, b), dec_next) {
+                    (Some(_), _) if len >= limit => Outcome::Reject,
+                    (Some(phase), Some(dec)) => {
                         let int = if integer { int.push(b) } else { int };
-                        match self.node(node).int_range {
-                            Some(r) if integer && !r.feasible(int) => Outcome::Reject,
-                            _ => Outcome::Replace(Frame::Number {
-                                integer,
-                                phase,
-                                len: len + 1,
-                                node,
-                                int,
-                            }),
+                        let out = match (n.int_range, n.dec_range) {
+                            (Some(r), _) if integer => r.feasible(int),
+                            (_, Some(r)) if !integer => r.feasible(dec),
+                            _ => true,
+                        };
+                        if !out {
+                            return Outcome::Reject;
                         }
+                        Outcome::Replace(Frame::Number {
+                            integer,
+                            phase,
+                            len: len + 1,
+                            node,
+                            int,
+                            dec,
+                        })
                     }
-                    None if number_accepting(phase) && self.int_in_range(node, int) => {
+                    (Some(_), None) => Outcome::Reject,
+                    (None, _)
+                        if number_accepting(phase) && self.number_in_range(node, int, dec) =>
+                    {
                         Outcome::DoneBefore
                     }
-                    None => Outcome::Reject,
+                    (None, _) => Outcome::Reject,
                 }
             }
             Frame::Literal { src, alive, pos } => self.literal(src, alive, pos, b),
@@ -520,16 +543,22 @@ impl<'s> Recognizer<'s> {
                     b'0' => NumPhase::Zero,
                     _ => NumPhase::Int,
                 };
+                let integer = k & NUMBER == 0;
                 let int = IntPrefix::start(b);
-                if n.int_range.is_some_and(|r| !r.feasible(int)) {
+                let dec = DecPrefix::default().push(b).unwrap_or_default();
+                if integer && n.int_range.is_some_and(|r| !r.feasible(int)) {
+                    return Outcome::Reject;
+                }
+                if !integer && n.dec_range.is_some_and(|r| !r.feasible(dec)) {
                     return Outcome::Reject;
                 }
                 Outcome::Replace(Frame::Number {
-                    integer: k & NUMBER == 0,
+                    integer,
                     phase,
                     len: 1,
                     node,
                     int,
+                    dec,
                 })
             }
             b'n' if k & NULL != 0 => self.keyword(0),
@@ -539,9 +568,15 @@ impl<'s> Recognizer<'s> {
         }
     }
 
-    /// Whether a finished integer lies in its node's range (always, without one).
-    fn int_in_range(&self, node: u32, int: IntPrefix) -> bool {
-        self.node(node).int_range.is_none_or(|r| r.contains(int))
+    /// Whether a finished number lies in its node's range (always, without one): an integer
+    /// by `int_range`, a number by `dec_range`.
+    fn number_in_range(&self, node: u32, int: IntPrefix, dec: DecPrefix) -> bool {
+        let n = self.node(node);
+        if n.kinds & NUMBER == 0 {
+            n.int_range.is_none_or(|r| r.contains(int))
+        } else {
+            n.dec_range.is_none_or(|r| r.contains(dec))
+        }
     }
 
     /// `null`, `true` or `false`, its first byte taken.

@@ -7,6 +7,7 @@
 //! Any other keyword is refused with its name: a schema is enforced or rejected, never
 //! enforced in part.
 
+use super::dec_range::DecRange;
 use super::int_range::IntRange;
 use super::pattern::{format_regex, Pattern};
 use crate::{Error, Result};
@@ -72,6 +73,8 @@ pub(crate) struct Node {
     pub(crate) pattern: Option<usize>,
     /// An integer's `minimum`/`maximum` (and exclusive forms).
     pub(crate) int_range: Option<IntRange>,
+    /// A number's (type `number`: the text may have a fraction).
+    pub(crate) dec_range: Option<DecRange>,
 }
 
 impl Node {
@@ -94,6 +97,7 @@ impl Node {
             max_len: None,
             pattern: None,
             int_range: None,
+            dec_range: None,
         }
     }
 }
@@ -397,6 +401,7 @@ impl Compiler<'_> {
             node.max_len = union.max_len;
             node.pattern = union.pattern;
             node.int_range = union.int_range;
+            node.dec_range = union.dec_range;
         }
         if let Some(lits) = literals(o, at)? {
             node.kinds &= lits.iter().fold(0, |k, l| k | literal_kind(l));
@@ -463,7 +468,8 @@ impl Compiler<'_> {
         Ok(node)
     }
 
-    /// `minimum`/`maximum` and their exclusive forms, for integers only.
+    /// `minimum`/`maximum` and their exclusive forms: an integer's (`int_range`) or a number's
+    /// (`dec_range`, where the type admits fractions).
     fn bounds(&self, o: &Map<String, Value>, at: &str, node: &mut Node) -> Result<()> {
         let keys = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
         let mut v = [None; 4];
@@ -479,11 +485,19 @@ impl Compiler<'_> {
         if v.iter().all(Option::is_none) {
             return Ok(());
         }
-        if node.kinds & !(INTEGER | NULL) != 0 || node.kinds & INTEGER == 0 {
+        if node.kinds & !(INTEGER | NUMBER | NULL) != 0 || node.kinds & (INTEGER | NUMBER) == 0 {
             return Err(bad(
                 at,
-                "`minimum`/`maximum` are supported on integers only (type \"integer\")",
+                "`minimum`/`maximum` are supported on numbers only (type \"integer\" or \"number\")",
             ));
+        }
+        if node.kinds & NUMBER != 0 {
+            node.dec_range = Some(
+                DecRange::new(v[0], v[1], v[2], v[3])
+                    .map_err(|e| bad(at, e))?
+                    .ok_or_else(|| bad(at, "no number lies within these bounds"))?,
+            );
+            return Ok(());
         }
         node.int_range = Some(
             IntRange::new(v[0], v[1], v[2], v[3])
@@ -602,14 +616,18 @@ impl Compiler<'_> {
                 out.max_len = n.max_len;
                 out.pattern = n.pattern;
             }
-            if n.kinds & INTEGER != 0 {
-                if out.kinds & INTEGER != 0 && (n.int_range.is_some() || out.int_range.is_some()) {
+            if n.kinds & (INTEGER | NUMBER) != 0 {
+                let bounded = n.int_range.is_some() || n.dec_range.is_some();
+                if out.kinds & (INTEGER | NUMBER) != 0
+                    && (bounded || out.int_range.is_some() || out.dec_range.is_some())
+                {
                     return Err(bad(
                         at,
-                        "a bounded integer beside another numeric `anyOf`/`oneOf` branch is not supported",
+                        "a bounded number beside another numeric `anyOf`/`oneOf` branch is not supported",
                     ));
                 }
                 out.int_range = n.int_range;
+                out.dec_range = n.dec_range;
             }
             out.kinds |= n.kinds;
         }
