@@ -2,25 +2,13 @@
 //! admits against serde_json's reading of it and the bounds, prefixes that can still be
 //! completed, and random draws that stay in range.
 
-use super::tests::{accepts, draw};
+use super::tests::{accepts, draw, strings_over};
 use super::{JsonSchema, Recognizer};
 use serde_json::{json, Value};
 
 /// Every text of up to `n` bytes over a number's characters.
 fn number_strings(n: usize) -> Vec<String> {
-    let mut out = vec![String::new()];
-    let mut frontier = vec![String::new()];
-    for _ in 0..n {
-        let mut next = Vec::new();
-        for s in &frontier {
-            for c in "-0123456789.e".chars() {
-                next.push(format!("{s}{c}"));
-            }
-        }
-        out.extend(next.iter().cloned());
-        frontier = next;
-    }
-    out
+    strings_over("-0123456789.e", n)
 }
 
 /// `x` against the bounds, each as (value, exclusive).

@@ -585,13 +585,14 @@ fn constrained_draws_under_patterns_match_them() {
 }
 
 /// Every string over `-0123456789` of up to `n` bytes.
-fn digit_strings(n: usize) -> Vec<String> {
+/// Every text of up to `n` characters from `alphabet`.
+pub(super) fn strings_over(alphabet: &str, n: usize) -> Vec<String> {
     let mut out = vec![String::new()];
     let mut frontier = vec![String::new()];
     for _ in 0..n {
         let mut next = Vec::new();
         for s in &frontier {
-            for c in "-0123456789".chars() {
+            for c in alphabet.chars() {
                 next.push(format!("{s}{c}"));
             }
         }
@@ -599,6 +600,10 @@ fn digit_strings(n: usize) -> Vec<String> {
         frontier = next;
     }
     out
+}
+
+fn digit_strings(n: usize) -> Vec<String> {
+    strings_over("-0123456789", n)
 }
 
 #[test]
