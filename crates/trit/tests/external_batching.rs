@@ -267,6 +267,24 @@ fn device_models_refuse_kv_cache_types_they_do_not_store() {
     assert!(err.contains("f16"), "{err}");
 }
 
+/// A scheduler over the stand-in device backend `net` (64 MiB of cache blocks).
+fn schedule(
+    net: &Arc<SlotNet>,
+    tok: &Arc<Tokenizer>,
+    ctx: usize,
+    parallel: usize,
+    max_queue: usize,
+) -> Scheduler {
+    let model = Arc::new(Model::from_external(Box::new(Shared(net.clone()))));
+    let config = SchedulerConfig {
+        n_ctx: ctx,
+        parallel,
+        max_queue,
+        kv_cache_bytes: 64 << 20,
+    };
+    Scheduler::start(model, tok.clone(), config).unwrap()
+}
+
 #[test]
 fn device_backend_runs_at_most_its_slots_reuses_finished_slots_and_returns_every_slot() {
     let (files, tok) = default_model();
@@ -361,18 +379,7 @@ fn a_running_sequences_prefix_is_copied_into_a_new_sequences_slot() {
     net.copies_prefixes = true;
     let net = Arc::new(net);
     let pool = net.pool.clone();
-    let model = Arc::new(Model::from_external(Box::new(Shared(net.clone()))));
-    let sched = Scheduler::start(
-        model,
-        tok.clone(),
-        SchedulerConfig {
-            n_ctx: ctx,
-            parallel: 2,
-            max_queue: 4,
-            kv_cache_bytes: 64 << 20,
-        },
-    )
-    .unwrap();
+    let sched = schedule(&net, &tok, ctx, 2, 4);
     let head = tok
         .encode(
             &"The old lighthouse keeper climbed the stairs. ".repeat(8),
@@ -461,14 +468,7 @@ fn serve(
         ctx,
         candidates,
     ));
-    let model = Arc::new(Model::from_external(Box::new(Shared(net.clone()))));
-    let config = SchedulerConfig {
-        n_ctx: ctx,
-        parallel: 4,
-        max_queue: 8,
-        kv_cache_bytes: 64 << 20,
-    };
-    let sched = Scheduler::start(model, tok.clone(), config).unwrap();
+    let sched = schedule(&net, tok, ctx, 4, 8);
     let rxs: Vec<_> = prompts
         .iter()
         .zip(requests)
@@ -690,14 +690,7 @@ fn a_hybrids_parked_slot_continues_a_prompt_that_extends_it_whole() {
     let tok = Arc::new(Tokenizer::from_source(&files.tokenizer).unwrap());
     let ctx = 128;
     let net = Arc::new(SlotNet::new(Model::load(&files, 2).unwrap(), 2, ctx, true));
-    let model = Arc::new(Model::from_external(Box::new(Shared(net.clone()))));
-    let config = SchedulerConfig {
-        n_ctx: ctx,
-        parallel: 2,
-        max_queue: 8,
-        kv_cache_bytes: 64 << 20,
-    };
-    let sched = Scheduler::start(model, tok.clone(), config).unwrap();
+    let sched = schedule(&net, &tok, ctx, 2, 8);
     let cpu = Arc::new(Model::load(&files, 2).unwrap());
     let ids = |n: usize, seed: u32| -> Vec<u32> {
         (0..n as u32)
