@@ -373,15 +373,17 @@ impl CudaHybrid {
         g.launch("hybrid decode")
     }
 
-    /// Runs `tokens` from `pos0`; returns the logits `which` asks for (`None`: the last
-    /// token's row stays on the device, for the candidate kernel).
+    /// Runs `tokens` from `pos0`; lends the logits `which` asks for to `read` (the last row
+    /// straight from its page-locked copy; `None`: the last token's row stays on the device,
+    /// for the candidate kernel).
     fn forward_locked(
         &self,
         st: &mut State,
         tokens: &[u32],
         pos0: usize,
         which: Option<Logits>,
-    ) -> Result<Vec<f32>> {
+        read: &mut dyn FnMut(&[f32]),
+    ) -> Result<()> {
         // Continuing where the state is: just the new tokens. Anywhere else (a rewind, a
         // restart, after an error): zero the state and replay the sequence's own earlier
         // tokens up to pos0 without the LM head (the recurrent state cannot be cut back).
@@ -415,43 +417,41 @@ impl CudaHybrid {
             }
         }
         st.device_pos = None;
-        let mut out = Vec::new();
+        let mut all = Vec::new();
         if which != Some(Logits::All) && self.use_prefill(st, feed.len()) {
             // The prompt in chunks; the head only for its last token.
             self.prefill_prompt(st, start, feed.len())?;
-            if which == Some(Logits::Last) {
-                out = self.read_logits(st)?;
-            }
-            return self.finish_forward(st, tokens, pos0, out);
-        }
-        for i in 0..feed.len() {
-            let mine = i >= skip;
-            let want = mine && (which == Some(Logits::All) || i + 1 == feed.len());
-            self.run_step(st, want)?;
-            if mine && which == Some(Logits::All) {
-                out.extend(self.read_logits(st)?);
+        } else {
+            for i in 0..feed.len() {
+                let mine = i >= skip;
+                let want = mine && (which == Some(Logits::All) || i + 1 == feed.len());
+                self.run_step(st, want)?;
+                if mine && which == Some(Logits::All) {
+                    all.extend(self.read_logits(st)?);
+                }
             }
         }
-        if which == Some(Logits::Last) {
-            out = self.read_logits(st)?;
+        // The last row's copy is queued behind the steps (copy_to_pinned waits for both).
+        match which {
+            Some(Logits::Last) => read(copy_to_pinned(
+                &st.gpu,
+                &st.b.logits,
+                &mut st.b.host_logits,
+            )?),
+            Some(Logits::All) => read(&all),
+            None => {}
         }
-        self.finish_forward(st, tokens, pos0, out)
+        self.finish_forward(st, tokens, pos0)
     }
 
     /// Waits for the step(s) and records the sequence as `tokens` appended at `pos0`.
-    fn finish_forward(
-        &self,
-        st: &mut State,
-        tokens: &[u32],
-        pos0: usize,
-        out: Vec<f32>,
-    ) -> Result<Vec<f32>> {
+    fn finish_forward(&self, st: &mut State, tokens: &[u32], pos0: usize) -> Result<()> {
         st.gpu.sync()?;
         st.device_pos = Some(pos0 + tokens.len());
         st.seq_len = Some(pos0 + tokens.len());
         st.history.truncate(pos0);
         st.history.extend_from_slice(tokens);
-        Ok(out)
+        Ok(())
     }
 
     fn read_logits(&self, st: &mut State) -> Result<Vec<f32>> {
@@ -469,9 +469,27 @@ impl ExternalNet for CudaHybrid {
         check_forward(tokens, cache, self.config.vocab, self.ctx)?;
         let mut st = self.state.lock().map_err(|_| poisoned())?;
         let pos0 = cache.len();
-        let out = self.forward_locked(&mut st, tokens, pos0, Some(which))?;
+        let mut out = Vec::new();
+        self.forward_locked(&mut st, tokens, pos0, Some(which), &mut |v| {
+            out = v.to_vec()
+        })?;
         cache.advance(tokens.len());
         Ok(out)
+    }
+
+    fn forward_read(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        which: Logits,
+        read: &mut dyn FnMut(&[f32]),
+    ) -> Result<()> {
+        check_forward(tokens, cache, self.config.vocab, self.ctx)?;
+        let mut st = self.state.lock().map_err(|_| poisoned())?;
+        let pos0 = cache.len();
+        self.forward_locked(&mut st, tokens, pos0, Some(which), read)?;
+        cache.advance(tokens.len());
+        Ok(())
     }
 
     /// One sampled step answered with the row's `k` best candidates (the candidate kernel on
@@ -490,7 +508,7 @@ impl ExternalNet for CudaHybrid {
         let mut guard = self.state.lock().map_err(|_| poisoned())?;
         let st: &mut State = &mut guard;
         let pos0 = cache.len();
-        self.forward_locked(st, tokens, pos0, None)?;
+        self.forward_locked(st, tokens, pos0, None, &mut |_| {})?;
         let logits = ptr(&st.b.logits, &st.gpu.stream);
         let row = match crate::topk::one_row(&mut st.top, &st.gpu, logits, vocab, k)? {
             Some(t) => RowLogits::Top(t),

@@ -560,34 +560,43 @@ impl CudaModel {
             .launch("decode")
     }
 
+    /// Runs `tokens` from `pos0` and lends the logits `which` asks for to `read`: the last
+    /// row straight from the page-locked buffer it was copied into.
     fn forward_locked(
         &self,
         st: &mut State,
         tokens: &[u32],
         pos0: usize,
         which: Logits,
-    ) -> Result<Vec<f32>> {
-        let vocab = self.config.vocab;
+        read: &mut dyn FnMut(&[f32]),
+    ) -> Result<()> {
         self.upload_inputs(st, tokens, pos0)?;
         if self.use_prefill(st, tokens.len()) {
             // The prefill moves the device position itself; the next decode step re-uploads it.
-            return self.prefill_locked(st, tokens, pos0, which);
+            read(&self.prefill_locked(st, tokens, pos0, which)?);
+            return Ok(());
         }
-        let mut out = Vec::new();
+        let mut all = Vec::new();
         for i in 0..tokens.len() {
             let want = which == Logits::All || i + 1 == tokens.len();
             self.run_step(st, want, pos0 + i)?;
             if which == Logits::All {
-                out.extend(self.read_logits(st)?);
+                all.extend(self.read_logits(st)?);
             }
         }
-        if which == Logits::Last {
-            out = self.read_logits(st)?;
-        }
+        // The last row's copy is queued behind the step (copy_to_pinned waits for both).
+        let last = match which {
+            Logits::Last => Some(copy_to_pinned(
+                &st.gpu,
+                &st.b.logits,
+                &mut st.b.host_logits,
+            )?),
+            Logits::All => None,
+        };
         st.gpu.sync()?;
-        debug_assert_eq!(out.len() % vocab, 0);
         st.device_pos = Some(pos0 + tokens.len());
-        Ok(out)
+        read(last.unwrap_or(&all));
+        Ok(())
     }
 
     /// The token ids at their positions and, where the device counter may differ, the
@@ -672,9 +681,25 @@ impl ExternalNet for CudaModel {
         check_forward(tokens, cache, self.config.vocab, self.ctx)?;
         let mut st = self.state.lock().map_err(|_| poisoned())?;
         let pos0 = cache.len();
-        let out = self.forward_locked(&mut st, tokens, pos0, which)?;
+        let mut out = Vec::new();
+        self.forward_locked(&mut st, tokens, pos0, which, &mut |v| out = v.to_vec())?;
         cache.advance(tokens.len());
         Ok(out)
+    }
+
+    fn forward_read(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        which: Logits,
+        read: &mut dyn FnMut(&[f32]),
+    ) -> Result<()> {
+        check_forward(tokens, cache, self.config.vocab, self.ctx)?;
+        let mut st = self.state.lock().map_err(|_| poisoned())?;
+        let pos0 = cache.len();
+        self.forward_locked(&mut st, tokens, pos0, which, read)?;
+        cache.advance(tokens.len());
+        Ok(())
     }
 
     fn forward_top(&self, tokens: &[u32], cache: &mut KvCache, k: usize) -> Result<RowLogits> {

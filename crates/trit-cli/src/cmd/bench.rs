@@ -305,7 +305,10 @@ impl Bench {
     fn generate(&mut self, cache: &mut KvCache, n: usize) -> Result<()> {
         for _ in 0..n {
             let tok = self.rng.next(self.vocab);
-            self.model.forward(&[tok], cache, Logits::Last)?;
+            // As in llama-bench, the row reaches host memory and nothing reads it: a GPU model
+            // lends its page-locked copy instead of copying it again.
+            self.model
+                .forward_read(&[tok], cache, Logits::Last, &mut |_| {})?;
         }
         Ok(())
     }

@@ -37,22 +37,6 @@
 
 // mma_u8s8, codes4 and a_fragments come from prefill.cu, load_scale from gemv.cu (compiled before this file).
 
-// An mma sum as a float, exactly. SG_MAGIC_CVT=1 (unmeasured; TRIT_CUDA_DEFINES=
-// -DSG_MAGIC_CVT=1): through the bits of 1.5·2^23 + c and one float subtraction, exact for
-// |c| < 2^22 (a block's sum is at most 64 · 2 · 127), instead of the int-to-float conversion,
-// which the CUDA guide lists at a quarter of the FMA rate: at 32 rows each lane converts 32
-// sums per block.
-#ifndef SG_MAGIC_CVT
-#define SG_MAGIC_CVT 0
-#endif
-__device__ __forceinline__ float sg_i2f(int c) {
-#if SG_MAGIC_CVT
-    return __int_as_float(c + 0x4B400000) - 12582912.0f;
-#else
-    return (float)c;
-#endif
-}
-
 // The mma work of one 64-column block `b` for every token tile of the block: A fragments `af`
 // (2 m tiles × 2 k halves), their rows' scales `sr`, the tiles' activations and per-block
 // pairs from global memory (WIDE: one 16-byte vector per lane and tile). NT > 0: exactly NT
@@ -92,10 +76,10 @@ __device__ __forceinline__ void sg_tiles(const unsigned (&af)[2][2][4], const fl
                      bf[ni][1]);
             mma_u8s8(c, af[mi][1][0], af[mi][1][1], af[mi][1][2], af[mi][1][3], bf[ni][2],
                      bf[ni][3]);
-            acc[mi][ni][0] += sr[mi][0] * (m0[ni].x * sg_i2f(c[0]) - m0[ni].y);
-            acc[mi][ni][1] += sr[mi][0] * (m1[ni].x * sg_i2f(c[1]) - m1[ni].y);
-            acc[mi][ni][2] += sr[mi][1] * (m0[ni].x * sg_i2f(c[2]) - m0[ni].y);
-            acc[mi][ni][3] += sr[mi][1] * (m1[ni].x * sg_i2f(c[3]) - m1[ni].y);
+            acc[mi][ni][0] += sr[mi][0] * (m0[ni].x * (float)c[0] - m0[ni].y);
+            acc[mi][ni][1] += sr[mi][0] * (m1[ni].x * (float)c[1] - m1[ni].y);
+            acc[mi][ni][2] += sr[mi][1] * (m0[ni].x * (float)c[2] - m0[ni].y);
+            acc[mi][ni][3] += sr[mi][1] * (m1[ni].x * (float)c[3] - m1[ni].y);
         }
     };
     if constexpr (NT > 0) {

@@ -57,7 +57,8 @@ pub static LEVEL: Mutex<()> = Mutex::new(());
 
 /// Runs `tokens` as a prompt, then `steps` decode steps, on the GPU, on the CPU's int8 path and
 /// on the CPU's exact f32 reference (`KernelLevel::Reference`), all fed the reference's argmax.
-/// Returns the worst relative logit error against the reference of (GPU, CPU int8).
+/// The GPU's odd steps go through `forward_read` (its page-locked row lent, as `trit bench`
+/// reads it). Returns the worst relative logit error against the reference of (GPU, CPU int8).
 pub fn compare(path: &Path, tokens: &[u32], steps: usize, ctx: usize) -> (f64, f64) {
     compare_with(path, tokens, steps, &CudaOptions::new(ctx))
 }
@@ -73,12 +74,21 @@ pub fn compare_with(path: &Path, tokens: &[u32], steps: usize, opts: &CudaOption
     let (mut rc, mut cc, mut gc) = (cpu.new_cache(ctx), cpu.new_cache(ctx), gpu.new_cache(ctx));
     let mut feed = tokens.to_vec();
     let (mut worst_gpu, mut worst_cpu) = (0f64, 0f64);
-    for _ in 0..=steps {
+    for step in 0..=steps {
         kernels::set_level(KernelLevel::Reference).unwrap();
         let want = cpu.forward(&feed, &mut rc, Logits::Last).unwrap();
         kernels::set_level(fast).unwrap();
         let int8 = cpu.forward(&feed, &mut cc, Logits::Last).unwrap();
-        let got = gpu.forward(&feed, &mut gc, Logits::Last).unwrap();
+        let got = if step % 2 == 1 {
+            let mut lent = Vec::new();
+            let mut read = |row: &[f32]| lent = row.to_vec();
+            gpu.forward_read(&feed, &mut gc, Logits::Last, &mut read)
+                .unwrap();
+            lent
+        } else {
+            gpu.forward(&feed, &mut gc, Logits::Last).unwrap()
+        };
+        assert_eq!(got.len(), want.len(), "a whole row");
         worst_gpu = worst_gpu.max(rel_err(&got, &want));
         worst_cpu = worst_cpu.max(rel_err(&int8, &want));
         feed = vec![argmax(&want)];

@@ -45,6 +45,22 @@ enum Net {
 pub trait ExternalNet: Send + Sync {
     fn config(&self) -> &ModelConfig;
     fn forward(&self, tokens: &[u32], cache: &mut KvCache, which: Logits) -> Result<Vec<f32>>;
+
+    /// `forward` with the logits lent to `read` rather than returned: a device backend passes
+    /// the page-locked buffer it copied them into, saving a copy of the whole row per token
+    /// (what `trit bench` does; llama.cpp's decode also leaves them in its page-locked output
+    /// buffer). By default: through `forward`.
+    fn forward_read(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        which: Logits,
+        read: &mut dyn FnMut(&[f32]),
+    ) -> Result<()> {
+        read(&self.forward(tokens, cache, which)?);
+        Ok(())
+    }
+
     fn weight_bytes(&self) -> usize;
     fn bytes_per_token(&self) -> usize;
 
@@ -248,6 +264,27 @@ impl Model {
                     ));
                 }
                 n.forward(tokens, cache, which)
+            }
+        }
+    }
+
+    /// [`forward`](Self::forward) with the logits lent to `read` (see
+    /// [`ExternalNet::forward_read`]): a device model skips copying the row out of its
+    /// page-locked buffer.
+    pub fn forward_read(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        which: Logits,
+        read: &mut dyn FnMut(&[f32]),
+    ) -> Result<()> {
+        match &self.net {
+            Net::External(n) if cache.device_slot().is_none() => {
+                n.forward_read(tokens, cache, which, read)
+            }
+            _ => {
+                read(&self.forward(tokens, cache, which)?);
+                Ok(())
             }
         }
     }
