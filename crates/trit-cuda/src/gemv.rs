@@ -78,13 +78,7 @@ pub(crate) fn launch_ternary_pend(
     r: usize,
     max_split: usize,
 ) -> Result<()> {
-    // Warps sharing one row group: as many as the row has 32-block lane-steps, at most
-    // `max_split`.
-    let steps = (m.cols / 64).div_ceil(32);
-    let split = [4, 2]
-        .into_iter()
-        .find(|s| *s <= max_split && steps >= *s)
-        .unwrap_or(1);
+    let split = gemv_split((m.cols / 64).div_ceil(32), max_split);
     let kind = if m.f16 { "f16" } else { "f32" };
     let kernel = kernel_name(&format!("ternary_gemv_r{r}_s{split}_{kind}"))?;
     let threads = 32 * split as u32;
@@ -106,6 +100,27 @@ pub(crate) fn launch_ternary_pend(
             Arg::Ptr(pend),
         ],
     )
+}
+
+/// Warps of the register GEMV sharing one row group of `steps` 32-block lane-steps, at most
+/// `max_split`: the most that leave no lane-step of a group empty (the 27B's down has 9 steps:
+/// 4 warps would take 3 each, 12 slots for 9; 3 take exactly 9, and smaller blocks let every
+/// row group be resident in one wave), else as many as there are steps, 4 or 2. H200 tg128
+/// (BENCHMARKS "GPU, session 18"): 8B 850 -> 884-889 tok/s (down: 6 steps on 3 warps instead of
+/// 8 slots on 4), 27B hybrid 281.6 -> 285.5. `TRIT_CUDA_SPLIT3=0` keeps the older choice.
+fn gemv_split(steps: usize, max_split: usize) -> usize {
+    static THREE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let three = *THREE.get_or_init(|| std::env::var("TRIT_CUDA_SPLIT3").map_or(true, |v| v != "0"));
+    let even = [4, 3, 2]
+        .into_iter()
+        .filter(|s| three || *s != 3)
+        .find(|s| *s <= max_split && steps.is_multiple_of(*s));
+    even.unwrap_or_else(|| {
+        [4, 2]
+            .into_iter()
+            .find(|s| *s <= max_split && steps >= *s)
+            .unwrap_or(1)
+    })
 }
 
 /// The activations a decode GEMV reads: f32 values for dense matrices, int8 blocks and their
@@ -636,5 +651,25 @@ mod tests {
         assert_eq!((c.warps, c.blocks_per_sm, c.split), (16, 2, 4));
         assert_eq!(StreamConfig::parse("16,1,3"), Some(StreamConfig::DEFAULT));
         assert_eq!(StreamConfig::parse("x"), Some(StreamConfig::DEFAULT));
+    }
+}
+
+#[cfg(test)]
+mod split_tests {
+    use super::gemv_split;
+
+    #[test]
+    fn row_groups_take_warps_that_leave_no_lane_step_empty() {
+        // The 27B's down (272 blocks: 9 steps), the 8B's (192: 6), the 27B's out (96: 3).
+        assert_eq!(gemv_split(9, 4), 3);
+        assert_eq!(gemv_split(6, 4), 3);
+        assert_eq!(gemv_split(3, 4), 3);
+        assert_eq!(gemv_split(8, 4), 4);
+        assert_eq!(gemv_split(2, 4), 2);
+        // No even split: as many warps as steps, 4 or 2; never more than asked.
+        assert_eq!(gemv_split(5, 4), 4);
+        assert_eq!(gemv_split(1, 4), 1);
+        assert_eq!(gemv_split(9, 2), 2);
+        assert_eq!(gemv_split(6, 1), 1);
     }
 }

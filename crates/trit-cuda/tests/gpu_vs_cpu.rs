@@ -170,6 +170,19 @@ fn gemv_kernel_matches_its_cpu_emulation_for_every_variant() {
             assert!(err < 1e-5, "fused R={r} split={split}: {err}");
         }
     }
+    // 91 blocks: 3 lane-steps, the last partial, which 3 warps per row group share.
+    let m3 = random_q2_0(37, 5824, (21, 22));
+    let x3: Vec<f32> = prompt(5824, 20001, 23)
+        .iter()
+        .map(|&v| v as f32 / 10000.0 - 1.0)
+        .collect();
+    let (q3, meta3) = quantize_activations(&x3);
+    let want3 = gemv_reference(&m3, &q3, &meta3);
+    for r in [2, 4, 8] {
+        let got = trit_cuda::gemv::ternary_gemv_once(&gpu, &m3, &q3, &meta3, r, 4).unwrap();
+        let err = rel_err(&got, &want3);
+        assert!(err < 1e-5, "R={r}, 3 warps: {err}");
+    }
     // The fused SwiGLU epilogue: 74 rows = gate (37) ‖ up (37), so every R/2 leaves a partial
     // last group; silu(gate)·up from the emulated products.
     let (rows2, glu_cols) = (74, 8256);

@@ -255,8 +255,9 @@ __device__ __forceinline__ void ternary_gemv(const uint4* __restrict__ codes,
         const float2* meta, float* y, int accumulate, unsigned long long* pend) {             \
         ternary_gemv<R, SPLIT, S>(codes, scales, rows, nb, xq, meta, y, accumulate, pend);    \
     }
-#define TERNARY_GEMV_SPLITS(R, SN, S) \
-    TERNARY_GEMV(R, 1, SN, S) TERNARY_GEMV(R, 2, SN, S) TERNARY_GEMV(R, 4, SN, S)
+#define TERNARY_GEMV_SPLITS(R, SN, S)                                          \
+    TERNARY_GEMV(R, 1, SN, S) TERNARY_GEMV(R, 2, SN, S) TERNARY_GEMV(R, 3, SN, S) \
+    TERNARY_GEMV(R, 4, SN, S)
 TERNARY_GEMV_SPLITS(2, f16, half_bits)
 TERNARY_GEMV_SPLITS(4, f16, half_bits)
 TERNARY_GEMV_SPLITS(8, f16, half_bits)
