@@ -105,15 +105,22 @@ pub(crate) fn launch_ternary_pend(
 /// Warps of the register GEMV sharing one row group of `steps` 32-block lane-steps, at most
 /// `max_split`: the most that leave no lane-step of a group empty (the 27B's down has 9 steps:
 /// 4 warps would take 3 each, 12 slots for 9; 3 take exactly 9, and smaller blocks let every
-/// row group be resident in one wave), else as many as there are steps, 4 or 2. H200 tg128
+/// row group be resident in one wave), else as many as there are steps, 4 or 2; 3 warps only
+/// from 6 steps (3 steps on 2 warps, 4 slots, measured faster: 1.7B down). H200 tg128
 /// (BENCHMARKS "GPU, session 18"): 8B 850 -> 884-889 tok/s (down: 6 steps on 3 warps instead of
-/// 8 slots on 4), 27B hybrid 281.6 -> 285.5. `TRIT_CUDA_SPLIT3=0` keeps the older choice.
+/// 8 slots on 4), 27B hybrid 281.6 -> 285.5; 1.7B 1,754-1,762 against 1,717-1,727 with 3
+/// warps at 3 steps too (`TRIT_CUDA_SPLIT3=all`). `TRIT_CUDA_SPLIT3=0` keeps the older choice.
 fn gemv_split(steps: usize, max_split: usize) -> usize {
-    static THREE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let three = *THREE.get_or_init(|| std::env::var("TRIT_CUDA_SPLIT3").map_or(true, |v| v != "0"));
+    // Fewest steps that take 3 warps (TRIT_CUDA_SPLIT3: 0 never, `all` from 3 steps).
+    static THREE_FROM: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let three_from = *THREE_FROM.get_or_init(|| match std::env::var("TRIT_CUDA_SPLIT3") {
+        Ok(v) if v == "0" => usize::MAX,
+        Ok(v) if v == "all" => 3,
+        _ => 6,
+    });
     let even = [4, 3, 2]
         .into_iter()
-        .filter(|s| three || *s != 3)
+        .filter(|s| *s != 3 || steps >= three_from)
         .find(|s| *s <= max_split && steps.is_multiple_of(*s));
     even.unwrap_or_else(|| {
         [4, 2]
@@ -663,7 +670,8 @@ mod split_tests {
         // The 27B's down (272 blocks: 9 steps), the 8B's (192: 6), the 27B's out (96: 3).
         assert_eq!(gemv_split(9, 4), 3);
         assert_eq!(gemv_split(6, 4), 3);
-        assert_eq!(gemv_split(3, 4), 3);
+        // 3 steps on 2 warps (4 slots) measured faster than on 3 (1.7B down).
+        assert_eq!(gemv_split(3, 4), 2);
         assert_eq!(gemv_split(8, 4), 4);
         assert_eq!(gemv_split(2, 4), 2);
         // No even split: as many warps as steps, 4 or 2; never more than asked.
