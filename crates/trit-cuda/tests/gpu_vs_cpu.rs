@@ -170,9 +170,9 @@ fn gemv_kernel_matches_its_cpu_emulation_for_every_variant() {
             assert!(err < 1e-5, "fused R={r} split={split}: {err}");
         }
     }
-    // 91 blocks: 3 lane-steps, the last partial, which 3 warps per row group share.
-    let m3 = random_q2_0(37, 5824, (21, 22));
-    let x3: Vec<f32> = prompt(5824, 20001, 23)
+    // 181 blocks: 6 lane-steps, the last partial, which 3 warps per row group share.
+    let m3 = random_q2_0(37, 11584, (21, 22));
+    let x3: Vec<f32> = prompt(11584, 20001, 23)
         .iter()
         .map(|&v| v as f32 / 10000.0 - 1.0)
         .collect();
