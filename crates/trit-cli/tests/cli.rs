@@ -283,14 +283,14 @@ fn json_schema_output_parses_and_bad_schemas_are_named() {
     assert!(name.chars().count() <= 20 && o["year"].is_i64(), "{v}");
     // --json: any object.
     assert!(json_reply(&["--json"], "Describe Paris.").is_object());
-    let bad = r#"{"type": "integer", "multipleOf": 2}"#;
+    let bad = r#"{"type": "object", "minProperties": 2}"#;
     let out = trit()
         .args(["run", "--json-schema", bad, "hi"])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && err.contains("`multipleOf`"),
+        !out.status.success() && err.contains("`minProperties`"),
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");

@@ -20,7 +20,7 @@ fn city_schema() -> Value {
         "properties": {
             "city": {"type": "string", "maxLength": 24},
             "country": {"type": "string", "maxLength": 24},
-            "population": {"type": "integer"},
+            "population": {"type": "integer", "multipleOf": 1000},
             "capital": {"type": "boolean"},
             "kind": {"enum": ["town", "city", "village"]},
             "code": {"type": "string", "pattern": "^[A-Z]{2}$"},
@@ -61,7 +61,10 @@ fn check_city(v: &Value) {
             .is_some_and(|s| s.chars().count() <= 24),
         "{v}"
     );
-    assert!(o["population"].is_i64(), "{v}");
+    assert!(
+        o["population"].as_i64().is_some_and(|p| p % 1000 == 0),
+        "{v}"
+    );
     let area = o["area_km2"].as_f64().unwrap();
     assert!(area > 0.0 && area <= 20000.0, "{v}");
     assert!(o["capital"].is_boolean(), "{v}");
@@ -206,8 +209,8 @@ fn formats_that_cannot_be_enforced_are_refused_by_name() {
         ),
         (
             json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
-                   "schema": {"type": "integer", "multipleOf": 2}}}}),
-            "multipleOf",
+                   "schema": {"type": "object", "minProperties": 2}}}}),
+            "minProperties",
         ),
         (
             json!({"response_format": {"type": "json_object"}, "tools": [{"type": "function",

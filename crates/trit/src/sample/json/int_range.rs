@@ -1,6 +1,7 @@
-//! `minimum`/`maximum` (and their exclusive forms) of an integer, checked digit by digit: a
-//! digit is accepted only while some continuation of the number (up to the 18 digits an
-//! integer may have) still lands in the range, and the number may end only inside it.
+//! `minimum`/`maximum` (and their exclusive forms) and `multipleOf` of an integer, checked
+//! digit by digit: a digit is accepted only while some continuation of the number (up to the
+//! 18 digits an integer may have) still lands on a multiple inside the range, and the number
+//! may end only on one.
 
 /// Largest magnitude an integer may have (18 digits).
 const LIMIT: i128 = 999_999_999_999_999_999;
@@ -9,6 +10,8 @@ const LIMIT: i128 = 999_999_999_999_999_999;
 pub(crate) struct IntRange {
     pub(crate) lo: i128,
     pub(crate) hi: i128,
+    /// `multipleOf` (1: any integer).
+    pub(crate) step: i128,
 }
 
 /// Where an integer's text is: its sign and the value and count of the digits so far.
@@ -40,11 +43,19 @@ impl IntRange {
         ];
         let lo = lo.into_iter().flatten().fold(-LIMIT, i128::max);
         let hi = hi.into_iter().flatten().fold(LIMIT, i128::min);
-        (lo <= hi).then_some(IntRange { lo, hi })
+        (lo <= hi).then_some(IntRange { lo, hi, step: 1 })
     }
 
+    /// The range's integers that are multiples of `step` (≥ 1), or `None` when it has none.
+    pub(crate) fn multiples_of(self, step: i128) -> Option<IntRange> {
+        let r = IntRange { step, ..self };
+        r.meets(r.lo, r.hi).then_some(r)
+    }
+
+    /// Whether a multiple of `step` lies in `[a, b]` and in range.
     fn meets(&self, a: i128, b: i128) -> bool {
-        a <= self.hi && b >= self.lo
+        let (a, b) = (a.max(self.lo), b.min(self.hi));
+        a <= b && b.div_euclid(self.step) * self.step >= a
     }
 
     /// Whether some completion of `p` (more digits, or none if it has some) is in range. An
@@ -80,7 +91,7 @@ impl IntRange {
         } else {
             p.value as i128
         };
-        p.digits > 0 && self.lo <= v && v <= self.hi
+        p.digits > 0 && self.lo <= v && v <= self.hi && v % self.step == 0
     }
 }
 

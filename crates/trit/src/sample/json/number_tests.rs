@@ -1,6 +1,6 @@
-//! `minimum`/`maximum` on type `number` (`dec_range.rs`): every short text the recognizer
-//! admits against serde_json's reading of it and the bounds, prefixes that can still be
-//! completed, and random draws that stay in range.
+//! `minimum`/`maximum` on type `number` (`dec_range.rs`) and an integer's `multipleOf`
+//! (`int_range.rs`): every short text the recognizer admits against serde_json's reading of it
+//! and the bounds, prefixes that can still be completed, and random draws that stay in range.
 
 use super::tests::{accepts, draw, strings_over};
 use super::{JsonSchema, Recognizer};
@@ -123,5 +123,68 @@ fn constrained_draws_under_number_bounds_stay_in_them() {
         assert!((0.0..=2.0).contains(&t), "seed {seed}: {v}");
         assert!(p > 0.0 && p < 1.0, "seed {seed}: {v}");
         assert!((-0.75..=-0.5).contains(&o), "seed {seed}: {v}");
+    }
+}
+
+#[test]
+fn integer_multiples_admit_exactly_the_multiples_in_range() {
+    let strings = strings_over("-0123456789", 4);
+    let tails = strings_over("0123456789", 3);
+    for (schema, lo, hi, step) in [
+        (
+            json!({"type": "integer", "multipleOf": 7, "minimum": -30, "maximum": 100}),
+            -30,
+            100,
+            7,
+        ),
+        (
+            json!({"type": "integer", "multipleOf": 25}),
+            i64::MIN,
+            i64::MAX,
+            25,
+        ),
+        (
+            json!({"type": ["integer", "null"], "multipleOf": 3, "exclusiveMinimum": 10}),
+            11,
+            i64::MAX,
+            3,
+        ),
+    ] {
+        let s = JsonSchema::compile(&schema).unwrap();
+        for text in &strings {
+            let want = serde_json::from_str::<Value>(text)
+                .ok()
+                .and_then(|v| v.as_i64())
+                .is_some_and(|x| lo <= x && x <= hi && x % step == 0);
+            assert_eq!(accepts(&s, text.as_bytes()), want, "{schema} on {text:?}");
+            // Short prefixes: fed exactly when some continuation of up to 3 digits completes
+            // them (for these schemas one does whenever any does).
+            if text.len() <= 2 {
+                let mut r = Recognizer::new(&s);
+                let fed = r.feed_all(text.as_bytes());
+                let completes = tails
+                    .iter()
+                    .any(|tail| accepts(&s, format!("{text}{tail}").as_bytes()));
+                assert_eq!(fed, completes, "{schema}: the prefix {text:?}");
+            }
+        }
+    }
+    for (schema, word) in [
+        (json!({"type": "number", "multipleOf": 5}), "integers only"),
+        (
+            json!({"type": "integer", "multipleOf": 0.5}),
+            "positive integer",
+        ),
+        (
+            json!({"type": "integer", "multipleOf": 0}),
+            "positive integer",
+        ),
+        (
+            json!({"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 6}),
+            "no multiple",
+        ),
+    ] {
+        let e = JsonSchema::compile(&schema).unwrap_err().to_string();
+        assert!(e.contains(word), "{schema}: {e}");
     }
 }

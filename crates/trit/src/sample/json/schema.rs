@@ -1,7 +1,8 @@
 //! A JSON Schema compiled into the flat node table the recognizer walks. The subset is what
 //! structured-output clients send (OpenAI's `json_schema`, pydantic's `model_json_schema()`):
 //! `type` (one or several), `properties`, `required`, `additionalProperties`, `items`,
-//! `minItems`/`maxItems`, `minLength`/`maxLength`, `enum`, `const`, `anyOf`/`oneOf` over
+//! `minItems`/`maxItems`, `minLength`/`maxLength`, `minimum`/`maximum` (and exclusive forms),
+//! an integer's `multipleOf`, `enum`, `const`, `anyOf`/`oneOf` over
 //! different JSON types, `$ref` into `$defs`/`definitions` (recursion included). Annotations
 //! (`title`, `description`, `default`, `format`, …) are ignored, as validators ignore them.
 //! Any other keyword is refused with its name: a schema is enforced or rejected, never
@@ -71,7 +72,7 @@ pub(crate) struct Node {
     pub(crate) max_len: Option<usize>,
     /// A string's `pattern` (or enforced `format`): index into `JsonSchema::patterns`.
     pub(crate) pattern: Option<usize>,
-    /// An integer's `minimum`/`maximum` (and exclusive forms).
+    /// An integer's `minimum`/`maximum` (and exclusive forms) and `multipleOf`.
     pub(crate) int_range: Option<IntRange>,
     /// A number's (type `number`: the text may have a fraction).
     pub(crate) dec_range: Option<DecRange>,
@@ -373,6 +374,7 @@ impl Compiler<'_> {
             "maximum",
             "exclusiveMinimum",
             "exclusiveMaximum",
+            "multipleOf",
             "enum",
             "const",
             "anyOf",
@@ -469,8 +471,34 @@ impl Compiler<'_> {
     }
 
     /// `minimum`/`maximum` and their exclusive forms: an integer's (`int_range`) or a number's
-    /// (`dec_range`, where the type admits fractions).
+    /// (`dec_range`, where the type admits fractions); an integer's `multipleOf`.
     fn bounds(&self, o: &Map<String, Value>, at: &str, node: &mut Node) -> Result<()> {
+        self.range(o, at, node)?;
+        let Some(m) = o.get("multipleOf") else {
+            return Ok(());
+        };
+        if node.kinds & !(INTEGER | NULL) != 0 || node.kinds & INTEGER == 0 {
+            return Err(bad(
+                at,
+                "`multipleOf` is supported on integers only (type \"integer\")",
+            ));
+        }
+        let step = m
+            .as_u64()
+            .filter(|s| (1..=999_999_999_999_999_999).contains(s))
+            .ok_or_else(|| bad(at, "`multipleOf` must be a positive integer below 10^18"))?;
+        let all = IntRange::new(None, None, None, None).expect("the whole range is not empty");
+        node.int_range = Some(
+            node.int_range
+                .unwrap_or(all)
+                .multiples_of(step as i128)
+                .ok_or_else(|| bad(at, "no multiple of `multipleOf` lies within these bounds"))?,
+        );
+        Ok(())
+    }
+
+    /// `minimum`/`maximum` and their exclusive forms.
+    fn range(&self, o: &Map<String, Value>, at: &str, node: &mut Node) -> Result<()> {
         let keys = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
         let mut v = [None; 4];
         for (slot, key) in v.iter_mut().zip(keys) {
