@@ -25,7 +25,8 @@ fn city_schema() -> Value {
             "kind": {"enum": ["town", "city", "village"]},
             "code": {"type": "string", "pattern": "^[A-Z]{2}$"},
             "founded": {"type": "string", "format": "date"},
-            "area_km2": {"type": "number", "exclusiveMinimum": 0, "maximum": 20000}
+            "area_km2": {"type": "number", "exclusiveMinimum": 0, "maximum": 20000,
+                         "multipleOf": 0.5}
         },
         "required": ["city", "country", "population", "capital", "kind", "code", "founded",
                      "area_km2"],
@@ -66,7 +67,10 @@ fn check_city(v: &Value) {
         "{v}"
     );
     let area = o["area_km2"].as_f64().unwrap();
-    assert!(area > 0.0 && area <= 20000.0, "{v}");
+    assert!(
+        area > 0.0 && area <= 20000.0 && (2.0 * area).fract() == 0.0,
+        "{v}"
+    );
     assert!(o["capital"].is_boolean(), "{v}");
     assert!(
         ["town", "city", "village"].contains(&o["kind"].as_str().unwrap()),

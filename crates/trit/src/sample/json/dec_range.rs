@@ -1,8 +1,8 @@
-//! `minimum`/`maximum` (and their exclusive forms) of a number, checked byte by byte and
-//! exactly. A bounded number is written without an exponent, with at most 17 integer and 18
-//! fraction digits, so every value its text can still become lies on the grid of multiples of
-//! 10^-18, and so do the bounds (at most 18 decimals): values and bounds compare as integers
-//! in units of 10^-18 (i128), with no rounding anywhere.
+//! `minimum`/`maximum` (and their exclusive forms) and `multipleOf` of a number, checked byte
+//! by byte and exactly. A bounded number is written without an exponent, with at most 17
+//! integer and 18 fraction digits, so every value its text can still become lies on the grid
+//! of multiples of 10^-18, and so do the bounds and the divisor (at most 18 decimals): values,
+//! bounds and divisor compare as integers in units of 10^-18 (i128), with no rounding anywhere.
 
 /// Units per 1 (fraction digits of the grid).
 const ONE: i128 = 1_000_000_000_000_000_000;
@@ -16,6 +16,8 @@ const REACH: i128 = 100_000_000_000_000_000 * ONE - 1;
 pub(crate) struct DecRange {
     lo: i128,
     hi: i128,
+    /// `multipleOf` in units (1: any value of the grid).
+    step: i128,
 }
 
 /// Where a bounded number's text is: sign, integer digits, and after a `.` the fraction
@@ -96,12 +98,29 @@ impl DecRange {
         if let Some(m) = ex_max {
             hi = hi.min(side(m, false)? - 1);
         }
-        Ok((lo <= hi).then_some(DecRange { lo, hi }))
+        Ok((lo <= hi).then_some(DecRange { lo, hi, step: 1 }))
     }
 
+    /// The range's multiples of `step` (`multipleOf`, positive): `Ok(None)` when it holds none,
+    /// `Err` for a divisor with more decimals than the grid or beyond any text's reach.
+    pub(crate) fn multiples_of(self, step: f64) -> Result<Option<DecRange>, String> {
+        let step = match units(step)? {
+            Some(u) if u > 0 => u,
+            _ => {
+                return Err(format!(
+                    "`multipleOf` {step} is not a positive number below 1e17"
+                ))
+            }
+        };
+        let r = DecRange { step, ..self };
+        Ok(r.meets(r.lo, r.hi, false).then_some(r))
+    }
+
+    /// Whether a multiple of `step` lies in `[a, b]` (negated first with `neg`) and in range.
     fn meets(&self, a: i128, b: i128, neg: bool) -> bool {
         let (a, b) = if neg { (-b, -a) } else { (a, b) };
-        a <= self.hi && b >= self.lo
+        let (a, b) = (a.max(self.lo), b.min(self.hi));
+        a <= b && b.div_euclid(self.step) * self.step >= a
     }
 
     /// Whether some completion of `p` (more digits, a fraction, or none) is in range.
@@ -136,7 +155,7 @@ impl DecRange {
         let width = 10i128.pow((MAX_FRAC_DIGITS - p.frac_digits) as u32);
         let v = p.int as i128 * ONE + p.frac as i128 * width;
         let v = if p.neg { -v } else { v };
-        p.int_digits > 0 && self.lo <= v && v <= self.hi
+        p.int_digits > 0 && self.lo <= v && v <= self.hi && v % self.step == 0
     }
 }
 

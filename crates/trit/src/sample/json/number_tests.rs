@@ -170,7 +170,7 @@ fn integer_multiples_admit_exactly_the_multiples_in_range() {
         }
     }
     for (schema, word) in [
-        (json!({"type": "number", "multipleOf": 5}), "integers only"),
+        (json!({"type": "boolean", "multipleOf": 5}), "numbers only"),
         (
             json!({"type": "integer", "multipleOf": 0.5}),
             "positive integer",
@@ -181,6 +181,70 @@ fn integer_multiples_admit_exactly_the_multiples_in_range() {
         ),
         (
             json!({"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 6}),
+            "no multiple",
+        ),
+    ] {
+        let e = JsonSchema::compile(&schema).unwrap_err().to_string();
+        assert!(e.contains(word), "{schema}: {e}");
+    }
+}
+
+#[test]
+fn number_multiples_admit_exactly_the_multiples_on_the_grid() {
+    let strings = number_strings(5);
+    let tails = strings_over("0123456789.", 2);
+    // (schema, bounds, divisor in hundredths: texts this short are exact in hundredths·f64).
+    for (schema, lo, hi, step) in [
+        (
+            json!({"type": "number", "multipleOf": 0.25, "minimum": -1, "maximum": 3}),
+            -1.0,
+            3.0,
+            25,
+        ),
+        (
+            json!({"type": "number", "multipleOf": 0.01}),
+            f64::MIN,
+            f64::MAX,
+            1,
+        ),
+        (
+            json!({"type": ["number", "null"], "multipleOf": 1.5, "exclusiveMaximum": 10}),
+            f64::MIN,
+            9.99,
+            150,
+        ),
+    ] {
+        let s = JsonSchema::compile(&schema).unwrap();
+        for text in &strings {
+            let want = !text.contains('e')
+                && serde_json::from_str::<Value>(text)
+                    .ok()
+                    .and_then(|v| v.as_f64())
+                    .is_some_and(|x| {
+                        let cents = x * 100.0;
+                        lo <= x
+                            && x <= hi
+                            && (cents - cents.round()).abs() < 1e-6
+                            && cents.round() as i64 % step == 0
+                    });
+            assert_eq!(accepts(&s, text.as_bytes()), want, "{schema} on {text:?}");
+            // Prefixes of up to 2 bytes: fed exactly when a continuation of up to 2 bytes
+            // completes them (for these schemas one does whenever any does).
+            if text.len() <= 2 {
+                let mut r = Recognizer::new(&s);
+                let fed = r.feed_all(text.as_bytes());
+                let completes = tails
+                    .iter()
+                    .any(|tail| accepts(&s, format!("{text}{tail}").as_bytes()));
+                assert_eq!(fed, completes, "{schema}: the prefix {text:?}");
+            }
+        }
+    }
+    for (schema, word) in [
+        (json!({"type": "number", "multipleOf": 1e-19}), "decimals"),
+        (json!({"type": "number", "multipleOf": -2}), "positive"),
+        (
+            json!({"type": "number", "multipleOf": 0.5, "minimum": 0.1, "maximum": 0.4}),
             "no multiple",
         ),
     ] {

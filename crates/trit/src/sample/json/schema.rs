@@ -2,7 +2,7 @@
 //! structured-output clients send (OpenAI's `json_schema`, pydantic's `model_json_schema()`):
 //! `type` (one or several), `properties`, `required`, `additionalProperties`, `items`,
 //! `minItems`/`maxItems`, `minLength`/`maxLength`, `minimum`/`maximum` (and exclusive forms),
-//! an integer's `multipleOf`, `enum`, `const`, `anyOf`/`oneOf` over
+//! `multipleOf`, `enum`, `const`, `anyOf`/`oneOf` over
 //! different JSON types, `$ref` into `$defs`/`definitions` (recursion included). Annotations
 //! (`title`, `description`, `default`, `format`, …) are ignored, as validators ignore them.
 //! Any other keyword is refused with its name: a schema is enforced or rejected, never
@@ -471,17 +471,36 @@ impl Compiler<'_> {
     }
 
     /// `minimum`/`maximum` and their exclusive forms: an integer's (`int_range`) or a number's
-    /// (`dec_range`, where the type admits fractions); an integer's `multipleOf`.
+    /// (`dec_range`, where the type admits fractions); `multipleOf` on either.
     fn bounds(&self, o: &Map<String, Value>, at: &str, node: &mut Node) -> Result<()> {
         self.range(o, at, node)?;
         let Some(m) = o.get("multipleOf") else {
             return Ok(());
         };
-        if node.kinds & !(INTEGER | NULL) != 0 || node.kinds & INTEGER == 0 {
+        if node.kinds & !(INTEGER | NUMBER | NULL) != 0 || node.kinds & (INTEGER | NUMBER) == 0 {
             return Err(bad(
                 at,
-                "`multipleOf` is supported on integers only (type \"integer\")",
+                "`multipleOf` is supported on numbers only (type \"integer\" or \"number\")",
             ));
+        }
+        if node.kinds & NUMBER != 0 {
+            // A number's divisor in units of 10^-18; the value then takes no exponent.
+            let step = m
+                .as_f64()
+                .ok_or_else(|| bad(at, "`multipleOf` must be a number"))?;
+            let all = DecRange::new(None, None, None, None)
+                .map_err(|e| bad(at, e))?
+                .expect("the whole range is not empty");
+            node.dec_range = Some(
+                node.dec_range
+                    .unwrap_or(all)
+                    .multiples_of(step)
+                    .map_err(|e| bad(at, e))?
+                    .ok_or_else(|| {
+                        bad(at, "no multiple of `multipleOf` lies within these bounds")
+                    })?,
+            );
+            return Ok(());
         }
         let step = m
             .as_u64()
