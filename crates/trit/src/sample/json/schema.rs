@@ -2,9 +2,10 @@
 //! structured-output clients send (OpenAI's `json_schema`, pydantic's `model_json_schema()`):
 //! `type` (one or several), `properties`, `required`, `additionalProperties`, `items`,
 //! `minItems`/`maxItems`, `minLength`/`maxLength`, `minimum`/`maximum` (and exclusive forms),
-//! `multipleOf`, `enum`, `const`, `anyOf`/`oneOf` over
-//! different JSON types, `$ref` into `$defs`/`definitions` (recursion included). Annotations
-//! (`title`, `description`, `default`, `format`, …) are ignored, as validators ignore them.
+//! `multipleOf`, `enum`, `const`, `anyOf`/`oneOf` over different JSON types, `$ref` into
+//! `$defs`/`definitions` (recursion included), a one-schema `allOf` beside annotations.
+//! Annotations (`title`, `description`, `default`, `format`, …) are ignored, as validators
+//! ignore them.
 //! Any other keyword is refused with its name: a schema is enforced or rejected, never
 //! enforced in part.
 
@@ -283,6 +284,24 @@ struct Compiler<'a> {
     building: Vec<usize>,
 }
 
+/// The one schema of an `allOf` that has one beside annotations only (pydantic wraps a
+/// described field of a model type so: `{"allOf": [{"$ref": …}], "description": …}`); `None`
+/// without `allOf`. Any other `allOf` would need an intersection of schemas: refused.
+fn single_all_of<'a>(o: &'a Map<String, Value>, at: &str) -> Result<Option<&'a Value>> {
+    let Some(all) = o.get("allOf") else {
+        return Ok(None);
+    };
+    // `format` may be enforced (a string's date, uuid, …): not a bare annotation here.
+    let plain = |k: &String| k == "allOf" || (k != "format" && ANNOTATIONS.contains(&k.as_str()));
+    match all.as_array().map(Vec::as_slice) {
+        Some([one]) if o.keys().all(plain) => Ok(Some(one)),
+        _ => Err(bad(
+            at,
+            "`allOf` is supported only as one schema beside annotations",
+        )),
+    }
+}
+
 fn bad(at: &str, what: impl std::fmt::Display) -> Error {
     Error::InvalidArgument(format!("json schema at {at}: {what}"))
 }
@@ -296,6 +315,9 @@ impl Compiler<'_> {
             Value::Object(o) => o,
             _ => return Err(bad(at, "a schema must be an object or a boolean")),
         };
+        if let Some(one) = single_all_of(o, at)? {
+            return self.node(one, &format!("{at}/allOf/0"));
+        }
         if let Some(r) = o.get("$ref") {
             if o.keys()
                 .any(|k| k != "$ref" && !ANNOTATIONS.contains(&k.as_str()))
@@ -358,6 +380,17 @@ impl Compiler<'_> {
     }
 
     fn build(&mut self, o: &Map<String, Value>, at: &str) -> Result<Node> {
+        if let Some(one) = single_all_of(o, at)? {
+            // A referenced wrapper: a copy of the node it wraps, which must be complete.
+            let i = self.node(one, &format!("{at}/allOf/0"))?;
+            if self.building.contains(&i) {
+                return Err(bad(
+                    at,
+                    "an `allOf` around a recursive reference is not supported",
+                ));
+            }
+            return Ok(self.nodes[i].clone());
+        }
         const KNOWN: &[&str] = &[
             "type",
             "properties",

@@ -211,7 +211,14 @@ fn unsupported_keywords_and_contradictions_are_refused_by_name() {
         (json!({"type": "string", "pattern": "a(?=b)"}), "pattern"),
         (json!({"type": "string", "multipleOf": 3}), "multipleOf"),
         (json!({"type": "string", "minimum": 0}), "numbers only"),
-        (json!({"allOf": [{"type": "string"}]}), "allOf"),
+        (
+            json!({"allOf": [{"type": "string"}, {"maxLength": 3}]}),
+            "allOf",
+        ),
+        (
+            json!({"allOf": [{"type": "string"}], "format": "date"}),
+            "allOf",
+        ),
         (
             json!({"anyOf": [{"type": "object"}, {"type": "object"}]}),
             "same JSON type",
@@ -248,6 +255,36 @@ fn a_recursive_schema_nests() {
         br#"{"v":1,"kids":[{"v":2},{"v":3,"kids":[{"v":4,"kids":[]}]}]}"#
     ));
     assert!(!accepts(&s, br#"{"v":1,"kids":[{"w":2}]}"#));
+}
+
+/// pydantic wraps a described field of a model type in a one-schema `allOf`; the field is that
+/// model's schema, recursion included, and the wrapper's annotations constrain nothing.
+#[test]
+fn a_one_schema_all_of_is_that_schema() {
+    let tree = json!({
+        "$defs": {"node": {"type": "object", "properties": {
+            "v": {"type": "integer"},
+            "first": {"allOf": [{"$ref": "#/$defs/node"}], "description": "a child",
+                      "default": null}},
+            "required": ["v"], "additionalProperties": false}},
+        "type": "object",
+        "properties": {"root": {"allOf": [{"$ref": "#/$defs/node"}], "title": "Root"}},
+        "required": ["root"], "additionalProperties": false
+    });
+    let s = JsonSchema::compile(&tree).unwrap();
+    assert!(accepts(
+        &s,
+        br#"{"root":{"v":1,"first":{"v":2,"first":{"v":3}}}}"#
+    ));
+    assert!(!accepts(&s, br#"{"root":{"v":1,"first":{"w":2}}}"#));
+    assert!(!accepts(&s, br#"{"root":{"first":{"v":2}}}"#));
+    // A wrapper as a `$defs` target is its schema too.
+    let wrapped = json!({
+        "$defs": {"id": {"allOf": [{"type": "integer", "minimum": 0}]}},
+        "type": "array", "items": {"$ref": "#/$defs/id"}
+    });
+    let s = JsonSchema::compile(&wrapped).unwrap();
+    assert!(accepts(&s, b"[0,7]") && !accepts(&s, b"[-1]") && !accepts(&s, br#"["a"]"#));
 }
 
 /// A byte-level vocabulary: every single byte, a few multi-byte tokens, and an EOS.
