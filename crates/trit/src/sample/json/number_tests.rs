@@ -126,6 +126,21 @@ fn constrained_draws_under_number_bounds_stay_in_them() {
     }
 }
 
+/// `text` is fed as a prefix exactly when one of `tails` completes it.
+fn prefix_fed_exactly_when_completable(
+    s: &JsonSchema,
+    schema: &Value,
+    text: &str,
+    tails: &[String],
+) {
+    let mut r = Recognizer::new(s);
+    let fed = r.feed_all(text.as_bytes());
+    let completes = tails
+        .iter()
+        .any(|tail| accepts(s, format!("{text}{tail}").as_bytes()));
+    assert_eq!(fed, completes, "{schema}: the prefix {text:?}");
+}
+
 #[test]
 fn integer_multiples_admit_exactly_the_multiples_in_range() {
     let strings = strings_over("-0123456789", 4);
@@ -157,15 +172,10 @@ fn integer_multiples_admit_exactly_the_multiples_in_range() {
                 .and_then(|v| v.as_i64())
                 .is_some_and(|x| lo <= x && x <= hi && x % step == 0);
             assert_eq!(accepts(&s, text.as_bytes()), want, "{schema} on {text:?}");
-            // Short prefixes: fed exactly when some continuation of up to 3 digits completes
-            // them (for these schemas one does whenever any does).
+            // Short prefixes (for these schemas a 3-digit continuation completes one whenever
+            // any does).
             if text.len() <= 2 {
-                let mut r = Recognizer::new(&s);
-                let fed = r.feed_all(text.as_bytes());
-                let completes = tails
-                    .iter()
-                    .any(|tail| accepts(&s, format!("{text}{tail}").as_bytes()));
-                assert_eq!(fed, completes, "{schema}: the prefix {text:?}");
+                prefix_fed_exactly_when_completable(&s, &schema, text, &tails);
             }
         }
     }
@@ -228,15 +238,10 @@ fn number_multiples_admit_exactly_the_multiples_on_the_grid() {
                             && cents.round() as i64 % step == 0
                     });
             assert_eq!(accepts(&s, text.as_bytes()), want, "{schema} on {text:?}");
-            // Prefixes of up to 2 bytes: fed exactly when a continuation of up to 2 bytes
-            // completes them (for these schemas one does whenever any does).
+            // Prefixes of up to 2 bytes (a 2-byte continuation completes one whenever any
+            // does).
             if text.len() <= 2 {
-                let mut r = Recognizer::new(&s);
-                let fed = r.feed_all(text.as_bytes());
-                let completes = tails
-                    .iter()
-                    .any(|tail| accepts(&s, format!("{text}{tail}").as_bytes()));
-                assert_eq!(fed, completes, "{schema}: the prefix {text:?}");
+                prefix_fed_exactly_when_completable(&s, &schema, text, &tails);
             }
         }
     }
