@@ -4,6 +4,8 @@
 //! of multiples of 10^-18, and so do the bounds and the divisor (at most 18 decimals): values,
 //! bounds and divisor compare as integers in units of 10^-18 (i128), with no rounding anywhere.
 
+use super::int_range::multiple_within;
+
 /// Units per 1 (fraction digits of the grid).
 const ONE: i128 = 1_000_000_000_000_000_000;
 pub(crate) const MAX_INT_DIGITS: u8 = 17;
@@ -119,8 +121,7 @@ impl DecRange {
     /// Whether a multiple of `step` lies in `[a, b]` (negated first with `neg`) and in range.
     fn meets(&self, a: i128, b: i128, neg: bool) -> bool {
         let (a, b) = if neg { (-b, -a) } else { (a, b) };
-        let (a, b) = (a.max(self.lo), b.min(self.hi));
-        a <= b && b.div_euclid(self.step) * self.step >= a
+        multiple_within(a.max(self.lo), b.min(self.hi), self.step)
     }
 
     /// Whether some completion of `p` (more digits, a fraction, or none) is in range.

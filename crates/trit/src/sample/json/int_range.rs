@@ -22,6 +22,12 @@ pub(crate) struct IntPrefix {
     pub(crate) digits: u8,
 }
 
+/// Whether a multiple of `step` (≥ 1) lies in `[a, b]` (integers and the decimal grid's units
+/// alike).
+pub(crate) fn multiple_within(a: i128, b: i128, step: i128) -> bool {
+    a <= b && b.div_euclid(step) * step >= a
+}
+
 impl IntRange {
     /// The range of `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` (any may be
     /// absent or fractional), or `None` when no integer satisfies them.
@@ -54,8 +60,7 @@ impl IntRange {
 
     /// Whether a multiple of `step` lies in `[a, b]` and in range.
     fn meets(&self, a: i128, b: i128) -> bool {
-        let (a, b) = (a.max(self.lo), b.min(self.hi));
-        a <= b && b.div_euclid(self.step) * self.step >= a
+        multiple_within(a.max(self.lo), b.min(self.hi), self.step)
     }
 
     /// Whether some completion of `p` (more digits, or none if it has some) is in range. An
