@@ -46,9 +46,6 @@ __device__ __forceinline__ void mlp_persist(
     float* x, float* h, unsigned* counter) {
     // One ring position for all phases, past the widest phase's input: a warp requests the
     // next phase's weights while its neighbours may still read this phase's slots and input.
-#if STREAM_BULK
-    __trap();  // the bulk-copy ring's barrier phases follow one item count per kernel
-#endif
     const int ring_at = stream_ring_at(max(max(nb_o, nb_d), nb_ffn));
     StreamWarp<4> a = stream_begin<4, 1, S>(o_codes, o_scales, d, nb_o, 0, ring_at);
     pdl_wait();

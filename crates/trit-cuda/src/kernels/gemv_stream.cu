@@ -83,100 +83,9 @@ __device__ __forceinline__ void stream_issue(uint4* slot, const uint4* __restric
     }
 }
 
-// STREAM_BULK=1 (experiment, off, not yet run on a GPU; TRIT_CUDA_DEFINES=-DSTREAM_BULK=1):
-// lane 0 requests each row's part of an item — up to 32 blocks' codes (512 contiguous bytes)
-// and their scales — with one cp.async.bulk (the copy engine; sm_90) completing on the slot's
-// mbarrier, instead of every lane issuing its own cp.async behind its own 64-bit address. SASS
-// of the default loop: ~75 of its ~290 instructions per item request the next one (docs/
-// STATUS.md). Rows of a multiple of 8 blocks only (the scales' copy is then 16-byte aligned
-// and sized; every model shape here; a kernel given others traps — the tiny test models'
-// rows do not qualify, so run it on the real shapes). Not with the persistent MLP kernel, whose
-// phases restart the item count that sets each slot's barrier phase.
-#ifndef STREAM_BULK
-#define STREAM_BULK 0
-#endif
-#if STREAM_BULK && __CUDA_ARCH__ >= 900
-#define STREAM_BULK_ON 1
-#else
-#define STREAM_BULK_ON 0
-#endif
-
 // Slots per warp: 4 measured best on the 8B shape (8 slots: 602 against 669 tok/s tg128; with
 // more slots fewer warps fit in shared memory).
 #define STREAM_STAGES 4
-
-#if STREAM_BULK_ON
-// One mbarrier per ring slot (warps of up to 32 per block).
-__shared__ unsigned long long stream_bars[32 * STREAM_STAGES];
-__device__ __forceinline__ void mbar_init(unsigned bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-                 : "memory");
-}
-// Waits until the barrier's phase of parity `phase` has completed.
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned phase) {
-    asm volatile(
-        "{\n .reg .pred p;\n WAIT_%=:\n"
-        " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-        " @!p bra WAIT_%=;\n}" ::"r"(bar),
-        "r"(phase)
-        : "memory");
-}
-__device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigned bytes,
-                                          unsigned bar) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-        ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
-        : "memory");
-}
-#endif
-
-// Whether the items go through bulk copies (STREAM_BULK; a compile-time choice, so that the
-// kernel holds one path's registers).
-__device__ __forceinline__ bool stream_bulk(int) { return STREAM_BULK_ON; }
-
-// Lane 0 requests the item at lane-step k of the group whose rows are `rb` into `slot` with one
-// bulk copy of codes and one of scales per row, completing on `bar` (an empty item arrives
-// at once). The warp's reads of the slot's previous item are ordered before the copy.
-template <int R, typename S>
-__device__ __forceinline__ void stream_issue_bulk(uint4* slot, const uint4* __restrict__ codes,
-                                                  const S* __restrict__ scales,
-                                                  const RowBases<R>& rb, int nb, int k,
-                                                  int lane, unsigned bar) {
-#if STREAM_BULK_ON
-    __syncwarp();
-    if (lane != 0) return;
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    const int n = min(32, nb - 32 * k);
-    if (n <= 0) {
-        mbar_arrive(bar);
-        return;
-    }
-    mbar_expect_tx(bar, R * n * (16 + (unsigned)sizeof(S)));
-    const unsigned dc = smem_addr(slot);
-    const unsigned ds = smem_addr(slot + StreamSlot<R>::CODE_CHUNKS);
-#pragma unroll
-    for (int i = 0; i < R; i++) {
-        const unsigned at = rb.at[i] + 32 * k;
-        bulk_copy(dc + i * 32 * 16, codes + at, n * 16, bar);
-        bulk_copy(ds + i * 32 * 4, scales + at, n * (unsigned)sizeof(S), bar);
-    }
-#endif
-}
-
-// A bulk-copied slot's scale of row i for this lane: the row's scales lie packed from word
-// 32·i (f16: two per word).
-__device__ __forceinline__ float bulk_scale(const unsigned* sc, const half_bits*, int i, int lane) {
-    return h2f(((const half_bits*)(sc + 32 * i))[lane]);
-}
-__device__ __forceinline__ float bulk_scale(const unsigned* sc, const float*, int i, int lane) {
-    return __uint_as_float(sc[32 * i + lane]);
-}
 
 // Where the ring starts in dynamic shared memory (16-byte chunks) for rows of up to nb blocks.
 __device__ __forceinline__ int stream_ring_at(int nb) { return 4 * nb + (nb + 1) / 2; }
@@ -191,20 +100,14 @@ struct StreamWarp {
     int gi, ji;                 // the next item to request
     RowBases<R> ri, r0;         // rows of group gi and of group g0
     uint4* ring;
-    unsigned bars;  // STREAM_BULK: the shared address of this warp's first slot barrier
 
     // Requests the next item (group gi, lane-step sub + SPLIT·ji) into ring slot `s`.
     template <int SPLIT, typename S>
     __device__ __forceinline__ void issue_next(int s, const uint4* __restrict__ codes,
                                                const S* __restrict__ scales, int rows, int nb,
                                                int glu, int sub, int lane) {
-        if (stream_bulk(nb)) {
-            stream_issue_bulk<R, S>(ring + s * StreamSlot<R>::CHUNKS, codes, scales, ri, nb,
-                                    sub + SPLIT * ji, lane, bars + 8 * s);
-        } else {
-            stream_issue<R, S>(ring + s * StreamSlot<R>::CHUNKS, codes, scales, ri, nb,
-                               sub + SPLIT * ji, lane);
-        }
+        stream_issue<R, S>(ring + s * StreamSlot<R>::CHUNKS, codes, scales, ri, nb,
+                           sub + SPLIT * ji, lane);
         if (++ji == per) {
             ji = 0;
             gi += stride;
@@ -231,18 +134,6 @@ __device__ __forceinline__ StreamWarp<R> stream_begin(const uint4* __restrict__ 
     const int groups = glu ? (half + R / 2 - 1) / (R / 2) : (rows + R - 1) / R;
     StreamWarp<R> w;
     w.ring = dyn + ring_at + warp * ST * StreamSlot<R>::CHUNKS;
-    w.bars = 0;
-#if STREAM_BULK_ON
-    w.bars = smem_addr(stream_bars + warp * ST);
-    if (nb & 7) __trap();  // rows the bulk copies cannot take (see STREAM_BULK)
-    if (stream_bulk(nb)) {
-        if (lane == 0) {
-            for (int s = 0; s < ST; s++) mbar_init(w.bars + 8 * s);
-            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        }
-        __syncwarp();
-    }
-#endif
     w.per = ((nb + 31) / 32 + SPLIT - 1) / SPLIT;
     w.stride = gridDim.x * teams;
     w.g0 = blockIdx.x * teams + team;
@@ -302,14 +193,7 @@ __device__ __forceinline__ void stream_finish(
             w.template issue_next<SPLIT, S>((n + ST - 1) % ST, codes, scales, rows, nb, glu, sub,
                                             lane);
         cp_async_commit();
-        if (stream_bulk(nb)) {
-#if STREAM_BULK_ON
-            // The slot's (n / ST)-th item: that phase of its barrier.
-            mbar_wait(w.bars + 8 * (n % ST), (n / ST) & 1);
-#endif
-        } else {
-            cp_async_wait_group<ST - 1>();
-        }
+        cp_async_wait_group<ST - 1>();
         const uint4* slot = w.ring + (n % ST) * StreamSlot<R>::CHUNKS;
         const unsigned* sc = (const unsigned*)(slot + StreamSlot<R>::CODE_CHUNKS);
         const int b = 32 * (sub + SPLIT * j) + lane;
@@ -321,11 +205,8 @@ __device__ __forceinline__ void stream_finish(
             fg_block_dots<R>(c, xs, b, d);
             const float2 m = ms[b];
 #pragma unroll
-            for (int i = 0; i < R; i++) {
-                const float s = stream_bulk(nb) ? bulk_scale(sc, scales, i, lane)
-                                                : slot_scale(sc + i * 32 + lane, scales, odd[i]);
-                acc[i] += s * (m.x * (float)d[i] - m.y);
-            }
+            for (int i = 0; i < R; i++)
+                acc[i] += slot_scale(sc + i * 32 + lane, scales, odd[i]) * (m.x * (float)d[i] - m.y);
         }
         if (++j == w.per) {
             float t = warp_sum_rows<R>(acc);
