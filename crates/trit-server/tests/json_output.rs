@@ -163,6 +163,62 @@ fn a_json_schema_reply_is_a_document_of_that_schema() {
     }
 }
 
+/// pydantic's `Union[Landmark, Person]` with a discriminator: two object models the first
+/// byte cannot tell apart, read along both; each reply is a document of exactly one.
+#[test]
+fn a_union_of_two_models_gives_a_document_of_one() {
+    let schema = json!({
+        "$defs": {
+            "Landmark": {"type": "object", "title": "Landmark", "properties": {
+                "kind": {"const": "landmark"},
+                "name": {"type": "string", "maxLength": 24},
+                "year": {"type": "integer", "minimum": 1000, "maximum": 2030}},
+                "required": ["kind", "name", "year"], "additionalProperties": false},
+            "Person": {"type": "object", "title": "Person", "properties": {
+                "kind": {"const": "person"},
+                "name": {"type": "string", "maxLength": 24},
+                "born": {"type": "integer", "minimum": 1000, "maximum": 2030}},
+                "required": ["kind", "name"], "additionalProperties": false}
+        },
+        "oneOf": [{"$ref": "#/$defs/Landmark"}, {"$ref": "#/$defs/Person"}],
+        "discriminator": {"propertyName": "kind",
+                          "mapping": {"landmark": "#/$defs/Landmark", "person": "#/$defs/Person"}}
+    });
+    let check = |text: &str| {
+        let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        let o = v.as_object().expect("an object");
+        let name = o["name"].as_str().expect("a name");
+        assert!(name.chars().count() <= 24, "{text}");
+        let year = |k: &str| {
+            o.get(k)
+                .is_none_or(|y| y.as_i64().is_some_and(|y| (1000..=2030).contains(&y)))
+        };
+        match o["kind"].as_str() {
+            Some("landmark") => {
+                assert!(
+                    o.len() == 3 && o.contains_key("year") && year("year"),
+                    "{text}"
+                )
+            }
+            Some("person") => assert!(
+                o.keys()
+                    .all(|k| ["kind", "name", "born"].contains(&k.as_str()))
+                    && year("born"),
+                "{text}"
+            ),
+            _ => panic!("neither model: {text}"),
+        }
+    };
+    let format = json!({"type": "json_schema", "json_schema": {"name": "thing", "schema": schema}});
+    for (temperature, seed) in [(0.0, 0), (1.0, 1), (1.0, 2), (1.0, 3)] {
+        let mut body = chat_body(format.clone(), false, temperature);
+        body["seed"] = json!(seed);
+        let (text, finish) = reply("/v1/chat/completions", &body);
+        assert_eq!(finish, "stop", "{text}");
+        check(&text);
+    }
+}
+
 #[test]
 fn without_a_format_the_same_prompt_is_not_json() {
     // So the documents above are the constraint's doing, not the model's habit.

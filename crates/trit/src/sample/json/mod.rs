@@ -178,4 +178,6 @@ mod number_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod union_tests;
+#[cfg(test)]
 mod xml_tests;

@@ -10,8 +10,11 @@ use super::schema::{JsonSchema, Node, ARRAY, BOOL, INTEGER, NULL, NUMBER, OBJECT
 use lex::{lex, Lex, LexStep};
 use xml_call::XmlPhase;
 
+mod forks;
 mod lex;
 mod xml_call;
+
+pub use forks::{ParseState, Recognizer};
 
 /// Whitespace bytes allowed in a row, of which one line break (pretty-printed JSON fits; a
 /// model that would rather end its turn cannot stall on newlines).
@@ -65,7 +68,7 @@ enum LitSource {
     Keyword(u8),
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Frame {
     /// A value of `node` starts here (whitespace first allowed).
     Value { node: u32 },
@@ -152,22 +155,23 @@ enum Outcome {
     Reject,
 }
 
-/// Where a document is: its open values. Clone it to try bytes without committing.
-#[derive(Clone, Debug)]
-pub struct ParseState {
+/// One reading of the document so far: its open values (a schema's `anyOf` of overlapping
+/// branches is read several ways at once: `forks.rs`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Thread {
     stack: Vec<Frame>,
     whitespace: u8,
     /// The current whitespace run's line break: 0 none yet, 1 after `\r`, 2 after `\n`.
     line_break: u8,
 }
 
-impl ParseState {
+impl Thread {
     /// The document is complete: nothing but the end may follow.
-    pub fn is_done(&self) -> bool {
+    fn is_done(&self) -> bool {
         self.stack.is_empty()
     }
 
-    pub fn new(schema: &JsonSchema) -> Self {
+    fn new(schema: &JsonSchema) -> Self {
         let stack = if schema.openings.is_empty() {
             vec![Frame::Value {
                 node: schema.root as u32,
@@ -187,7 +191,7 @@ impl ParseState {
                 },
             ]
         };
-        ParseState {
+        Thread {
             stack,
             whitespace: 0,
             line_break: 0,
@@ -195,41 +199,39 @@ impl ParseState {
     }
 }
 
-/// A parse state read against its schema.
+/// One thread read against its schema, fed one byte at a time.
 #[derive(Debug)]
-pub struct Recognizer<'s> {
+struct Runner<'s> {
     schema: &'s JsonSchema,
-    pub state: ParseState,
+    t: Thread,
+    /// The branches this byte takes at the forks it meets, in order (`forks.rs`).
+    picks: Vec<usize>,
+    used: usize,
+    /// A fork met with no pick left: its branch count (the byte is then tried on each).
+    fork: Option<usize>,
 }
 
 const KEYWORDS: [&[u8]; 3] = [b"null", b"true", b"false"];
 
-impl<'s> Recognizer<'s> {
-    pub fn new(schema: &'s JsonSchema) -> Self {
-        Self::resume(schema, ParseState::new(schema))
-    }
-
-    pub fn resume(schema: &'s JsonSchema, state: ParseState) -> Self {
-        Recognizer { schema, state }
-    }
-
-    pub fn schema(&self) -> &'s JsonSchema {
-        self.schema
+impl<'s> Runner<'s> {
+    fn new(schema: &'s JsonSchema, t: Thread, picks: Vec<usize>) -> Self {
+        Runner {
+            schema,
+            t,
+            picks,
+            used: 0,
+            fork: None,
+        }
     }
 
     fn node(&self, i: u32) -> &'s Node {
         &self.schema.nodes[i as usize]
     }
 
-    /// The document is complete: nothing but the end may follow.
-    pub fn is_done(&self) -> bool {
-        self.state.is_done()
-    }
-
     /// Whether the text so far is a complete document (a top-level number or literal that
     /// could go on also counts: the end finishes it).
-    pub fn can_end(&self) -> bool {
-        self.state.stack.iter().all(|f| match *f {
+    fn can_end(&self) -> bool {
+        self.t.stack.iter().all(|f| match *f {
             Frame::Number {
                 phase,
                 node,
@@ -242,16 +244,12 @@ impl<'s> Recognizer<'s> {
         })
     }
 
-    /// Feeds `bytes`; false when they cannot continue a valid document (the state is then
-    /// meaningless: try bytes on a clone).
-    pub fn feed_all(&mut self, bytes: &[u8]) -> bool {
-        bytes.iter().all(|&b| self.feed(b))
-    }
-
-    pub fn feed(&mut self, b: u8) -> bool {
+    /// Feeds one byte; false when it cannot continue this reading (or a fork needs a pick:
+    /// `fork`).
+    fn feed(&mut self, b: u8) -> bool {
         let ws = matches!(b, b' ' | b'\t' | b'\n' | b'\r');
         loop {
-            let Some(&top) = self.state.stack.last() else {
+            let Some(&top) = self.t.stack.last() else {
                 // After the document only whitespace (the constraint then asks for the end).
                 if ws {
                     break;
@@ -261,21 +259,19 @@ impl<'s> Recognizer<'s> {
             match self.step(top, b, ws) {
                 Outcome::Accept => {}
                 Outcome::Done => {
-                    self.state.stack.pop();
+                    self.t.stack.pop();
                 }
                 Outcome::DoneBefore => {
-                    self.state.stack.pop();
+                    self.t.stack.pop();
                     continue;
                 }
-                Outcome::Push(f) | Outcome::PushRefeed(f)
-                    if self.state.stack.len() >= MAX_DEPTH =>
-                {
+                Outcome::Push(f) | Outcome::PushRefeed(f) if self.t.stack.len() >= MAX_DEPTH => {
                     let _ = f;
                     return false;
                 }
-                Outcome::Push(f) => self.state.stack.push(f),
+                Outcome::Push(f) => self.t.stack.push(f),
                 Outcome::PushRefeed(f) => {
-                    self.state.stack.push(f);
+                    self.t.stack.push(f);
                     continue;
                 }
                 Outcome::Replace(f) => self.set_top(f),
@@ -284,28 +280,28 @@ impl<'s> Recognizer<'s> {
             break;
         }
         let in_string = matches!(
-            self.state.stack.last(),
+            self.t.stack.last(),
             Some(Frame::Str { .. } | Frame::Key { .. } | Frame::RawText { .. })
         );
         if ws && !in_string {
             // One break per run ("\r\n" counts as one).
-            match (b, self.state.line_break) {
-                (b'\r', 0) => self.state.line_break = 1,
-                (b'\n', 0 | 1) => self.state.line_break = 2,
+            match (b, self.t.line_break) {
+                (b'\r', 0) => self.t.line_break = 1,
+                (b'\n', 0 | 1) => self.t.line_break = 2,
                 (b'\r' | b'\n', _) => return false,
                 _ => {}
             }
-            self.state.whitespace += 1;
-            self.state.whitespace <= MAX_WHITESPACE_RUN
+            self.t.whitespace += 1;
+            self.t.whitespace <= MAX_WHITESPACE_RUN
         } else {
-            self.state.whitespace = 0;
-            self.state.line_break = 0;
+            self.t.whitespace = 0;
+            self.t.line_break = 0;
             true
         }
     }
 
     fn set_top(&mut self, f: Frame) {
-        *self.state.stack.last_mut().expect("nonempty") = f;
+        *self.t.stack.last_mut().expect("nonempty") = f;
     }
 
     fn step(&mut self, top: Frame, b: u8, ws: bool) -> Outcome {
@@ -513,6 +509,15 @@ impl<'s> Recognizer<'s> {
         if ws {
             return Outcome::Accept;
         }
+        let mut node = node;
+        while let Some(branches) = Some(&self.node(node).branches).filter(|b| !b.is_empty()) {
+            let Some(&pick) = self.picks.get(self.used) else {
+                self.fork = Some(branches.len());
+                return Outcome::Reject;
+            };
+            self.used += 1;
+            node = branches[pick] as u32;
+        }
         let n = self.node(node);
         if n.literals.is_some() {
             let src = LitSource::Node(node);
@@ -667,14 +672,14 @@ impl<'s> Recognizer<'s> {
                     (None, Some(extra)) => (0, extra as u32),
                     (None, None) => return Outcome::Reject,
                 };
-                let n = self.state.stack.len();
-                if let Some(Frame::Object { seen, .. }) = self.state.stack.get(n.wrapping_sub(2)) {
+                let n = self.t.stack.len();
+                if let Some(Frame::Object { seen, .. }) = self.t.stack.get(n.wrapping_sub(2)) {
                     if seen & bit != 0 {
                         return Outcome::Reject;
                     }
                 }
-                self.state.stack.pop();
-                match self.state.stack.last_mut() {
+                self.t.stack.pop();
+                match self.t.stack.last_mut() {
                     Some(Frame::Object {
                         seen,
                         phase,

@@ -2,7 +2,8 @@
 //! structured-output clients send (OpenAI's `json_schema`, pydantic's `model_json_schema()`):
 //! `type` (one or several), `properties`, `required`, `additionalProperties`, `items`,
 //! `minItems`/`maxItems`, `minLength`/`maxLength`, `minimum`/`maximum` (and exclusive forms),
-//! `multipleOf`, `enum`, `const`, `anyOf`/`oneOf` over different JSON types, `$ref` into
+//! `multipleOf`, `enum`, `const`, `anyOf`/`oneOf` (branches of different JSON types merged,
+//! others read along every branch: `recognizer/forks.rs`), `$ref` into
 //! `$defs`/`definitions` (recursion included), a one-schema `allOf` beside annotations.
 //! Annotations (`title`, `description`, `default`, `format`, …) are ignored, as validators
 //! ignore them.
@@ -15,6 +16,8 @@ use super::pattern::{format_regex, Pattern};
 use crate::{Error, Result};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
+
+mod union;
 
 /// Value kinds a node admits (bit flags).
 pub(crate) const NULL: u8 = 1;
@@ -77,6 +80,10 @@ pub(crate) struct Node {
     pub(crate) int_range: Option<IntRange>,
     /// A number's (type `number`: the text may have a fraction).
     pub(crate) dec_range: Option<DecRange>,
+    /// An `anyOf`/`oneOf` whose branches a value's first byte cannot tell apart: the value is
+    /// read along each of these nodes at once (`recognizer/forks.rs`); the fields above then
+    /// only summarize (`kinds`: the union of the branches').
+    pub(crate) branches: Vec<usize>,
 }
 
 impl Node {
@@ -100,6 +107,7 @@ impl Node {
             pattern: None,
             int_range: None,
             dec_range: None,
+            branches: Vec::new(),
         }
     }
 }
@@ -117,6 +125,8 @@ pub struct JsonSchema {
     /// The arguments are written in Qwen3.5's XML dialect (`JsonSchema::xml_tool_call`), not
     /// as a JSON object.
     pub(crate) xml: bool,
+    /// Some node has `branches` (the recognizer then keeps copies to fork from).
+    pub(crate) has_forks: bool,
 }
 
 /// A name the XML dialect can write between `=` and `>` as it is (its JSON escape is itself).
@@ -159,6 +169,7 @@ impl JsonSchema {
             openings: Vec::new(),
             closing: Vec::new(),
             xml: false,
+            has_forks: false,
         }
     }
 
@@ -171,6 +182,7 @@ impl JsonSchema {
             format!("<tool_call>\n{{\"name\": {quoted}, \"arguments\": ")
         })?;
         Ok(JsonSchema {
+            has_forks: forks(&nodes),
             nodes,
             root: ANY,
             patterns,
@@ -213,6 +225,7 @@ impl JsonSchema {
             }
         }
         Ok(JsonSchema {
+            has_forks: forks(&nodes),
             nodes,
             root: ANY,
             patterns,
@@ -264,6 +277,7 @@ impl JsonSchema {
         };
         let root = c.node(schema, "#")?;
         Ok(JsonSchema {
+            has_forks: forks(&c.nodes),
             nodes: c.nodes,
             root,
             patterns: c.patterns,
@@ -428,6 +442,21 @@ impl Compiler<'_> {
                 return Err(bad(at, "`anyOf` beside `oneOf` is not supported"));
             }
             let union = self.union(alts, at)?;
+            if !union.branches.is_empty() {
+                // Read along each branch: other constraints would have to apply to every one.
+                let plain = |k: &String| {
+                    k == "anyOf"
+                        || k == "oneOf"
+                        || (k != "format" && ANNOTATIONS.contains(&k.as_str()))
+                };
+                if !o.keys().all(plain) {
+                    return Err(bad(
+                        at,
+                        "an `anyOf`/`oneOf` of branches of the same JSON type beside other keywords is not supported",
+                    ));
+                }
+                return Ok(union);
+            }
             node.kinds &= union.kinds;
             node.object = union.object;
             node.array = union.array;
@@ -631,88 +660,10 @@ impl Compiler<'_> {
         };
         Ok(())
     }
+}
 
-    /// `anyOf`/`oneOf` whose branches a value's first byte tells apart: different JSON types,
-    /// or literal values only.
-    fn union(&mut self, alts: &Value, at: &str) -> Result<Node> {
-        let alts = alts
-            .as_array()
-            .filter(|a| !a.is_empty())
-            .ok_or_else(|| bad(at, "`anyOf`/`oneOf` must be a non-empty array"))?;
-        let mut branches = Vec::new();
-        for (i, alt) in alts.iter().enumerate() {
-            let n = self.node(alt, &format!("{at}/anyOf/{i}"))?;
-            if self.building.contains(&n) {
-                return Err(bad(
-                    at,
-                    "a recursive `$ref` inside `anyOf`/`oneOf` is not supported",
-                ));
-            }
-            branches.push(self.nodes[n].clone());
-        }
-        let mut out = Node::any();
-        if branches.iter().any(|n| n.literals.is_some()) {
-            let mut all: Vec<Vec<u8>> = Vec::new();
-            for n in &branches {
-                let l = literal_form(n).ok_or_else(|| {
-                    bad(
-                        at,
-                        "`anyOf`/`oneOf` mixing `enum`/`const` with other schemas is not supported",
-                    )
-                })?;
-                all.extend(
-                    l.into_iter()
-                        .filter(|l| !all.contains(l))
-                        .collect::<Vec<_>>(),
-                );
-            }
-            if all.len() > MAX_ALTERNATIVES {
-                return Err(bad(
-                    at,
-                    format!("more than {MAX_ALTERNATIVES} literal values"),
-                ));
-            }
-            out.kinds = all.iter().fold(0, |k, l| k | literal_kind(l));
-            out.literals = Some(all);
-            return Ok(out);
-        }
-        out.kinds = 0;
-        for n in branches {
-            // Integer and number overlap harmlessly (a number admits every integer).
-            if out.kinds & n.kinds & !(INTEGER | NUMBER) != 0 {
-                return Err(bad(
-                    at,
-                    "`anyOf`/`oneOf` branches of the same JSON type are not supported",
-                ));
-            }
-            if n.kinds & OBJECT != 0 {
-                out.object = n.object;
-            }
-            if n.kinds & ARRAY != 0 {
-                out.array = n.array;
-            }
-            if n.kinds & STRING != 0 {
-                out.min_len = n.min_len;
-                out.max_len = n.max_len;
-                out.pattern = n.pattern;
-            }
-            if n.kinds & (INTEGER | NUMBER) != 0 {
-                let bounded = n.int_range.is_some() || n.dec_range.is_some();
-                if out.kinds & (INTEGER | NUMBER) != 0
-                    && (bounded || out.int_range.is_some() || out.dec_range.is_some())
-                {
-                    return Err(bad(
-                        at,
-                        "a bounded number beside another numeric `anyOf`/`oneOf` branch is not supported",
-                    ));
-                }
-                out.int_range = n.int_range;
-                out.dec_range = n.dec_range;
-            }
-            out.kinds |= n.kinds;
-        }
-        Ok(out)
-    }
+fn forks(nodes: &[Node]) -> bool {
+    nodes.iter().any(|n| !n.branches.is_empty())
 }
 
 fn literal_form(n: &Node) -> Option<Vec<Vec<u8>>> {

@@ -220,8 +220,8 @@ fn unsupported_keywords_and_contradictions_are_refused_by_name() {
             "allOf",
         ),
         (
-            json!({"anyOf": [{"type": "object"}, {"type": "object"}]}),
-            "same JSON type",
+            json!({"type": "object", "anyOf": [{"type": "object"}, {"type": "object"}]}),
+            "beside other keywords",
         ),
         (json!({"type": "object", "required": ["x"]}), "\"x\""),
         (

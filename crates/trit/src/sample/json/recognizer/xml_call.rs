@@ -7,7 +7,7 @@
 //! bounds; the server's reader keeps a string parameter's text); any other VALUE is a JSON
 //! document of the property's schema.
 
-use super::{lex, Frame, Lex, LexStep, Outcome, Recognizer};
+use super::{lex, Frame, Lex, LexStep, Outcome, Runner};
 use crate::sample::json::schema::{Node, STRING};
 
 const PARAM_OPEN: &[u8] = b"<parameter=";
@@ -17,7 +17,7 @@ const RAW_END: &[u8] = b"\n</parameter>";
 
 /// Whether a property's value is written raw: a string without enumerated values or pattern.
 fn raw_string(n: &Node) -> bool {
-    n.kinds == STRING && n.literals.is_none() && n.pattern.is_none()
+    n.kinds == STRING && n.literals.is_none() && n.pattern.is_none() && n.branches.is_empty()
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,7 +32,7 @@ pub(crate) enum XmlPhase {
     ValueEnd,
 }
 
-impl Recognizer<'_> {
+impl Runner<'_> {
     /// The arguments' frame right after the opening text.
     pub(super) fn xml_start(&self, node: u32) -> Frame {
         self.xml_next(node, 0)
@@ -166,8 +166,8 @@ impl Recognizer<'_> {
                     return Outcome::Reject;
                 }
                 // The value is over: the arguments' frame below expects PARAM_CLOSE's last byte.
-                let below = self.state.stack.len() - 2;
-                if let Frame::XmlArgs { pos, .. } = &mut self.state.stack[below] {
+                let below = self.t.stack.len() - 2;
+                if let Frame::XmlArgs { pos, .. } = &mut self.t.stack[below] {
                     *pos = RAW_END.len() as u16;
                 }
                 return Outcome::Done;
