@@ -1,6 +1,7 @@
 """Drives a running `trit serve` with the official `openai` Python client and checks what a
 client sees: chat (plain, streamed with usage), completions, models, a tool-call round trip
-and a forced call (`tool_choice="required"`), structured outputs (a pydantic model through the client's `parse`, validated by the
+and a forced call (`tool_choice="required"`), structured outputs (a pydantic model and a
+discriminated union of two through the client's `parse`, validated by the
 `jsonschema` package), and the error cases as the client raises them. Prints OK and exits 0
 when everything holds.
 
@@ -11,6 +12,7 @@ import datetime
 import json
 import re
 import sys
+import typing
 
 import jsonschema
 import openai
@@ -104,6 +106,31 @@ check(isinstance(city, City), f"parsed into the model: {parsed.choices[0].messag
 check(parsed.choices[0].finish_reason == "stop", "the document ended")
 jsonschema.validate(json.loads(parsed.choices[0].message.content), City.model_json_schema(),
                     format_checker=jsonschema.FormatChecker())
+
+# A discriminated union of two models (`oneOf` of two objects, which the first byte cannot
+# tell apart): the reply is one of them.
+class Cat(pydantic.BaseModel):
+    kind: typing.Literal["cat"]
+    name: str = pydantic.Field(max_length=16)
+    lives: int = pydantic.Field(ge=0, le=9)
+
+
+class Dog(pydantic.BaseModel):
+    kind: typing.Literal["dog"]
+    name: str = pydantic.Field(max_length=16)
+
+
+class Pet(pydantic.BaseModel):
+    pet: typing.Union[Cat, Dog] = pydantic.Field(discriminator="kind")
+
+
+ask = [{"role": "user", "content": "Describe a pet as JSON."}]
+for seed in (0, 1, 2):
+    pet = parse(model=model, messages=ask, max_tokens=120, temperature=1.0, seed=seed,
+                response_format=Pet)
+    check(pet.choices[0].finish_reason == "stop", f"the union document ended: {pet}")
+    check(isinstance(pet.choices[0].message.parsed, Pet), "parsed into the union model")
+    jsonschema.validate(json.loads(pet.choices[0].message.content), Pet.model_json_schema())
 any_object = client.chat.completions.create(model=model, messages=describe, max_tokens=200,
                                             temperature=0, response_format={"type": "json_object"})
 if any_object.choices[0].finish_reason == "stop":
