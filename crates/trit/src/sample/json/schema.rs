@@ -306,14 +306,33 @@ fn single_all_of<'a>(o: &'a Map<String, Value>, at: &str) -> Result<Option<&'a V
         return Ok(None);
     };
     // `format` may be enforced (a string's date, uuid, …): not a bare annotation here.
-    let plain = |k: &String| k == "allOf" || (k != "format" && ANNOTATIONS.contains(&k.as_str()));
     match all.as_array().map(Vec::as_slice) {
-        Some([one]) if o.keys().all(plain) => Ok(Some(one)),
+        Some([one]) if only_annotations_beside(o, &["allOf"]) => Ok(Some(one)),
         _ => Err(bad(
             at,
             "`allOf` is supported only as one schema beside annotations",
         )),
     }
+}
+
+/// Whether every key of `o` but `keys` is an annotation (`format` excepted: it may be
+/// enforced).
+fn only_annotations_beside(o: &Map<String, Value>, keys: &[&str]) -> bool {
+    o.keys().all(|k| {
+        let k = k.as_str();
+        keys.contains(&k) || (k != "format" && ANNOTATIONS.contains(&k))
+    })
+}
+
+/// Refuses `what` (numeric keywords) on a node that admits other kinds than numbers (and null).
+fn numbers_only(node: &Node, at: &str, what: &str) -> Result<()> {
+    if node.kinds & !(INTEGER | NUMBER | NULL) != 0 || node.kinds & (INTEGER | NUMBER) == 0 {
+        return Err(bad(
+            at,
+            format!("{what} supported on numbers only (type \"integer\" or \"number\")"),
+        ));
+    }
+    Ok(())
 }
 
 fn bad(at: &str, what: impl std::fmt::Display) -> Error {
@@ -444,12 +463,7 @@ impl Compiler<'_> {
             let union = self.union(alts, at)?;
             if !union.branches.is_empty() {
                 // Read along each branch: other constraints would have to apply to every one.
-                let plain = |k: &String| {
-                    k == "anyOf"
-                        || k == "oneOf"
-                        || (k != "format" && ANNOTATIONS.contains(&k.as_str()))
-                };
-                if !o.keys().all(plain) {
+                if !only_annotations_beside(o, &["anyOf", "oneOf"]) {
                     return Err(bad(
                         at,
                         "an `anyOf`/`oneOf` of branches of the same JSON type beside other keywords is not supported",
@@ -539,12 +553,7 @@ impl Compiler<'_> {
         let Some(m) = o.get("multipleOf") else {
             return Ok(());
         };
-        if node.kinds & !(INTEGER | NUMBER | NULL) != 0 || node.kinds & (INTEGER | NUMBER) == 0 {
-            return Err(bad(
-                at,
-                "`multipleOf` is supported on numbers only (type \"integer\" or \"number\")",
-            ));
-        }
+        numbers_only(node, at, "`multipleOf` is")?;
         if node.kinds & NUMBER != 0 {
             // A number's divisor in units of 10^-18; the value then takes no exponent.
             let step = m
@@ -594,12 +603,7 @@ impl Compiler<'_> {
         if v.iter().all(Option::is_none) {
             return Ok(());
         }
-        if node.kinds & !(INTEGER | NUMBER | NULL) != 0 || node.kinds & (INTEGER | NUMBER) == 0 {
-            return Err(bad(
-                at,
-                "`minimum`/`maximum` are supported on numbers only (type \"integer\" or \"number\")",
-            ));
-        }
+        numbers_only(node, at, "`minimum`/`maximum` are")?;
         if node.kinds & NUMBER != 0 {
             node.dec_range = Some(
                 DecRange::new(v[0], v[1], v[2], v[3])

@@ -104,8 +104,8 @@ impl<'s> Recognizer<'s> {
                 }
             } else if let (Some(n), Some(before)) = (r.fork, before) {
                 for i in (0..n).rev() {
+                    // The fork came after every pick was used: one more.
                     let mut picks = r.picks.clone();
-                    picks.truncate(r.used);
                     picks.push(i);
                     work.push((before.clone(), picks));
                 }
