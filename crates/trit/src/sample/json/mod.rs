@@ -174,6 +174,8 @@ impl JsonConstraint {
 }
 
 #[cfg(test)]
+mod all_of_tests;
+#[cfg(test)]
 mod number_tests;
 #[cfg(test)]
 mod tests;

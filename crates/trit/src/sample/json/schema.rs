@@ -4,7 +4,8 @@
 //! `minItems`/`maxItems`, `minLength`/`maxLength`, `minimum`/`maximum` (and exclusive forms),
 //! `multipleOf`, `enum`, `const`, `anyOf`/`oneOf` (branches of different JSON types merged,
 //! others read along every branch: `recognizer/forks.rs`), `$ref` into
-//! `$defs`/`definitions` (recursion included), a one-schema `allOf` beside annotations.
+//! `$defs`/`definitions` (recursion included), `allOf` (one schema beside annotations, or
+//! several merged into one: `schema/all_of.rs`).
 //! Annotations (`title`, `description`, `default`, `format`, …) are ignored, as validators
 //! ignore them.
 //! Any other keyword is refused with its name: a schema is enforced or rejected, never
@@ -15,8 +16,10 @@ use super::int_range::IntRange;
 use super::pattern::{format_regex, Pattern};
 use crate::{Error, Result};
 use serde_json::{Map, Value};
+use std::borrow::Cow;
 use std::collections::HashMap;
 
+mod all_of;
 mod union;
 
 /// Value kinds a node admits (bit flags).
@@ -138,6 +141,19 @@ fn plain_xml_name(b: &[u8]) -> bool {
 }
 
 /// Keywords that do not constrain a value.
+/// Keywords that constrain strings or numbers: beside `enum`/`const` they filter the values.
+const SCALAR_KEYS: &[&str] = &[
+    "minLength",
+    "maxLength",
+    "pattern",
+    "format",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+];
+
 const ANNOTATIONS: &[&str] = &[
     "title",
     "description",
@@ -298,21 +314,40 @@ struct Compiler<'a> {
     building: Vec<usize>,
 }
 
-/// The one schema of an `allOf` that has one beside annotations only (pydantic wraps a
-/// described field of a model type so: `{"allOf": [{"$ref": …}], "description": …}`); `None`
-/// without `allOf`. Any other `allOf` would need an intersection of schemas: refused.
-fn single_all_of<'a>(o: &'a Map<String, Value>, at: &str) -> Result<Option<&'a Value>> {
+/// The schema an `allOf` stands for; `None` without `allOf`. One schema beside annotations
+/// only (pydantic wraps a described field of a model type so: `{"allOf": [{"$ref": …}],
+/// "description": …}`) is that schema itself (recursive references included); several, or
+/// other keywords beside, are merged into one (`all_of.rs`) or refused.
+fn all_of<'a>(root: &Value, o: &'a Map<String, Value>, at: &str) -> Result<Option<Cow<'a, Value>>> {
     let Some(all) = o.get("allOf") else {
         return Ok(None);
     };
     // `format` may be enforced (a string's date, uuid, …): not a bare annotation here.
     match all.as_array().map(Vec::as_slice) {
-        Some([one]) if only_annotations_beside(o, &["allOf"]) => Ok(Some(one)),
-        _ => Err(bad(
-            at,
-            "`allOf` is supported only as one schema beside annotations",
-        )),
+        Some([one]) if only_annotations_beside(o, &["allOf"]) => Ok(Some(Cow::Borrowed(one))),
+        _ => all_of::merge_all_of(root, o, at).map(|v| Some(Cow::Owned(v))),
     }
+}
+
+/// The schema `$ref` `r` points to (only references into this schema: `#` or `#/…`).
+fn resolve<'a>(root: &'a Value, r: &str, at: &str) -> Result<&'a Value> {
+    if r == "#" {
+        return Ok(root);
+    }
+    let path = r.strip_prefix("#/").ok_or_else(|| {
+        bad(
+            at,
+            format!("`$ref` {r:?}: only references into this schema (#/…) are supported"),
+        )
+    })?;
+    let mut t = root;
+    for part in path.split('/') {
+        let part = part.replace("~1", "/").replace("~0", "~");
+        t = t
+            .get(&part)
+            .ok_or_else(|| bad(at, format!("`$ref` {r:?} points nowhere")))?;
+    }
+    Ok(t)
 }
 
 /// Whether every key of `o` but `keys` is an annotation (`format` excepted: it may be
@@ -339,6 +374,14 @@ fn bad(at: &str, what: impl std::fmt::Display) -> Error {
     Error::InvalidArgument(format!("json schema at {at}: {what}"))
 }
 
+/// Marks the errors of a schema that admits no value: an `anyOf`/`oneOf` branch that fails so
+/// is dropped (the union admits what its other branches do); anywhere else it is refused.
+const ADMITS_NOTHING: &str = "admits no value";
+
+fn empty(at: &str, why: &str) -> Error {
+    bad(at, format!("{ADMITS_NOTHING}: {why}"))
+}
+
 impl Compiler<'_> {
     /// Compiles `v` into a new node and returns its index.
     fn node(&mut self, v: &Value, at: &str) -> Result<usize> {
@@ -348,8 +391,8 @@ impl Compiler<'_> {
             Value::Object(o) => o,
             _ => return Err(bad(at, "a schema must be an object or a boolean")),
         };
-        if let Some(one) = single_all_of(o, at)? {
-            return self.node(one, &format!("{at}/allOf/0"));
+        if let Some(one) = all_of(self.root, o, at)? {
+            return self.node(&one, &format!("{at}/allOf"));
         }
         if let Some(r) = o.get("$ref") {
             if o.keys()
@@ -373,24 +416,7 @@ impl Compiler<'_> {
         if let Some(&i) = self.refs.get(r) {
             return Ok(i);
         }
-        let target = if r == "#" {
-            self.root
-        } else {
-            let path = r.strip_prefix("#/").ok_or_else(|| {
-                bad(
-                    at,
-                    format!("`$ref` {r:?}: only references into this schema (#/…) are supported"),
-                )
-            })?;
-            let mut t = self.root;
-            for part in path.split('/') {
-                let part = part.replace("~1", "/").replace("~0", "~");
-                t = t
-                    .get(&part)
-                    .ok_or_else(|| bad(at, format!("`$ref` {r:?} points nowhere")))?;
-            }
-            t
-        };
+        let target = resolve(self.root, r, at)?;
         // Reserve the index first so that a recursive reference finds it.
         let index = self.nodes.len();
         self.nodes.push(Node::any());
@@ -413,9 +439,9 @@ impl Compiler<'_> {
     }
 
     fn build(&mut self, o: &Map<String, Value>, at: &str) -> Result<Node> {
-        if let Some(one) = single_all_of(o, at)? {
+        if let Some(one) = all_of(self.root, o, at)? {
             // A referenced wrapper: a copy of the node it wraps, which must be complete.
-            let i = self.node(one, &format!("{at}/allOf/0"))?;
+            let i = self.node(&one, &format!("{at}/allOf"))?;
             if self.building.contains(&i) {
                 return Err(bad(
                     at,
@@ -470,6 +496,14 @@ impl Compiler<'_> {
                     ));
                 }
                 return Ok(union);
+            }
+            // Beside the merged branches only `type` (which narrows them): any other keyword
+            // would overwrite what the branches set (a length, a pattern, their values).
+            if !only_annotations_beside(o, &["anyOf", "oneOf", "type"]) {
+                return Err(bad(
+                    at,
+                    "keywords other than `type` beside an `anyOf`/`oneOf` are not supported (move them into each branch)",
+                ));
             }
             node.kinds &= union.kinds;
             node.object = union.object;
@@ -541,9 +575,47 @@ impl Compiler<'_> {
             return Err(bad(at, "maxLength is below minLength"));
         }
         if node.kinds == 0 {
-            return Err(bad(at, "no value satisfies these types"));
+            return Err(empty(at, "no value satisfies these types"));
+        }
+        if node.literals.is_some() && SCALAR_KEYS.iter().any(|k| o.contains_key(*k)) {
+            self.literals_within(&mut node, at)?;
         }
         Ok(node)
+    }
+
+    /// Keeps the `enum`/`const` values that also satisfy the keywords beside them (the
+    /// recognizer reads a node's literals alone, so a `maxLength` or `minimum` there would
+    /// otherwise go unenforced): each value run through the node without its literals.
+    fn literals_within(&self, node: &mut Node, at: &str) -> Result<()> {
+        let lits = node.literals.take().expect("checked by the caller");
+        let mut nodes = self.nodes.clone();
+        let mut check = node.clone();
+        check.literals = None;
+        nodes.push(check);
+        let schema = JsonSchema {
+            has_forks: forks(&nodes),
+            root: nodes.len() - 1,
+            nodes,
+            patterns: self.patterns.clone(),
+            openings: Vec::new(),
+            closing: Vec::new(),
+            xml: false,
+        };
+        let kept: Vec<Vec<u8>> = lits
+            .into_iter()
+            .filter(|l| {
+                let mut r = super::Recognizer::new(&schema);
+                r.feed_all(l) && r.can_end()
+            })
+            .collect();
+        if kept.is_empty() {
+            return Err(empty(
+                at,
+                "no value of `enum`/`const` satisfies the keywords beside it",
+            ));
+        }
+        node.literals = Some(kept);
+        Ok(())
     }
 
     /// `minimum`/`maximum` and their exclusive forms: an integer's (`int_range`) or a number's

@@ -212,12 +212,36 @@ fn unsupported_keywords_and_contradictions_are_refused_by_name() {
         (json!({"type": "string", "multipleOf": 3}), "multipleOf"),
         (json!({"type": "string", "minimum": 0}), "numbers only"),
         (
-            json!({"allOf": [{"type": "string"}, {"maxLength": 3}]}),
-            "allOf",
+            json!({"anyOf": [{"type": "string"}, {"type": "integer"}], "minLength": 2}),
+            "beside an `anyOf`",
         ),
         (
-            json!({"allOf": [{"type": "string"}], "format": "date"}),
-            "allOf",
+            json!({"allOf": [{"pattern": "^a"}, {"pattern": "b$"}]}),
+            "different `pattern`",
+        ),
+        (
+            json!({"allOf": [{"type": "string"}, {"type": ["integer", "null"]}]}),
+            "no common type",
+        ),
+        (
+            json!({"allOf": [{"enum": [1, 2]}, {"const": 3}]}),
+            "no value",
+        ),
+        (
+            json!({"allOf": [
+                {"properties": {"a": {}}, "additionalProperties": false},
+                {"required": ["b"]}]}),
+            "\"b\" is required",
+        ),
+        (
+            json!({"$defs": {"t": {"allOf": [{"$ref": "#/$defs/t"}, {"type": "object"}]}},
+                   "$ref": "#/$defs/t"}),
+            "too deep",
+        ),
+        (
+            json!({"allOf": [{"anyOf": [{"type": "string"}, {"type": "null"}]},
+                             {"oneOf": [{"type": "string"}, {"type": "integer"}]}]}),
+            "several `anyOf`",
         ),
         (
             json!({"type": "object", "anyOf": [{"type": "object"}, {"type": "object"}]}),

@@ -1,7 +1,7 @@
 //! `anyOf`/`oneOf`: branches a value's first byte tells apart merged into one node, the
 //! others kept as a fork node that the recognizer reads along every branch.
 
-use super::{bad, literal_form, literal_kind, Compiler, Node};
+use super::{bad, empty, literal_form, literal_kind, Compiler, Node, ADMITS_NOTHING};
 use super::{ARRAY, INTEGER, MAX_ALTERNATIVES, NUMBER, OBJECT, STRING};
 use crate::Result;
 use serde_json::Value;
@@ -17,7 +17,22 @@ impl Compiler<'_> {
             .ok_or_else(|| bad(at, "`anyOf`/`oneOf` must be a non-empty array"))?;
         let mut indices = Vec::new();
         for (i, alt) in alts.iter().enumerate() {
-            indices.push(self.node(alt, &format!("{at}/anyOf/{i}"))?);
+            // A branch that admits no value is dropped, with whatever it had compiled.
+            let (nodes, patterns, refs) =
+                (self.nodes.len(), self.patterns.len(), self.refs.clone());
+            match self.node(alt, &format!("{at}/anyOf/{i}")) {
+                Ok(n) => indices.push(n),
+                Err(e) if e.to_string().contains(ADMITS_NOTHING) => {
+                    self.nodes.truncate(nodes);
+                    self.patterns.truncate(patterns);
+                    self.refs = refs;
+                    self.building.retain(|&b| b < nodes);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if indices.is_empty() {
+            return Err(empty(at, "no branch of the `anyOf`/`oneOf` admits one"));
         }
         // A branch still being built (a recursive `$ref`) cannot be copied into a merge.
         if !indices.iter().any(|n| self.building.contains(n)) {

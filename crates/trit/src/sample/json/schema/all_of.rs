@@ -1,0 +1,318 @@
+//! `allOf` of several schemas (OpenAPI-style composition: a `$ref` to a base model plus the
+//! properties one schema adds) merged into one schema before it is compiled, so that a value
+//! satisfies the merge exactly when it satisfies every member.
+//!
+//! What merges: `type` (intersected; `integer` within `number`), `properties` (a property named
+//! by several members takes the `allOf` of its schemas), `required` (union),
+//! `additionalProperties: false` (only properties every closed member names stay allowed),
+//! lower bounds (the largest), upper bounds (the smallest), `enum`/`const` (intersected),
+//! `items` (the `allOf` of both), and keywords equal in every member that has them (`pattern`,
+//! `multipleOf`, `prefixItems`, `format`, …). At most one member may hold `anyOf`/`oneOf`; the
+//! other members' keywords then go into each of its branches. Any
+//! other difference — two patterns, a schema-valued `additionalProperties` beside other
+//! members' properties — is refused with its place, never merged in part.
+
+use super::{bad, empty, resolve, ANNOTATIONS};
+use crate::Result;
+use serde_json::{json, Map, Value};
+use std::collections::BTreeSet;
+
+/// How deep members may nest `allOf` and `$ref` inside each other (recursion is refused).
+const MAX_DEPTH: usize = 16;
+
+/// The one schema equivalent to the `allOf` in `o` and the keywords beside it.
+pub(super) fn merge_all_of(root: &Value, o: &Map<String, Value>, at: &str) -> Result<Value> {
+    let mut parts = Vec::new();
+    collect(root, o, at, 0, &mut parts)?;
+    let mut merged = Merged::default();
+    for (part, at) in &parts {
+        merged.add(part, at)?;
+    }
+    merged.finish(at)
+}
+
+/// The members' own keywords (annotations dropped, `format` kept), `$ref`s and nested
+/// `allOf`s flattened, with where each came from.
+fn collect(
+    root: &Value,
+    o: &Map<String, Value>,
+    at: &str,
+    depth: usize,
+    parts: &mut Vec<(Map<String, Value>, String)>,
+) -> Result<()> {
+    if depth > MAX_DEPTH {
+        return Err(bad(at, "`allOf` nested too deep (or recursive)"));
+    }
+    if let Some(r) = o.get("$ref") {
+        if o.keys()
+            .any(|k| k != "$ref" && !ANNOTATIONS.contains(&k.as_str()))
+        {
+            return Err(bad(at, "`$ref` beside other keywords is not supported"));
+        }
+        let r = r
+            .as_str()
+            .ok_or_else(|| bad(at, "`$ref` must be a string"))?;
+        return member(root, resolve(root, r, at)?, r, depth + 1, parts);
+    }
+    let mut own = Map::new();
+    for (k, v) in o {
+        if k == "allOf" {
+            let all = v
+                .as_array()
+                .filter(|a| !a.is_empty())
+                .ok_or_else(|| bad(at, "`allOf` must be a non-empty array"))?;
+            for (i, m) in all.iter().enumerate() {
+                member(root, m, &format!("{at}/allOf/{i}"), depth + 1, parts)?;
+            }
+        } else if k == "format" || !ANNOTATIONS.contains(&k.as_str()) {
+            own.insert(k.clone(), v.clone());
+        }
+    }
+    if !own.is_empty() {
+        parts.push((own, at.to_string()));
+    }
+    Ok(())
+}
+
+fn member(
+    root: &Value,
+    v: &Value,
+    at: &str,
+    depth: usize,
+    parts: &mut Vec<(Map<String, Value>, String)>,
+) -> Result<()> {
+    match v {
+        Value::Bool(true) => Ok(()),
+        Value::Bool(false) => Err(bad(at, "`false` admits no value")),
+        Value::Object(o) => collect(root, o, at, depth, parts),
+        _ => Err(bad(at, "a schema must be an object or a boolean")),
+    }
+}
+
+/// The merge so far.
+#[derive(Default)]
+struct Merged {
+    out: Map<String, Value>,
+    /// Property names of each member with `additionalProperties: false`.
+    closed: Vec<BTreeSet<String>>,
+    /// Whether a member has properties (a schema-valued `additionalProperties` beside them is
+    /// refused) and whether one has such a schema.
+    any_properties: bool,
+    open_schema: bool,
+}
+
+/// The JSON types a `type` value names, `integer` counted within `number`.
+fn kinds(t: &Value, at: &str) -> Result<BTreeSet<&'static str>> {
+    const NAMES: [&str; 7] = [
+        "null", "boolean", "object", "array", "string", "number", "integer",
+    ];
+    let names: Vec<&Value> = match t {
+        Value::Array(a) => a.iter().collect(),
+        one => vec![one],
+    };
+    let mut set = BTreeSet::new();
+    for n in names {
+        let n = n
+            .as_str()
+            .and_then(|s| NAMES.iter().find(|k| **k == s))
+            .ok_or_else(|| bad(at, format!("unknown type {n}")))?;
+        set.insert(*n);
+        if *n == "number" {
+            set.insert("integer");
+        }
+    }
+    Ok(set)
+}
+
+impl Merged {
+    fn add(&mut self, part: &Map<String, Value>, at: &str) -> Result<()> {
+        if part.contains_key("properties") {
+            self.any_properties = true;
+        }
+        for (k, v) in part {
+            match k.as_str() {
+                "type" => {
+                    let mut set = kinds(v, at)?;
+                    if let Some(old) = self.out.get("type") {
+                        set = set.intersection(&kinds(old, at)?).copied().collect();
+                    }
+                    if set.is_empty() {
+                        return Err(empty(at, "the `allOf` members have no common type"));
+                    }
+                    let names: Vec<&str> = set
+                        .iter()
+                        .copied()
+                        .filter(|n| *n != "integer" || !set.contains("number"))
+                        .collect();
+                    self.out.insert(k.clone(), json!(names));
+                }
+                "properties" => {
+                    let props = v
+                        .as_object()
+                        .ok_or_else(|| bad(at, "`properties` must be an object"))?;
+                    let out = self.out.entry("properties").or_insert_with(|| json!({}));
+                    let out = out.as_object_mut().expect("made as an object");
+                    for (name, s) in props {
+                        let s = match out.get(name) {
+                            Some(old) if old != s => json!({"allOf": [old, s]}),
+                            _ => s.clone(),
+                        };
+                        out.insert(name.clone(), s);
+                    }
+                }
+                "required" => {
+                    let req = v
+                        .as_array()
+                        .ok_or_else(|| bad(at, "`required` must be an array"))?;
+                    let out = self.out.entry("required").or_insert_with(|| json!([]));
+                    let out = out.as_array_mut().expect("made as an array");
+                    for r in req {
+                        if !out.contains(r) {
+                            out.push(r.clone());
+                        }
+                    }
+                }
+                "additionalProperties" => match v {
+                    Value::Bool(true) => {}
+                    Value::Bool(false) => {
+                        let names = part
+                            .get("properties")
+                            .and_then(Value::as_object)
+                            .map(|p| p.keys().cloned().collect())
+                            .unwrap_or_default();
+                        self.closed.push(names);
+                    }
+                    _ => {
+                        if self.open_schema {
+                            return Err(bad(at, "two schema-valued `additionalProperties`"));
+                        }
+                        self.open_schema = true;
+                        self.out.insert(k.clone(), v.clone());
+                    }
+                },
+                "minimum" | "exclusiveMinimum" | "minLength" | "minItems" => {
+                    self.bound(k, v, at, |new, old| new > old)?
+                }
+                "maximum" | "exclusiveMaximum" | "maxLength" | "maxItems" => {
+                    self.bound(k, v, at, |new, old| new < old)?
+                }
+                "enum" | "const" => {
+                    let values = match v {
+                        Value::Array(a) if k == "enum" => a.clone(),
+                        _ if k == "enum" => return Err(bad(at, "`enum` must be an array")),
+                        c => vec![c.clone()],
+                    };
+                    let kept: Vec<Value> = match self.out.get("enum").and_then(Value::as_array) {
+                        Some(old) => values.into_iter().filter(|x| old.contains(x)).collect(),
+                        None => values,
+                    };
+                    if kept.is_empty() {
+                        return Err(bad(
+                            at,
+                            "no value is in every `allOf` member's `enum`/`const`",
+                        ));
+                    }
+                    self.out.insert("enum".into(), Value::Array(kept));
+                }
+                "items" => {
+                    let s = match self.out.get(k) {
+                        Some(old) if old != v => json!({"allOf": [old, v]}),
+                        _ => v.clone(),
+                    };
+                    self.out.insert(k.clone(), s);
+                }
+                "anyOf" | "oneOf" => {
+                    if self.out.contains_key("anyOf") || self.out.contains_key("oneOf") {
+                        return Err(bad(
+                            at,
+                            "`allOf` members with several `anyOf`/`oneOf` are not supported",
+                        ));
+                    }
+                    self.out.insert(k.clone(), v.clone());
+                }
+                _ => match self.out.get(k) {
+                    Some(old) if old != v => {
+                        return Err(bad(
+                            at,
+                            format!("`allOf` members with different `{k}` are not supported"),
+                        ))
+                    }
+                    _ => {
+                        self.out.insert(k.clone(), v.clone());
+                    }
+                },
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps the tighter of two numeric bounds (`tighter(new, old)`).
+    fn bound(&mut self, k: &str, v: &Value, at: &str, tighter: fn(f64, f64) -> bool) -> Result<()> {
+        let new = v
+            .as_f64()
+            .ok_or_else(|| bad(at, format!("`{k}` must be a number")))?;
+        let keep_old = self
+            .out
+            .get(k)
+            .and_then(Value::as_f64)
+            .is_some_and(|old| !tighter(new, old));
+        if !keep_old {
+            self.out.insert(k.to_string(), v.clone());
+        }
+        Ok(())
+    }
+
+    fn finish(mut self, at: &str) -> Result<Value> {
+        if self.open_schema && self.any_properties {
+            return Err(bad(
+                at,
+                "a schema-valued `additionalProperties` in an `allOf` beside members' properties is not supported",
+            ));
+        }
+        if let Some(allowed) = self.closed.iter().cloned().reduce(|a, b| &a & &b) {
+            let required: Vec<String> = self
+                .out
+                .get("required")
+                .and_then(Value::as_array)
+                .map(|r| {
+                    r.iter()
+                        .filter_map(|v| v.as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if let Some(r) = required.iter().find(|r| !allowed.contains(*r)) {
+                return Err(bad(
+                    at,
+                    format!("property {r:?} is required but an `allOf` member with `additionalProperties: false` does not allow it"),
+                ));
+            }
+            if let Some(props) = self
+                .out
+                .get_mut("properties")
+                .and_then(Value::as_object_mut)
+            {
+                props.retain(|name, _| allowed.contains(name));
+            }
+            self.out.insert("additionalProperties".into(), json!(false));
+        }
+        // A union beside other keywords: those keywords go into every branch —
+        // A ∧ (B1 ∨ B2) = (A ∧ B1) ∨ (A ∧ B2), and "exactly one Bi" likewise for `oneOf`.
+        let union = ["anyOf", "oneOf"]
+            .into_iter()
+            .find(|k| self.out.contains_key(*k));
+        if let Some(k) = union.filter(|_| self.out.len() > 1) {
+            let branches = self.out.remove(k).expect("found above");
+            let branches = branches
+                .as_array()
+                .filter(|b| !b.is_empty())
+                .ok_or_else(|| bad(at, format!("`{k}` must be a non-empty array")))?;
+            let rest = Value::Object(std::mem::take(&mut self.out));
+            let each: Vec<Value> = branches
+                .iter()
+                .map(|b| json!({"allOf": [rest, b]}))
+                .collect();
+            self.out.insert(k.to_string(), Value::Array(each));
+        }
+        Ok(Value::Object(self.out))
+    }
+}
