@@ -20,7 +20,10 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 mod all_of;
+mod literals;
 mod union;
+
+use literals::{literal_form, literal_kind, literals, SCALAR_KEYS};
 
 /// Value kinds a node admits (bit flags).
 pub(crate) const NULL: u8 = 1;
@@ -141,19 +144,6 @@ fn plain_xml_name(b: &[u8]) -> bool {
 }
 
 /// Keywords that do not constrain a value.
-/// Keywords that constrain strings or numbers: beside `enum`/`const` they filter the values.
-const SCALAR_KEYS: &[&str] = &[
-    "minLength",
-    "maxLength",
-    "pattern",
-    "format",
-    "minimum",
-    "maximum",
-    "exclusiveMinimum",
-    "exclusiveMaximum",
-    "multipleOf",
-];
-
 const ANNOTATIONS: &[&str] = &[
     "title",
     "description",
@@ -583,41 +573,6 @@ impl Compiler<'_> {
         Ok(node)
     }
 
-    /// Keeps the `enum`/`const` values that also satisfy the keywords beside them (the
-    /// recognizer reads a node's literals alone, so a `maxLength` or `minimum` there would
-    /// otherwise go unenforced): each value run through the node without its literals.
-    fn literals_within(&self, node: &mut Node, at: &str) -> Result<()> {
-        let lits = node.literals.take().expect("checked by the caller");
-        let mut nodes = self.nodes.clone();
-        let mut check = node.clone();
-        check.literals = None;
-        nodes.push(check);
-        let schema = JsonSchema {
-            has_forks: forks(&nodes),
-            root: nodes.len() - 1,
-            nodes,
-            patterns: self.patterns.clone(),
-            openings: Vec::new(),
-            closing: Vec::new(),
-            xml: false,
-        };
-        let kept: Vec<Vec<u8>> = lits
-            .into_iter()
-            .filter(|l| {
-                let mut r = super::Recognizer::new(&schema);
-                r.feed_all(l) && r.can_end()
-            })
-            .collect();
-        if kept.is_empty() {
-            return Err(empty(
-                at,
-                "no value of `enum`/`const` satisfies the keywords beside it",
-            ));
-        }
-        node.literals = Some(kept);
-        Ok(())
-    }
-
     /// `minimum`/`maximum` and their exclusive forms: an integer's (`int_range`) or a number's
     /// (`dec_range`, where the type admits fractions); `multipleOf` on either.
     fn bounds(&self, o: &Map<String, Value>, at: &str, node: &mut Node) -> Result<()> {
@@ -742,36 +697,6 @@ fn forks(nodes: &[Node]) -> bool {
     nodes.iter().any(|n| !n.branches.is_empty())
 }
 
-fn literal_form(n: &Node) -> Option<Vec<Vec<u8>>> {
-    if let Some(l) = &n.literals {
-        return Some(l.clone());
-    }
-    if n.kinds & !(NULL | BOOL) != 0 {
-        return None;
-    }
-    let mut out = Vec::new();
-    if n.kinds & NULL != 0 {
-        out.push(b"null".to_vec());
-    }
-    if n.kinds & BOOL != 0 {
-        out.push(b"true".to_vec());
-        out.push(b"false".to_vec());
-    }
-    Some(out)
-}
-
-/// The kind of a literal's compact serialization, from its first byte.
-fn literal_kind(l: &[u8]) -> u8 {
-    match l.first() {
-        Some(b'n') => NULL,
-        Some(b't' | b'f') => BOOL,
-        Some(b'"') => STRING,
-        Some(b'{') => OBJECT,
-        Some(b'[') => ARRAY,
-        _ => NUMBER | INTEGER,
-    }
-}
-
 fn kinds_of(t: &Value, at: &str) -> Result<u8> {
     let one = |s: &str| -> Result<u8> {
         Ok(match s {
@@ -795,28 +720,6 @@ fn kinds_of(t: &Value, at: &str) -> Result<u8> {
         }),
         _ => Err(bad(at, "`type` must be a string or an array of strings")),
     }
-}
-
-/// `enum` or `const` as compact serializations.
-fn literals(o: &Map<String, Value>, at: &str) -> Result<Option<Vec<Vec<u8>>>> {
-    let values: Vec<&Value> = match (o.get("enum"), o.get("const")) {
-        (Some(_), Some(_)) => return Err(bad(at, "`enum` beside `const` is not supported")),
-        (Some(Value::Array(v)), None) if !v.is_empty() => v.iter().collect(),
-        (Some(_), None) => return Err(bad(at, "`enum` must be a non-empty array")),
-        (None, Some(c)) => vec![c],
-        (None, None) => return Ok(None),
-    };
-    if values.len() > MAX_ALTERNATIVES {
-        return Err(bad(at, format!("more than {MAX_ALTERNATIVES} enum values")));
-    }
-    let mut out: Vec<Vec<u8>> = Vec::new();
-    for v in values {
-        let s = serde_json::to_vec(v).map_err(|e| bad(at, e))?;
-        if !out.contains(&s) {
-            out.push(s);
-        }
-    }
-    Ok(Some(out))
 }
 
 fn count(o: &Map<String, Value>, key: &str, at: &str) -> Result<Option<usize>> {
