@@ -1,7 +1,7 @@
 """Drives a running `trit serve` with the official `openai` Python client and checks what a
 client sees: chat (plain, streamed with usage), completions, models, a tool-call round trip
 and a forced call (`tool_choice="required"`), structured outputs (a pydantic model and a
-discriminated union of two through the client's `parse`, validated by the
+discriminated union of two through the client's `parse`, an OpenAPI-style `allOf`, validated by the
 `jsonschema` package), and the error cases as the client raises them. Prints OK and exits 0
 when everything holds.
 
@@ -131,6 +131,28 @@ for seed in (0, 1, 2):
     check(pet.choices[0].finish_reason == "stop", f"the union document ended: {pet}")
     check(isinstance(pet.choices[0].message.parsed, Pet), "parsed into the union model")
     jsonschema.validate(json.loads(pet.choices[0].message.content), Pet.model_json_schema())
+# OpenAPI-style composition (a raw json_schema, not pydantic's): `allOf` of a referenced base
+# model, a member that adds, narrows and closes, and one that narrows an enum; the reply must
+# satisfy every member.
+composed = {
+    "$defs": {"base": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1}},
+                       "required": ["id"]}},
+    "allOf": [
+        {"$ref": "#/$defs/base"},
+        {"properties": {"id": {"maximum": 99}, "name": {"type": "string", "maxLength": 12},
+                        "tag": {"enum": ["a", "b", "c"]}},
+         "required": ["name", "tag"], "additionalProperties": False},
+        {"properties": {"tag": {"enum": ["b", "c", "d"]}}},
+    ],
+}
+for seed in (0, 1):
+    item = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Describe an item as JSON."}],
+        max_tokens=120, temperature=1.0, seed=seed,
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "item", "schema": composed}})
+    check(item.choices[0].finish_reason == "stop", f"the allOf document ended: {item}")
+    jsonschema.validate(json.loads(item.choices[0].message.content), composed)
 any_object = client.chat.completions.create(model=model, messages=describe, max_tokens=200,
                                             temperature=0, response_format={"type": "json_object"})
 if any_object.choices[0].finish_reason == "stop":
