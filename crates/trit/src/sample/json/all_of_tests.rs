@@ -1,6 +1,6 @@
-//! `allOf` of several schemas merged into one (`schema/all_of.rs`): exactly the documents
-//! serde_json parses and a hand-written check of every member admits, and constrained draws
-//! that always end in such a document.
+//! `allOf` of several schemas merged into one (`schema/all_of.rs`), and `not` of a type:
+//! exactly the documents serde_json parses and a hand-written check of every member admits,
+//! and constrained draws that always end in such a document.
 
 use super::tests::{accepts, draw};
 use super::JsonSchema;
@@ -224,4 +224,29 @@ fn a_union_branch_that_admits_nothing_is_dropped() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("no branch"), "{e}");
+}
+
+#[test]
+fn not_of_a_type_removes_that_type() {
+    // "Any value but null", and "a number or a string, but not a string".
+    let s = JsonSchema::compile(&json!({"not": {"type": "null"}})).unwrap();
+    for (doc, ok) in [("null", false), ("1", true), ("\"x\"", true), ("[]", true)] {
+        assert_eq!(accepts(&s, doc.as_bytes()), ok, "{doc}");
+    }
+    let s = JsonSchema::compile(&json!({"type": ["number", "string"], "not": {"type": "string"}}))
+        .unwrap();
+    for (doc, ok) in [("1.5", true), ("\"x\"", false), ("true", false)] {
+        assert_eq!(accepts(&s, doc.as_bytes()), ok, "{doc}");
+    }
+    for (schema, word) in [
+        (json!({"not": {"const": 1}}), "only around a `type`"),
+        (json!({"not": {"type": "integer"}}), "`integer` alone"),
+        (
+            json!({"type": "string", "not": {"type": "string"}}),
+            "admits no value",
+        ),
+    ] {
+        let e = JsonSchema::compile(&schema).unwrap_err().to_string();
+        assert!(e.contains(word), "{schema}: {e}");
+    }
 }

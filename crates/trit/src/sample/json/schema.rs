@@ -5,7 +5,7 @@
 //! `multipleOf`, `enum`, `const`, `anyOf`/`oneOf` (branches of different JSON types merged,
 //! others read along every branch: `recognizer/forks.rs`), `$ref` into
 //! `$defs`/`definitions` (recursion included), `allOf` (one schema beside annotations, or
-//! several merged into one: `schema/all_of.rs`).
+//! several merged into one: `schema/all_of.rs`), `not` around a `type`.
 //! Annotations (`title`, `description`, `default`, `format`, …) are ignored, as validators
 //! ignore them.
 //! Any other keyword is refused with its name: a schema is enforced or rejected, never
@@ -360,6 +360,24 @@ fn numbers_only(node: &Node, at: &str, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// The kinds a `not` excludes: only the form `{"not": {"type": …}}` ("not null", "not a
+/// string"), whose complement is a set of types; any other `not` would need the complement of
+/// a schema: refused.
+fn excluded_kinds(not: &Value, at: &str) -> Result<u8> {
+    match not {
+        Value::Object(o) if o.contains_key("type") && only_annotations_beside(o, &["type"]) => {
+            let k = kinds_of(&o["type"], at)?;
+            // "not integer" leaves the numbers with a fraction, which the recognizer cannot
+            // tell from integers by kind alone.
+            if k & INTEGER != 0 && k & NUMBER == 0 {
+                return Err(bad(at, "`not` of `integer` alone is not supported"));
+            }
+            Ok(k)
+        }
+        _ => Err(bad(at, "`not` is supported only around a `type`")),
+    }
+}
+
 fn bad(at: &str, what: impl std::fmt::Display) -> Error {
     Error::InvalidArgument(format!("json schema at {at}: {what}"))
 }
@@ -461,6 +479,7 @@ impl Compiler<'_> {
             "const",
             "anyOf",
             "oneOf",
+            "not",
         ];
         for k in o.keys() {
             if !KNOWN.contains(&k.as_str()) && !ANNOTATIONS.contains(&k.as_str()) {
@@ -472,6 +491,12 @@ impl Compiler<'_> {
             None => ALL,
             Some(t) => kinds_of(t, at)?,
         };
+        if let Some(not) = o.get("not") {
+            node.kinds &= !excluded_kinds(not, &format!("{at}/not"))?;
+            if node.kinds == 0 {
+                return Err(empty(at, "`not` excludes every type"));
+            }
+        }
         if let Some(alts) = o.get("anyOf").or_else(|| o.get("oneOf")) {
             if o.contains_key("anyOf") && o.contains_key("oneOf") {
                 return Err(bad(at, "`anyOf` beside `oneOf` is not supported"));
