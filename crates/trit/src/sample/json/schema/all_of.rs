@@ -12,7 +12,8 @@
 //! other difference — two patterns, a schema-valued `additionalProperties` beside other
 //! members' properties — is refused with its place, never merged in part.
 
-use super::{bad, empty, resolve, ANNOTATIONS};
+use super::{bad, empty, kinds_of, resolve, ANNOTATIONS};
+use super::{ARRAY, BOOL, INTEGER, NULL, NUMBER, OBJECT, STRING};
 use crate::Result;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeSet;
@@ -101,27 +102,23 @@ struct Merged {
     open_schema: bool,
 }
 
-/// The JSON types a `type` value names, `integer` counted within `number`.
-fn kinds(t: &Value, at: &str) -> Result<BTreeSet<&'static str>> {
-    const NAMES: [&str; 7] = [
-        "null", "boolean", "object", "array", "string", "number", "integer",
-    ];
-    let names: Vec<&Value> = match t {
-        Value::Array(a) => a.iter().collect(),
-        one => vec![one],
-    };
-    let mut set = BTreeSet::new();
-    for n in names {
-        let n = n
-            .as_str()
-            .and_then(|s| NAMES.iter().find(|k| **k == s))
-            .ok_or_else(|| bad(at, format!("unknown type {n}")))?;
-        set.insert(*n);
-        if *n == "number" {
-            set.insert("integer");
-        }
-    }
-    Ok(set)
+/// The `type` value naming the kinds in `k` (bit flags of `kinds_of`; `number` covers
+/// `integer`).
+fn type_names(k: u8) -> Value {
+    let names: Vec<&str> = [
+        (NULL, "null"),
+        (BOOL, "boolean"),
+        (OBJECT, "object"),
+        (ARRAY, "array"),
+        (STRING, "string"),
+        (NUMBER, "number"),
+        (INTEGER, "integer"),
+    ]
+    .into_iter()
+    .filter(|&(bit, name)| k & bit != 0 && (name != "integer" || k & NUMBER == 0))
+    .map(|(_, name)| name)
+    .collect();
+    json!(names)
 }
 
 impl Merged {
@@ -132,19 +129,14 @@ impl Merged {
         for (k, v) in part {
             match k.as_str() {
                 "type" => {
-                    let mut set = kinds(v, at)?;
+                    let mut kinds = kinds_of(v, at)?;
                     if let Some(old) = self.out.get("type") {
-                        set = set.intersection(&kinds(old, at)?).copied().collect();
+                        kinds &= kinds_of(old, at)?;
                     }
-                    if set.is_empty() {
+                    if kinds == 0 {
                         return Err(empty(at, "the `allOf` members have no common type"));
                     }
-                    let names: Vec<&str> = set
-                        .iter()
-                        .copied()
-                        .filter(|n| *n != "integer" || !set.contains("number"))
-                        .collect();
-                    self.out.insert(k.clone(), json!(names));
+                    self.out.insert(k.clone(), type_names(kinds));
                 }
                 "properties" => {
                     let props = v
