@@ -250,3 +250,28 @@ fn not_of_a_type_removes_that_type() {
         assert!(e.contains(word), "{schema}: {e}");
     }
 }
+
+#[test]
+fn enum_values_of_a_type_the_node_excludes_are_dropped() {
+    // (schema, whether `1` stays admitted)
+    for (schema, one) in [
+        (json!({"type": "string", "enum": ["a", 1]}), false),
+        (
+            json!({"type": "string", "anyOf": [{"const": "a"}, {"const": 1}]}),
+            false,
+        ),
+        (
+            json!({"allOf": [{"enum": ["a", 1, 2.5]}, {"type": ["string", "integer"]}]}),
+            true,
+        ),
+    ] {
+        let s = JsonSchema::compile(&schema).unwrap();
+        assert!(accepts(&s, b"\"a\""), "{schema}");
+        assert_eq!(accepts(&s, b"1"), one, "{schema}");
+        assert!(!accepts(&s, b"2.5"), "{schema}");
+    }
+    let e = JsonSchema::compile(&json!({"type": "integer", "enum": [1.5]}))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("admits no value"), "{e}");
+}

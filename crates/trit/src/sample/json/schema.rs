@@ -23,7 +23,7 @@ mod all_of;
 mod literals;
 mod union;
 
-use literals::{literal_form, literal_kind, literals, SCALAR_KEYS};
+use literals::{literal_form, literal_kind, literals};
 
 /// Value kinds a node admits (bit flags).
 pub(crate) const NULL: u8 = 1;
@@ -592,8 +592,8 @@ impl Compiler<'_> {
         if node.kinds == 0 {
             return Err(empty(at, "no value satisfies these types"));
         }
-        if node.literals.is_some() && SCALAR_KEYS.iter().any(|k| o.contains_key(*k)) {
-            self.literals_within(&mut node, at)?;
+        if node.literals.is_some() {
+            self.literals_within(&mut node, o, at)?;
         }
         Ok(node)
     }

@@ -7,7 +7,7 @@ use crate::Result;
 use serde_json::{Map, Value};
 
 /// Keywords that constrain strings or numbers: beside `enum`/`const` they filter the values.
-pub(super) const SCALAR_KEYS: &[&str] = &[
+const SCALAR_KEYS: &[&str] = &[
     "minLength",
     "maxLength",
     "pattern",
@@ -21,10 +21,31 @@ pub(super) const SCALAR_KEYS: &[&str] = &[
 
 impl Compiler<'_> {
     /// Keeps the `enum`/`const` values that also satisfy the keywords beside them (the
-    /// recognizer reads a node's literals alone, so a `maxLength` or `minimum` there would
-    /// otherwise go unenforced): each value run through the node without its literals.
-    pub(super) fn literals_within(&self, node: &mut Node, at: &str) -> Result<()> {
-        let lits = node.literals.take().expect("checked by the caller");
+    /// recognizer reads a node's literals alone, so a `type`, `maxLength` or `minimum` there
+    /// would otherwise go unenforced): values of a kind the node admits, and where string or
+    /// number keywords stand beside them, each run through the node without its literals.
+    pub(super) fn literals_within(
+        &self,
+        node: &mut Node,
+        o: &Map<String, Value>,
+        at: &str,
+    ) -> Result<()> {
+        let mut lits = node.literals.take().expect("checked by the caller");
+        // `number` covers `integer`; a literal's kind is read from its first byte.
+        lits.retain(|l| literal_kind(l) & node.kinds != 0);
+        if lits.is_empty() {
+            return Err(empty(
+                at,
+                "no value of `enum`/`const` has the type beside it",
+            ));
+        }
+        // An integer-only node's numeric values need the digits read (1.5 is no integer).
+        let fractions =
+            node.kinds & NUMBER == 0 && lits.iter().any(|l| literal_kind(l) & INTEGER != 0);
+        if !fractions && !SCALAR_KEYS.iter().any(|k| o.contains_key(*k)) {
+            node.literals = Some(lits);
+            return Ok(());
+        }
         let mut nodes = self.nodes.clone();
         let mut check = node.clone();
         check.literals = None;
