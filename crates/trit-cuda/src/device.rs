@@ -34,6 +34,8 @@ pub const SOURCES: &[(&str, &str)] = &[
     ),
     ("hadamard.cu", include_str!("kernels/hadamard.cu")),
     ("topk.cu", include_str!("kernels/topk.cu")),
+    // After topk.cu: its order_key.
+    ("greedy.cu", include_str!("kernels/greedy.cu")),
     // The prompt path's chunk recurrence (hybrids).
     (
         "deltanet_chunk.cu",
@@ -196,6 +198,8 @@ pub const KERNELS: &[&str] = &[
     "deltanet_window_store",
     "row_top_parts",
     "row_top_merge",
+    "row_argmax",
+    "take_argmax",
     "ternary_gemm_small_wide_f16",
     "ternary_gemm_small_wide_f32",
     "ternary_gemm_small_ring_f16",

@@ -15,6 +15,7 @@
 
 use crate::device::{ptr, Gpu};
 use crate::graph::{alloc_host_logits, copy_to_pinned, StepGraph};
+use crate::greedy::{GreedyBufs, Pick};
 use crate::hybrid_weights::{self, DevHybrid};
 use crate::model::{check_forward, poisoned, CudaOptions, FusedSet};
 use crate::topk::TopBuffers;
@@ -23,7 +24,7 @@ use std::sync::Mutex;
 use trit::format::config::{HybridConfig, ModelConfig, RopeStyle};
 use trit::format::ModelFiles;
 use trit::model::rope::Rope;
-use trit::model::{ExternalNet, KvCache, Logits};
+use trit::model::{ExternalNet, GreedyRun, KvCache, Logits};
 use trit::sample::RowLogits;
 use trit::{Error, Result};
 
@@ -139,6 +140,8 @@ struct State {
     prefill: Option<prefill::HybridPrefill>,
     /// The batched path's slots and buffers, made by its first call.
     batch: Option<batch::HybridBatch>,
+    /// The greedy loop's buffers and graphs (`greedy.rs`), made on first use.
+    greedy: Option<GreedyBufs>,
 }
 
 pub struct CudaHybrid {
@@ -156,6 +159,8 @@ pub struct CudaHybrid {
     fused: FusedSet,
     /// `CudaOptions::stream_down`.
     pub(crate) stream_down: bool,
+    /// `CudaOptions::greedy_loop`.
+    greedy_loop: bool,
     /// The kernel that runs the DeltaNet mixer in one launch where it can (`None`: five).
     dn_step: Option<&'static str>,
     /// `deltanet_step_early` behind the fused q‖k‖v‖z GEMV (`CudaOptions::deltanet_early`):
@@ -266,6 +271,7 @@ impl CudaHybrid {
             use_graph: opts.graph,
             fused,
             stream_down: opts.stream_down,
+            greedy_loop: opts.greedy_loop,
             dn_step,
             dn_early: opts.deltanet_early,
             dn_held: opts.deltanet_held,
@@ -286,6 +292,7 @@ impl CudaHybrid {
                 top: None,
                 prefill: None,
                 batch: None,
+                greedy: None,
                 seq_len: Some(0),
                 history: Vec::new(),
             }),
@@ -454,6 +461,88 @@ impl CudaHybrid {
         Ok(())
     }
 
+    /// `ExternalNet::generate_greedy` with the state locked. A recurrent state that does not
+    /// stand at `pos0` is brought there first, as `forward` would: zeroed, and the sequence's
+    /// earlier tokens replayed.
+    fn greedy_locked(
+        &self,
+        st: &mut State,
+        first: u32,
+        pos0: usize,
+        max_steps: usize,
+        accept: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<GreedyRun>> {
+        if !self.greedy_loop || max_steps == 0 || pos0 > st.history.len() {
+            return Ok(None);
+        }
+        if st.seq_len != Some(pos0) {
+            if pos0 == 0 {
+                st.b.seq.reset(&st.gpu)?;
+                st.history.clear();
+                st.seq_len = Some(0);
+            } else {
+                let last = st.history[pos0 - 1];
+                self.forward_locked(st, &[last], pos0 - 1, None, &mut |_| {})?;
+            }
+        }
+        {
+            let s = st.gpu.stream.clone();
+            let mut view = st.b.toks.slice_mut(pos0..pos0 + 1);
+            s.memcpy_htod(&[first as i32], &mut view)
+                .map_err(|e| crate::device::cuda_err("uploading token ids", e))?;
+            if st.device_pos != Some(pos0) {
+                s.memcpy_htod(&[pos0 as i32, 0], &mut st.b.step)
+                    .map_err(|e| crate::device::cuda_err("setting the position", e))?;
+            }
+        }
+        st.seq_len = None;
+        st.device_pos = None;
+        let mut bufs = match st.greedy.take() {
+            Some(b) => b,
+            None => GreedyBufs::new(&st.gpu, self.ctx)?,
+        };
+        let mut seen = Vec::new();
+        let driven = {
+            let st: &State = st;
+            let s = &st.gpu.stream;
+            let pick = Pick {
+                logits: ptr(&st.b.logits, s),
+                vocab: self.config.vocab,
+                step: ptr(&st.b.step, s),
+                toks: ptr(&st.b.toks, s),
+                n_toks: self.ctx,
+            };
+            let enqueue = || self.enqueue_layers(st, true);
+            crate::greedy::drive(
+                &st.gpu,
+                &mut bufs,
+                pos0,
+                max_steps,
+                &mut |b| b.launch_step(&st.gpu, self.use_graph, &pick, &enqueue),
+                &mut |t| {
+                    seen.push(t);
+                    accept(t)
+                },
+            )
+        };
+        st.greedy = Some(bufs);
+        let d = match driven {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = st.gpu.sync();
+                return Err(e);
+            }
+        };
+        let fed = d.run.fed;
+        st.history.truncate(pos0);
+        st.history.push(first);
+        st.history.extend_from_slice(&seen[..fed - 1]);
+        st.device_pos = Some(pos0 + d.ran);
+        // Steps run past the last fed token moved the state on: the next forward replays.
+        st.seq_len = (d.ran == fed).then_some(pos0 + fed);
+        Ok(Some(d.run))
+    }
+
     fn read_logits(&self, st: &mut State) -> Result<Vec<f32>> {
         let b = &mut st.b;
         Ok(copy_to_pinned(&st.gpu, &b.logits, &mut b.host_logits)?.to_vec())
@@ -511,6 +600,24 @@ impl ExternalNet for CudaHybrid {
         };
         cache.advance(1);
         Ok(row)
+    }
+
+    fn generate_greedy(
+        &self,
+        first: u32,
+        cache: &mut KvCache,
+        max_steps: usize,
+        accept: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<GreedyRun>> {
+        check_forward(&[first], cache, self.config.vocab, self.ctx)?;
+        let pos0 = cache.len();
+        let max_steps = max_steps.min(self.ctx - pos0);
+        let mut st = self.state.lock().map_err(|_| poisoned())?;
+        let run = self.greedy_locked(&mut st, first, pos0, max_steps, accept)?;
+        if let Some(r) = run {
+            cache.advance(r.fed);
+        }
+        Ok(run)
     }
 
     fn weight_bytes(&self) -> usize {

@@ -32,6 +32,7 @@ pub mod flash;
 pub mod gemm;
 pub mod gemv;
 mod graph;
+pub mod greedy;
 pub mod hybrid;
 mod hybrid_weights;
 mod launch;

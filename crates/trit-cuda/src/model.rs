@@ -73,6 +73,8 @@ pub(crate) struct State {
     pub(crate) batch: Option<crate::batch::BatchState>,
     /// Candidate buffers of the single path's sampled steps (`topk.rs`), made on first use.
     pub(crate) top: Option<crate::topk::TopBuffers>,
+    /// The greedy loop's buffers and graphs (`greedy.rs`), made on first use.
+    pub(crate) greedy: Option<crate::greedy::GreedyBufs>,
 }
 
 pub struct CudaModel {
@@ -93,6 +95,8 @@ pub struct CudaModel {
     pub(crate) attention_o: bool,
     attention_o_max: usize,
     pub(crate) stream_down: bool,
+    /// `CudaOptions::greedy_loop`.
+    pub(crate) greedy_loop: bool,
     weight_bytes: usize,
     bytes_per_token: usize,
     device_name: String,
@@ -192,6 +196,7 @@ impl CudaModel {
             attention_o: opts.attention_o,
             attention_o_max: opts.attention_o_max,
             stream_down: opts.stream_down,
+            greedy_loop: opts.greedy_loop,
             weight_bytes,
             bytes_per_token,
             device_name: gpu.name.clone(),
@@ -210,6 +215,7 @@ impl CudaModel {
                 device_pos: None,
                 batch: None,
                 top: None,
+                greedy: None,
             }),
         })
     }
@@ -333,7 +339,7 @@ impl CudaModel {
 
     /// Enqueues one decode step (the position and token come from device memory).
     /// Per layer, the device addresses of the single path's own keys and values.
-    fn own_kv(st: &State) -> Vec<(u64, u64)> {
+    pub(crate) fn own_kv(st: &State) -> Vec<(u64, u64)> {
         let s = &st.gpu.stream;
         st.b.k_cache
             .iter()
@@ -346,6 +352,20 @@ impl CudaModel {
     /// to the caches at `kv` (per layer, `[kv_head][ctx][head_dim]` f16: the single path's own,
     /// or a batch slot's).
     pub(crate) fn enqueue_step(
+        &self,
+        st: &State,
+        with_head: bool,
+        kv: &[(u64, u64)],
+        short: bool,
+    ) -> Result<()> {
+        self.enqueue_layers(st, with_head, kv, short)?;
+        let step = ptr(&st.b.step, &st.gpu.stream);
+        st.gpu
+            .launch("advance_position", (1, 1), 32, &[Arg::Ptr(step)])
+    }
+
+    /// `enqueue_step` up to the logits: the caller ends the step (advances the position).
+    pub(crate) fn enqueue_layers(
         &self,
         st: &State,
         with_head: bool,
@@ -491,7 +511,7 @@ impl CudaModel {
                 self.gemv(st, st.w.head(), &normed, p(&b.logits), false)?;
             }
         }
-        g.launch("advance_position", (1, 1), 32, &[Arg::Ptr(step)])
+        Ok(())
     }
 
     /// o, gate‖up and down of `blk` as one persistent kernel, where it runs them (all three
@@ -701,6 +721,16 @@ impl ExternalNet for CudaModel {
 
     fn forward_top(&self, tokens: &[u32], cache: &mut KvCache, k: usize) -> Result<RowLogits> {
         self.forward_top_gpu(tokens, cache, k)
+    }
+
+    fn generate_greedy(
+        &self,
+        first: u32,
+        cache: &mut KvCache,
+        max_steps: usize,
+        accept: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<trit::model::GreedyRun>> {
+        self.generate_greedy_gpu(first, cache, max_steps, accept)
     }
 
     fn weight_bytes(&self) -> usize {

@@ -98,6 +98,12 @@ pub struct BenchArgs {
     /// Passes over the buffer of the --membw measurement.
     #[arg(long, default_value_t = 10)]
     pub membw_passes: usize,
+    /// Generation tests feed back each step's argmax (greedy generation, what `trit run --temp
+    /// 0` does) instead of random tokens, picked where the backend picks greedy tokens: a GPU
+    /// model keeps the whole loop on the device (no logits copy and no host round trip per
+    /// token). The tests are named `tg<N> greedy`; plain `tg<N>` is llama-bench's test.
+    #[arg(long)]
+    pub greedy: bool,
     /// Print progress to stderr.
     #[arg(long)]
     pub progress: bool,
@@ -134,15 +140,19 @@ pub struct Test {
     pub n_gen: usize,
     pub n_depth: usize,
     pub n_threads: usize,
+    /// Generation feeds back each step's argmax (`--greedy`).
+    pub greedy: bool,
 }
 
 impl Test {
-    /// llama-bench's test name: `pp512`, `tg128`, `pp512+tg128`, with ` @ d<N>` at depth.
+    /// llama-bench's test name: `pp512`, `tg128`, `pp512+tg128`, with ` @ d<N>` at depth;
+    /// ` greedy` after the generation part of a `--greedy` test.
     pub fn name(&self) -> String {
+        let g = if self.greedy { " greedy" } else { "" };
         let mut s = match (self.n_prompt, self.n_gen) {
             (p, 0) => format!("pp{p}"),
-            (0, g) => format!("tg{g}"),
-            (p, g) => format!("pp{p}+tg{g}"),
+            (0, n) => format!("tg{n}{g}"),
+            (p, n) => format!("pp{p}+tg{n}{g}"),
         };
         if self.n_depth > 0 {
             s += &format!(" @ d{}", self.n_depth);
@@ -237,6 +247,7 @@ fn plan_tests(a: &BenchArgs, threads: &[usize]) -> Result<Vec<Test>> {
                 n_gen,
                 n_depth,
                 n_threads,
+                greedy: a.greedy && n_gen > 0,
             };
             tests.extend(prompts.iter().filter(|&&p| p > 0).map(|&p| t(p, 0)));
             tests.extend(gens.iter().filter(|&&g| g > 0).map(|&g| t(0, g)));
@@ -302,6 +313,28 @@ impl Bench {
         Ok(logits)
     }
 
+    /// `n` greedy tokens after a random one: on the backend's device loop where it has one,
+    /// else each step's logits read and their argmax fed back.
+    fn generate_greedy(&mut self, cache: &mut KvCache, n: usize) -> Result<()> {
+        let first = self.rng.next(self.vocab);
+        let mut left = n;
+        let run = self.model.generate_greedy(first, cache, n, &mut |_| {
+            left -= 1;
+            left > 0
+        })?;
+        if run.is_some() {
+            return Ok(());
+        }
+        let mut tok = first;
+        for _ in 0..n {
+            let mut next = 0;
+            self.model
+                .forward_read(&[tok], cache, Logits::Last, &mut |row| next = argmax(row))?;
+            tok = next;
+        }
+        Ok(())
+    }
+
     fn generate(&mut self, cache: &mut KvCache, n: usize) -> Result<()> {
         for _ in 0..n {
             let tok = self.rng.next(self.vocab);
@@ -320,7 +353,11 @@ impl Bench {
         if t.n_prompt > 0 {
             self.prefill(cache, t.n_prompt)?;
         }
-        self.generate(cache, t.n_gen)?;
+        if t.greedy {
+            self.generate_greedy(cache, t.n_gen)?;
+        } else {
+            self.generate(cache, t.n_gen)?;
+        }
         Ok(start.elapsed().as_nanos() as u64)
     }
 
@@ -341,6 +378,9 @@ impl Bench {
             cache.truncate(t.n_depth);
             if t.n_prompt > 0 {
                 self.prefill(&mut cache, t.n_prompt)?;
+            } else if t.greedy {
+                // The whole run once: the device loop captures its graphs on first use.
+                self.generate_greedy(&mut cache, t.n_gen)?;
             } else {
                 self.generate(&mut cache, 1)?;
             }
@@ -660,11 +700,17 @@ mod tests {
             n_gen: g,
             n_depth: d,
             n_threads: 2,
+            greedy: false,
         };
         assert_eq!(t(512, 0, 0).name(), "pp512");
         assert_eq!(t(0, 128, 0).name(), "tg128");
         assert_eq!(t(512, 128, 0).name(), "pp512+tg128");
         assert_eq!(t(0, 128, 4096).name(), "tg128 @ d4096");
+        let g = Test {
+            greedy: true,
+            ..t(0, 128, 0)
+        };
+        assert_eq!(g.name(), "tg128 greedy");
     }
 
     #[test]

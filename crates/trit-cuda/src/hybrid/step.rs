@@ -265,6 +265,14 @@ impl CudaHybrid {
 
     /// Enqueues one decode step (position and token from device memory).
     pub(super) fn enqueue_step(&self, st: &State, with_head: bool) -> Result<()> {
+        self.enqueue_layers(st, with_head)?;
+        let step = ptr(&st.b.step, &st.gpu.stream);
+        st.gpu
+            .launch("advance_position", (1, 1), 32, &[Arg::Ptr(step)])
+    }
+
+    /// `enqueue_step` up to the logits: the caller ends the step (advances the position).
+    pub(super) fn enqueue_layers(&self, st: &State, with_head: bool) -> Result<()> {
         let (g, b, w) = (&st.gpu, &st.b, &st.w);
         let (x, step) = (Self::p(st, &b.x), ptr(&b.step, &g.stream));
         launch::embed(g, &w.embed, ptr(&b.toks, &g.stream), step, x, 1)?;
@@ -289,7 +297,7 @@ impl CudaHybrid {
         if with_head {
             self.enqueue_head(st)?;
         }
-        g.launch("advance_position", (1, 1), 32, &[Arg::Ptr(step)])
+        Ok(())
     }
 
     /// Final norm and LM head of the residual stream `x` into `logits`.

@@ -144,6 +144,12 @@ pub fn generate(
         // A sampler that needs only the best candidates gets only those from a device backend
         // (the GPU reduces the row; a few hundred bytes cross instead of the vocabulary).
         match token {
+            Some(tok) if decoding.device_greedy() => {
+                match greedy_on_device(session, tokenizer, tok, &mut decoding, &mut out, on_text)? {
+                    DeviceRun::Finished => break,
+                    DeviceRun::Feed(t) => row = session.step_top(t, TOP_CANDIDATES)?,
+                }
+            }
             Some(tok) if decoding.exact_on_top(TOP_CANDIDATES) => {
                 row = session.step_top(tok, TOP_CANDIDATES)?
             }
@@ -153,6 +159,44 @@ pub fn generate(
     }
     out.gen_secs = t1.elapsed().as_secs_f64();
     Ok(out)
+}
+
+/// How a greedy run on the device ended.
+enum DeviceRun {
+    /// The sequence finished (or the run did nothing left to do).
+    Finished,
+    /// This token still has to be fed: the model has no device loop, or its step budget ran
+    /// out after the token was recorded.
+    Feed(u32),
+}
+
+/// Feeds `first` and the tokens after it through the model's device loop where it has one
+/// ([`Session::generate_greedy`]), recording each produced token as the host's sampler would
+/// (same stops, same text).
+fn greedy_on_device(
+    session: &mut Session,
+    tokenizer: &Tokenizer,
+    first: u32,
+    decoding: &mut Decoding,
+    out: &mut Generation,
+    on_text: &mut dyn FnMut(&str) -> bool,
+) -> Result<DeviceRun> {
+    let base = session.tokens().len();
+    let n_ctx = session.n_ctx();
+    let mut finished = false;
+    let mut offered = 0;
+    let run = session.generate_greedy(first, &mut |t| {
+        offered += 1;
+        // The cache then holds `first` and the tokens offered before `t`.
+        let step = decoding.step_token(t, tokenizer, base + offered, n_ctx);
+        finished = out.record(step, decoding, tokenizer, on_text);
+        !finished
+    })?;
+    Ok(match run {
+        None => DeviceRun::Feed(first),
+        Some(_) if finished => DeviceRun::Finished,
+        Some(r) => r.pending.map_or(DeviceRun::Finished, DeviceRun::Feed),
+    })
 }
 
 /// Holds back streamed text that could be the start of a stop string.

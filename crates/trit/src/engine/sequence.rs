@@ -89,6 +89,31 @@ impl Decoding {
             && self.json.is_none()
     }
 
+    /// Whether this sequence's next tokens are each row's argmax and nothing else reads the
+    /// rows (greedy, no penalties, no logit bias, no constraint, no log-probabilities): a
+    /// device may then choose them itself ([`step_token`](Self::step_token) records them).
+    pub fn device_greedy(&self) -> bool {
+        self.sampler.params().temperature <= 0.0
+            && self.exact_on_top(1)
+            && self.top_logprobs.is_none()
+    }
+
+    /// [`step`](Self::step) for a token the model's device chose as its row's argmax (only
+    /// where [`device_greedy`](Self::device_greedy) holds: the sampler would pick the same).
+    pub fn step_token(
+        &mut self,
+        tok: u32,
+        tokenizer: &Tokenizer,
+        cached: usize,
+        n_ctx: usize,
+    ) -> Step {
+        if let Some(step) = self.finished_already(tokenizer) {
+            return step;
+        }
+        debug_assert!(self.device_greedy());
+        self.emit(tok, None, tokenizer, cached, n_ctx)
+    }
+
     /// Samples from `logits` (the model's output after the last fed token; modified in place).
     /// `cached` is how many positions the sequence's cache holds and `n_ctx` its capacity: a
     /// token that could not be fed back ends the sequence with `Length`.

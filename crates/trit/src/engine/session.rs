@@ -2,7 +2,7 @@
 //! request evaluates only what follows the longest common prefix with the cache
 //! (multi-turn chat re-sends the whole history; only the new turn is computed).
 
-use crate::model::{KvCache, Logits, Model};
+use crate::model::{GreedyRun, KvCache, Logits, Model};
 use crate::sample::RowLogits;
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -121,6 +121,41 @@ impl Session {
         let row = self.run(&[token], |m, t, c| m.forward_top(t, c, k))?;
         self.last_evaluated -= 1;
         Ok(row)
+    }
+
+    /// Greedy decoding on the device from `first` ([`Model::generate_greedy`]): each produced
+    /// token goes to `accept` (false: not fed, the run ends); the fed tokens join the books.
+    /// `Ok(None)`: the model has no such loop, nothing ran.
+    pub fn generate_greedy(
+        &mut self,
+        first: u32,
+        accept: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<GreedyRun>> {
+        let room = self.n_ctx().saturating_sub(self.cache.len());
+        if room == 0 {
+            return Ok(None);
+        }
+        let mut offered = Vec::new();
+        let result = self
+            .model
+            .generate_greedy(first, &mut self.cache, room, &mut |t| {
+                offered.push(t);
+                accept(t)
+            });
+        match result {
+            Ok(Some(run)) => {
+                let fed_after_first = run.fed.saturating_sub(1).min(offered.len());
+                self.tokens.push(first);
+                self.tokens.extend_from_slice(&offered[..fed_after_first]);
+                debug_assert_eq!(self.tokens.len(), self.cache.len());
+                Ok(Some(run))
+            }
+            Ok(None) => Ok(None),
+            Err(e) => {
+                self.cache.truncate(self.tokens.len());
+                Err(e)
+            }
+        }
     }
 
     /// Evaluates tokens after the cache and returns logits for every one (perplexity).

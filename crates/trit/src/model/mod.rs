@@ -33,6 +33,16 @@ enum Net {
     External(Box<dyn ExternalNet>),
 }
 
+/// What a device's greedy loop did ([`ExternalNet::generate_greedy`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GreedyRun {
+    /// Tokens fed and kept in the cache: `first`, then the accepted tokens in order (all of
+    /// them but `pending`).
+    pub fed: usize,
+    /// The last accepted token, when the step budget ran out before it could be fed.
+    pub pending: Option<u32>,
+}
+
 /// A network computed outside this crate (on a GPU), behind the same `Model` so sessions,
 /// generation, chat and the benchmark drive it unchanged. The caches it gets hold positions
 /// only (`KvCache` rows of width 0): the backend keeps keys and values in its own memory;
@@ -80,6 +90,24 @@ pub trait ExternalNet: Send + Sync {
             cache,
             Logits::Last,
         )?))
+    }
+
+    /// Greedy decoding with the device choosing each next token itself (its argmax fed straight
+    /// into the next step, several steps in flight, no host round trip between them): feeds
+    /// `first` at position `cache.len()`, then offers each token it produces to `accept`, in
+    /// order. A token `accept` refuses is not fed, and steps the device already ran past it are
+    /// dropped; at most `max_steps` tokens are fed. The cache advances by [`GreedyRun::fed`].
+    /// `Ok(None)`: not supported, nothing ran (the caller steps token by token). By default: not
+    /// supported.
+    fn generate_greedy(
+        &self,
+        first: u32,
+        cache: &mut KvCache,
+        max_steps: usize,
+        accept: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<GreedyRun>> {
+        let _ = (first, cache, max_steps, accept);
+        Ok(None)
     }
 
     /// Gives `dst` (a new sequence's empty cache, without a slot yet) a device slot holding the
@@ -303,6 +331,23 @@ impl Model {
                 cache,
                 Logits::Last,
             )?)),
+        }
+    }
+
+    /// [`ExternalNet::generate_greedy`] where the backend has it; `Ok(None)` on the CPU
+    /// networks, for a cache in a batched device slot, and where the backend lacks it.
+    pub fn generate_greedy(
+        &self,
+        first: u32,
+        cache: &mut KvCache,
+        max_steps: usize,
+        accept: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Option<GreedyRun>> {
+        match &self.net {
+            Net::External(n) if cache.device_slot().is_none() => {
+                n.generate_greedy(first, cache, max_steps, accept)
+            }
+            _ => Ok(None),
         }
     }
 

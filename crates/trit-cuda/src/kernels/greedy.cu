@@ -1,0 +1,88 @@
+// Greedy decoding without the host in the loop (greedy.rs): a step's argmax becomes the next
+// step's token on the device, so consecutive steps run back to back — no logits copy, no host
+// wake-up, no launch between them.
+//
+//   row_argmax:  the best entry of the row as one 64-bit key, order_key(logit) << 32 | ~id, so
+//     the largest logit wins and among equal ones the lowest id — the host's `argmax` (first
+//     strictly larger entry). −0.0 counts as +0.0 (the host's `>` sees them equal). NaN entries
+//     are skipped, as the host's `>` skips them, and flagged: the host then stops with an error
+//     instead of continuing from garbage.
+//   take_argmax: one thread turns the key into the token at position + 1 (the next step's
+//     input), reports it with its flags to page-locked host memory at index position + 1,
+//     clears the key and flag for the next step and advances the position (it replaces the
+//     step's advance_position).
+//
+// order_key is topk.cu's.
+
+#define ARGMAX_THREADS 256
+
+__device__ __forceinline__ unsigned long long argmax_key(float l, unsigned id) {
+    if (l == 0.0f) l = 0.0f;  // −0.0 → +0.0
+    return ((unsigned long long)order_key(l) << 32) | (0xFFFFFFFFu - id);
+}
+
+__device__ __forceinline__ unsigned long long max_u64(unsigned long long a, unsigned long long b) {
+    return a > b ? a : b;
+}
+
+// Grid: enough blocks of ARGMAX_THREADS threads to give each thread about one float4 of the
+// row. `best` must hold 0 and `nan_seen` 0 before the first step (take_argmax leaves them so).
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
+row_argmax(const float* __restrict__ logits, int n, unsigned long long* best, unsigned* nan_seen) {
+    pdl_launch_dependents();
+    pdl_wait();
+    unsigned long long key = 0;
+    bool nan = false;
+    const int stride = gridDim.x * blockDim.x;
+    const int n4 = n / 4;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += stride) {
+        const float4 v = ((const float4*)logits)[i];
+        const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            if (e[j] != e[j]) {
+                nan = true;
+            } else {
+                key = max_u64(key, argmax_key(e[j], 4 * i + j));
+            }
+        }
+    }
+    for (int i = 4 * n4 + blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const float l = logits[i];
+        if (l != l) {
+            nan = true;
+        } else {
+            key = max_u64(key, argmax_key(l, i));
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) key = max_u64(key, __shfl_xor_sync(0xFFFFFFFFu, key, o));
+    __shared__ unsigned long long warp_best[ARGMAX_THREADS / 32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) warp_best[warp] = key;
+    if (__any_sync(0xFFFFFFFFu, nan) && lane == 0) atomicOr(nan_seen, 1u);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < ARGMAX_THREADS / 32; ++w) key = max_u64(key, warp_best[w]);
+        if (key != 0) atomicMax(best, key);
+    }
+}
+
+// One thread. `toks` holds n_toks positions (the next token is dropped past its end, where no
+// step can run); `ring` is mapped page-locked memory of n_toks + 1 entries: the token in the
+// low word, the flags in the high one (bit 0: a NaN in the row, bit 1: no entry at all).
+extern "C" __global__ void take_argmax(int* step, int* toks, int n_toks, unsigned long long* best,
+                                       unsigned* nan_seen, unsigned long long* ring) {
+    pdl_launch_dependents();
+    pdl_wait();
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const int pos = step[0];
+    const unsigned long long key = *best;
+    const unsigned tok = key == 0 ? 0u : 0xFFFFFFFFu - (unsigned)(key & 0xFFFFFFFFull);
+    const unsigned flags = (*nan_seen ? 1u : 0u) | (key == 0 ? 2u : 0u);
+    if (pos + 1 < n_toks) toks[pos + 1] = (int)tok;
+    if (pos + 1 <= n_toks) ring[pos + 1] = ((unsigned long long)flags << 32) | tok;
+    *best = 0;
+    *nan_seen = 0;
+    step[0] = pos + 1;
+}

@@ -1,0 +1,266 @@
+//! `generate` over a backend with a device greedy loop (`ExternalNet::generate_greedy`, what
+//! the GPU models do): the same text, tokens and finish reason as the CPU engine picking every
+//! token, for length limits, stop strings, end-of-sequence tokens, a cancelling reader and a
+//! chat's second turn — while the stand-in device runs steps past every refused token (as the
+//! GPU's graphs in flight do) and, in one variant, hands back a pending token when its step
+//! budget runs out. The stand-in computes with the CPU engine on a cache of its own, so any
+//! bookkeeping slip (a token fed twice or not at all, a cache length off by one) changes the
+//! text.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use trit::engine::{generate, GenerateOptions, Session};
+use trit::format::config::ModelConfig;
+use trit::model::{ExternalNet, GreedyRun, KvCache, Logits, Model};
+use trit::sample::sampler::argmax;
+use trit::sample::SamplingParams;
+use trit::tokenizer::Tokenizer;
+
+/// Steps the stand-in computes ahead of the token it offers (the GPU: two graphs of 4).
+const AHEAD: usize = 8;
+
+struct Device {
+    inner: Model,
+    own: Mutex<KvCache>,
+    /// Most steps one loop may feed (below the caller's budget: the pending-token path).
+    budget: usize,
+    /// Steps computed and dropped, over all loops.
+    dropped: AtomicUsize,
+    loops: AtomicUsize,
+}
+
+impl Device {
+    /// The logits after `tokens` at the caller's position: the stand-in's own cache is cut back
+    /// to the caller's first (it may hold steps run ahead).
+    fn run(&self, own: &mut KvCache, at: usize, tokens: &[u32]) -> trit::Result<Vec<f32>> {
+        own.truncate(at);
+        assert_eq!(own.len(), at, "the caller's cache is ahead of the device's");
+        self.inner.forward(tokens, own, Logits::Last)
+    }
+}
+
+impl ExternalNet for Device {
+    fn config(&self) -> &ModelConfig {
+        self.inner.config()
+    }
+    fn forward(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        which: Logits,
+    ) -> trit::Result<Vec<f32>> {
+        assert_eq!(which, Logits::Last);
+        let mut own = self.own.lock().unwrap();
+        let row = self.run(&mut own, cache.len(), tokens)?;
+        cache.advance(tokens.len());
+        Ok(row)
+    }
+    fn generate_greedy(
+        &self,
+        first: u32,
+        cache: &mut KvCache,
+        max_steps: usize,
+        accept: &mut dyn FnMut(u32) -> bool,
+    ) -> trit::Result<Option<GreedyRun>> {
+        self.loops.fetch_add(1, Ordering::SeqCst);
+        let max_steps = max_steps.min(self.budget);
+        let mut own = self.own.lock().unwrap();
+        let start = cache.len();
+        own.truncate(start);
+        // fed[i] is the input of step i; out[i] its argmax.
+        let (mut fed, mut out) = (vec![first], Vec::new());
+        let mut offered = 0;
+        loop {
+            while out.len() < (offered + AHEAD).min(max_steps) {
+                let row = self
+                    .inner
+                    .forward(&[fed[out.len()]], &mut own, Logits::Last)?;
+                let t = argmax(&row);
+                out.push(t);
+                fed.push(t);
+            }
+            if offered == out.len() {
+                cache.advance(max_steps);
+                return Ok(Some(GreedyRun {
+                    fed: max_steps,
+                    pending: out.last().copied(),
+                }));
+            }
+            let t = out[offered];
+            offered += 1;
+            if !accept(t) {
+                self.dropped
+                    .fetch_add(out.len() - offered, Ordering::SeqCst);
+                cache.advance(offered);
+                return Ok(Some(GreedyRun {
+                    fed: offered,
+                    pending: None,
+                }));
+            }
+        }
+    }
+    fn weight_bytes(&self) -> usize {
+        self.inner.weight_bytes()
+    }
+    fn bytes_per_token(&self) -> usize {
+        self.inner.bytes_per_token()
+    }
+}
+
+fn default_model() -> trit::format::ModelFiles {
+    let dir = common::repo_root().join("models/default");
+    let path = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "gguf"))
+        .expect("the default model is committed");
+    trit::format::open(&path).unwrap()
+}
+
+fn device(files: &trit::format::ModelFiles, budget: usize) -> Arc<Device> {
+    let inner = Model::load(files, 2).unwrap();
+    let own = Mutex::new(inner.new_cache(256));
+    Arc::new(Device {
+        inner,
+        own,
+        budget,
+        dropped: AtomicUsize::new(0),
+        loops: AtomicUsize::new(0),
+    })
+}
+
+/// Text, tokens, finish, prompt tokens computed (prefix reuse), the session's cached tokens.
+type Outcome = (String, Vec<u32>, &'static str, usize, Vec<u32>);
+
+/// `generate` for each prompt in turn in one session; the reader cancels after `cancel_at`
+/// pieces of text.
+fn run(
+    m: &Arc<Model>,
+    tok: &Tokenizer,
+    prompts: &[&[u32]],
+    opts: &GenerateOptions,
+    cancel_at: usize,
+) -> Vec<Outcome> {
+    let mut s = Session::new(m.clone(), 256);
+    prompts
+        .iter()
+        .map(|p| {
+            let mut pieces = 0;
+            let g = generate(&mut s, tok, p, opts, &mut |_| {
+                pieces += 1;
+                pieces < cancel_at
+            })
+            .unwrap();
+            (
+                g.text,
+                g.tokens,
+                g.finish.as_str(),
+                g.prompt_evaluated,
+                s.tokens().to_vec(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn generate_over_a_device_loop_equals_the_cpu_picking_every_token() {
+    let files = default_model();
+    let tok = Tokenizer::from_source(&files.tokenizer).unwrap();
+    let cpu = Arc::new(Model::load(&files, 2).unwrap());
+    let prompt = tok.encode("The old lighthouse keeper said", false).unwrap();
+    let base = GenerateOptions {
+        max_tokens: 30,
+        sampling: SamplingParams::greedy(),
+        stop: Vec::new(),
+        eos: Vec::new(),
+        json: None,
+    };
+    let free = run(&cpu, &tok, &[&prompt], &base, usize::MAX)[0].clone();
+    let words: Vec<&str> = free.0.split_whitespace().collect();
+    assert!(words.len() > 6, "{:?}", free.0);
+    let stop = GenerateOptions {
+        stop: vec![words[4].to_string()],
+        ..base.clone()
+    };
+    let eos = GenerateOptions {
+        eos: vec![free.1[9]],
+        ..base.clone()
+    };
+    let second: Vec<u32> = prompt
+        .iter()
+        .chain(&free.1)
+        .chain(&prompt)
+        .copied()
+        .collect();
+    for budget in [usize::MAX, 5] {
+        let dev = device(&files, budget);
+        let dev_model = Arc::new(Model::from_external(Box::new(Shared(Arc::clone(&dev)))));
+        for (opts, cancel_at) in [
+            (&base, usize::MAX),
+            (&stop, usize::MAX),
+            (&eos, usize::MAX),
+            (&base, 7),
+        ] {
+            let prompts: [&[u32]; 3] = [&prompt, &second, &prompt];
+            let want = run(&cpu, &tok, &prompts, opts, cancel_at);
+            let got = run(&dev_model, &tok, &prompts, opts, cancel_at);
+            assert_eq!(
+                got, want,
+                "budget {budget}, cancel at {cancel_at}, {opts:?}"
+            );
+        }
+        assert!(
+            dev.loops.load(Ordering::SeqCst) >= 12,
+            "the device loop ran"
+        );
+        assert!(
+            dev.dropped.load(Ordering::SeqCst) > 0,
+            "steps ran past refused tokens"
+        );
+    }
+    // Sampling with a temperature never takes the loop.
+    let dev = device(&files, usize::MAX);
+    let dev_model = Arc::new(Model::from_external(Box::new(Shared(Arc::clone(&dev)))));
+    let sampled = GenerateOptions {
+        sampling: SamplingParams {
+            temperature: 0.8,
+            seed: 5,
+            ..SamplingParams::default()
+        },
+        ..base.clone()
+    };
+    assert_eq!(
+        run(&dev_model, &tok, &[&prompt], &sampled, usize::MAX),
+        run(&cpu, &tok, &[&prompt], &sampled, usize::MAX)
+    );
+    assert_eq!(dev.loops.load(Ordering::SeqCst), 0);
+}
+
+/// A shared handle on a `Device`, as the model (the test keeps the other to read counters).
+struct Shared(Arc<Device>);
+
+impl ExternalNet for Shared {
+    fn config(&self) -> &ModelConfig {
+        self.0.config()
+    }
+    fn forward(&self, t: &[u32], c: &mut KvCache, w: Logits) -> trit::Result<Vec<f32>> {
+        self.0.forward(t, c, w)
+    }
+    fn generate_greedy(
+        &self,
+        first: u32,
+        cache: &mut KvCache,
+        max_steps: usize,
+        accept: &mut dyn FnMut(u32) -> bool,
+    ) -> trit::Result<Option<GreedyRun>> {
+        self.0.generate_greedy(first, cache, max_steps, accept)
+    }
+    fn weight_bytes(&self) -> usize {
+        self.0.weight_bytes()
+    }
+    fn bytes_per_token(&self) -> usize {
+        self.0.bytes_per_token()
+    }
+}
