@@ -28,9 +28,15 @@ const IN_FLIGHT: usize = 3;
 /// `ARGMAX_THREADS` in greedy.cu.
 const ARGMAX_THREADS: u32 = 256;
 
-/// Flags of a ring entry (high word): a NaN in the row, no entry at all (every entry NaN).
+/// Flags of a ring entry (high word): a NaN in the row, no entry at all (every entry NaN), a
+/// stop id (the device set its halt word there).
 const FLAG_NAN: u64 = 1 << 32;
 const FLAG_EMPTY: u64 = 2 << 32;
+const FLAG_STOP: u64 = 4 << 32;
+
+/// Stop ids the device knows (`take_argmax` reads a count, then the ids); a longer list halts
+/// nothing, so a hybrid replays after such a stop instead.
+const MAX_STOP_IDS: usize = 32;
 
 /// Page-locked host memory the GPU writes in place: one 64-bit entry per position.
 struct MappedRing {
@@ -94,6 +100,10 @@ pub(crate) struct GreedyBufs {
     /// The step's best key (greedy.cu) and its NaN flag; zero between steps.
     best: CudaSlice<u64>,
     nan_seen: CudaSlice<u32>,
+    /// The caller's stop ids: a count, then up to MAX_STOP_IDS ids.
+    stop: CudaSlice<i32>,
+    /// A halt word for models without one of their own (dense: nothing reads it).
+    halt: CudaSlice<i32>,
     /// Per position p, the token the step at p − 1 chose (`n_toks + 1` entries).
     ring: MappedRing,
     /// One step ended by the pick, captured on first use.
@@ -106,6 +116,8 @@ impl GreedyBufs {
         Ok(GreedyBufs {
             best: gpu.zeros(1)?,
             nan_seen: gpu.zeros(1)?,
+            stop: gpu.zeros(MAX_STOP_IDS + 1)?,
+            halt: gpu.zeros(1)?,
             ring: MappedRing::new(gpu, n_toks + 1)?,
             graph: None,
         })
@@ -146,6 +158,8 @@ pub(crate) struct Pick {
     pub(crate) step: u64,
     pub(crate) toks: u64,
     pub(crate) n_toks: usize,
+    /// The word a stop id sets (`None`: the loop's own, which nothing reads).
+    pub(crate) halt: Option<u64>,
 }
 
 /// Enqueues the argmax of the step's logits and the kernel that makes it the next token.
@@ -175,6 +189,8 @@ fn enqueue_pick(gpu: &Gpu, b: &GreedyBufs, pick: &Pick) -> Result<()> {
             Arg::Ptr(best),
             Arg::Ptr(nan),
             Arg::Ptr(b.ring.dev),
+            Arg::Ptr(ptr(&b.stop, s)),
+            Arg::Ptr(pick.halt.unwrap_or(ptr(&b.halt, s))),
         ],
     )
 }
@@ -184,17 +200,22 @@ pub(crate) struct Driven {
     pub(crate) run: GreedyRun,
     /// Steps the device ran (at least `run.fed`; the rest were dropped).
     pub(crate) ran: usize,
+    /// The refused token was a stop id the device knew: it set the halt word there, so a
+    /// hybrid's state stands where the fed tokens end.
+    pub(crate) halted: bool,
 }
 
 /// Runs the host side of the loop: `launch(bufs)` enqueues one step (the first reads the token
 /// the caller put at `start`), at most `max_steps` in all; each step's token goes to `accept`
-/// in order once the step is done. Zeroes the pick's scratch first, so a loop called off by an
-/// error leaves nothing behind.
+/// in order once the step is done. `stop`: ids `accept` always refuses (end of sequence),
+/// which set the halt word on the device. Zeroes the pick's scratch first, so a loop called
+/// off by an error leaves nothing behind.
 pub(crate) fn drive(
     gpu: &Gpu,
     bufs: &mut GreedyBufs,
     start: usize,
     max_steps: usize,
+    stop: &[u32],
     launch: &mut dyn FnMut(&mut GreedyBufs) -> Result<()>,
     accept: &mut dyn FnMut(u32) -> bool,
 ) -> Result<Driven> {
@@ -203,6 +224,17 @@ pub(crate) fn drive(
         .map_err(|e| cuda_err("clearing the argmax", e))?;
     s.memset_zeros(&mut bufs.nan_seen)
         .map_err(|e| cuda_err("clearing the argmax", e))?;
+    let mut ids = vec![0i32; MAX_STOP_IDS + 1];
+    if stop.len() <= MAX_STOP_IDS {
+        ids[0] = stop.len() as i32;
+        for (d, &t) in ids[1..].iter_mut().zip(stop) {
+            *d = t as i32;
+        }
+    }
+    s.memcpy_htod(&ids, &mut bufs.stop)
+        .map_err(|e| cuda_err("uploading stop ids", e))?;
+    s.memset_zeros(&mut bufs.halt)
+        .map_err(|e| cuda_err("clearing the halt word", e))?;
     let mut in_flight = VecDeque::new();
     let (mut issued, mut offered) = (0, 0);
     let mut last = None;
@@ -241,6 +273,7 @@ pub(crate) fn drive(
                         pending: None,
                     },
                     ran: issued,
+                    halted: entry & FLAG_STOP != 0,
                 });
             }
             last = Some(tok);
@@ -252,6 +285,7 @@ pub(crate) fn drive(
             pending: last,
         },
         ran: issued,
+        halted: false,
     })
 }
 
@@ -264,6 +298,7 @@ impl crate::model::CudaModel {
         first: u32,
         cache: &mut trit::model::KvCache,
         max_steps: usize,
+        stop: &[u32],
         accept: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Option<GreedyRun>> {
         use crate::model::{check_forward, poisoned, CudaModel};
@@ -291,6 +326,7 @@ impl crate::model::CudaModel {
             step: ptr(&st.b.step, s),
             toks: ptr(&st.b.toks, s),
             n_toks: self.ctx,
+            halt: None,
         };
         let kv = CudaModel::own_kv(st);
         let enqueue = || self.enqueue_layers(st, true, &kv, false);
@@ -299,6 +335,7 @@ impl crate::model::CudaModel {
             &mut bufs,
             pos0,
             max_steps,
+            stop,
             &mut |b| b.launch_step(&st.gpu, self.use_graph, &pick, &enqueue),
             accept,
         );
@@ -334,6 +371,7 @@ pub fn argmax_once(gpu: &Gpu, row: &[f32]) -> Result<(u32, u32)> {
         step: ptr(&step, s),
         toks: ptr(&toks, s),
         n_toks: 2,
+        halt: None,
     };
     enqueue_pick(gpu, &bufs, &pick)?;
     gpu.sync()?;

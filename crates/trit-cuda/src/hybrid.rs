@@ -66,6 +66,9 @@ struct Buffers {
     h: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     host_logits: PinnedHostSlice<f32>,
+    /// Set by the greedy loop at an end-of-sequence token: the DeltaNet step then leaves the
+    /// recurrent state alone (zero outside the loop).
+    halt: CudaSlice<i32>,
     /// Per position `rotary_dim / 2` (cos, sin) pairs.
     cos_sin: CudaSlice<f32>,
     /// The single path's sequence.
@@ -353,6 +356,7 @@ impl Buffers {
             h: gpu.zeros(c.ffn)?,
             logits: gpu.zeros(c.vocab)?,
             host_logits: alloc_host_logits(gpu, c.vocab)?,
+            halt: gpu.zeros(1)?,
             cos_sin: gpu.upload(&cs)?,
             seq: SeqBufs::new(gpu, c, hy, ctx)?,
         })
@@ -470,6 +474,7 @@ impl CudaHybrid {
         first: u32,
         pos0: usize,
         max_steps: usize,
+        stop: &[u32],
         accept: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Option<GreedyRun>> {
         if !self.greedy_loop || max_steps == 0 || pos0 > st.history.len() {
@@ -511,6 +516,7 @@ impl CudaHybrid {
                 step: ptr(&st.b.step, s),
                 toks: ptr(&st.b.toks, s),
                 n_toks: self.ctx,
+                halt: Some(ptr(&st.b.halt, s)),
             };
             let enqueue = || self.enqueue_layers(st, true);
             crate::greedy::drive(
@@ -518,6 +524,7 @@ impl CudaHybrid {
                 &mut bufs,
                 pos0,
                 max_steps,
+                stop,
                 &mut |b| b.launch_step(&st.gpu, self.use_graph, &pick, &enqueue),
                 &mut |t| {
                     seen.push(t);
@@ -526,6 +533,8 @@ impl CudaHybrid {
             )
         };
         st.greedy = Some(bufs);
+        // Ordinary steps must find the halt word clear (queued behind the loop's steps).
+        let cleared = st.gpu.stream.clone().memset_zeros(&mut st.b.halt);
         let d = match driven {
             Ok(d) => d,
             Err(e) => {
@@ -533,14 +542,26 @@ impl CudaHybrid {
                 return Err(e);
             }
         };
+        cleared.map_err(|e| crate::device::cuda_err("clearing the halt word", e))?;
         let fed = d.run.fed;
         st.history.truncate(pos0);
         st.history.push(first);
         st.history.extend_from_slice(&seen[..fed - 1]);
         st.device_pos = Some(pos0 + d.ran);
-        // Steps run past the last fed token moved the state on: the next forward replays.
-        st.seq_len = (d.ran == fed).then_some(pos0 + fed);
+        // Steps run past the last fed token moved the state on (the next forward replays),
+        // unless a stop id halted them (`deltanet_step*` leave the state alone then).
+        let kept = d.ran == fed || (d.halted && self.halts(st));
+        st.seq_len = kept.then_some(pos0 + fed);
         Ok(Some(d.run))
+    }
+
+    /// Whether every DeltaNet layer's state update happens in one `deltanet_step*` kernel of
+    /// the decode step, the kernels that honour the halt word.
+    fn halts(&self, st: &State) -> bool {
+        st.w.layers.iter().all(|l| match &l.mixer {
+            hybrid_weights::DevMixer::Linear(m) => self.one_kernel_mixer(m),
+            hybrid_weights::DevMixer::Full(_) => true,
+        })
     }
 
     fn read_logits(&self, st: &mut State) -> Result<Vec<f32>> {
@@ -607,13 +628,14 @@ impl ExternalNet for CudaHybrid {
         first: u32,
         cache: &mut KvCache,
         max_steps: usize,
+        stop: &[u32],
         accept: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Option<GreedyRun>> {
         check_forward(&[first], cache, self.config.vocab, self.ctx)?;
         let pos0 = cache.len();
         let max_steps = max_steps.min(self.ctx - pos0);
         let mut st = self.state.lock().map_err(|_| poisoned())?;
-        let run = self.greedy_locked(&mut st, first, pos0, max_steps, accept)?;
+        let run = self.greedy_locked(&mut st, first, pos0, max_steps, stop, accept)?;
         if let Some(r) = run {
             cache.advance(r.fed);
         }

@@ -728,9 +728,10 @@ impl ExternalNet for CudaModel {
         first: u32,
         cache: &mut KvCache,
         max_steps: usize,
+        stop: &[u32],
         accept: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Option<trit::model::GreedyRun>> {
-        self.generate_greedy_gpu(first, cache, max_steps, accept)
+        self.generate_greedy_gpu(first, cache, max_steps, stop, accept)
     }
 
     fn weight_bytes(&self) -> usize {

@@ -96,7 +96,7 @@ fn device_greedy(
     let first = argmax(&s.prefill(prompt).unwrap());
     let mut got = vec![first];
     let run = s
-        .generate_greedy(first, &mut |t| {
+        .generate_greedy(first, usize::MAX, &[], &mut |t| {
             if got.len() > accept_n {
                 return false;
             }
@@ -171,7 +171,7 @@ fn dense_device_loop_runs_to_the_end_of_the_context() {
     let first = argmax(&s.prefill(&p).unwrap());
     let mut got = vec![first];
     let run = s
-        .generate_greedy(first, &mut |t| {
+        .generate_greedy(first, usize::MAX, &[], &mut |t| {
             got.push(t);
             true
         })
@@ -254,8 +254,9 @@ fn run_gen(
         .collect()
 }
 
-/// The hybrid (tiny-qwen35): 20 device-picked tokens equal the host's (the same kernels); the
-/// loop ran past the refused token, so the next ordinary step replays the sequence, and its
+/// The hybrid (tiny-qwen35): device-picked tokens equal the host's (the same kernels); a loop
+/// refusing a stop id it was told about keeps the state (below); a loop refusing any other
+/// token ran past it, so the next ordinary step replays the sequence, and its
 /// logits equal those of a fresh model given the whole sequence at once (the same prompt
 /// path). Then a loop from position 0 on a model whose state stands elsewhere (a new
 /// sequence) zeroes the state first: the same tokens as the first time.
@@ -282,13 +283,38 @@ fn hybrid_device_loop_gives_the_tokens_and_state_of_host_steps() {
     let host = Arc::new(load_model(&files, &options(ctx, false)).unwrap());
     let mut s = Session::new(host, ctx);
     let mut logits = s.prefill(&p).unwrap();
-    let mut want = Vec::new();
+    let (mut want, mut rows) = (Vec::new(), Vec::new());
     for _ in 0..24 {
         let t = argmax(&logits);
         want.push(t);
         logits = s.step(t).unwrap();
+        rows.push(logits.clone());
     }
     let dev = Arc::new(load_model(&files, &options(ctx, true)).unwrap());
+    // An end-of-sequence id the loop meets at step k (its first occurrence): the device halts
+    // the DeltaNet steps queued past it, so the state stays where the fed tokens end — the
+    // next ordinary step equals the host twin's bit for bit (a replay would not).
+    let k = (6..24)
+        .find(|&k| !want[..k].contains(&want[k]))
+        .expect("a token not seen before");
+    let mut halted = Session::new(dev.clone(), ctx);
+    halted.prefill(&p).unwrap();
+    let mut seen = vec![want[0]];
+    let run = halted
+        .generate_greedy(want[0], usize::MAX, &[want[k]], &mut |t| {
+            seen.push(t);
+            t != want[k]
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!((run.fed, run.pending), (k, None));
+    assert_eq!(seen, want[..=k]);
+    assert_eq!(
+        halted.step(want[k]).unwrap(),
+        rows[k],
+        "the state after a halted loop"
+    );
+    drop(halted);
     let (mut s, got) = device_greedy(dev.clone(), ctx, &p, 20);
     assert_eq!(got, want[..21]);
     let after = s.step(want[21]).unwrap();
@@ -303,7 +329,7 @@ fn hybrid_device_loop_gives_the_tokens_and_state_of_host_steps() {
     let mut c = dev.new_cache(ctx);
     let mut again = vec![want[0]];
     let run = dev
-        .generate_greedy(want[0], &mut c, 10, &mut |t| {
+        .generate_greedy(want[0], &mut c, 10, &[], &mut |t| {
             again.push(t);
             true
         })

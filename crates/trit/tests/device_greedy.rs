@@ -29,6 +29,8 @@ struct Device {
     /// Steps computed and dropped, over all loops.
     dropped: AtomicUsize,
     loops: AtomicUsize,
+    /// The stop ids each loop was given.
+    stops_seen: Mutex<Vec<Vec<u32>>>,
 }
 
 impl Device {
@@ -62,9 +64,11 @@ impl ExternalNet for Device {
         first: u32,
         cache: &mut KvCache,
         max_steps: usize,
+        stop: &[u32],
         accept: &mut dyn FnMut(u32) -> bool,
     ) -> trit::Result<Option<GreedyRun>> {
         self.loops.fetch_add(1, Ordering::SeqCst);
+        self.stops_seen.lock().unwrap().push(stop.to_vec());
         let max_steps = max_steps.min(self.budget);
         let mut own = self.own.lock().unwrap();
         let start = cache.len();
@@ -128,6 +132,7 @@ fn device(files: &trit::format::ModelFiles, budget: usize) -> Arc<Device> {
         budget,
         dropped: AtomicUsize::new(0),
         loops: AtomicUsize::new(0),
+        stops_seen: Mutex::new(Vec::new()),
     })
 }
 
@@ -215,6 +220,8 @@ fn generate_over_a_device_loop_equals_the_cpu_picking_every_token() {
             dev.loops.load(Ordering::SeqCst) >= 12,
             "the device loop ran"
         );
+        let stops = dev.stops_seen.lock().unwrap();
+        assert!(stops.contains(&eos.eos), "the EOS ids reach the device");
         assert!(
             dev.dropped.load(Ordering::SeqCst) > 0,
             "steps ran past refused tokens"
@@ -253,9 +260,11 @@ impl ExternalNet for Shared {
         first: u32,
         cache: &mut KvCache,
         max_steps: usize,
+        stop: &[u32],
         accept: &mut dyn FnMut(u32) -> bool,
     ) -> trit::Result<Option<GreedyRun>> {
-        self.0.generate_greedy(first, cache, max_steps, accept)
+        self.0
+            .generate_greedy(first, cache, max_steps, stop, accept)
     }
     fn weight_bytes(&self) -> usize {
         self.0.weight_bytes()

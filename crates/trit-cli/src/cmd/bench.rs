@@ -318,7 +318,7 @@ impl Bench {
     fn generate_greedy(&mut self, cache: &mut KvCache, n: usize) -> Result<()> {
         let first = self.rng.next(self.vocab);
         let mut left = n;
-        let run = self.model.generate_greedy(first, cache, n, &mut |_| {
+        let run = self.model.generate_greedy(first, cache, n, &[], &mut |_| {
             left -= 1;
             left > 0
         })?;

@@ -250,6 +250,7 @@ impl CudaHybrid {
             let kernel = self.dn_step.expect("use_prefill checked one_kernel_mixer");
             for t in 0..n {
                 let io = DnStepIo {
+                    halt: 0,
                     x: p(&pb.x) + (4 * t * d) as u64,
                     proj: p(&pb.proj) + (4 * t * rows) as u64,
                     step: ptr(&pb.pos, s) + (4 * t) as u64,

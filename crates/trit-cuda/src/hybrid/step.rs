@@ -47,6 +47,8 @@ enum Input {
 /// The per-token device addresses of one `deltanet_step*` launch: the residual row, the
 /// q‖k‖v‖z row, the position, the gated-norm output row and its int8 blocks (0: none).
 pub(super) struct DnStepIo {
+    /// The greedy loop's halt word (0: none; see greedy.cu).
+    pub(super) halt: u64,
     pub(super) x: u64,
     pub(super) proj: u64,
     pub(super) step: u64,
@@ -490,6 +492,7 @@ impl CudaHybrid {
                 Arg::Ptr(io.out),
                 Arg::Ptr(io.q),
                 Arg::Ptr(io.meta),
+                Arg::Ptr(io.halt),
             ],
         )
     }
@@ -532,6 +535,7 @@ impl CudaHybrid {
                 (self.dn_step.expect("one_kernel_mixer checked"), 512)
             };
             let io = DnStepIo {
+                halt: ptr(&b.halt, s),
                 x: p(&b.x),
                 proj: p(&b.proj),
                 step: ptr(&b.step, s),

@@ -198,7 +198,7 @@ __device__ __forceinline__ void deltanet_step_impl(
     const float* __restrict__ a_neg, const float* __restrict__ dt_bias,
     float* __restrict__ state, int hk, int dk, int dv, int v_tiled,
     const float* __restrict__ norm_w, int regroup, float* __restrict__ out, i8* q,
-    float2* meta) {
+    float2* meta, const int* halt) {
     __shared__ float qs[DN_MAX_DK];
     __shared__ float ks[DN_MAX_DK];
     __shared__ float vs[DN_MAX_DV];
@@ -206,6 +206,10 @@ __device__ __forceinline__ void deltanet_step_impl(
     __shared__ float scratch[32];
     __shared__ float zs[HELD ? DN_MAX_DV : 1];
     pdl_launch_dependents();
+    // The greedy loop's steps past an end-of-sequence token leave the state as it is (greedy.cu
+    // sets `halt`; those steps' outputs are dropped). Read before the wait: only the last
+    // kernel of a step's graph writes it, and a graph starts once the previous one has ended.
+    if (halt != nullptr && *halt) return;
     const int head = blockIdx.x, hv = gridDim.x;
     const int t = threadIdx.x, T = blockDim.x;
     const int lane = t & 31, warp = t >> 5, nw = T >> 5;
@@ -408,11 +412,12 @@ __device__ __forceinline__ void deltanet_step_impl(
         const float* x, const float* gamma, float eps, int d, const float* ab_w,                  \
         const float* proj, float* window, const float* conv_w, int kernel, const int* step,      \
         const float* a_neg, const float* dt_bias, float* state, int hk, int dk, int dv,          \
-        int v_tiled, const float* norm_w, int regroup, float* out, i8* q, float2* meta) {        \
+        int v_tiled, const float* norm_w, int regroup, float* out, i8* q, float2* meta,          \
+        const int* halt) {                                                                        \
         deltanet_step_impl<ROWS, HOIST, EARLY, HELD>(x, gamma, eps, d, ab_w, proj, window,       \
                                                      conv_w, kernel, step, a_neg, dt_bias, state, \
                                                      hk, dk, dv, v_tiled, norm_w, regroup, out, q, \
-                                                     meta);                                       \
+                                                     meta, halt);                                 \
     }
 DELTANET_STEP(deltanet_step, 4, false, false, false, __launch_bounds__(512))
 DELTANET_STEP(deltanet_step_hoisted, 8, true, false, false, __launch_bounds__(512))
@@ -437,5 +442,5 @@ extern "C" __global__ void __launch_bounds__(512) deltanet_step_slots(
     deltanet_step_impl<4, false, false, false>(
         x + (size_t)r * d, gamma, eps, d, ab_w, proj + (size_t)r * proj_row, (float*)e[0],
         conv_w, kernel, step + r, a_neg, dt_bias, (float*)e[1], hk, dk, dv, v_tiled, norm_w,
-        regroup, out + (size_t)r * gridDim.x * dv, nullptr, nullptr);
+        regroup, out + (size_t)r * gridDim.x * dv, nullptr, nullptr, nullptr);
 }

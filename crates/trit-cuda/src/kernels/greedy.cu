@@ -10,7 +10,9 @@
 //   take_argmax: one thread turns the key into the token at position + 1 (the next step's
 //     input), reports it with its flags to page-locked host memory at index position + 1,
 //     clears the key and flag for the next step and advances the position (it replaces the
-//     step's advance_position).
+//     step's advance_position). A token among the caller's stop ids sets `halt`, which a
+//     hybrid's DeltaNet step checks: the steps queued past the end of a reply then leave the
+//     recurrent state where the reply ended.
 //
 // order_key is topk.cu's.
 
@@ -70,16 +72,22 @@ row_argmax(const float* __restrict__ logits, int n, unsigned long long* best, un
 
 // One thread. `toks` holds n_toks positions (the next token is dropped past its end, where no
 // step can run); `ring` is mapped page-locked memory of n_toks + 1 entries: the token in the
-// low word, the flags in the high one (bit 0: a NaN in the row, bit 1: no entry at all).
+// low word, the flags in the high one (bit 0: a NaN in the row, bit 1: no entry at all, bit 2:
+// the token is one of the `stop` ids — stop[0] of them, from stop[1] — and `halt` was set: a
+// hybrid's later steps leave its recurrent state alone, see deltanet.cu).
 extern "C" __global__ void take_argmax(int* step, int* toks, int n_toks, unsigned long long* best,
-                                       unsigned* nan_seen, unsigned long long* ring) {
+                                       unsigned* nan_seen, unsigned long long* ring,
+                                       const int* stop, int* halt) {
     pdl_launch_dependents();
     pdl_wait();
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     const int pos = step[0];
     const unsigned long long key = *best;
     const unsigned tok = key == 0 ? 0u : 0xFFFFFFFFu - (unsigned)(key & 0xFFFFFFFFull);
-    const unsigned flags = (*nan_seen ? 1u : 0u) | (key == 0 ? 2u : 0u);
+    bool stops = false;
+    for (int i = 1; i <= stop[0]; ++i) stops |= (unsigned)stop[i] == tok;
+    if (stops && *halt == 0) *halt = 1;
+    const unsigned flags = (*nan_seen ? 1u : 0u) | (key == 0 ? 2u : 0u) | (stops ? 4u : 0u);
     if (pos + 1 < n_toks) toks[pos + 1] = (int)tok;
     if (pos + 1 <= n_toks) ring[pos + 1] = ((unsigned long long)flags << 32) | tok;
     *best = 0;

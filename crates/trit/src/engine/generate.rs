@@ -183,9 +183,11 @@ fn greedy_on_device(
 ) -> Result<DeviceRun> {
     let base = session.tokens().len();
     let n_ctx = session.n_ctx();
+    // Steps up to the length limit (so none runs past it), EOS ids for the device to act on.
+    let (left, stop) = (decoding.tokens_left(), decoding.eos().to_vec());
     let mut finished = false;
     let mut offered = 0;
-    let run = session.generate_greedy(first, &mut |t| {
+    let run = session.generate_greedy(first, left, &stop, &mut |t| {
         offered += 1;
         // The cache then holds `first` and the tokens offered before `t`.
         let step = decoding.step_token(t, tokenizer, base + offered, n_ctx);

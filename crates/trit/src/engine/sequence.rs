@@ -76,6 +76,16 @@ impl Decoding {
         self.generated
     }
 
+    /// Tokens this sequence may still produce before its length limit.
+    pub fn tokens_left(&self) -> usize {
+        self.max_tokens.saturating_sub(self.generated)
+    }
+
+    /// End-of-sequence tokens: they end the sequence whenever they are produced.
+    pub fn eos(&self) -> &[u32] {
+        &self.eos
+    }
+
     pub fn finish_reason(&self) -> Option<FinishReason> {
         self.finish
     }

@@ -123,22 +123,25 @@ impl Session {
         Ok(row)
     }
 
-    /// Greedy decoding on the device from `first` ([`Model::generate_greedy`]): each produced
-    /// token goes to `accept` (false: not fed, the run ends); the fed tokens join the books.
-    /// `Ok(None)`: the model has no such loop, nothing ran.
+    /// Greedy decoding on the device from `first` ([`Model::generate_greedy`]): at most
+    /// `max_steps` tokens fed (and the context's room); each produced token goes to `accept`
+    /// (false: not fed, the run ends; always for a token of `stop`); the fed tokens join the
+    /// books. `Ok(None)`: the model has no such loop, nothing ran.
     pub fn generate_greedy(
         &mut self,
         first: u32,
+        max_steps: usize,
+        stop: &[u32],
         accept: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Option<GreedyRun>> {
-        let room = self.n_ctx().saturating_sub(self.cache.len());
+        let room = self.n_ctx().saturating_sub(self.cache.len()).min(max_steps);
         if room == 0 {
             return Ok(None);
         }
         let mut offered = Vec::new();
         let result = self
             .model
-            .generate_greedy(first, &mut self.cache, room, &mut |t| {
+            .generate_greedy(first, &mut self.cache, room, stop, &mut |t| {
                 offered.push(t);
                 accept(t)
             });

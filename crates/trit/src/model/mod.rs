@@ -96,17 +96,19 @@ pub trait ExternalNet: Send + Sync {
     /// into the next step, several steps in flight, no host round trip between them): feeds
     /// `first` at position `cache.len()`, then offers each token it produces to `accept`, in
     /// order. A token `accept` refuses is not fed, and steps the device already ran past it are
-    /// dropped; at most `max_steps` tokens are fed. The cache advances by [`GreedyRun::fed`].
-    /// `Ok(None)`: not supported, nothing ran (the caller steps token by token). By default: not
-    /// supported.
+    /// dropped; at most `max_steps` tokens are fed. `stop`: tokens `accept` always refuses (end
+    /// of sequence), which the device may act on itself (a hybrid's state then stays where the
+    /// fed tokens end). The cache advances by [`GreedyRun::fed`]. `Ok(None)`: not supported,
+    /// nothing ran (the caller steps token by token). By default: not supported.
     fn generate_greedy(
         &self,
         first: u32,
         cache: &mut KvCache,
         max_steps: usize,
+        stop: &[u32],
         accept: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Option<GreedyRun>> {
-        let _ = (first, cache, max_steps, accept);
+        let _ = (first, cache, max_steps, stop, accept);
         Ok(None)
     }
 
@@ -341,11 +343,12 @@ impl Model {
         first: u32,
         cache: &mut KvCache,
         max_steps: usize,
+        stop: &[u32],
         accept: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Option<GreedyRun>> {
         match &self.net {
             Net::External(n) if cache.device_slot().is_none() => {
-                n.generate_greedy(first, cache, max_steps, accept)
+                n.generate_greedy(first, cache, max_steps, stop, accept)
             }
             _ => Ok(None),
         }
