@@ -199,6 +199,7 @@ pub const KERNELS: &[&str] = &[
     "row_top_parts",
     "row_top_merge",
     "row_argmax",
+    "sample_candidates",
     "take_argmax",
     "ternary_gemm_small_wide_f16",
     "ternary_gemm_small_wide_f32",

@@ -1,4 +1,4 @@
-//! Greedy decoding with the GPU choosing each token itself (`ExternalNet::generate_greedy`):
+//! Greedy decoding with the GPU choosing each token itself (`ExternalNet::decode_on_device`):
 //! every step ends with its row's argmax (`kernels/greedy.cu`), written where the next step
 //! reads its token, so steps run back to back without the host between them — no logits
 //! copy, no wake-up of the host thread, no launch on the critical path. Each step is one
@@ -16,9 +16,10 @@
 
 use crate::device::{cuda_err, ptr, Arg, Gpu};
 use crate::graph::StepGraph;
+use crate::topk::TopBuffers;
 use cudarc::driver::{sys, CudaSlice};
 use std::collections::VecDeque;
-use trit::model::GreedyRun;
+use trit::model::{DeviceLoopRun, DevicePick};
 use trit::{Error, Result};
 
 /// Steps queued on the GPU while the host waits for the oldest (at most this many run past a
@@ -28,11 +29,13 @@ const IN_FLIGHT: usize = 3;
 /// `ARGMAX_THREADS` in greedy.cu.
 const ARGMAX_THREADS: u32 = 256;
 
-/// Flags of a ring entry (high word): a NaN in the row, no entry at all (every entry NaN), a
-/// stop id (the device set its halt word there).
+/// Flags of a ring entry (high word): a NaN in the row (or, sampling, a normalizer that is not
+/// finite), no entry at all (every entry NaN), a stop id (the device set its halt word there),
+/// a draw of the generator.
 const FLAG_NAN: u64 = 1 << 32;
 const FLAG_EMPTY: u64 = 2 << 32;
 const FLAG_STOP: u64 = 4 << 32;
+const FLAG_DREW: u64 = 8 << 32;
 
 /// Stop ids the device knows (`take_argmax` reads a count, then the ids); a longer list halts
 /// nothing, so a hybrid replays after such a stop instead.
@@ -97,17 +100,59 @@ impl Drop for MappedRing {
 
 /// A model's buffers and graphs of the greedy loop, made on its first use.
 pub(crate) struct GreedyBufs {
-    /// The step's best key (greedy.cu) and its NaN flag; zero between steps.
+    /// The step's best key (greedy.cu) and its flags word (NaN, drew); zero between steps.
     best: CudaSlice<u64>,
     nan_seen: CudaSlice<u32>,
+    /// The sampler's generator state (`DevicePick::Sample`), uploaded per loop.
+    rng: CudaSlice<u64>,
+    /// The row's candidates for the sampler, made on its first use.
+    top: Option<TopBuffers>,
     /// The caller's stop ids: a count, then up to MAX_STOP_IDS ids.
     stop: CudaSlice<i32>,
     /// A halt word for models without one of their own (dense: nothing reads it).
     halt: CudaSlice<i32>,
     /// Per position p, the token the step at p − 1 chose (`n_toks + 1` entries).
     ring: MappedRing,
-    /// One step ended by the pick, captured on first use.
-    graph: Option<StepGraph>,
+    /// One step ended by the pick, captured on first use, with the rule it was captured for.
+    graph: Option<(Rule, StepGraph)>,
+}
+
+/// How a step picks its token: the argmax, or the sampler's rule with its settings (kernel
+/// arguments, so a graph serves one rule).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Rule {
+    Argmax,
+    Sample {
+        k: usize,
+        temperature: f32,
+        top_p: f32,
+        min_p: f32,
+    },
+}
+
+impl Rule {
+    /// The rule of `pick` for a `vocab`-entry row, and the generator state to start from;
+    /// `None` where the device cannot pick so (more candidates than the kernel gives).
+    pub(crate) fn of(pick: &DevicePick, vocab: usize) -> Option<(Rule, [u64; 4])> {
+        match *pick {
+            DevicePick::Argmax => Some((Rule::Argmax, [0; 4])),
+            DevicePick::Sample {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                rng,
+            } => crate::topk::supported(top_k, vocab).then_some((
+                Rule::Sample {
+                    k: top_k,
+                    temperature,
+                    top_p,
+                    min_p,
+                },
+                rng,
+            )),
+        }
+    }
 }
 
 impl GreedyBufs {
@@ -116,6 +161,8 @@ impl GreedyBufs {
         Ok(GreedyBufs {
             best: gpu.zeros(1)?,
             nan_seen: gpu.zeros(1)?,
+            rng: gpu.zeros(4)?,
+            top: None,
             stop: gpu.zeros(MAX_STOP_IDS + 1)?,
             halt: gpu.zeros(1)?,
             ring: MappedRing::new(gpu, n_toks + 1)?,
@@ -132,6 +179,9 @@ impl GreedyBufs {
         pick: &Pick,
         enqueue: &dyn Fn() -> Result<()>,
     ) -> Result<()> {
+        if matches!(pick.rule, Rule::Sample { .. }) && self.top.is_none() {
+            self.top = Some(TopBuffers::new(gpu, 1)?);
+        }
         let step = |b: &GreedyBufs| -> Result<()> {
             enqueue()?;
             enqueue_pick(gpu, b, pick)
@@ -139,14 +189,13 @@ impl GreedyBufs {
         if !use_graph {
             return step(self);
         }
-        if self.graph.is_none() {
+        if self.graph.as_ref().is_none_or(|(r, _)| *r != pick.rule) {
+            self.graph = None;
             let g = StepGraph::capture(&gpu.stream, "greedy decode graph", || step(self))?;
-            self.graph = Some(g);
+            self.graph = Some((pick.rule, g));
         }
-        self.graph
-            .as_ref()
-            .expect("captured above")
-            .launch("greedy decode")
+        let (_, g) = self.graph.as_ref().expect("captured above");
+        g.launch("greedy decode")
     }
 }
 
@@ -160,24 +209,54 @@ pub(crate) struct Pick {
     pub(crate) n_toks: usize,
     /// The word a stop id sets (`None`: the loop's own, which nothing reads).
     pub(crate) halt: Option<u64>,
+    pub(crate) rule: Rule,
 }
 
-/// Enqueues the argmax of the step's logits and the kernel that makes it the next token.
+/// Enqueues the pick of the step's token (argmax, or candidates and the sampler) and the
+/// kernel that makes it the next step's token.
 fn enqueue_pick(gpu: &Gpu, b: &GreedyBufs, pick: &Pick) -> Result<()> {
     let s = &gpu.stream;
     let (best, nan) = (ptr(&b.best, s), ptr(&b.nan_seen, s));
-    let blocks = (pick.vocab / 4).div_ceil(ARGMAX_THREADS as usize).max(1) as u32;
-    gpu.launch(
-        "row_argmax",
-        (blocks, 1),
-        ARGMAX_THREADS,
-        &[
-            Arg::Ptr(pick.logits),
-            Arg::I32(pick.vocab as i32),
-            Arg::Ptr(best),
-            Arg::Ptr(nan),
-        ],
-    )?;
+    match pick.rule {
+        Rule::Argmax => {
+            let blocks = (pick.vocab / 4).div_ceil(ARGMAX_THREADS as usize).max(1) as u32;
+            gpu.launch(
+                "row_argmax",
+                (blocks, 1),
+                ARGMAX_THREADS,
+                &[
+                    Arg::Ptr(pick.logits),
+                    Arg::I32(pick.vocab as i32),
+                    Arg::Ptr(best),
+                    Arg::Ptr(nan),
+                ],
+            )?;
+        }
+        Rule::Sample {
+            k,
+            temperature,
+            top_p,
+            min_p,
+        } => {
+            let top = b.top.as_ref().expect("made by launch_step");
+            let cand = top.enqueue_one(gpu, pick.logits, pick.vocab, k)?;
+            gpu.launch(
+                "sample_candidates",
+                (1, 1),
+                32,
+                &[
+                    Arg::Ptr(cand),
+                    Arg::I32(k as i32),
+                    Arg::F32(temperature),
+                    Arg::F32(top_p),
+                    Arg::F32(min_p),
+                    Arg::Ptr(ptr(&b.rng, s)),
+                    Arg::Ptr(best),
+                    Arg::Ptr(nan),
+                ],
+            )?;
+        }
+    }
     gpu.launch(
         "take_argmax",
         (1, 1),
@@ -195,9 +274,19 @@ fn enqueue_pick(gpu: &Gpu, b: &GreedyBufs, pick: &Pick) -> Result<()> {
     )
 }
 
+/// What a loop is asked to do (`ExternalNet::decode_on_device`'s arguments).
+pub(crate) struct LoopArgs<'a> {
+    /// The first token, fed at `pos0`.
+    pub(crate) first: u32,
+    pub(crate) pos0: usize,
+    pub(crate) max_steps: usize,
+    pub(crate) pick: &'a DevicePick,
+    pub(crate) stop: &'a [u32],
+}
+
 /// How a driven loop ended.
 pub(crate) struct Driven {
-    pub(crate) run: GreedyRun,
+    pub(crate) run: DeviceLoopRun,
     /// Steps the device ran (at least `run.fed`; the rest were dropped).
     pub(crate) ran: usize,
     /// The refused token was a stop id the device knew: it set the halt word there, so a
@@ -213,13 +302,15 @@ pub(crate) struct Driven {
 pub(crate) fn drive(
     gpu: &Gpu,
     bufs: &mut GreedyBufs,
-    start: usize,
-    max_steps: usize,
-    stop: &[u32],
+    run: &LoopArgs<'_>,
+    rng: [u64; 4],
     launch: &mut dyn FnMut(&mut GreedyBufs) -> Result<()>,
-    accept: &mut dyn FnMut(u32) -> bool,
+    accept: &mut dyn FnMut(u32, bool) -> bool,
 ) -> Result<Driven> {
+    let (start, max_steps, stop) = (run.pos0, run.max_steps, run.stop);
     let s = gpu.stream.clone();
+    s.memcpy_htod(&rng, &mut bufs.rng)
+        .map_err(|e| cuda_err("uploading the generator", e))?;
     s.memset_zeros(&mut bufs.best)
         .map_err(|e| cuda_err("clearing the argmax", e))?;
     s.memset_zeros(&mut bufs.nan_seen)
@@ -257,18 +348,18 @@ pub(crate) fn drive(
             if entry & (FLAG_NAN | FLAG_EMPTY) != 0 {
                 gpu.sync()?;
                 return Err(Error::Unsupported(format!(
-                    "CUDA: the logits of generated token {} hold NaN; the model's output is \
-                     not usable",
+                    "CUDA: the logits of generated token {} hold NaN (or +inf); the model's \
+                     output is not usable",
                     offered + 1
                 )));
             }
             let tok = entry as u32;
             offered += 1;
-            if !accept(tok) {
+            if !accept(tok, entry & FLAG_DREW != 0) {
                 // Let the steps already enqueued finish; their results are dropped.
                 gpu.sync()?;
                 return Ok(Driven {
-                    run: GreedyRun {
+                    run: DeviceLoopRun {
                         fed: offered,
                         pending: None,
                     },
@@ -280,7 +371,7 @@ pub(crate) fn drive(
         }
     }
     Ok(Driven {
-        run: GreedyRun {
+        run: DeviceLoopRun {
             fed: issued,
             pending: last,
         },
@@ -290,18 +381,22 @@ pub(crate) fn drive(
 }
 
 impl crate::model::CudaModel {
-    /// `ExternalNet::generate_greedy` of the single path: `first` at the cache's end, then
+    /// `ExternalNet::decode_on_device` of the single path: `first` at the cache's end, then
     /// the greedy steps. `None` where the loop does not apply (switched off, or the
     /// opt-in attention + o kernel, whose steps differ by position).
-    pub(crate) fn generate_greedy_gpu(
+    pub(crate) fn decode_on_device_gpu(
         &self,
         first: u32,
         cache: &mut trit::model::KvCache,
         max_steps: usize,
+        device_pick: &DevicePick,
         stop: &[u32],
-        accept: &mut dyn FnMut(u32) -> bool,
-    ) -> Result<Option<GreedyRun>> {
+        accept: &mut dyn FnMut(u32, bool) -> bool,
+    ) -> Result<Option<DeviceLoopRun>> {
         use crate::model::{check_forward, poisoned, CudaModel};
+        let Some((rule, rng)) = Rule::of(device_pick, self.config.vocab) else {
+            return Ok(None);
+        };
         if !self.greedy_loop || self.attention_o {
             return Ok(None);
         }
@@ -327,15 +422,22 @@ impl crate::model::CudaModel {
             toks: ptr(&st.b.toks, s),
             n_toks: self.ctx,
             halt: None,
+            rule,
         };
         let kv = CudaModel::own_kv(st);
         let enqueue = || self.enqueue_layers(st, true, &kv, false);
+        let args = LoopArgs {
+            first,
+            pos0,
+            max_steps,
+            pick: device_pick,
+            stop,
+        };
         let driven = drive(
             &st.gpu,
             &mut bufs,
-            pos0,
-            max_steps,
-            stop,
+            &args,
+            rng,
             &mut |b| b.launch_step(&st.gpu, self.use_graph, &pick, &enqueue),
             accept,
         );
@@ -372,6 +474,7 @@ pub fn argmax_once(gpu: &Gpu, row: &[f32]) -> Result<(u32, u32)> {
         toks: ptr(&toks, s),
         n_toks: 2,
         halt: None,
+        rule: Rule::Argmax,
     };
     enqueue_pick(gpu, &bufs, &pick)?;
     gpu.sync()?;

@@ -15,7 +15,7 @@
 
 use crate::device::{ptr, Gpu};
 use crate::graph::{alloc_host_logits, copy_to_pinned, StepGraph};
-use crate::greedy::{GreedyBufs, Pick};
+use crate::greedy::{GreedyBufs, LoopArgs, Pick, Rule};
 use crate::hybrid_weights::{self, DevHybrid};
 use crate::model::{check_forward, poisoned, CudaOptions, FusedSet};
 use crate::topk::TopBuffers;
@@ -24,7 +24,7 @@ use std::sync::Mutex;
 use trit::format::config::{HybridConfig, ModelConfig, RopeStyle};
 use trit::format::ModelFiles;
 use trit::model::rope::Rope;
-use trit::model::{ExternalNet, GreedyRun, KvCache, Logits};
+use trit::model::{DeviceLoopRun, DevicePick, ExternalNet, KvCache, Logits};
 use trit::sample::RowLogits;
 use trit::{Error, Result};
 
@@ -465,18 +465,19 @@ impl CudaHybrid {
         Ok(())
     }
 
-    /// `ExternalNet::generate_greedy` with the state locked. A recurrent state that does not
+    /// `ExternalNet::decode_on_device` with the state locked. A recurrent state that does not
     /// stand at `pos0` is brought there first, as `forward` would: zeroed, and the sequence's
     /// earlier tokens replayed.
     fn greedy_locked(
         &self,
         st: &mut State,
-        first: u32,
-        pos0: usize,
-        max_steps: usize,
-        stop: &[u32],
-        accept: &mut dyn FnMut(u32) -> bool,
-    ) -> Result<Option<GreedyRun>> {
+        args: &LoopArgs<'_>,
+        accept: &mut dyn FnMut(u32, bool) -> bool,
+    ) -> Result<Option<DeviceLoopRun>> {
+        let (first, pos0, max_steps) = (args.first, args.pos0, args.max_steps);
+        let Some((rule, rng)) = Rule::of(args.pick, self.config.vocab) else {
+            return Ok(None);
+        };
         if !self.greedy_loop || max_steps == 0 || pos0 > st.history.len() {
             return Ok(None);
         }
@@ -517,18 +518,18 @@ impl CudaHybrid {
                 toks: ptr(&st.b.toks, s),
                 n_toks: self.ctx,
                 halt: Some(ptr(&st.b.halt, s)),
+                rule,
             };
             let enqueue = || self.enqueue_layers(st, true);
             crate::greedy::drive(
                 &st.gpu,
                 &mut bufs,
-                pos0,
-                max_steps,
-                stop,
+                args,
+                rng,
                 &mut |b| b.launch_step(&st.gpu, self.use_graph, &pick, &enqueue),
-                &mut |t| {
+                &mut |t, drew| {
                     seen.push(t);
-                    accept(t)
+                    accept(t, drew)
                 },
             )
         };
@@ -623,19 +624,27 @@ impl ExternalNet for CudaHybrid {
         Ok(row)
     }
 
-    fn generate_greedy(
+    fn decode_on_device(
         &self,
         first: u32,
         cache: &mut KvCache,
         max_steps: usize,
+        pick: &DevicePick,
         stop: &[u32],
-        accept: &mut dyn FnMut(u32) -> bool,
-    ) -> Result<Option<GreedyRun>> {
+        accept: &mut dyn FnMut(u32, bool) -> bool,
+    ) -> Result<Option<DeviceLoopRun>> {
         check_forward(&[first], cache, self.config.vocab, self.ctx)?;
         let pos0 = cache.len();
         let max_steps = max_steps.min(self.ctx - pos0);
         let mut st = self.state.lock().map_err(|_| poisoned())?;
-        let run = self.greedy_locked(&mut st, first, pos0, max_steps, stop, accept)?;
+        let args = LoopArgs {
+            first,
+            pos0,
+            max_steps,
+            pick,
+            stop,
+        };
+        let run = self.greedy_locked(&mut st, &args, accept)?;
         if let Some(r) = run {
             cache.advance(r.fed);
         }

@@ -723,15 +723,16 @@ impl ExternalNet for CudaModel {
         self.forward_top_gpu(tokens, cache, k)
     }
 
-    fn generate_greedy(
+    fn decode_on_device(
         &self,
         first: u32,
         cache: &mut KvCache,
         max_steps: usize,
+        pick: &trit::model::DevicePick,
         stop: &[u32],
-        accept: &mut dyn FnMut(u32) -> bool,
-    ) -> Result<Option<trit::model::GreedyRun>> {
-        self.generate_greedy_gpu(first, cache, max_steps, stop, accept)
+        accept: &mut dyn FnMut(u32, bool) -> bool,
+    ) -> Result<Option<trit::model::DeviceLoopRun>> {
+        self.decode_on_device_gpu(first, cache, max_steps, pick, stop, accept)
     }
 
     fn weight_bytes(&self) -> usize {

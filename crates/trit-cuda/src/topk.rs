@@ -136,6 +136,21 @@ impl TopBuffers {
         })
     }
 
+    /// Enqueues the kernel over one row of `vocab` logits at `logits`, its `k` candidates left
+    /// on the device (the greedy loop's sampler reads them); returns their address.
+    pub(crate) fn enqueue_one(
+        &self,
+        gpu: &Gpu,
+        logits: u64,
+        vocab: usize,
+        k: usize,
+    ) -> Result<u64> {
+        let s = &gpu.stream;
+        let out = ptr(&self.dev, s);
+        launch(gpu, logits, 1, vocab, k, ptr(&self.scratch, s), out)?;
+        Ok(out)
+    }
+
     /// Enqueues the kernel over `rows` rows at `logits`, copies the result to the host and
     /// waits: each row's candidates, `None` for a row without a finite normalizer.
     pub(crate) fn run(

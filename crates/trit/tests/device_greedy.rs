@@ -1,4 +1,4 @@
-//! `generate` over a backend with a device greedy loop (`ExternalNet::generate_greedy`, what
+//! `generate` over a backend with a device greedy loop (`ExternalNet::decode_on_device`, what
 //! the GPU models do): the same text, tokens and finish reason as the CPU engine picking every
 //! token, for length limits, stop strings, end-of-sequence tokens, a cancelling reader and a
 //! chat's second turn — while the stand-in device runs steps past every refused token (as the
@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use trit::engine::{generate, GenerateOptions, Session};
 use trit::format::config::ModelConfig;
-use trit::model::{ExternalNet, GreedyRun, KvCache, Logits, Model};
+use trit::model::{DeviceLoopRun, DevicePick, ExternalNet, KvCache, Logits, Model};
 use trit::sample::sampler::argmax;
-use trit::sample::SamplingParams;
+use trit::sample::{Sampler, SamplingParams, TopLogits};
 use trit::tokenizer::Tokenizer;
 
 /// Steps the stand-in computes ahead of the token it offers (the GPU: two graphs of 4).
@@ -59,21 +59,42 @@ impl ExternalNet for Device {
         cache.advance(tokens.len());
         Ok(row)
     }
-    fn generate_greedy(
+    fn decode_on_device(
         &self,
         first: u32,
         cache: &mut KvCache,
         max_steps: usize,
+        pick: &DevicePick,
         stop: &[u32],
-        accept: &mut dyn FnMut(u32) -> bool,
-    ) -> trit::Result<Option<GreedyRun>> {
+        accept: &mut dyn FnMut(u32, bool) -> bool,
+    ) -> trit::Result<Option<DeviceLoopRun>> {
         self.loops.fetch_add(1, Ordering::SeqCst);
         self.stops_seen.lock().unwrap().push(stop.to_vec());
+        // The device's own copy of the sampler, continuing the host's generator.
+        let mut sampler = match *pick {
+            DevicePick::Argmax => None,
+            DevicePick::Sample {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                rng,
+            } => {
+                let params = SamplingParams {
+                    temperature,
+                    top_k,
+                    top_p,
+                    min_p,
+                    ..SamplingParams::default()
+                };
+                Some(Sampler::with_rng_state(params, rng)?)
+            }
+        };
         let max_steps = max_steps.min(self.budget);
         let mut own = self.own.lock().unwrap();
         let start = cache.len();
         own.truncate(start);
-        // fed[i] is the input of step i; out[i] its argmax.
+        // fed[i] is the input of step i; out[i] its pick and whether it drew.
         let (mut fed, mut out) = (vec![first], Vec::new());
         let mut offered = 0;
         loop {
@@ -81,24 +102,32 @@ impl ExternalNet for Device {
                 let row = self
                     .inner
                     .forward(&[fed[out.len()]], &mut own, Logits::Last)?;
-                let t = argmax(&row);
-                out.push(t);
+                let (t, drew) = match &mut sampler {
+                    None => (argmax(&row), false),
+                    Some(s) => {
+                        let top = TopLogits::from_row(&row, s.params().top_k).unwrap();
+                        let before = s.rng_state();
+                        let t = s.sample_top(&top);
+                        (t, s.rng_state() != before)
+                    }
+                };
+                out.push((t, drew));
                 fed.push(t);
             }
             if offered == out.len() {
                 cache.advance(max_steps);
-                return Ok(Some(GreedyRun {
+                return Ok(Some(DeviceLoopRun {
                     fed: max_steps,
-                    pending: out.last().copied(),
+                    pending: out.last().map(|o| o.0),
                 }));
             }
-            let t = out[offered];
+            let (t, drew) = out[offered];
             offered += 1;
-            if !accept(t) {
+            if !accept(t, drew) {
                 self.dropped
                     .fetch_add(out.len() - offered, Ordering::SeqCst);
                 cache.advance(offered);
-                return Ok(Some(GreedyRun {
+                return Ok(Some(DeviceLoopRun {
                     fed: offered,
                     pending: None,
                 }));
@@ -227,22 +256,63 @@ fn generate_over_a_device_loop_equals_the_cpu_picking_every_token() {
             "steps ran past refused tokens"
         );
     }
-    // Sampling with a temperature never takes the loop.
-    let dev = device(&files, usize::MAX);
+    // Sampling: the device draws in the host's place, continuing its generator; the host's
+    // generator skips the draws of the tokens it reads, so every request, and a second request
+    // in the same session, samples what the CPU engine samples. A top-k beyond what the
+    // device is asked for, penalties, or log-probabilities keep the host's loop.
+    // A budget of 5 steps per loop: the host samples one token between loops, from its own
+    // generator, which must have skipped the device's draws.
+    let dev = device(&files, 5);
     let dev_model = Arc::new(Model::from_external(Box::new(Shared(Arc::clone(&dev)))));
-    let sampled = GenerateOptions {
+    let sampled = |temperature, top_k, top_p, min_p| GenerateOptions {
         sampling: SamplingParams {
-            temperature: 0.8,
+            temperature,
+            top_k,
+            top_p,
+            min_p,
             seed: 5,
             ..SamplingParams::default()
         },
         ..base.clone()
     };
+    for opts in [
+        sampled(0.8, 20, 0.8, 0.0),
+        sampled(1.5, 40, 1.0, 0.05),
+        sampled(0.3, 5, 0.9, 0.0),
+        GenerateOptions {
+            stop: stop.stop.clone(),
+            eos: eos.eos.clone(),
+            ..sampled(1.0, 64, 0.95, 0.0)
+        },
+    ] {
+        let prompts: [&[u32]; 2] = [&prompt, &prompt];
+        assert_eq!(
+            run(&dev_model, &tok, &prompts, &opts, usize::MAX),
+            run(&cpu, &tok, &prompts, &opts, usize::MAX),
+            "{opts:?}"
+        );
+    }
+    assert!(dev.loops.load(Ordering::SeqCst) >= 8, "the device loop ran");
+    let loops = dev.loops.load(Ordering::SeqCst);
+    let penalized = GenerateOptions {
+        sampling: SamplingParams {
+            penalties: trit::sample::Penalties {
+                repetition: 1.3,
+                ..Default::default()
+            },
+            ..sampled(0.8, 20, 0.8, 0.0).sampling
+        },
+        ..base.clone()
+    };
     assert_eq!(
-        run(&dev_model, &tok, &[&prompt], &sampled, usize::MAX),
-        run(&cpu, &tok, &[&prompt], &sampled, usize::MAX)
+        run(&dev_model, &tok, &[&prompt], &penalized, usize::MAX),
+        run(&cpu, &tok, &[&prompt], &penalized, usize::MAX)
     );
-    assert_eq!(dev.loops.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        dev.loops.load(Ordering::SeqCst),
+        loops,
+        "penalties stay on the host"
+    );
 }
 
 /// A shared handle on a `Device`, as the model (the test keeps the other to read counters).
@@ -255,16 +325,17 @@ impl ExternalNet for Shared {
     fn forward(&self, t: &[u32], c: &mut KvCache, w: Logits) -> trit::Result<Vec<f32>> {
         self.0.forward(t, c, w)
     }
-    fn generate_greedy(
+    fn decode_on_device(
         &self,
         first: u32,
         cache: &mut KvCache,
         max_steps: usize,
+        pick: &DevicePick,
         stop: &[u32],
-        accept: &mut dyn FnMut(u32) -> bool,
-    ) -> trit::Result<Option<GreedyRun>> {
+        accept: &mut dyn FnMut(u32, bool) -> bool,
+    ) -> trit::Result<Option<DeviceLoopRun>> {
         self.0
-            .generate_greedy(first, cache, max_steps, stop, accept)
+            .decode_on_device(first, cache, max_steps, pick, stop, accept)
     }
     fn weight_bytes(&self) -> usize {
         self.0.weight_bytes()

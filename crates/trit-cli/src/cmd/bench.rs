@@ -18,7 +18,8 @@ use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 use std::time::Instant;
 use trit::format::ModelFiles;
-use trit::model::{KvCache, Logits, Model};
+use trit::model::{DevicePick, KvCache, Logits, Model};
+use trit::sample::{RowLogits, Sampler, SamplingParams, TOP_CANDIDATES};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -102,8 +103,14 @@ pub struct BenchArgs {
     /// 0` does) instead of random tokens, picked where the backend picks greedy tokens: a GPU
     /// model keeps the whole loop on the device (no logits copy and no host round trip per
     /// token). The tests are named `tg<N> greedy`; plain `tg<N>` is llama-bench's test.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "sampled")]
     pub greedy: bool,
+    /// Generation tests sample each next token with trit's default sampler (temperature 0.7,
+    /// top-k 20, top-p 0.8; seed `--seed`), where the backend samples: a GPU model draws on the
+    /// device inside its loop, else the host samples from the GPU's candidates. Named
+    /// `tg<N> sampled`.
+    #[arg(long)]
+    pub sampled: bool,
     /// Print progress to stderr.
     #[arg(long)]
     pub progress: bool,
@@ -140,15 +147,29 @@ pub struct Test {
     pub n_gen: usize,
     pub n_depth: usize,
     pub n_threads: usize,
-    /// Generation feeds back each step's argmax (`--greedy`).
-    pub greedy: bool,
+    /// How generation picks the tokens it feeds back.
+    pub feed: Feed,
+}
+
+/// Tokens a generation test feeds: llama-bench's random ones, or the model's own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Feed {
+    Random,
+    /// Each step's argmax (`--greedy`).
+    Greedy,
+    /// trit's default sampler (`--sampled`).
+    Sampled,
 }
 
 impl Test {
     /// llama-bench's test name: `pp512`, `tg128`, `pp512+tg128`, with ` @ d<N>` at depth;
-    /// ` greedy` after the generation part of a `--greedy` test.
+    /// ` greedy` or ` sampled` after the generation part of a `--greedy` / `--sampled` test.
     pub fn name(&self) -> String {
-        let g = if self.greedy { " greedy" } else { "" };
+        let g = match self.feed {
+            Feed::Random => "",
+            Feed::Greedy => " greedy",
+            Feed::Sampled => " sampled",
+        };
         let mut s = match (self.n_prompt, self.n_gen) {
             (p, 0) => format!("pp{p}"),
             (0, n) => format!("tg{n}{g}"),
@@ -247,7 +268,12 @@ fn plan_tests(a: &BenchArgs, threads: &[usize]) -> Result<Vec<Test>> {
                 n_gen,
                 n_depth,
                 n_threads,
-                greedy: a.greedy && n_gen > 0,
+                feed: match (a.greedy, a.sampled) {
+                    _ if n_gen == 0 => Feed::Random,
+                    (true, _) => Feed::Greedy,
+                    (_, true) => Feed::Sampled,
+                    _ => Feed::Random,
+                },
             };
             tests.extend(prompts.iter().filter(|&&p| p > 0).map(|&p| t(p, 0)));
             tests.extend(gens.iter().filter(|&&g| g > 0).map(|&g| t(0, g)));
@@ -301,6 +327,8 @@ struct Bench {
     vocab: usize,
     ubatch: usize,
     rng: TokenRng,
+    /// The sampler's seed of `--sampled` tests.
+    seed: u64,
 }
 
 impl Bench {
@@ -313,24 +341,45 @@ impl Bench {
         Ok(logits)
     }
 
-    /// `n` greedy tokens after a random one: on the backend's device loop where it has one,
-    /// else each step's logits read and their argmax fed back.
-    fn generate_greedy(&mut self, cache: &mut KvCache, n: usize) -> Result<()> {
+    /// `n` tokens after a random one, each the model's argmax (`Feed::Greedy`) or sampled
+    /// (`Feed::Sampled`): on the backend's device loop where it has one, else picked by the
+    /// host (from the GPU's candidates where it gives them).
+    fn generate_fed(&mut self, cache: &mut KvCache, n: usize, feed: Feed) -> Result<()> {
+        let params = match feed {
+            Feed::Sampled => SamplingParams {
+                seed: self.seed,
+                ..SamplingParams::default()
+            },
+            _ => SamplingParams::greedy(),
+        };
+        let mut sampler = Sampler::new(params.clone())?;
+        let pick = match feed {
+            Feed::Sampled => DevicePick::Sample {
+                temperature: params.temperature,
+                top_k: params.top_k,
+                top_p: params.top_p,
+                min_p: params.min_p,
+                rng: sampler.rng_state(),
+            },
+            _ => DevicePick::Argmax,
+        };
         let first = self.rng.next(self.vocab);
         let mut left = n;
-        let run = self.model.generate_greedy(first, cache, n, &[], &mut |_| {
-            left -= 1;
-            left > 0
-        })?;
+        let run = self
+            .model
+            .decode_on_device(first, cache, n, &pick, &[], &mut |_, _| {
+                left -= 1;
+                left > 0
+            })?;
         if run.is_some() {
             return Ok(());
         }
         let mut tok = first;
         for _ in 0..n {
-            let mut next = 0;
-            self.model
-                .forward_read(&[tok], cache, Logits::Last, &mut |row| next = argmax(row))?;
-            tok = next;
+            tok = match self.model.forward_top(&[tok], cache, TOP_CANDIDATES)? {
+                RowLogits::Top(top) => sampler.sample_top(&top),
+                RowLogits::Full(mut row) => sampler.sample(&mut row, &[]),
+            };
         }
         Ok(())
     }
@@ -353,8 +402,8 @@ impl Bench {
         if t.n_prompt > 0 {
             self.prefill(cache, t.n_prompt)?;
         }
-        if t.greedy {
-            self.generate_greedy(cache, t.n_gen)?;
+        if t.feed != Feed::Random {
+            self.generate_fed(cache, t.n_gen, t.feed)?;
         } else {
             self.generate(cache, t.n_gen)?;
         }
@@ -378,9 +427,9 @@ impl Bench {
             cache.truncate(t.n_depth);
             if t.n_prompt > 0 {
                 self.prefill(&mut cache, t.n_prompt)?;
-            } else if t.greedy {
+            } else if t.feed != Feed::Random {
                 // The whole run once: the device loop captures its graphs on first use.
-                self.generate_greedy(&mut cache, t.n_gen)?;
+                self.generate_fed(&mut cache, t.n_gen, t.feed)?;
             } else {
                 self.generate(&mut cache, 1)?;
             }
@@ -501,6 +550,7 @@ fn load(
             vocab,
             ubatch: a.ubatch,
             rng: TokenRng(a.seed),
+            seed: a.seed,
         },
         info_model_type: model_type,
         model_size: size,
@@ -700,14 +750,14 @@ mod tests {
             n_gen: g,
             n_depth: d,
             n_threads: 2,
-            greedy: false,
+            feed: Feed::Random,
         };
         assert_eq!(t(512, 0, 0).name(), "pp512");
         assert_eq!(t(0, 128, 0).name(), "tg128");
         assert_eq!(t(512, 128, 0).name(), "pp512+tg128");
         assert_eq!(t(0, 128, 4096).name(), "tg128 @ d4096");
         let g = Test {
-            greedy: true,
+            feed: Feed::Greedy,
             ..t(0, 128, 0)
         };
         assert_eq!(g.name(), "tg128 greedy");

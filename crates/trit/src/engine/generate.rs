@@ -3,6 +3,7 @@
 
 use super::sequence::{Decoding, Step};
 use super::session::Session;
+use crate::model::DevicePick;
 use crate::sample::{JsonOutput, RowLogits, SamplingParams, TOP_CANDIDATES};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
@@ -143,25 +144,34 @@ pub fn generate(
         }
         // A sampler that needs only the best candidates gets only those from a device backend
         // (the GPU reduces the row; a few hundred bytes cross instead of the vocabulary).
-        match token {
-            Some(tok) if decoding.device_greedy() => {
-                match greedy_on_device(session, tokenizer, tok, &mut decoding, &mut out, on_text)? {
-                    DeviceRun::Finished => break,
-                    DeviceRun::Feed(t) => row = session.step_top(t, TOP_CANDIDATES)?,
-                }
+        let Some(mut tok) = token else { break };
+        // A device backend may pick the next tokens itself (greedy, or the sampler's rule on
+        // the best candidates): then the host only reads them.
+        if let Some(pick) = decoding.device_pick() {
+            match on_device(
+                session,
+                tokenizer,
+                tok,
+                &pick,
+                &mut decoding,
+                &mut out,
+                on_text,
+            )? {
+                DeviceRun::Finished => break,
+                DeviceRun::Feed(t) => tok = t,
             }
-            Some(tok) if decoding.exact_on_top(TOP_CANDIDATES) => {
-                row = session.step_top(tok, TOP_CANDIDATES)?
-            }
-            Some(tok) => row = RowLogits::Full(session.step(tok)?),
-            None => break,
         }
+        row = if decoding.exact_on_top(TOP_CANDIDATES) {
+            session.step_top(tok, TOP_CANDIDATES)?
+        } else {
+            RowLogits::Full(session.step(tok)?)
+        };
     }
     out.gen_secs = t1.elapsed().as_secs_f64();
     Ok(out)
 }
 
-/// How a greedy run on the device ended.
+/// How a run of the device loop ended.
 enum DeviceRun {
     /// The sequence finished (or the run did nothing left to do).
     Finished,
@@ -171,12 +181,13 @@ enum DeviceRun {
 }
 
 /// Feeds `first` and the tokens after it through the model's device loop where it has one
-/// ([`Session::generate_greedy`]), recording each produced token as the host's sampler would
-/// (same stops, same text).
-fn greedy_on_device(
+/// ([`Session::decode_on_device`]), recording each produced token as the host's sampler would
+/// (same stops, same text, the generator advanced by the device's draws).
+fn on_device(
     session: &mut Session,
     tokenizer: &Tokenizer,
     first: u32,
+    pick: &DevicePick,
     decoding: &mut Decoding,
     out: &mut Generation,
     on_text: &mut dyn FnMut(&str) -> bool,
@@ -187,10 +198,10 @@ fn greedy_on_device(
     let (left, stop) = (decoding.tokens_left(), decoding.eos().to_vec());
     let mut finished = false;
     let mut offered = 0;
-    let run = session.generate_greedy(first, left, &stop, &mut |t| {
+    let run = session.decode_on_device(first, left, pick, &stop, &mut |t, drew| {
         offered += 1;
         // The cache then holds `first` and the tokens offered before `t`.
-        let step = decoding.step_token(t, tokenizer, base + offered, n_ctx);
+        let step = decoding.step_token(t, drew, tokenizer, base + offered, n_ctx);
         finished = out.record(step, decoding, tokenizer, on_text);
         !finished
     })?;

@@ -5,6 +5,7 @@
 //! same in `trit run` and `trit serve`.
 
 use super::generate::{FinishReason, GenerateOptions, StopMatcher};
+use crate::model::DevicePick;
 use crate::sample::candidates::{log_sum_exp, top_k_indices};
 use crate::sample::{JsonConstraint, RowLogits, Sampler};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
@@ -99,20 +100,34 @@ impl Decoding {
             && self.json.is_none()
     }
 
-    /// Whether this sequence's next tokens are each row's argmax and nothing else reads the
-    /// rows (greedy, no penalties, no logit bias, no constraint, no log-probabilities): a
-    /// device may then choose them itself ([`step_token`](Self::step_token) records them).
-    pub fn device_greedy(&self) -> bool {
-        self.sampler.params().temperature <= 0.0
-            && self.exact_on_top(1)
-            && self.top_logprobs.is_none()
+    /// How a device may pick this sequence's next tokens itself, where nothing but the rule
+    /// reads the rows (no penalties, no logit bias, no constraint, no log-probabilities): the
+    /// argmax when greedy, else the sampler's rule on the `top_k` best candidates from the
+    /// generator's current state ([`step_token`](Self::step_token) records the tokens).
+    pub fn device_pick(&self) -> Option<DevicePick> {
+        if self.json.is_some() || self.top_logprobs.is_some() {
+            return None;
+        }
+        let p = self.sampler.params();
+        if p.temperature <= 0.0 {
+            return self.exact_on_top(1).then_some(DevicePick::Argmax);
+        }
+        self.exact_on_top(p.top_k).then(|| DevicePick::Sample {
+            temperature: p.temperature,
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            rng: self.sampler.rng_state(),
+        })
     }
 
-    /// [`step`](Self::step) for a token the model's device chose as its row's argmax (only
-    /// where [`device_greedy`](Self::device_greedy) holds: the sampler would pick the same).
+    /// [`step`](Self::step) for a token the model's device picked by
+    /// [`device_pick`](Self::device_pick)'s rule; `drew`: the pick took one draw of the
+    /// generator, which the host's generator skips so that both stay in step.
     pub fn step_token(
         &mut self,
         tok: u32,
+        drew: bool,
         tokenizer: &Tokenizer,
         cached: usize,
         n_ctx: usize,
@@ -120,7 +135,9 @@ impl Decoding {
         if let Some(step) = self.finished_already(tokenizer) {
             return step;
         }
-        debug_assert!(self.device_greedy());
+        if drew {
+            self.sampler.skip_draw();
+        }
         self.emit(tok, None, tokenizer, cached, n_ctx)
     }
 

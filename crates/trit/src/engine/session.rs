@@ -2,7 +2,7 @@
 //! request evaluates only what follows the longest common prefix with the cache
 //! (multi-turn chat re-sends the whole history; only the new turn is computed).
 
-use crate::model::{GreedyRun, KvCache, Logits, Model};
+use crate::model::{DeviceLoopRun, DevicePick, KvCache, Logits, Model};
 use crate::sample::RowLogits;
 use crate::{Error, Result};
 use std::sync::Arc;
@@ -123,28 +123,35 @@ impl Session {
         Ok(row)
     }
 
-    /// Greedy decoding on the device from `first` ([`Model::generate_greedy`]): at most
-    /// `max_steps` tokens fed (and the context's room); each produced token goes to `accept`
-    /// (false: not fed, the run ends; always for a token of `stop`); the fed tokens join the
-    /// books. `Ok(None)`: the model has no such loop, nothing ran.
-    pub fn generate_greedy(
+    /// Decoding on the device from `first` ([`Model::decode_on_device`]): at most `max_steps`
+    /// tokens fed (and the context's room), each picked by `pick`; each produced token goes to
+    /// `accept` with whether its pick drew from the generator (false: not fed, the run ends;
+    /// always for a token of `stop`); the fed tokens join the books. `Ok(None)`: the model has
+    /// no such loop, nothing ran.
+    pub fn decode_on_device(
         &mut self,
         first: u32,
         max_steps: usize,
+        pick: &DevicePick,
         stop: &[u32],
-        accept: &mut dyn FnMut(u32) -> bool,
-    ) -> Result<Option<GreedyRun>> {
+        accept: &mut dyn FnMut(u32, bool) -> bool,
+    ) -> Result<Option<DeviceLoopRun>> {
         let room = self.n_ctx().saturating_sub(self.cache.len()).min(max_steps);
         if room == 0 {
             return Ok(None);
         }
         let mut offered = Vec::new();
-        let result = self
-            .model
-            .generate_greedy(first, &mut self.cache, room, stop, &mut |t| {
+        let result = self.model.decode_on_device(
+            first,
+            &mut self.cache,
+            room,
+            pick,
+            stop,
+            &mut |t, drew| {
                 offered.push(t);
-                accept(t)
-            });
+                accept(t, drew)
+            },
+        );
         match result {
             Ok(Some(run)) => {
                 let fed_after_first = run.fed.saturating_sub(1).min(offered.len());

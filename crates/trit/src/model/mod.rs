@@ -33,9 +33,27 @@ enum Net {
     External(Box<dyn ExternalNet>),
 }
 
-/// What a device's greedy loop did ([`ExternalNet::generate_greedy`]).
+/// How a device's decoding loop picks each token ([`ExternalNet::decode_on_device`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum DevicePick {
+    /// The row's argmax (greedy; the lowest id among equal logits).
+    Argmax,
+    /// The host sampler's rule on the row's `top_k` best candidates
+    /// ([`Sampler::sample_top`](crate::sample::Sampler::sample_top)): top-p and min-p on the
+    /// untempered probabilities, then temperature and one draw of the sampler's xoshiro256**
+    /// generator, continued from `rng` ([`Rng::state`](crate::sample::rng::Rng::state)).
+    Sample {
+        temperature: f32,
+        top_k: usize,
+        top_p: f32,
+        min_p: f32,
+        rng: [u64; 4],
+    },
+}
+
+/// What a device's decoding loop did ([`ExternalNet::decode_on_device`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GreedyRun {
+pub struct DeviceLoopRun {
     /// Tokens fed and kept in the cache: `first`, then the accepted tokens in order (all of
     /// them but `pending`).
     pub fed: usize,
@@ -92,23 +110,25 @@ pub trait ExternalNet: Send + Sync {
         )?))
     }
 
-    /// Greedy decoding with the device choosing each next token itself (its argmax fed straight
-    /// into the next step, several steps in flight, no host round trip between them): feeds
-    /// `first` at position `cache.len()`, then offers each token it produces to `accept`, in
-    /// order. A token `accept` refuses is not fed, and steps the device already ran past it are
-    /// dropped; at most `max_steps` tokens are fed. `stop`: tokens `accept` always refuses (end
-    /// of sequence), which the device may act on itself (a hybrid's state then stays where the
-    /// fed tokens end). The cache advances by [`GreedyRun::fed`]. `Ok(None)`: not supported,
-    /// nothing ran (the caller steps token by token). By default: not supported.
-    fn generate_greedy(
+    /// Decoding with the device choosing each next token itself (by `pick`, fed straight into
+    /// the next step, several steps in flight, no host round trip between them): feeds `first`
+    /// at position `cache.len()`, then offers each token it produces to `accept`, in order,
+    /// with whether picking it drew from the generator. A token `accept` refuses is not fed, and
+    /// steps the device already ran past it are dropped; at most `max_steps` tokens are fed.
+    /// `stop`: tokens `accept` always refuses (end of sequence), which the device may act on
+    /// itself (a hybrid's state then stays where the fed tokens end). The cache advances by
+    /// [`DeviceLoopRun::fed`]. `Ok(None)`: not supported, nothing ran (the caller steps token by
+    /// token). By default: not supported.
+    fn decode_on_device(
         &self,
         first: u32,
         cache: &mut KvCache,
         max_steps: usize,
+        pick: &DevicePick,
         stop: &[u32],
-        accept: &mut dyn FnMut(u32) -> bool,
-    ) -> Result<Option<GreedyRun>> {
-        let _ = (first, cache, max_steps, stop, accept);
+        accept: &mut dyn FnMut(u32, bool) -> bool,
+    ) -> Result<Option<DeviceLoopRun>> {
+        let _ = (first, cache, max_steps, pick, stop, accept);
         Ok(None)
     }
 
@@ -336,19 +356,20 @@ impl Model {
         }
     }
 
-    /// [`ExternalNet::generate_greedy`] where the backend has it; `Ok(None)` on the CPU
+    /// [`ExternalNet::decode_on_device`] where the backend has it; `Ok(None)` on the CPU
     /// networks, for a cache in a batched device slot, and where the backend lacks it.
-    pub fn generate_greedy(
+    pub fn decode_on_device(
         &self,
         first: u32,
         cache: &mut KvCache,
         max_steps: usize,
+        pick: &DevicePick,
         stop: &[u32],
-        accept: &mut dyn FnMut(u32) -> bool,
-    ) -> Result<Option<GreedyRun>> {
+        accept: &mut dyn FnMut(u32, bool) -> bool,
+    ) -> Result<Option<DeviceLoopRun>> {
         match &self.net {
             Net::External(n) if cache.device_slot().is_none() => {
-                n.generate_greedy(first, cache, max_steps, stop, accept)
+                n.decode_on_device(first, cache, max_steps, pick, stop, accept)
             }
             _ => Ok(None),
         }

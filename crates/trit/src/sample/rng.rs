@@ -21,6 +21,16 @@ impl Rng {
         }
     }
 
+    /// The four state words (a device continues the stream from them).
+    pub fn state(&self) -> [u64; 4] {
+        self.s
+    }
+
+    /// The generator continuing from `state`.
+    pub fn from_state(state: [u64; 4]) -> Self {
+        Rng { s: state }
+    }
+
     pub fn next_u64(&mut self) -> u64 {
         let r = self.s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
         let t = self.s[1] << 17;

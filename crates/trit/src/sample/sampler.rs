@@ -92,8 +92,28 @@ impl Sampler {
         Ok(Sampler { params, rng })
     }
 
+    /// A sampler whose generator continues from `state` (a device's stand-in draws as the
+    /// host would).
+    pub fn with_rng_state(params: SamplingParams, state: [u64; 4]) -> Result<Self> {
+        params.validate()?;
+        Ok(Sampler {
+            params,
+            rng: Rng::from_state(state),
+        })
+    }
+
     pub fn params(&self) -> &SamplingParams {
         &self.params
+    }
+
+    /// The generator's state, for a device that draws in its place (`DevicePick::Sample`).
+    pub fn rng_state(&self) -> [u64; 4] {
+        self.rng.state()
+    }
+
+    /// Advances the generator past one draw a device made in its place.
+    pub fn skip_draw(&mut self) {
+        self.rng.next_u64();
     }
 
     /// Picks the next token from `logits` (modified in place by the penalties), given the
