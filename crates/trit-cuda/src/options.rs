@@ -76,9 +76,11 @@ pub struct CudaOptions {
     /// (`TRIT_CUDA_ATT_O_MAX=N`): one block per head attends the whole context, which longer
     /// contexts outgrow.
     pub attention_o_max: usize,
-    /// Greedy generation picks each token on the GPU and feeds it to the next step without the
-    /// host (`greedy.rs`; `TRIT_CUDA_GREEDY=0` leaves every pick to the host). H200 tg128
-    /// greedy: 8B 913 tok/s against 887 for the host's loop, 1.7B 1,851 against 1,742.
+    /// Generation picks each token on the GPU (argmax, or the sampler's rule on the top-k
+    /// candidates) and feeds it to the next step without the host (`greedy.rs`;
+    /// `TRIT_CUDA_GREEDY=0` leaves every pick to the host). H200 tg128 greedy: 8B 907–913 tok/s
+    /// against 887 for the host's loop, 1.7B 1,840–1,851 against 1,742–1,760; sampled 8B 864
+    /// against 839–849.
     pub greedy_loop: bool,
 }
 
