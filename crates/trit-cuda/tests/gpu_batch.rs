@@ -290,17 +290,7 @@ fn thirty_two_sequences_decode_together_on_the_default_model() {
     if gpu_missing() {
         return;
     }
-    let path = [
-        PathBuf::from("models/default/smollm2-135m-ternary-q2_0.gguf"),
-        PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../models/default/smollm2-135m-ternary-q2_0.gguf"
-        )),
-    ]
-    .into_iter()
-    .find(|p| p.exists())
-    .expect("default model not found (run from the repository root)");
-    let files = trit::format::open(&path).unwrap();
+    let files = trit::format::open(&default_model_path()).unwrap();
     let ctx = 160;
     let gpu = load_model(&files, &CudaOptions::new(ctx)).unwrap();
     let cpu = Model::load(&files, 2).unwrap();

@@ -10,7 +10,6 @@
 
 mod common;
 use common::*;
-use std::path::PathBuf;
 use std::sync::Arc;
 use trit::engine::{generate, GenerateOptions, Session};
 use trit::format::testgen::hybrid::{generate as generate_hybrid, HybridPreset};
@@ -62,19 +61,6 @@ fn the_pick_is_the_hosts_argmax() {
     assert_eq!(argmax_once(&gpu, &r).unwrap(), (4_000, 1));
     let (_, flags) = argmax_once(&gpu, &[f32::NAN; 64]).unwrap();
     assert_eq!(flags, 3);
-}
-
-fn default_model_path() -> PathBuf {
-    [
-        PathBuf::from("models/default/smollm2-135m-ternary-q2_0.gguf"),
-        PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../models/default/smollm2-135m-ternary-q2_0.gguf"
-        )),
-    ]
-    .into_iter()
-    .find(|p| p.exists())
-    .expect("default model not found (run from the repository root)")
 }
 
 fn options(ctx: usize, greedy_loop: bool) -> CudaOptions {
@@ -267,17 +253,7 @@ fn hybrid_device_loop_gives_the_tokens_and_state_of_host_steps() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let preset = HybridPreset::by_name("tiny-qwen35").unwrap();
-    let fmt = OutFormat::parse("q2_0").unwrap();
-    generate_hybrid(
-        &preset,
-        6,
-        dir.path(),
-        &[fmt],
-        &TokenizerAssets::Placeholder,
-    )
-    .unwrap();
-    let files = trit::format::open(&dir.path().join(fmt.file_name())).unwrap();
+    let (preset, files) = tiny_hybrid(dir.path(), 6);
     let ctx = 96;
     let p = prompt(7, preset.vocab, 21);
     let host = Arc::new(load_model(&files, &options(ctx, false)).unwrap());
@@ -412,17 +388,7 @@ fn sampling_on_the_device_draws_what_the_host_draws() {
     }
     // The hybrid, its state carried between the two requests' loops.
     let dir = tempfile::tempdir().unwrap();
-    let preset = HybridPreset::by_name("tiny-qwen35").unwrap();
-    let fmt = OutFormat::parse("q2_0").unwrap();
-    generate_hybrid(
-        &preset,
-        9,
-        dir.path(),
-        &[fmt],
-        &TokenizerAssets::Placeholder,
-    )
-    .unwrap();
-    let files = trit::format::open(&dir.path().join(fmt.file_name())).unwrap();
+    let (preset, files) = tiny_hybrid(dir.path(), 9);
     let host = Arc::new(load_model(&files, &options(256, false)).unwrap());
     let dev = Arc::new(load_model(&files, &options(256, true)).unwrap());
     // Ids below the tiny vocabulary are SmolLM2 tokens too: its tokenizer writes the text.
@@ -431,4 +397,13 @@ fn sampling_on_the_device_draws_what_the_host_draws() {
     let want = run_gen(&host, &tok, &[&p, &p], &opts);
     let got = run_gen(&dev, &tok, &[&p, &p], &opts);
     assert_eq!(got, want);
+}
+
+/// The generated tiny-qwen35 hybrid (Q2_0 GGUF) under `dir`, opened.
+fn tiny_hybrid(dir: &std::path::Path, seed: u64) -> (HybridPreset, trit::format::ModelFiles) {
+    let preset = HybridPreset::by_name("tiny-qwen35").unwrap();
+    let fmt = OutFormat::parse("q2_0").unwrap();
+    generate_hybrid(&preset, seed, dir, &[fmt], &TokenizerAssets::Placeholder).unwrap();
+    let files = trit::format::open(&dir.join(fmt.file_name())).unwrap();
+    (preset, files)
 }

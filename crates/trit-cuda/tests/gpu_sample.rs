@@ -9,7 +9,6 @@
 
 mod common;
 use common::*;
-use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 use trit::engine::{
@@ -100,19 +99,6 @@ fn top_candidates_kernel_matches_the_host_reference() {
     assert!(top_candidates_once(&gpu, &[0.0; 50], 50, 64).is_err());
     assert!(top_candidates_once(&gpu, &[0.0; 1000], 1000, 257).is_err());
     eprintln!("candidate kernel equals the host reference on {checked} rows");
-}
-
-fn default_model_path() -> PathBuf {
-    [
-        PathBuf::from("models/default/smollm2-135m-ternary-q2_0.gguf"),
-        PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../models/default/smollm2-135m-ternary-q2_0.gguf"
-        )),
-    ]
-    .into_iter()
-    .find(|p| p.exists())
-    .expect("default model not found (run from the repository root)")
 }
 
 /// `forward_top` on the single-sequence path (what `trit run` / `chat --device cuda` sample

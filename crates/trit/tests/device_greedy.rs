@@ -142,16 +142,6 @@ impl ExternalNet for Device {
     }
 }
 
-fn default_model() -> trit::format::ModelFiles {
-    let dir = common::repo_root().join("models/default");
-    let path = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|x| x == "gguf"))
-        .expect("the default model is committed");
-    trit::format::open(&path).unwrap()
-}
-
 fn device(files: &trit::format::ModelFiles, budget: usize) -> Arc<Device> {
     let inner = Model::load(files, 2).unwrap();
     let own = Mutex::new(inner.new_cache(256));
@@ -200,7 +190,7 @@ fn run(
 
 #[test]
 fn generate_over_a_device_loop_equals_the_cpu_picking_every_token() {
-    let files = default_model();
+    let files = common::default_model_files();
     let tok = Tokenizer::from_source(&files.tokenizer).unwrap();
     let cpu = Arc::new(Model::load(&files, 2).unwrap());
     let prompt = tok.encode("The old lighthouse keeper said", false).unwrap();

@@ -48,19 +48,9 @@ impl ExternalNet for Lender {
     }
 }
 
-fn default_model() -> trit::format::ModelFiles {
-    let dir = common::repo_root().join("models/default");
-    let path = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|x| x == "gguf"))
-        .expect("the default model is committed");
-    trit::format::open(&path).unwrap()
-}
-
 #[test]
 fn forward_read_lends_the_rows_forward_returns() {
-    let files = default_model();
+    let files = common::default_model_files();
     let tok = Tokenizer::from_source(&files.tokenizer).unwrap();
     let cpu = Model::load(&files, 2).unwrap();
     let inner = Model::load(&files, 2).unwrap();

@@ -2,7 +2,7 @@
 
 #![allow(dead_code)] // each test crate uses its own subset
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use trit::kernels::{self, KernelLevel};
 use trit::model::{Logits, Model};
@@ -198,4 +198,18 @@ pub fn greedy_tokens_agree(files: &trit::format::ModelFiles, ids: &[u32], ctx: u
         eprintln!("tokens differ at step {same}: cpu logit gap {gap}");
         assert!(same >= 8 && gap < 0.2, "step {same}: gap {gap}");
     }
+}
+
+/// The committed default model (run from the repository root or the crate).
+pub fn default_model_path() -> PathBuf {
+    [
+        PathBuf::from("models/default/smollm2-135m-ternary-q2_0.gguf"),
+        PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../models/default/smollm2-135m-ternary-q2_0.gguf"
+        )),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .expect("default model not found (run from the repository root)")
 }

@@ -30,6 +30,17 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// The committed default model, opened.
+pub fn default_model_files() -> trit::format::ModelFiles {
+    let dir = repo_root().join("models/default");
+    let path = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "gguf"))
+        .expect("the default model is committed");
+    trit::format::open(&path).unwrap()
+}
+
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter()
         .zip(b)
