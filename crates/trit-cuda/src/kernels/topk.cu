@@ -79,16 +79,34 @@ __device__ void select_top(const Src& src, int n, int k, SelectShared& sh, unsig
             if (bin != 0xffffffffu && lane == __ffs(peers) - 1) atomicAdd(&sh.hist[bin], __popc(peers));
         }
         __syncthreads();
-        if (tid == 0) {
-            unsigned above = 0;
-            for (int d = 255; d >= 0; d--) {
-                if (above + sh.hist[d] >= need) {
-                    sh.prefix = prefix | ((unsigned)d << shift);
-                    sh.need = need - above;
-                    sh.all_equal = sh.hist[d] == need - above;
-                    break;
+        // The digit: the first bin from the top at which the count of entries in higher bins
+        // reaches `need`. One warp: lane l sums bins 255 − 8l down to 248 − 8l, a scan over
+        // the lanes gives each lane the count above its bins, and the one lane where `need`
+        // falls walks its 8 bins (one thread walking all 256 took ~4 µs per pass).
+        if (warp == 0) {
+            unsigned c[8], own = 0;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                c[j] = sh.hist[255 - 8 * lane - j];
+                own += c[j];
+            }
+            unsigned incl = own;
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+                const unsigned v = __shfl_up_sync(0xffffffffu, incl, off);
+                if (lane >= off) incl += v;
+            }
+            unsigned above = incl - own;
+            if (above < need && incl >= need) {
+                for (int j = 0; j < 8; j++) {
+                    if (above + c[j] >= need) {
+                        sh.prefix = prefix | ((unsigned)(255 - 8 * lane - j) << shift);
+                        sh.need = need - above;
+                        sh.all_equal = c[j] == need - above;
+                        break;
+                    }
+                    above += c[j];
                 }
-                above += sh.hist[d];
             }
         }
         __syncthreads();
