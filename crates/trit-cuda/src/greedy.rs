@@ -1,8 +1,9 @@
 //! Generation with the GPU choosing each token itself (`ExternalNet::decode_on_device`): every
 //! step ends with its token's pick (`kernels/greedy.cu`: the row's argmax, or the host
 //! sampler's rule on the row's top-k candidates from `topk.cu`, its generator continued on the
-//! device), written where the next step reads its token, so steps run back to back without the host between them — no logits
-//! copy, no wake-up of the host thread, no launch on the critical path. Each step is one
+//! device), written where the next step reads its token, so steps run back to back without the
+//! host between them — no logits copy, no wake-up of the host thread, no launch on the
+//! critical path. Each step is one
 //! graph launch (the position lives in device memory, so one graph serves every position) and
 //! `IN_FLIGHT` are kept queued; the host reads each step's token from mapped page-locked
 //! memory once the step is done and offers it to the caller, who may refuse it (end of

@@ -142,8 +142,6 @@ pub fn generate(
         if out.record(step, &mut decoding, tokenizer, on_text) {
             break;
         }
-        // A sampler that needs only the best candidates gets only those from a device backend
-        // (the GPU reduces the row; a few hundred bytes cross instead of the vocabulary).
         let Some(mut tok) = token else { break };
         // A device backend may pick the next tokens itself (greedy, or the sampler's rule on
         // the best candidates): then the host only reads them.
@@ -161,6 +159,8 @@ pub fn generate(
                 DeviceRun::Feed(t) => tok = t,
             }
         }
+        // A sampler that needs only the best candidates gets only those from a device backend
+        // (the GPU reduces the row; a few hundred bytes cross instead of the vocabulary).
         row = if decoding.exact_on_top(TOP_CANDIDATES) {
             session.step_top(tok, TOP_CANDIDATES)?
         } else {
