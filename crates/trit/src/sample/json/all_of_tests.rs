@@ -1,4 +1,5 @@
-//! `allOf` of several schemas merged into one (`schema/all_of.rs`), and `not` of a type:
+//! `allOf` of several schemas merged into one (`schema/all_of.rs`), `not` of values beside an
+//! `enum`, and `not` of a type:
 //! exactly the documents serde_json parses and a hand-written check of every member admits,
 //! and constrained draws that always end in such a document.
 
@@ -239,11 +240,60 @@ fn not_of_a_type_removes_that_type() {
         assert_eq!(accepts(&s, doc.as_bytes()), ok, "{doc}");
     }
     for (schema, word) in [
-        (json!({"not": {"const": 1}}), "only around a `type`"),
+        (json!({"not": {"const": 1}}), "only beside an `enum`"),
+        (json!({"not": {"minimum": 1}}), "only around a `type`"),
         (json!({"not": {"type": "integer"}}), "`integer` alone"),
         (
             json!({"type": "string", "not": {"type": "string"}}),
             "admits no value",
+        ),
+    ] {
+        let e = JsonSchema::compile(&schema).unwrap_err().to_string();
+        assert!(e.contains(word), "{schema}: {e}");
+    }
+}
+
+#[test]
+fn not_of_values_removes_them_from_an_enum() {
+    // (schema, documents admitted, documents refused)
+    for (schema, yes, no) in [
+        (
+            json!({"enum": ["a", "b", "c"], "not": {"const": "b"}}),
+            &["\"a\"", "\"c\""][..],
+            &["\"b\"", "\"d\""][..],
+        ),
+        // Numbers compare by value, as JSON Schema says: 2.0 is 2.
+        (
+            json!({"enum": [1, 2.0, 3, "3"], "not": {"enum": [2, 3.0]}}),
+            &["1", "\"3\""][..],
+            &["2.0", "3", "2"][..],
+        ),
+        (
+            json!({"const": {"k": [1, 2]}, "not": {"enum": [{"k": [1]}]}}),
+            &["{\"k\":[1,2]}"][..],
+            &["{\"k\":[1]}"][..],
+        ),
+    ] {
+        let s = JsonSchema::compile(&schema).unwrap();
+        for d in yes {
+            assert!(accepts(&s, d.as_bytes()), "{schema}: {d}");
+        }
+        for d in no {
+            assert!(!accepts(&s, d.as_bytes()), "{schema}: {d}");
+        }
+    }
+    for (schema, word) in [
+        (
+            json!({"enum": ["x", 2], "not": {"enum": ["x", 2.0]}}),
+            "excludes every value",
+        ),
+        (
+            json!({"type": "string", "not": {"const": "b"}}),
+            "only beside an `enum`",
+        ),
+        (
+            json!({"enum": [1], "not": {"enum": [1], "const": 1}}),
+            "`enum` beside `const`",
         ),
     ] {
         let e = JsonSchema::compile(&schema).unwrap_err().to_string();

@@ -360,9 +360,9 @@ fn numbers_only(node: &Node, at: &str, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// The kinds a `not` excludes: only the form `{"not": {"type": …}}` ("not null", "not a
-/// string"), whose complement is a set of types; any other `not` would need the complement of
-/// a schema: refused.
+/// The kinds a `not` excludes: the form `{"not": {"type": …}}` ("not null", "not a string"),
+/// whose complement is a set of types (`not` of values beside an `enum` is taken apart
+/// elsewhere); any other `not` would need the complement of a schema: refused.
 fn excluded_kinds(not: &Value, at: &str) -> Result<u8> {
     match not {
         Value::Object(o) if o.contains_key("type") && only_annotations_beside(o, &["type"]) => {
@@ -374,7 +374,10 @@ fn excluded_kinds(not: &Value, at: &str) -> Result<u8> {
             }
             Ok(k)
         }
-        _ => Err(bad(at, "`not` is supported only around a `type`")),
+        _ => Err(bad(
+            at,
+            "`not` is supported only around a `type`, or around an `enum`/`const` beside an `enum`/`const`",
+        )),
     }
 }
 
@@ -491,7 +494,13 @@ impl Compiler<'_> {
             None => ALL,
             Some(t) => kinds_of(t, at)?,
         };
-        if let Some(not) = o.get("not") {
+        // `not` of a type narrows the kinds here; `not` of values takes them from the literals
+        // below.
+        let not_values = match o.get("not") {
+            Some(not) => literals::excluded_values(not, &format!("{at}/not"))?,
+            None => None,
+        };
+        if let (Some(not), None) = (o.get("not"), &not_values) {
             node.kinds &= !excluded_kinds(not, &format!("{at}/not"))?;
             if node.kinds == 0 {
                 return Err(empty(at, "`not` excludes every type"));
@@ -533,6 +542,20 @@ impl Compiler<'_> {
         if let Some(lits) = literals(o, at)? {
             node.kinds &= lits.iter().fold(0, |k, l| k | literal_kind(l));
             node.literals = Some(lits);
+        }
+        if let Some(values) = &not_values {
+            let Some(lits) = node.literals.take() else {
+                return Err(bad(
+                    at,
+                    "`not` of values (`enum`/`const`) is supported only beside an `enum` or `const`",
+                ));
+            };
+            let kept = literals::without_values(lits, values);
+            if kept.is_empty() {
+                return Err(empty(at, "`not` excludes every value of its `enum`"));
+            }
+            node.kinds &= kept.iter().fold(0, |k, l| k | literal_kind(l));
+            node.literals = Some(kept);
         }
         let object_keys = ["properties", "required", "additionalProperties"];
         if node.kinds & OBJECT != 0 && object_keys.iter().any(|k| o.contains_key(*k)) {

@@ -1,7 +1,8 @@
-//! `enum`/`const`: a node's literal values (the JSON text of each), their kinds, and the values
-//! kept where length, pattern or number keywords stand beside them.
+//! `enum`/`const`: a node's literal values (the JSON text of each), their kinds, the values
+//! kept where length, pattern or number keywords stand beside them, and those a `not` of values
+//! takes away.
 
-use super::{bad, empty, forks, Compiler, JsonSchema, Node};
+use super::{bad, empty, forks, only_annotations_beside, Compiler, JsonSchema, Node};
 use super::{ARRAY, BOOL, INTEGER, MAX_ALTERNATIVES, NULL, NUMBER, OBJECT, STRING};
 use crate::Result;
 use serde_json::{Map, Value};
@@ -127,4 +128,55 @@ pub(super) fn literals(o: &Map<String, Value>, at: &str) -> Result<Option<Vec<Ve
         }
     }
     Ok(Some(out))
+}
+
+/// The values a `{"not": {"enum": [...]}}` or `{"not": {"const": v}}` excludes; `None` for any
+/// other form of `not`.
+pub(super) fn excluded_values(not: &Value, at: &str) -> Result<Option<Vec<Value>>> {
+    let Value::Object(o) = not else {
+        return Ok(None);
+    };
+    if !(o.contains_key("enum") || o.contains_key("const"))
+        || !only_annotations_beside(o, &["enum", "const"])
+    {
+        return Ok(None);
+    }
+    Ok(match (o.get("enum"), o.get("const")) {
+        (Some(_), Some(_)) => return Err(bad(at, "`enum` beside `const` is not supported")),
+        (Some(Value::Array(v)), None) => Some(v.clone()),
+        (Some(_), None) => return Err(bad(at, "`enum` must be an array")),
+        (None, c) => Some(c.into_iter().cloned().collect()),
+    })
+}
+
+/// `lits` without the values equal to one of `values`, as JSON Schema compares them (numbers
+/// by value: `2` and `2.0` are the same value).
+pub(super) fn without_values(lits: Vec<Vec<u8>>, values: &[Value]) -> Vec<Vec<u8>> {
+    lits.into_iter()
+        .filter(|l| {
+            let v: Value = serde_json::from_slice(l).expect("a literal is JSON text");
+            !values.iter().any(|x| same_value(&v, x))
+        })
+        .collect()
+}
+
+fn same_value(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            match (x.as_i64(), y.as_i64(), x.as_u64(), y.as_u64()) {
+                (Some(p), Some(q), _, _) => p == q,
+                (_, _, Some(p), Some(q)) => p == q,
+                _ => x.as_f64() == y.as_f64(),
+            }
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same_value(p, q))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, p)| y.get(k).is_some_and(|q| same_value(p, q)))
+        }
+        _ => a == b,
+    }
 }
