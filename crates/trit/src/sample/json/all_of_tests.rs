@@ -268,6 +268,12 @@ fn not_of_values_removes_them_from_an_enum() {
             &["1", "\"3\""][..],
             &["2.0", "3", "2"][..],
         ),
+        // The same through an `allOf` (the members merge into one node first).
+        (
+            json!({"allOf": [{"enum": ["a", "b", "c"]}, {"not": {"const": "b"}}]}),
+            &["\"a\"", "\"c\""][..],
+            &["\"b\""][..],
+        ),
         (
             json!({"const": {"k": [1, 2]}, "not": {"enum": [{"k": [1]}]}}),
             &["{\"k\":[1,2]}"][..],
