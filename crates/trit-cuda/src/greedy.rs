@@ -495,3 +495,39 @@ pub fn argmax_once(gpu: &Gpu, row: &[f32]) -> Result<(u32, u32)> {
     }
     Ok((entry as u32, (entry >> 32) as u32))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picks_map_to_rules_the_kernels_can_run() {
+        assert_eq!(
+            Rule::of(&DevicePick::Argmax, 151_936),
+            Some((Rule::Argmax, [0; 4]))
+        );
+        let sample = |top_k| DevicePick::Sample {
+            temperature: 0.7,
+            top_k,
+            top_p: 0.8,
+            min_p: 0.05,
+            rng: [1, 2, 3, 4],
+        };
+        let (rule, rng) = Rule::of(&sample(20), 151_936).unwrap();
+        assert_eq!(rng, [1, 2, 3, 4]);
+        assert_eq!(
+            rule,
+            Rule::Sample {
+                k: 20,
+                temperature: 0.7,
+                top_p: 0.8,
+                min_p: 0.05
+            }
+        );
+        // Beyond the candidate kernel's 256, or more than the vocabulary: the host samples.
+        assert!(Rule::of(&sample(256), 151_936).is_some());
+        assert!(Rule::of(&sample(257), 151_936).is_none());
+        assert!(Rule::of(&sample(80), 70).is_none());
+        assert!(Rule::of(&sample(0), 151_936).is_none());
+    }
+}
