@@ -19,8 +19,9 @@
 use crate::device::{cuda_err, ptr, Arg, Gpu};
 use crate::graph::StepGraph;
 use crate::topk::TopBuffers;
-use cudarc::driver::{sys, CudaSlice};
+use cudarc::driver::{sys, CudaContext, CudaSlice};
 use std::collections::VecDeque;
+use std::sync::Arc;
 use trit::model::{DeviceLoopRun, DevicePick};
 use trit::{Error, Result};
 
@@ -48,6 +49,8 @@ struct MappedRing {
     host: *mut u64,
     dev: u64,
     len: usize,
+    /// The context that allocated it: kept alive, and current when it is freed.
+    ctx: Arc<CudaContext>,
 }
 
 // SAFETY: the memory is read only through volatile reads after the kernels that write it are
@@ -79,6 +82,7 @@ impl MappedRing {
             host: host.cast(),
             dev,
             len,
+            ctx: gpu.ctx.clone(),
         })
     }
 
@@ -92,8 +96,9 @@ impl MappedRing {
 
 impl Drop for MappedRing {
     fn drop(&mut self) {
-        // SAFETY: allocated by cuMemHostAlloc in `new`; the model's stream is idle by now
-        // (its owner synchronizes before dropping).
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: allocated by cuMemHostAlloc in `new` in this context; no kernel writes it
+        // any more (every loop waits for its steps before it returns).
         unsafe {
             sys::cuMemFreeHost(self.host.cast());
         }
