@@ -18,12 +18,26 @@ const MAX_STATES: usize = 20_000;
 const LIVE: u8 = 1;
 const ACCEPTS: u8 = 2;
 
+/// One regular expression's DFA, built for `.*(?:PATTERN).*`, and its anchored start state.
+#[derive(Clone, Debug)]
+struct Part {
+    dfa: dense::DFA<Vec<u32>>,
+    start: u32,
+}
+
+/// Every pattern of a string at once (a `pattern` beside an enforced `format`, or the
+/// patterns of several `allOf` members): with one part a state is that DFA's state; with
+/// several, a state is an id of the tuple of the parts' states (`tuples`), explored as their
+/// product, so the string must match every pattern.
 #[derive(Clone, Debug)]
 pub(crate) struct Pattern {
-    dfa: dense::DFA<Vec<u32>>,
+    parts: Vec<Part>,
     start: u32,
     /// Per reachable state: `LIVE` (a match is still reachable), `ACCEPTS` (the string may end).
     flags: HashMap<u32, u8>,
+    /// With several parts: each product state's part states, and the way back.
+    tuples: Vec<Vec<u32>>,
+    index: HashMap<Vec<u32>, u32>,
 }
 
 /// Regular expressions of the `format`s enforced (others are annotations).
@@ -46,36 +60,99 @@ pub(crate) fn format_regex(format: &str) -> Option<String> {
 }
 
 impl Pattern {
-    pub(crate) fn new(pattern: &str, at: &str) -> Result<Pattern> {
+    /// The strings that match every one of `patterns` (at least one).
+    pub(crate) fn all(patterns: &[String], at: &str) -> Result<Pattern> {
         let bad = |what: String| Error::InvalidArgument(format!("json schema at {at}: {what}"));
-        let wrapped = format!("(?s:.*?)(?:{pattern})(?s:.*)");
-        let dfa = dense::Builder::new()
-            .configure(
-                dense::Config::new()
-                    .match_kind(MatchKind::All)
-                    .start_kind(StartKind::Anchored)
-                    .dfa_size_limit(Some(16 << 20))
-                    .determinize_size_limit(Some(16 << 20)),
-            )
-            .syntax(syntax::Config::new().utf8(true).unicode(true))
-            .build(&wrapped)
-            .map_err(|e| bad(format!("pattern {pattern:?} is not supported: {e}")))?;
-        let start = dfa
-            .start_state_forward(&Input::new("").anchored(Anchored::Yes))
-            .map_err(|e| bad(format!("pattern {pattern:?}: {e}")))?;
+        let mut parts = Vec::new();
+        for pattern in patterns {
+            let wrapped = format!("(?s:.*?)(?:{pattern})(?s:.*)");
+            let dfa = dense::Builder::new()
+                .configure(
+                    dense::Config::new()
+                        .match_kind(MatchKind::All)
+                        .start_kind(StartKind::Anchored)
+                        .dfa_size_limit(Some(16 << 20))
+                        .determinize_size_limit(Some(16 << 20)),
+                )
+                .syntax(syntax::Config::new().utf8(true).unicode(true))
+                .build(&wrapped)
+                .map_err(|e| bad(format!("pattern {pattern:?} is not supported: {e}")))?;
+            let start = dfa
+                .start_state_forward(&Input::new("").anchored(Anchored::Yes))
+                .map_err(|e| bad(format!("pattern {pattern:?}: {e}")))?;
+            parts.push(Part {
+                dfa,
+                start: start.as_u32(),
+            });
+        }
+        let several = parts.len() > 1;
         let mut p = Pattern {
-            dfa,
-            start: start.as_u32(),
+            start: parts[0].start,
+            parts,
             flags: HashMap::new(),
+            tuples: Vec::new(),
+            index: HashMap::new(),
         };
+        if several {
+            let starts: Vec<u32> = p.parts.iter().map(|q| q.start).collect();
+            p.start = p.intern(starts);
+        }
+        let what = patterns.join("\" and \"");
         p.explore()
-            .map_err(|e| bad(format!("pattern {pattern:?}: {e}")))?;
+            .map_err(|e| bad(format!("pattern \"{what}\": {e}")))?;
         if !p.is_live(p.start) {
             return Err(bad(format!(
-                "pattern {pattern:?} admits no string without escapes"
+                "pattern \"{what}\" admits no string without escapes"
             )));
         }
         Ok(p)
+    }
+
+    /// The id of a tuple of part states (product states only).
+    fn intern(&mut self, t: Vec<u32>) -> u32 {
+        if let Some(&id) = self.index.get(&t) {
+            return id;
+        }
+        let id = self.tuples.len() as u32;
+        self.tuples.push(t.clone());
+        self.index.insert(t, id);
+        id
+    }
+
+    /// The state after raw byte `b` from `s`, if no part dies there (interning new product
+    /// states while exploring).
+    fn step(&mut self, s: u32, b: u8) -> Option<u32> {
+        if self.tuples.is_empty() {
+            let d = &self.parts[0].dfa;
+            let next = d.next_state(Self::id(s), b);
+            return (!d.is_dead_state(next) && !d.is_quit_state(next)).then(|| next.as_u32());
+        }
+        let t = self.next_tuple(s, b)?;
+        Some(self.intern(t))
+    }
+
+    fn next_tuple(&self, s: u32, b: u8) -> Option<Vec<u32>> {
+        let mut t = Vec::with_capacity(self.parts.len());
+        for (q, &ps) in self.parts.iter().zip(&self.tuples[s as usize]) {
+            let next = q.dfa.next_state(Self::id(ps), b);
+            if q.dfa.is_dead_state(next) || q.dfa.is_quit_state(next) {
+                return None;
+            }
+            t.push(next.as_u32());
+        }
+        Some(t)
+    }
+
+    /// Whether every part matches when the string ends in state `s`.
+    fn matches_at_end(&self, s: u32) -> bool {
+        let end = |q: &Part, ps: u32| q.dfa.is_match_state(q.dfa.next_eoi_state(Self::id(ps)));
+        if self.tuples.is_empty() {
+            return end(&self.parts[0], s);
+        }
+        self.parts
+            .iter()
+            .zip(&self.tuples[s as usize])
+            .all(|(q, &ps)| end(q, ps))
     }
 
     fn id(s: u32) -> StateID {
@@ -90,19 +167,16 @@ impl Pattern {
         let mut queue = VecDeque::from([self.start]);
         seen.insert(self.start, 0);
         while let Some(s) = queue.pop_front() {
-            let sid = Self::id(s);
-            if self.dfa.is_match_state(self.dfa.next_eoi_state(sid)) {
+            if self.matches_at_end(s) {
                 seen.insert(s, ACCEPTS);
             }
             for b in 0..=255u8 {
                 if !raw_string_byte(b) {
                     continue;
                 }
-                let next = self.dfa.next_state(sid, b);
-                if self.dfa.is_dead_state(next) || self.dfa.is_quit_state(next) {
+                let Some(n) = self.step(s, b) else {
                     continue;
-                }
-                let n = next.as_u32();
+                };
                 preds.entry(n).or_default().push(s);
                 if let std::collections::hash_map::Entry::Vacant(e) = seen.entry(n) {
                     e.insert(0);
@@ -149,7 +223,12 @@ impl Pattern {
         if !raw_string_byte(b) {
             return None;
         }
-        let n = self.dfa.next_state(Self::id(s), b).as_u32();
+        let n = if self.tuples.is_empty() {
+            self.parts[0].dfa.next_state(Self::id(s), b).as_u32()
+        } else {
+            // Every live product state was interned while exploring.
+            *self.index.get(&self.next_tuple(s, b)?)?
+        };
         self.is_live(n).then_some(n)
     }
 

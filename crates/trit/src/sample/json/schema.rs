@@ -360,6 +360,10 @@ fn numbers_only(node: &Node, at: &str, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Where an `allOf` merge puts the patterns of members beside the first one's `pattern` (a key
+/// no schema writer uses; the string must match them all).
+pub(super) const MORE_PATTERNS: &str = "\u{1}trit:more patterns";
+
 /// The kinds a `not` excludes: the form `{"not": {"type": …}}` ("not null", "not a string"),
 /// whose complement is a set of types (`not` of values beside an `enum` is taken apart
 /// elsewhere); any other `not` would need the complement of a schema: refused.
@@ -483,6 +487,7 @@ impl Compiler<'_> {
             "anyOf",
             "oneOf",
             "not",
+            MORE_PATTERNS,
         ];
         for k in o.keys() {
             if !KNOWN.contains(&k.as_str()) && !ANNOTATIONS.contains(&k.as_str()) {
@@ -591,19 +596,20 @@ impl Compiler<'_> {
             .get("format")
             .and_then(Value::as_str)
             .and_then(format_regex);
-        let pattern = match (o.get("pattern"), format) {
-            (Some(_), Some(_)) => {
-                return Err(bad(
-                    at,
-                    "`pattern` beside an enforced `format` is not supported",
-                ))
-            }
-            (Some(Value::String(p)), None) => Some(p.clone()),
-            (Some(_), None) => return Err(bad(at, "`pattern` must be a string")),
-            (None, f) => f,
-        };
-        if let Some(p) = pattern {
-            self.patterns.push(Pattern::new(&p, at)?);
+        // Every pattern the string must match: its own, those an `allOf` merge added, and an
+        // enforced format's.
+        let mut patterns = Vec::new();
+        match o.get("pattern") {
+            Some(Value::String(p)) => patterns.push(p.clone()),
+            Some(_) => return Err(bad(at, "`pattern` must be a string")),
+            None => {}
+        }
+        if let Some(more) = o.get(MORE_PATTERNS).and_then(Value::as_array) {
+            patterns.extend(more.iter().filter_map(Value::as_str).map(str::to_string));
+        }
+        patterns.extend(format);
+        if !patterns.is_empty() {
+            self.patterns.push(Pattern::all(&patterns, at)?);
             node.pattern = Some(self.patterns.len() - 1);
         }
         self.bounds(o, at, &mut node)?;

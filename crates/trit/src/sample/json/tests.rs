@@ -216,8 +216,12 @@ fn unsupported_keywords_and_contradictions_are_refused_by_name() {
             "beside an `anyOf`",
         ),
         (
-            json!({"allOf": [{"pattern": "^a"}, {"pattern": "b$"}]}),
-            "different `pattern`",
+            json!({"allOf": [{"multipleOf": 2}, {"multipleOf": 3}]}),
+            "different `multipleOf`",
+        ),
+        (
+            json!({"type": "string", "allOf": [{"pattern": "^a+$"}, {"pattern": "^b"}]}),
+            "admits no string",
         ),
         (
             json!({"allOf": [{"type": "string"}, {"type": ["integer", "null"]}]}),
@@ -618,13 +622,55 @@ fn formats_with_a_shape_are_enforced_and_others_stay_annotations() {
             json!({"type": "string", "pattern": "^\"$"}),
             "without escapes",
         ),
-        (
-            json!({"type": "string", "pattern": "a", "format": "date"}),
-            "format",
-        ),
     ] {
         let e = JsonSchema::compile(&schema).unwrap_err().to_string();
         assert!(e.contains(word), "{schema}: {e}");
+    }
+}
+
+/// A string under several patterns — an `allOf` of members with different `pattern`s, or a
+/// `pattern` beside an enforced `format` — must match each: every text over a small alphabet
+/// gets the verdict of the regex crate's searches, and constrained draws match them all.
+#[test]
+fn several_patterns_must_all_match() {
+    // (schema, its patterns, whether random draws end: a pattern like `b$` leaves the draws'
+    // closing bytes no way out, so only bounded ones are drawn)
+    let schemas = [
+        (
+            json!({"type": "string", "allOf": [{"pattern": "^a"}, {"pattern": "b$"}, {"pattern": "ab"}]}),
+            vec!["^a", "b$", "ab"],
+            false,
+        ),
+        (
+            json!({"type": "string", "allOf": [{"pattern": "a.c"}, {"pattern": "^[abc]{3,4}$"}]}),
+            vec!["a.c", "^[abc]{3,4}$"],
+            true,
+        ),
+    ];
+    for (schema, res, drawn) in &schemas {
+        let s = JsonSchema::compile(schema).unwrap();
+        let res: Vec<regex::Regex> = res.iter().map(|r| regex::Regex::new(r).unwrap()).collect();
+        for text in strings_over("abc", 5) {
+            let want = res.iter().all(|r| r.is_match(&text));
+            let doc = format!("\"{text}\"");
+            assert_eq!(accepts(&s, doc.as_bytes()), want, "{schema}: {text:?}");
+        }
+        if *drawn {
+            draw_documents(s, 20, |v| {
+                let t = v.as_str().unwrap();
+                assert!(res.iter().all(|r| r.is_match(t)), "{schema}: {v}");
+            });
+        }
+    }
+    // A pattern beside an enforced format: a date in 2024.
+    let s = JsonSchema::compile(&json!({"type": "string", "format": "date", "pattern": "^2024"}))
+        .unwrap();
+    for (d, ok) in [
+        ("2024-02-29", true),
+        ("2023-02-28", false),
+        ("2024-13-01", false),
+    ] {
+        assert_eq!(accepts(&s, format!("\"{d}\"").as_bytes()), ok, "{d}");
     }
 }
 

@@ -6,13 +6,14 @@
 //! by several members takes the `allOf` of its schemas), `required` (union),
 //! `additionalProperties: false` (only properties every closed member names stay allowed),
 //! lower bounds (the largest), upper bounds (the smallest), `enum`/`const` (intersected),
-//! `items` (the `allOf` of both), and keywords equal in every member that has them (`pattern`,
-//! `multipleOf`, `prefixItems`, `format`, …). At most one member may hold `anyOf`/`oneOf`; the
-//! other members' keywords then go into each of its branches. Any
-//! other difference — two patterns, a schema-valued `additionalProperties` beside other
-//! members' properties — is refused with its place, never merged in part.
+//! `items` (the `allOf` of both), `pattern`s (all kept: the string must match each), and
+//! keywords equal in every member that has them (`multipleOf`, `prefixItems`, `format`, …). At
+//! most one member may hold `anyOf`/`oneOf`; the other members' keywords then go into each of
+//! its branches. Any other difference — two `multipleOf`s, a schema-valued
+//! `additionalProperties` beside other members' properties — is refused with its place, never
+//! merged in part.
 
-use super::{bad, empty, kinds_of, resolve, ANNOTATIONS};
+use super::{bad, empty, kinds_of, resolve, ANNOTATIONS, MORE_PATTERNS};
 use super::{ARRAY, BOOL, INTEGER, NULL, NUMBER, OBJECT, STRING};
 use crate::Result;
 use serde_json::{json, Map, Value};
@@ -206,6 +207,23 @@ impl Merged {
                     }
                     self.out.insert("enum".into(), Value::Array(kept));
                 }
+                // Patterns of different members: the string must match each (all kept).
+                "pattern" => match self.out.get(k) {
+                    Some(old) if old != v => {
+                        let more = self
+                            .out
+                            .entry(MORE_PATTERNS)
+                            .or_insert_with(|| Value::Array(Vec::new()));
+                        if let Value::Array(a) = more {
+                            if !a.contains(v) {
+                                a.push(v.clone());
+                            }
+                        }
+                    }
+                    _ => {
+                        self.out.insert(k.clone(), v.clone());
+                    }
+                },
                 "items" => {
                     let s = match self.out.get(k) {
                         Some(old) if old != v => json!({"allOf": [old, v]}),
