@@ -253,6 +253,58 @@ fn not_of_a_type_removes_that_type() {
     }
 }
 
+/// Members' `additionalProperties` against the other members' properties: a property one
+/// member names is an additional one for every member that does not, so it takes that member's
+/// `additionalProperties` too; names no member lists take all of them. The verdicts are Python
+/// `jsonschema`'s (Draft 2020-12) on the same documents.
+#[test]
+fn schema_valued_additional_properties_apply_to_other_members_properties() {
+    let cases = [
+        (
+            json!({"allOf": [
+                {"type": "object", "properties": {"a": {"type": "integer"}},
+                 "additionalProperties": {"type": "string"}},
+                {"properties": {"b": {"type": "string", "maxLength": 2}}, "required": ["b"]}]}),
+            &[
+                r#"{"b":"xy"}"#,
+                r#"{"a":1,"b":"x"}"#,
+                r#"{"b":"x","c":"s"}"#,
+            ][..],
+            &[
+                r#"{"b":"xyz"}"#,
+                r#"{"b":1}"#,
+                r#"{"a":"1","b":"x"}"#,
+                r#"{"b":"x","c":1}"#,
+                "{}",
+            ][..],
+        ),
+        (
+            json!({"allOf": [
+                {"type": "object", "additionalProperties": {"type": "integer"}},
+                {"additionalProperties": {"minimum": 3}}]}),
+            &[r#"{"x":3}"#, "{}", r#"{"x":4,"y":10}"#][..],
+            &[r#"{"x":2}"#, r#"{"x":3.5}"#, r#"{"x":"s"}"#][..],
+        ),
+        (
+            json!({"allOf": [
+                {"type": "object", "properties": {"a": {}, "b": {}}, "additionalProperties": false},
+                {"properties": {"a": {"type": "integer"}},
+                 "additionalProperties": {"type": "boolean"}}]}),
+            &[r#"{"a":1,"b":true}"#, "{}", r#"{"b":false}"#][..],
+            &[r#"{"a":1,"b":1}"#, r#"{"c":true}"#, r#"{"a":"x"}"#][..],
+        ),
+    ];
+    for (schema, yes, no) in cases {
+        let s = JsonSchema::compile(&schema).unwrap();
+        for d in yes {
+            assert!(accepts(&s, d.as_bytes()), "{schema}: {d}");
+        }
+        for d in no {
+            assert!(!accepts(&s, d.as_bytes()), "{schema}: {d}");
+        }
+    }
+}
+
 #[test]
 fn not_of_values_removes_them_from_an_enum() {
     // (schema, documents admitted, documents refused)

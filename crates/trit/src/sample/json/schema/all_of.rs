@@ -4,13 +4,14 @@
 //!
 //! What merges: `type` (intersected; `integer` within `number`), `properties` (a property named
 //! by several members takes the `allOf` of its schemas), `required` (union),
-//! `additionalProperties: false` (only properties every closed member names stay allowed),
+//! `additionalProperties` (a property one member names is an additional one for each member
+//! that does not: it also takes that member's `additionalProperties` — dropped where it is
+//! `false` —, and the merge's own is the `allOf` of all of them),
 //! lower bounds (the largest), upper bounds (the smallest), `enum`/`const` (intersected),
 //! `items` (the `allOf` of both), `pattern`s (all kept: the string must match each), and
 //! keywords equal in every member that has them (`multipleOf`, `prefixItems`, `format`, …). At
 //! most one member may hold `anyOf`/`oneOf`; the other members' keywords then go into each of
-//! its branches. Any other difference — two `multipleOf`s, a schema-valued
-//! `additionalProperties` beside other members' properties — is refused with its place, never
+//! its branches. Any other difference (two `multipleOf`s, …) is refused with its place, never
 //! merged in part.
 
 use super::{bad, empty, kinds_of, resolve, ANNOTATIONS, MORE_PATTERNS};
@@ -95,12 +96,9 @@ fn member(
 #[derive(Default)]
 struct Merged {
     out: Map<String, Value>,
-    /// Property names of each member with `additionalProperties: false`.
-    closed: Vec<BTreeSet<String>>,
-    /// Whether a member has properties (a schema-valued `additionalProperties` beside them is
-    /// refused) and whether one has such a schema.
-    any_properties: bool,
-    open_schema: bool,
+    /// Each member with an `additionalProperties` other than `true`: the property names it
+    /// lists and that `additionalProperties` (`false` or a schema).
+    extra: Vec<(BTreeSet<String>, Value)>,
 }
 
 /// The `type` value naming the kinds in `k` (bit flags of `kinds_of`; `number` covers
@@ -124,9 +122,6 @@ fn type_names(k: u8) -> Value {
 
 impl Merged {
     fn add(&mut self, part: &Map<String, Value>, at: &str) -> Result<()> {
-        if part.contains_key("properties") {
-            self.any_properties = true;
-        }
         for (k, v) in part {
             match k.as_str() {
                 "type" => {
@@ -165,24 +160,19 @@ impl Merged {
                         }
                     }
                 }
-                "additionalProperties" => match v {
-                    Value::Bool(true) => {}
-                    Value::Bool(false) => {
+                "additionalProperties" => {
+                    if !matches!(v, Value::Bool(_) | Value::Object(_)) {
+                        return Err(bad(at, "`additionalProperties` must be a schema"));
+                    }
+                    if *v != Value::Bool(true) {
                         let names = part
                             .get("properties")
                             .and_then(Value::as_object)
                             .map(|p| p.keys().cloned().collect())
                             .unwrap_or_default();
-                        self.closed.push(names);
+                        self.extra.push((names, v.clone()));
                     }
-                    _ => {
-                        if self.open_schema {
-                            return Err(bad(at, "two schema-valued `additionalProperties`"));
-                        }
-                        self.open_schema = true;
-                        self.out.insert(k.clone(), v.clone());
-                    }
-                },
+                }
                 "minimum" | "exclusiveMinimum" | "minLength" | "minItems" => {
                     self.bound(k, v, at, |new, old| new > old)?
                 }
@@ -272,39 +262,66 @@ impl Merged {
         Ok(())
     }
 
-    fn finish(mut self, at: &str) -> Result<Value> {
-        if self.open_schema && self.any_properties {
+    /// Properties against the members' `additionalProperties`: a property one member names is
+    /// an additional one for every member that does not, so it also takes that member's
+    /// `additionalProperties` (and is dropped where that is `false`); names no member lists take
+    /// every member's.
+    fn merge_extra(&mut self, at: &str) -> Result<()> {
+        if self.extra.is_empty() {
+            return Ok(());
+        }
+        let closed = |(_, v): &(BTreeSet<String>, Value)| *v == Value::Bool(false);
+        if let Some(props) = self
+            .out
+            .get_mut("properties")
+            .and_then(Value::as_object_mut)
+        {
+            props.retain(|name, _| !self.extra.iter().any(|e| closed(e) && !e.0.contains(name)));
+            for (name, s) in props.iter_mut() {
+                for (names, extra) in &self.extra {
+                    if !names.contains(name) {
+                        *s = json!({"allOf": [s.clone(), extra]});
+                    }
+                }
+            }
+        }
+        let required: Vec<String> = self
+            .out
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| {
+                r.iter()
+                    .filter_map(|v| v.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let listed = |r: &String| {
+            self.out
+                .get("properties")
+                .and_then(Value::as_object)
+                .is_some_and(|p| p.contains_key(r))
+        };
+        let all_closed = self.extra.iter().any(closed);
+        if let Some(r) = required.iter().find(|r| all_closed && !listed(r)) {
             return Err(bad(
                 at,
-                "a schema-valued `additionalProperties` in an `allOf` beside members' properties is not supported",
+                format!("property {r:?} is required but an `allOf` member with `additionalProperties: false` does not allow it"),
             ));
         }
-        if let Some(allowed) = self.closed.iter().cloned().reduce(|a, b| &a & &b) {
-            let required: Vec<String> = self
-                .out
-                .get("required")
-                .and_then(Value::as_array)
-                .map(|r| {
-                    r.iter()
-                        .filter_map(|v| v.as_str().map(String::from))
-                        .collect()
-                })
-                .unwrap_or_default();
-            if let Some(r) = required.iter().find(|r| !allowed.contains(*r)) {
-                return Err(bad(
-                    at,
-                    format!("property {r:?} is required but an `allOf` member with `additionalProperties: false` does not allow it"),
-                ));
-            }
-            if let Some(props) = self
-                .out
-                .get_mut("properties")
-                .and_then(Value::as_object_mut)
-            {
-                props.retain(|name, _| allowed.contains(name));
-            }
-            self.out.insert("additionalProperties".into(), json!(false));
-        }
+        let rest: Vec<Value> = self.extra.iter().map(|(_, v)| v.clone()).collect();
+        let additional = if all_closed {
+            json!(false)
+        } else if rest.len() == 1 {
+            rest[0].clone()
+        } else {
+            json!({"allOf": rest})
+        };
+        self.out.insert("additionalProperties".into(), additional);
+        Ok(())
+    }
+
+    fn finish(mut self, at: &str) -> Result<Value> {
+        self.merge_extra(at)?;
         // A union beside other keywords: those keywords go into every branch —
         // A ∧ (B1 ∨ B2) = (A ∧ B1) ∨ (A ∧ B2), and "exactly one Bi" likewise for `oneOf`.
         let union = ["anyOf", "oneOf"]
