@@ -19,7 +19,7 @@
 use crate::device::{cuda_err, ptr, Arg, Gpu};
 use crate::graph::StepGraph;
 use crate::topk::TopBuffers;
-use cudarc::driver::{sys, CudaContext, CudaSlice};
+use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use trit::model::{DeviceLoopRun, DevicePick};
@@ -177,6 +177,18 @@ impl GreedyBufs {
         })
     }
 
+    /// The buffers kept in `slot` (taken out while a loop runs), or new ones.
+    pub(crate) fn take_or_new(
+        slot: &mut Option<GreedyBufs>,
+        gpu: &Gpu,
+        n_toks: usize,
+    ) -> Result<GreedyBufs> {
+        match slot.take() {
+            Some(b) => Ok(b),
+            None => GreedyBufs::new(gpu, n_toks),
+        }
+    }
+
     /// Launches one step, captured on first use with `enqueue` (which enqueues a step up to
     /// its logits; the pick ends it).
     pub(crate) fn launch_step(
@@ -217,6 +229,28 @@ pub(crate) struct Pick {
     /// The word a stop id sets (`None`: the loop's own, which nothing reads).
     pub(crate) halt: Option<u64>,
     pub(crate) rule: Rule,
+}
+
+impl Pick {
+    /// The pick of a model's single path: its logits (and their count), its position counter
+    /// and its token array (one entry per position), no halt word of its own.
+    pub(crate) fn new(
+        s: &CudaStream,
+        (logits, vocab): (&CudaSlice<f32>, usize),
+        step: &CudaSlice<i32>,
+        toks: &CudaSlice<i32>,
+        rule: Rule,
+    ) -> Pick {
+        Pick {
+            logits: ptr(logits, s),
+            vocab,
+            step: ptr(step, s),
+            toks: ptr(toks, s),
+            n_toks: toks.len(),
+            halt: None,
+            rule,
+        }
+    }
 }
 
 /// Enqueues the pick of the step's token (argmax, or candidates and the sampler) and the
@@ -416,21 +450,16 @@ impl crate::model::CudaModel {
         let mut guard = self.state.lock().map_err(|_| poisoned())?;
         let st: &mut crate::model::State = &mut guard;
         self.upload_inputs(st, &[first], pos0)?;
-        let mut bufs = match st.greedy.take() {
-            Some(b) => b,
-            None => GreedyBufs::new(&st.gpu, self.ctx)?,
-        };
+        let mut bufs = GreedyBufs::take_or_new(&mut st.greedy, &st.gpu, self.ctx)?;
         let st: &crate::model::State = st;
         let s = &st.gpu.stream;
-        let pick = Pick {
-            logits: ptr(&st.b.logits, s),
-            vocab: self.config.vocab,
-            step: ptr(&st.b.step, s),
-            toks: ptr(&st.b.toks, s),
-            n_toks: self.ctx,
-            halt: None,
+        let pick = Pick::new(
+            s,
+            (&st.b.logits, self.config.vocab),
+            &st.b.step,
+            &st.b.toks,
             rule,
-        };
+        );
         let kv = CudaModel::own_kv(st);
         let enqueue = || self.enqueue_layers(st, true, &kv, false);
         let args = LoopArgs {

@@ -363,6 +363,22 @@ impl Buffers {
     }
 }
 
+/// Puts `tokens` at positions `start..` of the step's token array and, where the device
+/// counter may stand elsewhere, sets it to `start`; the counter is unknown afterwards.
+fn upload_feed(st: &mut State, tokens: &[u32], start: usize) -> Result<()> {
+    let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+    let s = st.gpu.stream.clone();
+    let mut view = st.b.toks.slice_mut(start..start + ids.len());
+    s.memcpy_htod(&ids, &mut view)
+        .map_err(|e| crate::device::cuda_err("uploading token ids", e))?;
+    if st.device_pos != Some(start) {
+        s.memcpy_htod(&[start as i32, 0], &mut st.b.step)
+            .map_err(|e| crate::device::cuda_err("setting the position", e))?;
+    }
+    st.device_pos = None;
+    Ok(())
+}
+
 impl CudaHybrid {
     fn capture(&self, st: &State, with_head: bool) -> Result<StepGraph> {
         StepGraph::capture(&st.gpu.stream, "hybrid decode graph", || {
@@ -416,18 +432,7 @@ impl CudaHybrid {
         };
         let skip = feed.len() - tokens.len();
         st.seq_len = None;
-        let ids: Vec<i32> = feed.iter().map(|&t| t as i32).collect();
-        {
-            let s = st.gpu.stream.clone();
-            let mut view = st.b.toks.slice_mut(start..start + ids.len());
-            s.memcpy_htod(&ids, &mut view)
-                .map_err(|e| crate::device::cuda_err("uploading token ids", e))?;
-            if st.device_pos != Some(start) {
-                s.memcpy_htod(&[start as i32, 0], &mut st.b.step)
-                    .map_err(|e| crate::device::cuda_err("setting the position", e))?;
-            }
-        }
-        st.device_pos = None;
+        upload_feed(st, &feed, start)?;
         let mut all = Vec::new();
         if which != Some(Logits::All) && self.use_prefill(st, feed.len()) {
             // The prompt in chunks; the head only for its last token.
@@ -491,34 +496,22 @@ impl CudaHybrid {
                 self.forward_locked(st, &[last], pos0 - 1, None, &mut |_| {})?;
             }
         }
-        {
-            let s = st.gpu.stream.clone();
-            let mut view = st.b.toks.slice_mut(pos0..pos0 + 1);
-            s.memcpy_htod(&[first as i32], &mut view)
-                .map_err(|e| crate::device::cuda_err("uploading token ids", e))?;
-            if st.device_pos != Some(pos0) {
-                s.memcpy_htod(&[pos0 as i32, 0], &mut st.b.step)
-                    .map_err(|e| crate::device::cuda_err("setting the position", e))?;
-            }
-        }
+        upload_feed(st, &[first], pos0)?;
         st.seq_len = None;
-        st.device_pos = None;
-        let mut bufs = match st.greedy.take() {
-            Some(b) => b,
-            None => GreedyBufs::new(&st.gpu, self.ctx)?,
-        };
+        let mut bufs = GreedyBufs::take_or_new(&mut st.greedy, &st.gpu, self.ctx)?;
         let mut seen = Vec::new();
         let driven = {
             let st: &State = st;
             let s = &st.gpu.stream;
             let pick = Pick {
-                logits: ptr(&st.b.logits, s),
-                vocab: self.config.vocab,
-                step: ptr(&st.b.step, s),
-                toks: ptr(&st.b.toks, s),
-                n_toks: self.ctx,
                 halt: Some(ptr(&st.b.halt, s)),
-                rule,
+                ..Pick::new(
+                    s,
+                    (&st.b.logits, self.config.vocab),
+                    &st.b.step,
+                    &st.b.toks,
+                    rule,
+                )
             };
             let enqueue = || self.enqueue_layers(st, true);
             crate::greedy::drive(
