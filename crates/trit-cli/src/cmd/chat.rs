@@ -32,7 +32,8 @@ pub struct ChatArgs {
 }
 
 const HELP: &str = "commands: /help (h), /clear or /reset (r) forget the conversation, \
-/system TEXT set the system message, /exit (q)";
+/system TEXT set the system message, /save FILE keep the conversation and its cache in FILE, \
+/load FILE continue one saved there, /exit (q)";
 
 pub fn run(a: ChatArgs) -> Result<()> {
     let loaded = load(&a.model)?;
@@ -82,20 +83,71 @@ pub fn run(a: ChatArgs) -> Result<()> {
             }
             _ => {}
         }
+        if let Some(file) = input.strip_prefix("/save ") {
+            let saved = json!({"system": system, "messages": history});
+            match session.save_state(file.trim().as_ref(), saved) {
+                Ok(()) => println!(
+                    "(saved {} messages, {} cached tokens, to {})",
+                    history.len(),
+                    session.tokens().len(),
+                    file.trim()
+                ),
+                Err(e) => println!("could not save: {e}"),
+            }
+            continue;
+        }
+        if let Some(file) = input.strip_prefix("/load ") {
+            match load_chat(&mut session, file.trim()) {
+                Ok((s, h)) => {
+                    (system, history) = (s, h);
+                    if let Some(d) = &mut draft {
+                        d.reset();
+                    }
+                    println!(
+                        "(loaded {} messages, {} cached tokens, from {})",
+                        history.len(),
+                        session.tokens().len(),
+                        file.trim()
+                    );
+                }
+                Err(e) => println!("could not load: {e}"),
+            }
+            continue;
+        }
         if let Some(s) = input.strip_prefix("/system") {
             system = Some(s.trim().to_string()).filter(|s| !s.is_empty());
             history.clear();
             println!("(system message set; conversation cleared)");
             continue;
         }
-        let mut messages = Vec::new();
-        if let Some(s) = &system {
-            messages.push(json!({"role": "system", "content": s}));
+        // Room for a reply: the oldest exchanges go when the conversation leaves less.
+        let room = opts.max_tokens.clamp(1, (session.n_ctx() / 4).max(1));
+        let mut dropped = 0;
+        let ids = loop {
+            let mut messages = Vec::new();
+            if let Some(s) = &system {
+                messages.push(json!({"role": "system", "content": s}));
+            }
+            messages.extend(history.iter().cloned());
+            messages.push(json!({"role": "user", "content": input}));
+            let text = template.render(&messages, true, None, &kwargs)?;
+            let ids = loaded.tokenizer.encode(&text, false)?;
+            if ids.len() + room <= session.n_ctx() || history.len() < 2 {
+                break ids;
+            }
+            history.drain(..2);
+            dropped += 1;
+        };
+        if dropped > 0 {
+            let what = match dropped {
+                1 => "exchange".to_string(),
+                n => format!("{n} exchanges"),
+            };
+            println!(
+                "(the conversation outgrew the context of {} tokens: dropped its oldest {what})",
+                session.n_ctx()
+            );
         }
-        messages.extend(history.iter().cloned());
-        messages.push(json!({"role": "user", "content": input}));
-        let text = template.render(&messages, true, None, &kwargs)?;
-        let ids = loaded.tokenizer.encode(&text, false)?;
         let mut stdout = std::io::stdout();
         let result = a.draft.generate(
             &mut session,
@@ -130,7 +182,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
             }
             Err(Error::ContextOverflow { n_prompt, n_ctx }) => {
                 println!(
-                    "{}\nThe conversation has {} tokens; use /clear to start over or a larger --ctx.",
+                    "{}\nThis message alone has {} tokens with the system message; use a larger --ctx.",
                     Error::ContextOverflow { n_prompt, n_ctx },
                     ids.len()
                 );
@@ -139,4 +191,29 @@ pub fn run(a: ChatArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The system message and history saved by `/save` in `file`, its cache loaded into `session`.
+fn load_chat(session: &mut Session, file: &str) -> Result<(Option<String>, Vec<Value>)> {
+    // Checked before the cache is replaced, so a file of `trit run --prompt-cache` (no
+    // messages) leaves the conversation as it was.
+    let peek = trit::engine::state_file::read_extra(file.as_ref())?;
+    let parse = |v: &Value| -> Option<(Option<String>, Vec<Value>)> {
+        let system = match v.get("system")? {
+            Value::Null => None,
+            Value::String(s) => Some(s.clone()),
+            _ => return None,
+        };
+        let messages = v.get("messages")?.as_array()?;
+        let well_formed = messages.iter().all(|m| {
+            m.get("role").is_some_and(Value::is_string)
+                && m.get("content").is_some_and(Value::is_string)
+        });
+        well_formed.then(|| (system, messages.clone()))
+    };
+    let Some(chat) = parse(&peek) else {
+        bail!("{file} holds a saved session without a conversation (saved by `trit run --prompt-cache`?)");
+    };
+    session.load_state(file.as_ref())?;
+    Ok(chat)
 }

@@ -44,6 +44,17 @@ pub struct RunArgs {
     pub json_schema: Option<String>,
     #[command(flatten)]
     pub draft: DraftArgs,
+    /// Keep the prompt's state (its tokens' keys and values) in FILE: a later run whose
+    /// prompt starts with the same tokens reads only the rest. Read if FILE exists, written
+    /// after the reply. llama.cpp's --prompt-cache.
+    #[arg(long, value_name = "FILE")]
+    pub prompt_cache: Option<PathBuf>,
+    /// With --prompt-cache: save the reply's tokens too, not only the prompt's.
+    #[arg(long, requires = "prompt_cache")]
+    pub prompt_cache_all: bool,
+    /// With --prompt-cache: read the file, never write it.
+    #[arg(long, requires = "prompt_cache")]
+    pub prompt_cache_ro: bool,
 }
 
 /// Speculative decoding (`run`, `chat`).
@@ -201,6 +212,14 @@ pub fn run(a: RunArgs) -> Result<()> {
         json,
     };
     let mut session = Session::new(loaded.model.clone(), loaded.n_ctx);
+    if a.prompt_cache.is_some() {
+        trit::engine::state_file::check_savable(&loaded.model).context("--prompt-cache")?;
+    }
+    if let Some(f) = a.prompt_cache.as_ref().filter(|f| f.exists()) {
+        session
+            .load_state(f)
+            .with_context(|| format!("--prompt-cache {}", f.display()))?;
+    }
     let mut draft = a.draft.session(&a.model, &session)?;
     if !a.quiet {
         println!("==========");
@@ -220,8 +239,26 @@ pub fn run(a: RunArgs) -> Result<()> {
         &mut print,
     )?;
     println!();
+    if let Some(f) = a.prompt_cache.as_ref().filter(|_| !a.prompt_cache_ro) {
+        if !a.prompt_cache_all {
+            // The prompt only (a hybrid cache keeps its state from before the last token).
+            session.keep_prefix(ids.len());
+        }
+        session
+            .save_state(f, json!({}))
+            .with_context(|| format!("saving --prompt-cache {}", f.display()))?;
+    }
     if !a.quiet {
         println!("==========");
+        if let Some(f) = &a.prompt_cache {
+            // The session started from the file alone: what it did not evaluate came from it.
+            println!(
+                "Prompt cache: {} of {} prompt tokens read from {}",
+                g.prompt_tokens - g.prompt_evaluated,
+                g.prompt_tokens,
+                f.display()
+            );
+        }
         print_speed(&g);
         if let Some(s) = stats {
             println!("{}", draft_line(&s, g.tokens.len()));

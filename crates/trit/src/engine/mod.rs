@@ -10,6 +10,7 @@ pub mod scheduler;
 pub mod sequence;
 pub mod session;
 pub mod speculative;
+pub mod state_file;
 pub mod stats;
 
 pub use block_pool::{BlockPool, BlockStats};
@@ -20,3 +21,4 @@ pub use scheduler::{
 pub use sequence::{Decoding, Step, TokenLogprob};
 pub use session::Session;
 pub use speculative::{check_draft, generate_speculative, DraftOptions, DraftStats};
+pub use state_file::LoadedState;

@@ -60,6 +60,14 @@ impl Session {
         self.tokens.truncate(self.cache.len());
     }
 
+    /// Keeps at most the first `len` tokens: all of them for an attention-only cache; a
+    /// hybrid model's cache rolls back to its snapshot (the prompt's last token but one) or
+    /// to nothing when that lies beyond `len` — `tokens()` says what is left.
+    pub fn keep_prefix(&mut self, len: usize) {
+        self.cache.truncate(len.min(self.tokens.len()));
+        self.tokens.truncate(self.cache.len());
+    }
+
     pub fn reset(&mut self) {
         self.cache.clear();
         self.tokens.clear();
@@ -166,6 +174,32 @@ impl Session {
                 Err(e)
             }
         }
+    }
+
+    /// Writes the tokens this session holds, their keys and values (and a hybrid model's
+    /// recurrent state) to `path`, with the caller's `extra` data beside them (see
+    /// [`state_file`](super::state_file)).
+    pub fn save_state(&self, path: &std::path::Path, extra: serde_json::Value) -> Result<()> {
+        super::state_file::save(self, path, extra)
+    }
+
+    /// Replaces this session's cache by one saved with [`save_state`](Self::save_state) by the
+    /// same model (checked: shapes, cache types, and the first token's keys recomputed); the
+    /// next prompt that starts with the saved tokens evaluates only the rest. On error the
+    /// session is unchanged.
+    pub fn load_state(&mut self, path: &std::path::Path) -> Result<super::LoadedState> {
+        super::state_file::load(self, path)
+    }
+
+    pub(crate) fn state_parts(&self) -> (&KvCache, &[u32]) {
+        (&self.cache, &self.tokens)
+    }
+
+    pub(crate) fn restore_state(&mut self, cache: KvCache, tokens: Vec<u32>) {
+        debug_assert_eq!(cache.len(), tokens.len());
+        self.cache = cache;
+        self.tokens = tokens;
+        self.last_evaluated = 0;
     }
 
     /// Evaluates tokens after the cache and returns logits for every one (perplexity).

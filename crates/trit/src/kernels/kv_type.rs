@@ -244,6 +244,25 @@ impl KvStore {
         }
     }
 
+    /// The stored bytes, in the order a saved session writes them: the elements (f16/f32
+    /// little-endian, or q8_0's codes) then, for q8_0, its scales (empty otherwise).
+    pub fn byte_parts(&self) -> [&[u8]; 2] {
+        match self {
+            KvStore::F16(d) => [bytemuck::cast_slice(d), &[]],
+            KvStore::F32(d) => [bytemuck::cast_slice(d), &[]],
+            KvStore::Q8_0 { q, d } => [bytemuck::cast_slice(q), bytemuck::cast_slice(d)],
+        }
+    }
+
+    /// [`byte_parts`](Self::byte_parts), writable (a saved session is read back into them).
+    pub fn byte_parts_mut(&mut self) -> [&mut [u8]; 2] {
+        match self {
+            KvStore::F16(d) => [bytemuck::cast_slice_mut(d), &mut []],
+            KvStore::F32(d) => [bytemuck::cast_slice_mut(d), &mut []],
+            KvStore::Q8_0 { q, d } => [bytemuck::cast_slice_mut(q), bytemuck::cast_slice_mut(d)],
+        }
+    }
+
     /// The `len` elements from `at`, as a page the attention kernels read (`q8_0`: `at` a
     /// multiple of `Q8_BLOCK`).
     pub fn page(&self, at: usize, len: usize) -> KvPage<'_> {

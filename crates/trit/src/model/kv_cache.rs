@@ -83,6 +83,20 @@ impl KvBlock {
         }
     }
 
+    /// Stored keys (`values` false) or values, every layer (a saved session's bytes).
+    pub fn store_of(&self, values: bool) -> &KvStore {
+        self.store(values)
+    }
+
+    /// [`store_of`](Self::store_of), writable.
+    pub fn store_of_mut(&mut self, values: bool) -> &mut KvStore {
+        if values {
+            &mut self.values
+        } else {
+            &mut self.keys
+        }
+    }
+
     fn store(&self, values: bool) -> &KvStore {
         if values {
             &self.values
@@ -285,6 +299,37 @@ impl KvCache {
         self.release_from(0);
         self.blocks = blocks;
         self.len = len;
+    }
+
+    /// KV heads per row (the page layout; see [`with_heads`](Self::with_heads)).
+    pub fn heads(&self) -> usize {
+        self.heads
+    }
+
+    /// The position and recurrent state of the last [`checkpoint`](Self::checkpoint), if any.
+    pub fn snapshot(&self) -> Option<(usize, &RecurrentState)> {
+        self.snapshot.as_ref().map(|(p, s)| (*p, s))
+    }
+
+    /// Replaces this cache's contents by a saved session's: `blocks` (this cache's shape, owned
+    /// by it alone) holding positions `0..len`, the recurrent state at `len` and its snapshot
+    /// (hybrid models; `None` for attention-only caches). The caller checked the shapes.
+    pub fn restore(
+        &mut self,
+        blocks: Vec<KvBlock>,
+        len: usize,
+        recurrent: Option<RecurrentState>,
+        snapshot: Option<(usize, RecurrentState)>,
+    ) {
+        debug_assert!(len <= blocks.len() * BLOCK_TOKENS && len <= self.capacity);
+        debug_assert_eq!(recurrent.is_some(), self.recurrent.is_some());
+        self.release_from(0);
+        self.blocks = blocks.into_iter().map(Arc::new).collect();
+        self.len = len;
+        if recurrent.is_some() {
+            self.recurrent = recurrent;
+        }
+        self.snapshot = snapshot;
     }
 
     /// Replaces block `i` (same contents) by an identical one kept elsewhere, so that both
