@@ -266,10 +266,17 @@ pub fn compile(arch: &str) -> Result<String> {
 
 /// `TRIT_CUDA_DEFINES="-DNAME=VALUE ..."`: compile-time tunables of the kernels (e.g.
 /// `-DSG_MIN_BLOCKS=3`), for measuring variants without a rebuild. Part of the cache key.
+/// Also the tunables whose value the host must know too (the streaming GEMV's slots per warp
+/// size its shared memory).
 fn extra_defines() -> Vec<String> {
-    std::env::var("TRIT_CUDA_DEFINES")
+    let mut d: Vec<String> = std::env::var("TRIT_CUDA_DEFINES")
         .map(|v| v.split_whitespace().map(str::to_string).collect())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    let st = crate::gemv::stream_stages();
+    if st != crate::gemv::STREAM_STAGES {
+        d.push(format!("-DSTREAM_STAGES={st}"));
+    }
+    d
 }
 
 fn cache_dir() -> Option<PathBuf> {

@@ -356,8 +356,26 @@ fn fused_kernel_args(m: &TernaryArgs, input: FusedInput, y: u64, o: FusedOpts) -
     ]
 }
 
-/// Shared-memory slots per warp of the streaming GEMV (`STREAM_STAGES` in gemv_stream.cu).
+/// Shared-memory slots per warp of the streaming GEMV (`STREAM_STAGES` in gemv_stream.cu)
+/// unless `TRIT_CUDA_STREAM_STAGES` says otherwise.
 pub const STREAM_STAGES: usize = 4;
+
+/// `TRIT_CUDA_STREAM_STAGES` (2 to 8; read once per process): the streaming GEMV's slots per
+/// warp, items in flight per warp one fewer. For measuring: more slots keep more bytes in
+/// flight per warp but fit fewer warps beside each other in shared memory (the 8B took 4 over
+/// 8 in session 6; the 27B's gate‖up, at 2.3–2.6 TB/s against the 8B's 2.9, was never swept).
+/// The kernels get it as `-DSTREAM_STAGES` (device.rs), part of the PTX cache key.
+pub fn stream_stages() -> usize {
+    static ST: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ST.get_or_init(|| parse_stream_stages(std::env::var("TRIT_CUDA_STREAM_STAGES").ok()))
+}
+
+/// The variable's value as slots per warp; unset or malformed: the default.
+fn parse_stream_stages(v: Option<String>) -> usize {
+    v.and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|n| (2..=8).contains(n))
+        .unwrap_or(STREAM_STAGES)
+}
 
 /// Shape of the streaming GEMV (`kernels/gemv_stream.cu`): warps per block, warps that share
 /// a row group, and blocks per multiprocessor. `warps` or `split` 0: chosen per matrix by
@@ -433,7 +451,7 @@ impl StreamConfig {
 /// scale words).
 pub fn stream_smem_bytes(nb: usize, r: usize, warps: u32) -> usize {
     let slot = r * 32 * 16 + r * 32 * 4;
-    nb * 64 + nb.div_ceil(2) * 16 + warps as usize * STREAM_STAGES * slot
+    nb * 64 + nb.div_ceil(2) * 16 + warps as usize * stream_stages() * slot
 }
 
 /// One launch of the streaming GEMV: warps per block, warps per row group, blocks.
@@ -578,7 +596,21 @@ fn kernel_name(name: &str) -> Result<&'static str> {
 
 #[cfg(test)]
 mod tests {
-    use super::{stream_shape, StreamConfig, StreamShape};
+    use super::{parse_stream_stages, stream_shape, StreamConfig, StreamShape, STREAM_STAGES};
+
+    #[test]
+    fn stream_stages_take_2_to_8_and_keep_the_default_otherwise() {
+        assert_eq!(parse_stream_stages(Some("6".into())), 6);
+        assert_eq!(parse_stream_stages(Some(" 2 ".into())), 2);
+        for bad in ["1", "9", "x", ""] {
+            assert_eq!(
+                parse_stream_stages(Some(bad.into())),
+                STREAM_STAGES,
+                "{bad}"
+            );
+        }
+        assert_eq!(parse_stream_stages(None), STREAM_STAGES);
+    }
 
     fn shape(groups: usize, steps: usize) -> StreamShape {
         stream_shape(groups, steps, 132, &StreamConfig::DEFAULT, |_| true).unwrap()

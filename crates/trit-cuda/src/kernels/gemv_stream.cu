@@ -84,8 +84,11 @@ __device__ __forceinline__ void stream_issue(uint4* slot, const uint4* __restric
 }
 
 // Slots per warp: 4 measured best on the 8B shape (8 slots: 602 against 669 tok/s tg128; with
-// more slots fewer warps fit in shared memory).
+// more slots fewer warps fit in shared memory). The host sets it with TRIT_CUDA_STREAM_STAGES
+// (gemv.rs stream_stages), which also sizes the ring's shared memory.
+#ifndef STREAM_STAGES
 #define STREAM_STAGES 4
+#endif
 
 // Where the ring starts in dynamic shared memory (16-byte chunks) for rows of up to nb blocks.
 __device__ __forceinline__ int stream_ring_at(int nb) { return 4 * nb + (nb + 1) / 2; }
