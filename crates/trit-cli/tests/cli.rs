@@ -368,3 +368,57 @@ fn a_draft_model_changes_the_passes_not_the_text() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("draft"), "{err}");
 }
+
+/// `run -f FILE` and `run -` (standard input) read the same prompt as the argument; a missing
+/// file or an empty prompt is a clear error.
+#[test]
+fn the_prompt_comes_from_an_argument_a_file_or_standard_input() {
+    use std::io::Write;
+    if default_model().is_none() {
+        eprintln!("skipped: no default model in models/default");
+        return;
+    }
+    let prompt = "Name three fruits.";
+    let base = ["run", "-q", "--temp", "0", "-n", "12"];
+    let from_arg = stdout_of(&[&base[..], &[prompt]].concat());
+    assert!(!from_arg.trim().is_empty());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("prompt.txt");
+    std::fs::write(&file, prompt).unwrap();
+    let f = file.to_str().unwrap();
+    assert_eq!(stdout_of(&[&base[..], &["-f", f]].concat()), from_arg);
+    let mut child = trit()
+        .args(base)
+        .arg("-")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(prompt.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), from_arg);
+    for (args, says) in [
+        (
+            vec!["run", "-f", "/nonexistent/p.txt"],
+            "/nonexistent/p.txt",
+        ),
+        (vec!["run", "-"], "empty"),
+    ] {
+        let out = trit()
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{args:?}: {err}"
+        );
+    }
+}

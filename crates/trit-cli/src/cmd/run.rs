@@ -15,8 +15,12 @@ use trit::sample::{JsonOutput, JsonSchema, TokenTable};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// The prompt (a user message, unless --raw).
-    pub prompt: String,
+    /// The prompt (a user message, unless --raw); `-` reads it from standard input.
+    #[arg(required_unless_present = "file", conflicts_with = "file")]
+    pub prompt: Option<String>,
+    /// Read the prompt from this file (llama.cpp's -f).
+    #[arg(short, long, value_name = "FILE")]
+    pub file: Option<PathBuf>,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
@@ -188,7 +192,30 @@ pub fn prompt_ids(
     Ok(tok.encode(&text, false)?)
 }
 
+/// The prompt's text: the argument, the file, or standard input for `-`.
+fn prompt_text(a: &RunArgs) -> Result<String> {
+    let text = match (&a.prompt, &a.file) {
+        (_, Some(f)) => std::fs::read_to_string(f)
+            .with_context(|| format!("reading the prompt file {}", f.display()))?,
+        (Some(p), None) if p == "-" => {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+                .context("reading the prompt from standard input")?;
+            s
+        }
+        (Some(p), None) => return Ok(p.clone()),
+        (None, None) => {
+            bail!("no prompt: give it as an argument, -f FILE, or - for standard input")
+        }
+    };
+    if text.trim().is_empty() {
+        bail!("the prompt is empty");
+    }
+    Ok(text)
+}
+
 pub fn run(a: RunArgs) -> Result<()> {
+    let prompt = prompt_text(&a)?;
     let loaded = load(&a.model)?;
     let json = json_output(&a, &loaded)?;
     // A JSON document starts the reply: no thinking block before it.
@@ -197,11 +224,11 @@ pub fn run(a: RunArgs) -> Result<()> {
     if let Some(s) = &a.system {
         messages.push(json!({"role": "system", "content": s}));
     }
-    messages.push(json!({"role": "user", "content": a.prompt}));
+    messages.push(json!({"role": "user", "content": prompt}));
     let ids = prompt_ids(
         &loaded,
         &messages,
-        a.raw.then_some(a.prompt.as_str()),
+        a.raw.then_some(prompt.as_str()),
         &kwargs,
     )?;
     let opts = GenerateOptions {
