@@ -93,4 +93,12 @@ if [ ! -x hub-client/bin/python ] || ! hub-client/bin/python -c "import huggingf
       && hub-client/bin/python -m pip install --quiet huggingface_hub==2.4.0; } \
     || { echo "warning: huggingface_hub not installed; its test will be skipped" >&2; rm -rf hub-client; }
 fi
+# playwright-core (npm, Apache-2.0) drives Debian's Chromium through `trit serve`'s chat page
+# (crates/trit-server/tests/ui.rs). Only where chromium is installed; optional like the above.
+if command -v chromium >/dev/null && command -v npm >/dev/null \
+    && [ ! -d ui-test/node_modules/playwright-core ]; then
+  mkdir -p ui-test
+  npm install --prefix ui-test --silent --no-audit --no-fund playwright-core@1.65.1 >/dev/null \
+    || echo "warning: playwright-core not installed; the browser test will be skipped" >&2
+fi
 echo "assets ready in $CACHE"

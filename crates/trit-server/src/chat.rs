@@ -384,10 +384,12 @@ impl ChunkFormatter for ChatChunks {
             }
             calls = t.calls();
         }
-        out.push(
-            self.ctx
-                .chunk(json!({}), Value::Null, Some(finish_reason(summary, calls))),
-        );
+        // llama.cpp's `timings` ride on the last chunk, as its server sends them.
+        let mut last = self
+            .ctx
+            .chunk(json!({}), Value::Null, Some(finish_reason(summary, calls)));
+        last["timings"] = timings(summary);
+        out.push(last);
         if self.include_usage {
             out.push(json!({
                 "id": self.ctx.id,
@@ -502,6 +504,9 @@ mod tests {
         let n = events.len();
         assert_eq!(events[n - 2]["choices"][0]["finish_reason"], "tool_calls");
         assert_eq!(events[n - 2]["choices"][0]["delta"], json!({}));
+        // llama.cpp's timings ride on the finishing chunk.
+        assert_eq!(events[n - 2]["timings"]["cache_n"], 2);
+        assert!(events[n - 2]["timings"]["predicted_per_second"].is_number());
         assert_eq!(events[n - 1]["choices"], json!([]));
         assert_eq!(events[n - 1]["usage"]["total_tokens"], 14);
         assert_eq!(

@@ -84,6 +84,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/metrics", get(metrics))
+        .route("/", get(ui))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), require_key))
         .layer(DefaultBodyLimit::max(limit))
@@ -108,7 +109,9 @@ async fn require_key(State(state): State<Arc<AppState>>, req: Request, next: Nex
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
-        if req.uri().path() != "/health" && given != Some(key.as_str()) {
+        // The health check and the chat page (static; it asks for the key itself) are open.
+        let open = matches!(req.uri().path(), "/health" | "/");
+        if !open && given != Some(key.as_str()) {
             return ApiError::unauthorized().into_response();
         }
     }
@@ -187,6 +190,18 @@ async fn models(State(state): State<Arc<AppState>>) -> Response {
         }],
     }))
     .into_response()
+}
+
+/// The chat page (`ui.html`): one self-contained file, no requests beyond this server's API.
+async fn ui() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        include_str!("ui.html"),
+    )
+        .into_response()
 }
 
 /// The model is loaded before the server listens, so a reachable server is ready.

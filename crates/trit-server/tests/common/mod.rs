@@ -306,3 +306,11 @@ pub fn wait_until(mut cond: impl FnMut() -> bool) -> bool {
     }
     false
 }
+
+/// The repository's `.cache` (test assets), `TRIT_CACHE` when set.
+pub fn cache_dir() -> PathBuf {
+    match std::env::var_os("TRIT_CACHE") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache"),
+    }
+}
