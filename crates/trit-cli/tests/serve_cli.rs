@@ -52,6 +52,8 @@ fn serves_on_loopback_and_reports_its_address() {
 
     let health = request(&addr, "GET /health", "");
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    let page = request(&addr, "GET /", "");
+    assert!(page.starts_with("HTTP/1.1 200") && page.contains("<title>trit</title>"));
     let reply = request(
         &addr,
         "POST /v1/completions",

@@ -141,12 +141,12 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
+        let at = listener.local_addr()?;
         eprintln!(
-            "trit serve: {model_id} on http://{} (ctx {} per sequence, {} in parallel, {kv})",
-            listener.local_addr()?,
-            loaded.n_ctx,
-            a.parallel,
+            "trit serve: {model_id} on http://{at} (ctx {} per sequence, {} in parallel, {kv})",
+            loaded.n_ctx, a.parallel,
         );
+        eprintln!("trit serve: chat in a browser at http://{at}/");
         let shutdown = async {
             let _ = tokio::signal::ctrl_c().await;
             eprintln!("trit serve: shutting down after the replies in flight");
