@@ -346,7 +346,7 @@ fn not_of_values_removes_them_from_an_enum() {
             "excludes every value",
         ),
         (
-            json!({"type": "string", "not": {"const": "b"}}),
+            json!({"type": "integer", "not": {"const": 3}}),
             "only beside an `enum`",
         ),
         (
@@ -382,4 +382,112 @@ fn enum_values_of_a_type_the_node_excludes_are_dropped() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("admits no value"), "{e}");
+}
+
+/// `not` of a string's pattern, format or values: the strings that do not match are admitted
+/// (with `"type": "string"` inside the `not`, every non-string too; without it, `not` of a
+/// string keyword admits strings only, as every non-string satisfies the keyword). The verdicts
+/// on these documents are Python `jsonschema`'s (Draft 2020-12), checked in session 22.
+#[test]
+fn not_of_a_pattern_a_format_or_string_values_excludes_those_strings() {
+    use super::tests::strings_over;
+    let re = |p: &str| regex::Regex::new(p).unwrap();
+    // (schema, which strings over "abc" it admits)
+    type Rule = Box<dyn Fn(&str) -> bool>;
+    let (a, b) = (re("^a"), re("b"));
+    let cases: Vec<(Value, Rule)> = vec![
+        (
+            json!({"type": "string", "not": {"pattern": "^a"}}),
+            Box::new(move |s| !a.is_match(s)),
+        ),
+        (
+            json!({"not": {"pattern": "b"}}),
+            Box::new(move |s| !b.is_match(s)),
+        ),
+        (
+            json!({"type": "string", "not": {"enum": ["a", "ab"]}}),
+            Box::new(|s| s != "a" && s != "ab"),
+        ),
+        (json!({"not": {"const": "c"}}), Box::new(|s| s != "c")),
+    ];
+    for (schema, admits) in &cases {
+        let s = JsonSchema::compile(schema).unwrap();
+        for text in strings_over("abc", 4) {
+            let doc = format!("\"{text}\"");
+            assert_eq!(
+                accepts(&s, doc.as_bytes()),
+                admits(&text),
+                "{schema}: {doc}"
+            );
+        }
+        // Draws of bounded strings (an unbounded one rarely closes within the draw's steps).
+        let mut bounded = schema.clone();
+        bounded["maxLength"] = json!(6);
+        for doc in draw(JsonSchema::compile(&bounded).unwrap(), 12) {
+            let v: Value = serde_json::from_slice(&doc).unwrap();
+            if let Some(t) = v.as_str() {
+                assert!(admits(t), "{schema}: drew {v}");
+            }
+        }
+    }
+    // Other kinds: a `not` of a string keyword alone admits strings only; with the type inside
+    // the `not`, or of values, the other kinds stay.
+    for (schema, doc, ok) in [
+        (json!({"not": {"pattern": "b"}}), "1", false),
+        (json!({"not": {"pattern": "b"}}), "null", false),
+        (
+            json!({"not": {"type": "string", "pattern": "b"}}),
+            "1",
+            true,
+        ),
+        (
+            json!({"not": {"type": "string", "pattern": "b"}}),
+            "\"ab\"",
+            false,
+        ),
+        (
+            json!({"not": {"type": "string", "pattern": "b"}}),
+            "\"ac\"",
+            true,
+        ),
+        (json!({"not": {"const": "c"}}), "[1]", true),
+        (
+            json!({"type": "string", "not": {"format": "uuid"}}),
+            "\"abc\"",
+            true,
+        ),
+        (
+            json!({"type": "string", "not": {"format": "uuid"}}),
+            "\"123e4567-e89b-12d3-a456-426614174000\"",
+            false,
+        ),
+        (
+            json!({"type": "string", "format": "date", "not": {"pattern": "^2024"}}),
+            "\"2023-05-01\"",
+            true,
+        ),
+        (
+            json!({"type": "string", "format": "date", "not": {"pattern": "^2024"}}),
+            "\"2024-05-01\"",
+            false,
+        ),
+    ] {
+        let s = JsonSchema::compile(&schema).unwrap();
+        assert_eq!(accepts(&s, doc.as_bytes()), ok, "{schema}: {doc}");
+    }
+    for (schema, word) in [
+        (
+            json!({"not": {"pattern": "a", "format": "date"}}),
+            "together",
+        ),
+        (json!({"not": {"format": "hostname"}}), "annotation"),
+        (json!({"not": {"const": 1}}), "only beside an `enum`"),
+        (
+            json!({"type": "string", "not": {"pattern": ""}}),
+            "admits no string",
+        ),
+    ] {
+        let e = JsonSchema::compile(&schema).unwrap_err().to_string();
+        assert!(e.contains(word), "{schema}: {e}");
+    }
 }

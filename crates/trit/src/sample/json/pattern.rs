@@ -18,17 +18,24 @@ const MAX_STATES: usize = 20_000;
 const LIVE: u8 = 1;
 const ACCEPTS: u8 = 2;
 
-/// One regular expression's DFA, built for `.*(?:PATTERN).*`, and its anchored start state.
+/// One regular expression's DFA, built for `.*(?:PATTERN).*`, and its anchored start state;
+/// `negated`: the string must *not* match it (a `not` of a pattern, a format or string values).
 #[derive(Clone, Debug)]
 struct Part {
     dfa: dense::DFA<Vec<u32>>,
     start: u32,
+    negated: bool,
 }
 
+/// A negated part's state once its DFA died: the pattern can no longer match, so the part is
+/// satisfied whatever follows.
+const GONE: u32 = u32::MAX;
+
 /// Every pattern of a string at once (a `pattern` beside an enforced `format`, or the
-/// patterns of several `allOf` members): with one part a state is that DFA's state; with
-/// several, a state is an id of the tuple of the parts' states (`tuples`), explored as their
-/// product, so the string must match every pattern.
+/// patterns of several `allOf` members, and those a `not` excludes): with one part a state is
+/// that DFA's state; with several, or a negated one, a state is an id of the tuple of the
+/// parts' states (`tuples`), explored as their product, so the string must match every pattern
+/// and none of the negated ones.
 #[derive(Clone, Debug)]
 pub(crate) struct Pattern {
     parts: Vec<Part>,
@@ -60,11 +67,18 @@ pub(crate) fn format_regex(format: &str) -> Option<String> {
 }
 
 impl Pattern {
-    /// The strings that match every one of `patterns` (at least one).
-    pub(crate) fn all(patterns: &[String], at: &str) -> Result<Pattern> {
+    /// The strings that match every one of `must` and none of `must_not` (at least one
+    /// pattern in all).
+    pub(crate) fn new(must: &[String], must_not: &[String], at: &str) -> Result<Pattern> {
         let bad = |what: String| Error::InvalidArgument(format!("json schema at {at}: {what}"));
         let mut parts = Vec::new();
-        for pattern in patterns {
+        // A positive part keeps the string valid UTF-8 (its DFA dies on a byte that cannot
+        // continue it), so a negated part's death means its pattern can no longer match, never
+        // an invalid byte: with only negated patterns, the empty pattern (any string) is added.
+        let any = [String::new()];
+        let must = if must.is_empty() { &any[..] } else { must };
+        let wanted = must.iter().map(|p| (p, false));
+        for (pattern, negated) in wanted.chain(must_not.iter().map(|p| (p, true))) {
             let wrapped = format!("(?s:.*?)(?:{pattern})(?s:.*)");
             let dfa = dense::Builder::new()
                 .configure(
@@ -83,9 +97,11 @@ impl Pattern {
             parts.push(Part {
                 dfa,
                 start: start.as_u32(),
+                negated,
             });
         }
-        let several = parts.len() > 1;
+        assert!(!parts.is_empty(), "Pattern::new without patterns");
+        let product = parts.len() > 1 || parts[0].negated;
         let mut p = Pattern {
             start: parts[0].start,
             parts,
@@ -93,16 +109,23 @@ impl Pattern {
             tuples: Vec::new(),
             index: HashMap::new(),
         };
-        if several {
+        if product {
             let starts: Vec<u32> = p.parts.iter().map(|q| q.start).collect();
             p.start = p.intern(starts);
         }
-        let what = patterns.join("\" and \"");
+        let not: Vec<String> = must_not.iter().map(|p| format!("not \"{p}\"")).collect();
+        let what = must
+            .iter()
+            .filter(|p| !p.is_empty())
+            .map(|p| format!("\"{p}\""))
+            .chain(not)
+            .collect::<Vec<_>>()
+            .join(" and ");
         p.explore()
-            .map_err(|e| bad(format!("pattern \"{what}\": {e}")))?;
+            .map_err(|e| bad(format!("pattern {what}: {e}")))?;
         if !p.is_live(p.start) {
             return Err(bad(format!(
-                "pattern \"{what}\" admits no string without escapes"
+                "pattern {what} admits no string without escapes"
             )));
         }
         Ok(p)
@@ -134,8 +157,19 @@ impl Pattern {
     fn next_tuple(&self, s: u32, b: u8) -> Option<Vec<u32>> {
         let mut t = Vec::with_capacity(self.parts.len());
         for (q, &ps) in self.parts.iter().zip(&self.tuples[s as usize]) {
+            if ps == GONE {
+                t.push(GONE);
+                continue;
+            }
             let next = q.dfa.next_state(Self::id(ps), b);
-            if q.dfa.is_dead_state(next) || q.dfa.is_quit_state(next) {
+            if q.dfa.is_dead_state(next) {
+                if !q.negated {
+                    return None;
+                }
+                t.push(GONE);
+                continue;
+            }
+            if q.dfa.is_quit_state(next) {
                 return None;
             }
             t.push(next.as_u32());
@@ -143,9 +177,15 @@ impl Pattern {
         Some(t)
     }
 
-    /// Whether every part matches when the string ends in state `s`.
+    /// Whether every part is satisfied when the string ends in state `s` (a pattern matched, a
+    /// negated one did not).
     fn matches_at_end(&self, s: u32) -> bool {
-        let end = |q: &Part, ps: u32| q.dfa.is_match_state(q.dfa.next_eoi_state(Self::id(ps)));
+        let end = |q: &Part, ps: u32| {
+            if ps == GONE {
+                return true;
+            }
+            q.dfa.is_match_state(q.dfa.next_eoi_state(Self::id(ps))) != q.negated
+        };
         if self.tuples.is_empty() {
             return end(&self.parts[0], s);
         }

@@ -21,6 +21,7 @@ use std::collections::HashMap;
 
 mod all_of;
 mod literals;
+mod negation;
 mod union;
 
 use literals::{literal_form, literal_kind, literals};
@@ -380,7 +381,7 @@ fn excluded_kinds(not: &Value, at: &str) -> Result<u8> {
         }
         _ => Err(bad(
             at,
-            "`not` is supported only around a `type`, or around an `enum`/`const` beside an `enum`/`const`",
+            "`not` is supported only around a `type`, a string's `pattern` or `format`, string values, or values beside an `enum`/`const`",
         )),
     }
 }
@@ -505,8 +506,16 @@ impl Compiler<'_> {
             Some(not) => literals::excluded_values(not, &format!("{at}/not"))?,
             None => None,
         };
+        // Patterns a `not` of string keywords or string values excludes.
+        let mut negated = Vec::new();
         if let (Some(not), None) = (o.get("not"), &not_values) {
-            node.kinds &= !excluded_kinds(not, &format!("{at}/not"))?;
+            let at_not = format!("{at}/not");
+            if let Some(ex) = negation::string_exclusion(not, &at_not)? {
+                node.kinds &= if ex.strings_only { STRING } else { ALL };
+                negated = ex.patterns;
+            } else {
+                node.kinds &= !excluded_kinds(not, &at_not)?;
+            }
             if node.kinds == 0 {
                 return Err(empty(at, "`not` excludes every type"));
             }
@@ -548,19 +557,19 @@ impl Compiler<'_> {
             node.kinds &= lits.iter().fold(0, |k, l| k | literal_kind(l));
             node.literals = Some(lits);
         }
-        if let Some(values) = &not_values {
-            let Some(lits) = node.literals.take() else {
-                return Err(bad(
-                    at,
-                    "`not` of values (`enum`/`const`) is supported only beside an `enum` or `const`",
-                ));
-            };
-            let kept = literals::without_values(lits, values);
-            if kept.is_empty() {
-                return Err(empty(at, "`not` excludes every value of its `enum`"));
+        match (&not_values, node.literals.take()) {
+            (Some(values), None) => {
+                negated.extend(negation::excluded_strings(values, node.kinds, at)?);
             }
-            node.kinds &= kept.iter().fold(0, |k, l| k | literal_kind(l));
-            node.literals = Some(kept);
+            (Some(values), Some(lits)) => {
+                let kept = literals::without_values(lits, values);
+                if kept.is_empty() {
+                    return Err(empty(at, "`not` excludes every value of its `enum`"));
+                }
+                node.kinds &= kept.iter().fold(0, |k, l| k | literal_kind(l));
+                node.literals = Some(kept);
+            }
+            (None, lits) => node.literals = lits,
         }
         let object_keys = ["properties", "required", "additionalProperties"];
         if node.kinds & OBJECT != 0 && object_keys.iter().any(|k| o.contains_key(*k)) {
@@ -608,8 +617,8 @@ impl Compiler<'_> {
             patterns.extend(more.iter().filter_map(Value::as_str).map(str::to_string));
         }
         patterns.extend(format);
-        if !patterns.is_empty() {
-            self.patterns.push(Pattern::all(&patterns, at)?);
+        if !patterns.is_empty() || !negated.is_empty() {
+            self.patterns.push(Pattern::new(&patterns, &negated, at)?);
             node.pattern = Some(self.patterns.len() - 1);
         }
         self.bounds(o, at, &mut node)?;
