@@ -151,7 +151,7 @@ fn part<'a>(view: &TensorView<'a>, rows: usize, cols: usize) -> Result<Part<'a>>
         });
     }
     match &view.data {
-        TensorData::Ggml { ty, bytes } if ty.is_ternary() => Ok(Part::Ternary(Box::new(
+        TensorData::Ggml { ty, bytes } if ty.reads_as_ternary() => Ok(Part::Ternary(Box::new(
             GgmlTernary::new(*ty, bytes, rows, cols)?,
         ))),
         TensorData::Mlx {

@@ -305,7 +305,7 @@ pub(crate) struct Quantizer<'a> {
 /// Whether a tensor is written as ternary.
 fn is_ternary(view: &TensorView<'_>, quantizer: Option<&Quantizer<'_>>) -> bool {
     quantizer.is_some_and(|q| (q.applies)(&view.name))
-        || matches!(view.data, TensorData::Ggml { ty, .. } if ty.is_ternary())
+        || matches!(view.data, TensorData::Ggml { ty, .. } if ty.reads_as_ternary())
         || matches!(view.data, TensorData::Mlx { bits: 2, .. })
 }
 

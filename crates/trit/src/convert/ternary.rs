@@ -51,7 +51,7 @@ impl TernaryMatrix {
         let named = |e: Error| Error::Format(format!("tensor '{}': {e}", view.name));
         let (rows, cols) = (view.rows(), view.cols());
         match view.data {
-            TensorData::Ggml { ty, bytes } if ty.is_ternary() => {
+            TensorData::Ggml { ty, bytes } if ty.reads_as_ternary() => {
                 let m = GgmlTernary::new(ty, bytes, rows, cols).map_err(named)?;
                 Ok(Some(Self::from_rows(&m)))
             }

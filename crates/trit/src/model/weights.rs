@@ -43,7 +43,7 @@ pub fn to_linear(view: &TensorView<'_>) -> Result<Linear> {
         }
     };
     match &view.data {
-        TensorData::Ggml { ty, bytes } if ty.is_ternary() => {
+        TensorData::Ggml { ty, bytes } if ty.reads_as_ternary() => {
             let src = quant::ternary::GgmlTernary::new(*ty, bytes, rows, cols)?;
             Ok(Linear::Ternary(TernaryMatrix::from_rows(&src)?))
         }

@@ -172,6 +172,13 @@ impl GgmlType {
         Self::TERNARY.contains(&self)
     }
 
+    /// The ternary formats and the binary `Q1_0` (`t ∈ {-1,1}`, a subset): what loads into the
+    /// ternary kernels, losslessly (1-bit Bonsai's Q1_0 would otherwise run as dense f32, 28×
+    /// its file size). Only the ternary ones can be written (`encode_block`).
+    pub fn reads_as_ternary(self) -> bool {
+        self.is_ternary() || self == Self::Q1_0
+    }
+
     /// Bytes of a row of `n` weights (n must be a multiple of the block size).
     pub fn row_bytes(self, n: usize) -> usize {
         n / self.block_size() * self.type_size()

@@ -26,6 +26,14 @@ pub fn dequantize_row(bytes: &[u8], out: &mut [f32]) {
     }
 }
 
+/// One block as ternary codes (`t + 1`: bit 1 → 2, bit 0 → 0) and its scale `d`.
+pub fn decode_block(block: &[u8], codes: &mut [u8]) -> f32 {
+    for (e, c) in codes[..BLOCK].iter_mut().enumerate() {
+        *c = ((block[2 + (e >> 3)] >> (e & 7)) & 1) << 1;
+    }
+    f16_to_f32(read_u16(block, 0))
+}
+
 /// One block from its scale and 128 sign bits (`true` = +d).
 pub fn encode_block(d: f32, bits: &[bool]) -> Result<[u8; BYTES]> {
     let mut b = [0u8; BYTES];

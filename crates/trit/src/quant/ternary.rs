@@ -5,7 +5,7 @@
 //! repeated for each of its 64-column slices on decode; on encode all slices of a group must share
 //! one scale (otherwise the conversion would be lossy and is refused).
 
-use super::{ptq1_0, q2_0, tq1_0, tq2_0, GgmlType, TernaryRows};
+use super::{ptq1_0, q1_0, q2_0, tq1_0, tq2_0, GgmlType, TernaryRows};
 use crate::{Error, Result};
 
 /// Fills `codes` (`ty.block_size()` of them) from one block and returns its scale.
@@ -17,6 +17,7 @@ pub fn decode_block(ty: GgmlType, block: &[u8], codes: &mut [u8]) -> f32 {
         GgmlType::PTQ1_0 => ptq1_0::decode_block(block, codes),
         GgmlType::TQ1_0 => tq1_0::decode_block(block, codes),
         GgmlType::TQ2_0 => tq2_0::decode_block(block, codes),
+        GgmlType::Q1_0 => q1_0::decode_block(block, codes),
         other => unreachable!("{} is not ternary", other.name()),
     }
 }
@@ -100,9 +101,10 @@ pub struct GgmlTernary<'a> {
 }
 
 impl<'a> GgmlTernary<'a> {
-    /// Checks the type, the width against the group size, and the byte length.
+    /// Checks the type (ternary, or binary Q1_0), the width against the group size, and the
+    /// byte length.
     pub fn new(ty: GgmlType, bytes: &'a [u8], rows: usize, cols: usize) -> Result<Self> {
-        if !ty.is_ternary() {
+        if !ty.reads_as_ternary() {
             return Err(Error::Unsupported(format!(
                 "{} is not a ternary type",
                 ty.name()
@@ -185,6 +187,32 @@ mod tests {
             );
         }
         (codes, scales)
+    }
+
+    /// Binary Q1_0 reads as ternary codes 0 (−d) and 2 (+d) with its block's scale.
+    #[test]
+    fn q1_0_reads_as_ternary_rows() {
+        let (rows, cols) = (2, 256);
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|i| {
+                let d = [0.5f32, 0.25, 1.5, 2.0][i / 128];
+                if (i * 7) % 3 == 0 {
+                    -d
+                } else {
+                    d
+                }
+            })
+            .collect();
+        let bytes: Vec<u8> = values
+            .chunks_exact(cols)
+            .flat_map(|r| crate::quant::q1_0::encode_row(r).unwrap())
+            .collect();
+        let view = GgmlTernary::new(GgmlType::Q1_0, &bytes, rows, cols).unwrap();
+        let (codes, scales) = read_all(&view);
+        for (i, (&c, &v)) in codes.iter().zip(&values).enumerate() {
+            assert_eq!((c as f32 - 1.0) * scales[i / 64], v, "weight {i}");
+        }
+        assert!(encode_matrix(GgmlType::Q1_0, rows, cols, &codes, &scales).is_err());
     }
 
     #[test]

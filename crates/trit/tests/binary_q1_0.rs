@@ -1,0 +1,107 @@
+//! GGUF `Q1_0` (1-bit Bonsai's binary weights, ±d per 128) loads into the ternary kernels
+//! (binary is a subset of ternary): the same weights as Q1_0 and as F32 give the same logits,
+//! and the Q1_0 model holds its matrices in ~2 bits per weight, not as dense f32.
+
+use trit::convert::{convert, ConvertOptions, Target};
+use trit::format::gguf::GgufFile;
+use trit::format::gguf_write::GgufWriter;
+use trit::format::testgen::{generate, OutFormat, Preset, TokenizerAssets};
+use trit::kernels::{set_level, KernelLevel};
+use trit::model::{Logits, Model};
+use trit::quant::{self, q1_0, GgmlType};
+
+/// The tiny generated model with every ternary matrix made binary (zeros become +1, one scale
+/// per 128 columns), written twice: matrices as Q1_0 and as F32.
+fn binary_twins(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let preset = Preset {
+        vocab: 2048,
+        bos: 2000,
+        eos: 2001,
+        pad: 2000,
+        ..Preset::by_name("tiny").unwrap()
+    };
+    let f = OutFormat::parse("q2_0").unwrap();
+    generate(&preset, 11, dir, &[f], &TokenizerAssets::Placeholder).unwrap();
+    let src = GgufFile::open(dir.join(f.file_name())).unwrap();
+    let (mut bin, mut dense) = (GgufWriter::new(), GgufWriter::new());
+    for (k, v) in src.metadata() {
+        bin.add(k.clone(), v.clone()).unwrap();
+        dense.add(k.clone(), v.clone()).unwrap();
+    }
+    for t in src.tensors() {
+        let data = src.tensor_data(t);
+        if !t.ty.is_ternary() {
+            bin.add_tensor(t.name.clone(), &t.shape, t.ty, data.to_vec())
+                .unwrap();
+            dense
+                .add_tensor(t.name.clone(), &t.shape, t.ty, data.to_vec())
+                .unwrap();
+            continue;
+        }
+        let n: usize = t.shape.iter().product();
+        let mut w = vec![0f32; n];
+        quant::dequantize(t.ty, data, n, &mut w).unwrap();
+        for block in w.chunks_exact_mut(q1_0::BLOCK) {
+            // The block's scale: its largest magnitude (every value of a Q2_0 slice is 0 or ±s).
+            let d = block.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-3);
+            let d = half::f16::from_f32(d).to_f32();
+            for x in block.iter_mut() {
+                *x = if *x < 0.0 { -d } else { d };
+            }
+        }
+        let bytes = q1_0::encode_row(&w).unwrap();
+        bin.add_tensor(t.name.clone(), &t.shape, GgmlType::Q1_0, bytes)
+            .unwrap();
+        let f32s: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
+        dense
+            .add_tensor(t.name.clone(), &t.shape, GgmlType::F32, f32s)
+            .unwrap();
+    }
+    let (a, b) = (dir.join("binary.gguf"), dir.join("dense.gguf"));
+    bin.write_file(&a).unwrap();
+    dense.write_file(&b).unwrap();
+    (a, b)
+}
+
+#[test]
+fn q1_0_runs_on_the_ternary_kernels_with_the_dense_models_logits() {
+    set_level(KernelLevel::Reference).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (bin, dense) = binary_twins(dir.path());
+    let load = |p: &std::path::Path| Model::load(&trit::format::open(p).unwrap(), 2).unwrap();
+    let (b, d) = (load(&bin), load(&dense));
+    // Dense f32 is 32 bits per weight; the ternary layout ~2 (plus scales).
+    assert!(
+        b.weight_bytes() * 8 < d.weight_bytes(),
+        "{} vs {}",
+        b.weight_bytes(),
+        d.weight_bytes()
+    );
+    let tokens = [3u32, 17, 99, 512, 7, 1024, 5];
+    let (mut cb, mut cd) = (b.new_cache(16), d.new_cache(16));
+    let lb = b.forward(&tokens, &mut cb, Logits::All).unwrap();
+    let ld = d.forward(&tokens, &mut cd, Logits::All).unwrap();
+    let worst = lb
+        .iter()
+        .zip(&ld)
+        .map(|(x, y)| (x - y).abs() / y.abs().max(1.0))
+        .fold(0f32, f32::max);
+    assert!(worst < 1e-4, "largest relative difference {worst}");
+
+    // `trit convert` repacks Q1_0 into a ternary type without loss (binary ⊂ ternary, one scale
+    // per 128 either way): the PQ2_0 file computes the same logits as the Q1_0 one, exactly.
+    let out = dir.path().join("repacked.gguf");
+    let opts = ConvertOptions {
+        target: Target::parse("pq2_0").unwrap(),
+        allow_lossy: false,
+    };
+    let report = convert(&bin, &out, &opts, &mut |_, _, _| {}).unwrap();
+    assert!(!report.lossy);
+    assert!(
+        report.tensors.iter().any(|t| t.from.contains("Q1_0")),
+        "{report:?}"
+    );
+    let p = load(&out);
+    let mut cp = p.new_cache(16);
+    assert_eq!(p.forward(&tokens, &mut cp, Logits::All).unwrap(), lb);
+}
