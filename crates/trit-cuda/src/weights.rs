@@ -160,14 +160,15 @@ fn part<'a>(view: &TensorView<'a>, rows: usize, cols: usize) -> Result<Part<'a>>
             biases,
             scale_dtype,
             group_size,
-            bits: 2,
+            bits: bits @ (1 | 2),
         } if matches!(scale_dtype, Dtype::F16 | Dtype::BF16) => {
             let half = if *scale_dtype == Dtype::F16 {
                 HalfKind::F16
             } else {
                 HalfKind::BF16
             };
-            let m = MlxTernary::new(codes, scales, biases, half, rows, cols, *group_size)?;
+            let m =
+                MlxTernary::with_bits(codes, scales, biases, half, rows, cols, *group_size, *bits)?;
             if m.check_ternary().is_ok() {
                 Ok(Part::Ternary(Box::new(m)))
             } else {

@@ -105,3 +105,138 @@ fn q1_0_runs_on_the_ternary_kernels_with_the_dense_models_logits() {
     let mut cp = p.new_cache(16);
     assert_eq!(p.forward(&tokens, &mut cp, Logits::All).unwrap(), lb);
 }
+
+/// The tiny generated MLX folder made binary (zeros become +1), written as a 2-bit pack (codes
+/// 0/2, `bias = −scale`) and as a 1-bit pack (1-bit Bonsai's layout: one bit per weight,
+/// `scale = 2s`, `bias = −s`): (2-bit folder, 1-bit folder).
+fn binary_mlx_twins(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    use std::collections::BTreeMap;
+    use std::io::Write;
+    use trit::format::safetensors::{self, SafetensorsFile, TensorSpec};
+    use trit::format::Dtype;
+    let preset = Preset {
+        vocab: 2048,
+        bos: 2000,
+        eos: 2001,
+        pad: 2000,
+        ..Preset::by_name("tiny").unwrap()
+    };
+    generate(
+        &preset,
+        13,
+        dir,
+        &[OutFormat::Mlx],
+        &TokenizerAssets::Placeholder,
+    )
+    .unwrap();
+    let src = dir.join("mlx");
+    let file = SafetensorsFile::open(&src.join("model.safetensors")).unwrap();
+    let half =
+        |b: &[u8], i: usize| half::f16::from_bits(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]));
+    let mut out = Vec::new();
+    for bits in [2usize, 1] {
+        let folder = dir.join(format!("mlx{bits}"));
+        std::fs::create_dir_all(&folder).unwrap();
+        for f in std::fs::read_dir(&src).unwrap() {
+            let p = f.unwrap().path();
+            if p.extension().is_some_and(|x| x == "json") {
+                std::fs::copy(&p, folder.join(p.file_name().unwrap())).unwrap();
+            }
+        }
+        let (mut specs, mut data) = (Vec::new(), Vec::new());
+        for (name, info) in &file.header().tensors {
+            let bytes = file.get(name).unwrap().1;
+            let Some(module) = name
+                .strip_suffix(".weight")
+                .filter(|m| file.header().tensors.contains_key(&format!("{m}.scales")))
+            else {
+                if name.ends_with(".scales") || name.ends_with(".biases") {
+                    continue;
+                }
+                specs.push(TensorSpec {
+                    name: name.clone(),
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                });
+                data.push(bytes.to_vec());
+                continue;
+            };
+            let (rows, cols) = (info.shape[0], info.shape[1] * 16);
+            let scales = file.get(&format!("{module}.scales")).unwrap().1;
+            let groups = scales.len() / 2;
+            // Binary: code 0 stays −s, codes 1 and 2 become +s.
+            let bit = |k: usize| (bytes[k / 4] >> (2 * (k % 4))) & 3 != 0;
+            let mut codes = vec![0u8; rows * cols * bits / 8];
+            for k in 0..rows * cols {
+                if bit(k) {
+                    codes[k * bits / 8] |= if bits == 2 {
+                        2 << (2 * (k % 4))
+                    } else {
+                        1 << (k % 8)
+                    };
+                }
+            }
+            let (mut sc, mut bi) = (Vec::new(), Vec::new());
+            for g in 0..groups {
+                let s = half(scales, g);
+                let scale = if bits == 2 {
+                    s
+                } else {
+                    half::f16::from_f32(2.0 * s.to_f32())
+                };
+                sc.extend_from_slice(&scale.to_bits().to_le_bytes());
+                bi.extend_from_slice(&(-s).to_bits().to_le_bytes());
+            }
+            let sinfo = &file.header().tensors[&format!("{module}.scales")];
+            specs.push(TensorSpec {
+                name: name.clone(),
+                dtype: Dtype::U32,
+                shape: vec![rows, cols * bits / 32],
+            });
+            data.push(codes);
+            for (suffix, bytes) in [("scales", sc), ("biases", bi)] {
+                specs.push(TensorSpec {
+                    name: format!("{module}.{suffix}"),
+                    dtype: sinfo.dtype,
+                    shape: sinfo.shape.clone(),
+                });
+                data.push(bytes);
+            }
+        }
+        safetensors::write(
+            &folder.join("model.safetensors"),
+            &BTreeMap::new(),
+            &specs,
+            |i, w| w.write_all(&data[i]).map_err(|e| trit::Error::io("x", e)),
+        )
+        .unwrap();
+        let config = folder.join("config.json");
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&config).unwrap()).unwrap();
+        for key in ["quantization", "quantization_config"] {
+            if let Some(q) = v.get_mut(key) {
+                q["bits"] = serde_json::json!(bits);
+            }
+        }
+        std::fs::write(&config, serde_json::to_vec(&v).unwrap()).unwrap();
+        out.push(folder);
+    }
+    (out[0].clone(), out[1].clone())
+}
+
+/// 1-bit Bonsai's MLX pack reads as the same ternary weights as a 2-bit pack of the same
+/// binary values (the 2-bit reader is the one checked against mlx-lm): identical logits.
+#[test]
+fn a_one_bit_mlx_pack_reads_as_its_binary_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let (two, one) = binary_mlx_twins(dir.path());
+    let load = |p: &std::path::Path| Model::load(&trit::format::open(p).unwrap(), 2).unwrap();
+    let (a, b) = (load(&two), load(&one));
+    assert_eq!(a.weight_bytes(), b.weight_bytes());
+    let tokens = [3u32, 17, 99, 512, 7];
+    let (mut ca, mut cb) = (a.new_cache(8), b.new_cache(8));
+    assert_eq!(
+        a.forward(&tokens, &mut ca, Logits::All).unwrap(),
+        b.forward(&tokens, &mut cb, Logits::All).unwrap()
+    );
+}

@@ -306,7 +306,7 @@ pub(crate) struct Quantizer<'a> {
 fn is_ternary(view: &TensorView<'_>, quantizer: Option<&Quantizer<'_>>) -> bool {
     quantizer.is_some_and(|q| (q.applies)(&view.name))
         || matches!(view.data, TensorData::Ggml { ty, .. } if ty.reads_as_ternary())
-        || matches!(view.data, TensorData::Mlx { bits: 2, .. })
+        || matches!(view.data, TensorData::Mlx { bits: 1 | 2, .. })
 }
 
 /// The GGUF type a non-ternary tensor gets (the rule of `convert_plain`, without its data).

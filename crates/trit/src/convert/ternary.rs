@@ -61,7 +61,7 @@ impl TernaryMatrix {
                 biases,
                 scale_dtype,
                 group_size,
-                bits: 2,
+                bits: bits @ (1 | 2),
             } => {
                 let kind = match scale_dtype {
                     crate::format::Dtype::F16 => HalfKind::F16,
@@ -73,8 +73,10 @@ impl TernaryMatrix {
                         ))))
                     }
                 };
-                let m = MlxTernary::new(codes, scales, biases, kind, rows, cols, group_size)
-                    .map_err(named)?;
+                let m = MlxTernary::with_bits(
+                    codes, scales, biases, kind, rows, cols, group_size, bits,
+                )
+                .map_err(named)?;
                 m.check_ternary().map_err(named)?;
                 Ok(Some(Self::from_rows(&m)))
             }

@@ -112,9 +112,9 @@ impl QuantConfig {
 }
 
 fn check_bits_group(bits: usize, group_size: usize, what: &str) -> Result<()> {
-    if bits != 2 {
+    if !matches!(bits, 1 | 2) {
         return Err(Error::Unsupported(format!(
-            "MLX quantization of {what} uses {bits} bits; trit reads 2-bit (ternary) MLX folders only"
+            "MLX quantization of {what} uses {bits} bits; trit reads 2-bit (ternary) and 1-bit (binary) MLX folders only"
         )));
     }
     if !GROUP_SIZES.contains(&group_size) {
@@ -164,13 +164,14 @@ fn packed_module(
     })?;
     if winfo.dtype != Dtype::U32 || winfo.shape.len() != 2 {
         return Err(Error::Format(format!(
-            "'{}' should be U32 [out, in/16] codes beside its scales, found {} {:?}",
+            "'{}' should be U32 [out, in·bits/32] codes beside its scales, found {} {:?}",
             name("weight"),
             winfo.dtype.name(),
             winfo.shape
         )));
     }
     let (rows, cols) = (winfo.shape[0], winfo.shape[1] * 32 / bits);
+    // (U32 [out, in·bits/32]: 16 codes per word at 2 bits, 32 at 1.)
     if !cols.is_multiple_of(group_size) {
         return Err(Error::ShapeMismatch {
             tensor: name("weight"),
@@ -210,7 +211,7 @@ fn packed_module(
         )));
     }
     let (_, codes) = files.get(&name("weight")).expect("checked above");
-    let view = MlxTernary::new(codes, scales, biases, kind, rows, cols, group_size)?;
+    let view = MlxTernary::with_bits(codes, scales, biases, kind, rows, cols, group_size, bits)?;
     let non_ternary = view.check_ternary().err().map(|e| e.to_string());
     Ok(Packed {
         module: module.to_string(),

@@ -55,9 +55,9 @@ pub fn to_linear(view: &TensorView<'_>) -> Result<Linear> {
             group_size,
             bits,
         } => {
-            if *bits != 2 {
+            if !matches!(bits, 1 | 2) {
                 return Err(Error::Unsupported(format!(
-                    "tensor '{}' is MLX {bits}-bit; only 2-bit is supported",
+                    "tensor '{}' is MLX {bits}-bit; only 2-bit (ternary) and 1-bit (binary) are supported",
                     view.name
                 )));
             }
@@ -72,8 +72,16 @@ pub fn to_linear(view: &TensorView<'_>) -> Result<Linear> {
                     )))
                 }
             };
-            let src =
-                quant::mlx2::MlxTernary::new(codes, scales, biases, half, rows, cols, *group_size)?;
+            let src = quant::mlx2::MlxTernary::with_bits(
+                codes,
+                scales,
+                biases,
+                half,
+                rows,
+                cols,
+                *group_size,
+                *bits,
+            )?;
             if src.check_ternary().is_ok() {
                 Ok(Linear::Ternary(TernaryMatrix::from_rows(&src)?))
             } else {

@@ -1,4 +1,6 @@
-//! MLX affine 2-bit (Ternary Bonsai `*-mlx-2bit` folders, formats.md §3).
+//! MLX affine 2-bit (Ternary Bonsai `*-mlx-2bit` folders, formats.md §3), and 1-bit (1-bit
+//! Bonsai's MLX packs: `bits = 1`, element k at bit k of the little-endian words,
+//! `scale = 2s`, `bias = −s`, so codes 0/1 decode to −s/+s — read as ternary −1/+1).
 //!
 //! ```text
 //! <path>.weight  uint32 [out, in/16]     16 codes per word, element k at bits 2·(k mod 16), LSB-first
@@ -37,10 +39,12 @@ pub struct MlxTernary<'a> {
     pub rows: usize,
     pub cols: usize,
     pub group_size: usize,
+    /// Bits per code: 2 (ternary packs) or 1 (binary packs).
+    pub bits: usize,
 }
 
 impl<'a> MlxTernary<'a> {
-    /// Checks sizes; does not check ternarity (see `check_ternary`).
+    /// A 2-bit module; checks sizes, not ternarity (see `check_ternary`).
     pub fn new(
         codes: &'a [u8],
         scales: &'a [u8],
@@ -50,6 +54,35 @@ impl<'a> MlxTernary<'a> {
         cols: usize,
         group_size: usize,
     ) -> Result<Self> {
+        Self::with_bits(
+            codes,
+            scales,
+            biases,
+            scale_dtype,
+            rows,
+            cols,
+            group_size,
+            2,
+        )
+    }
+
+    /// A module of `bits`-bit codes (1 or 2).
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_bits(
+        codes: &'a [u8],
+        scales: &'a [u8],
+        biases: &'a [u8],
+        scale_dtype: HalfKind,
+        rows: usize,
+        cols: usize,
+        group_size: usize,
+        bits: usize,
+    ) -> Result<Self> {
+        if !matches!(bits, 1 | 2) {
+            return Err(Error::Unsupported(format!(
+                "MLX {bits}-bit codes; trit reads 2-bit (ternary) and 1-bit (binary) packs"
+            )));
+        }
         if group_size == 0 || !group_size.is_multiple_of(64) || !cols.is_multiple_of(group_size) {
             return Err(Error::Unsupported(format!(
                 "MLX 2-bit group size {group_size} with width {cols} (need a multiple of 64 \
@@ -60,11 +93,12 @@ impl<'a> MlxTernary<'a> {
             .checked_mul(cols)
             .ok_or_else(|| Error::Format(format!("MLX 2-bit shape {rows}×{cols} overflows")))?;
         let groups = n / group_size;
-        if codes.len() != n / 4 || scales.len() != 2 * groups || biases.len() != 2 * groups {
+        let code_bytes = n * bits / 8;
+        if codes.len() != code_bytes || scales.len() != 2 * groups || biases.len() != 2 * groups {
             return Err(Error::Format(format!(
-                "MLX 2-bit {rows}×{cols} (group {group_size}) needs {} code bytes and {groups} \
+                "MLX {bits}-bit {rows}×{cols} (group {group_size}) needs {} code bytes and {groups} \
                  scales/biases; got {} bytes, {} and {} values",
-                n / 4,
+                code_bytes,
                 codes.len(),
                 scales.len() / 2,
                 biases.len() / 2
@@ -78,6 +112,7 @@ impl<'a> MlxTernary<'a> {
             rows,
             cols,
             group_size,
+            bits,
         })
     }
 
@@ -91,10 +126,23 @@ impl<'a> MlxTernary<'a> {
 
     /// Ok when every group has `bias == −scale` bit for bit (sign flip), the condition under
     /// which the codes are ternary. Otherwise names the first offending group.
+    /// For 1-bit codes the condition is `scale == −2·bias` (codes 0/1 → −s/+s).
     pub fn check_ternary(&self) -> Result<()> {
         let per_row = self.cols / self.group_size;
         for g in 0..self.rows * per_row {
             let (s, b) = (self.scale_bits(g), self.bias_bits(g));
+            if self.bits == 1 {
+                let (sf, bf) = (self.scale_dtype.to_f32(s), self.scale_dtype.to_f32(b));
+                if sf != -2.0 * bf {
+                    return Err(Error::Unsupported(format!(
+                        "not a binary MLX tensor: row {}, group {} has scale {sf} and bias {bf} \
+                         (a 1-bit ±s pack needs scale == -2·bias)",
+                        g / per_row,
+                        g % per_row,
+                    )));
+                }
+                continue;
+            }
             if b != s ^ 0x8000 {
                 return Err(Error::Unsupported(format!(
                     "not a ternary MLX tensor: row {}, group {} has scale {} and bias {} \
@@ -112,7 +160,7 @@ impl<'a> MlxTernary<'a> {
     /// True when some code is 3 (with `bias == −scale` that decodes to `+2·s`).
     pub fn has_code3(&self) -> bool {
         // A byte holds four codes; a code is 3 when both of its bits are set.
-        self.codes.iter().any(|&b| b & (b >> 1) & 0x55 != 0)
+        self.bits == 2 && self.codes.iter().any(|&b| b & (b >> 1) & 0x55 != 0)
     }
 
     /// Generic affine dequantization of row `r` (valid whether or not the tensor is ternary).
@@ -126,8 +174,16 @@ impl<'a> MlxTernary<'a> {
         let biases: Vec<f32> = groups
             .map(|g| self.scale_dtype.to_f32(self.bias_bits(g)))
             .collect();
-        let codes = &self.codes[r * self.cols / 4..(r + 1) * self.cols / 4];
-        dequantize_row(codes, &scales, &biases, self.group_size, out);
+        let row_bytes = self.cols * self.bits / 8;
+        let codes = &self.codes[r * row_bytes..(r + 1) * row_bytes];
+        if self.bits == 2 {
+            dequantize_row(codes, &scales, &biases, self.group_size, out);
+            return;
+        }
+        for (k, w) in out[..self.cols].iter_mut().enumerate() {
+            let q = (codes[k / 8] >> (k % 8)) & 1;
+            *w = scales[k / self.group_size] * f32::from(q) + biases[k / self.group_size];
+        }
     }
 }
 
@@ -140,17 +196,28 @@ impl TernaryRows for MlxTernary<'_> {
         self.cols
     }
 
-    /// Codes are the stored 2-bit values (= t + 1 when `check_ternary` passed); the scale of a
-    /// group is repeated for each of its 64-column slices.
+    /// Codes are the stored 2-bit values (= t + 1 when `check_ternary` passed), or for 1-bit
+    /// packs 2·bit (t = ±1) with the group's scale −bias (= s); the scale of a group is repeated
+    /// for each of its 64-column slices.
     fn row(&self, r: usize, codes: &mut [u8], scales: &mut [f32]) {
-        let bytes = &self.codes[r * self.cols / 4..(r + 1) * self.cols / 4];
+        let row_bytes = self.cols * self.bits / 8;
+        let bytes = &self.codes[r * row_bytes..(r + 1) * row_bytes];
         for (k, c) in codes[..self.cols].iter_mut().enumerate() {
-            *c = (bytes[k / 4] >> (2 * (k % 4))) & 3;
+            *c = if self.bits == 2 {
+                (bytes[k / 4] >> (2 * (k % 4))) & 3
+            } else {
+                ((bytes[k / 8] >> (k % 8)) & 1) << 1
+            };
         }
         let per_row = self.cols / self.group_size;
         let slices = self.group_size / 64;
         for g in 0..per_row {
-            let s = self.scale_dtype.to_f32(self.scale_bits(r * per_row + g));
+            let at = r * per_row + g;
+            let s = if self.bits == 2 {
+                self.scale_dtype.to_f32(self.scale_bits(at))
+            } else {
+                -self.scale_dtype.to_f32(self.bias_bits(at))
+            };
             scales[g * slices..(g + 1) * slices].fill(s);
         }
     }
@@ -250,6 +317,54 @@ mod tests {
         assert!(
             msg.contains("row 0, group 0") && msg.contains("bias == -scale"),
             "{msg}"
+        );
+    }
+
+    #[test]
+    fn one_bit_packs_read_as_plus_minus_s() {
+        // 128 weights, bit k of the little-endian words: bits 0 and 127 set.
+        let mut codes = [0u8; 16];
+        codes[0] = 1;
+        codes[15] = 0x80;
+        // scale 2s = 1.0 (0x3C00), bias -s = -0.5 (0xB800).
+        let m = MlxTernary::with_bits(
+            &codes,
+            &[0x00, 0x3C],
+            &[0x00, 0xB8],
+            HalfKind::F16,
+            1,
+            128,
+            128,
+            1,
+        )
+        .unwrap();
+        m.check_ternary().unwrap();
+        assert!(!m.has_code3());
+        let mut out = [0.0; 128];
+        m.dequantize_row(0, &mut out);
+        assert_eq!((out[0], out[1], out[126], out[127]), (0.5, -0.5, -0.5, 0.5));
+        let (mut c, mut s) = ([9u8; 128], [0.0f32; 2]);
+        m.row(0, &mut c, &mut s);
+        assert_eq!((c[0], c[1], c[127], s), (2, 0, 2, [0.5, 0.5]));
+        // bias -0.25 with scale 1.0 is affine, not ±s.
+        let bad = MlxTernary::with_bits(
+            &codes,
+            &[0x00, 0x3C],
+            &[0x00, 0xB4],
+            HalfKind::F16,
+            1,
+            128,
+            128,
+            1,
+        )
+        .unwrap();
+        assert!(bad
+            .check_ternary()
+            .unwrap_err()
+            .to_string()
+            .contains("scale == -2·bias"));
+        assert!(
+            MlxTernary::with_bits(&codes, &[0, 0], &[0, 0], HalfKind::F16, 1, 128, 128, 3).is_err()
         );
     }
 
