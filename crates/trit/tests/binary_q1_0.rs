@@ -111,7 +111,6 @@ fn q1_0_runs_on_the_ternary_kernels_with_the_dense_models_logits() {
 /// `scale = 2s`, `bias = −s`): (2-bit folder, 1-bit folder).
 fn binary_mlx_twins(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
     use std::collections::BTreeMap;
-    use std::io::Write;
     use trit::format::safetensors::{self, SafetensorsFile, TensorSpec};
     use trit::format::Dtype;
     let preset = Preset {
