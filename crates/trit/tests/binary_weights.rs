@@ -1,6 +1,7 @@
-//! GGUF `Q1_0` (1-bit Bonsai's binary weights, ±d per 128) loads into the ternary kernels
-//! (binary is a subset of ternary): the same weights as Q1_0 and as F32 give the same logits,
-//! and the Q1_0 model holds its matrices in ~2 bits per weight, not as dense f32.
+//! Binary weights (1-bit Bonsai: ±d per group) load into the ternary kernels (binary is a subset
+//! of ternary): GGUF `Q1_0` gives the logits of the same weights as F32 and holds its matrices
+//! in ~2 bits per weight, not as dense f32; `trit convert` repacks it losslessly; an MLX 1-bit
+//! pack reads as the same weights as a 2-bit pack of them.
 
 use trit::convert::{convert, ConvertOptions, Target};
 use trit::format::gguf::GgufFile;
