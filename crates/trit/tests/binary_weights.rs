@@ -11,16 +11,21 @@ use trit::kernels::{set_level, KernelLevel};
 use trit::model::{Logits, Model};
 use trit::quant::{self, q1_0, GgmlType};
 
-/// The tiny generated model with every ternary matrix made binary (zeros become +1, one scale
-/// per 128 columns), written twice: matrices as Q1_0 and as F32.
-fn binary_twins(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
-    let preset = Preset {
+/// The tiny preset with a 2,048-token vocabulary (quick to generate and load).
+fn small_vocab_tiny() -> Preset {
+    Preset {
         vocab: 2048,
         bos: 2000,
         eos: 2001,
         pad: 2000,
         ..Preset::by_name("tiny").unwrap()
-    };
+    }
+}
+
+/// The tiny generated model with every ternary matrix made binary (zeros become +1, one scale
+/// per 128 columns), written twice: matrices as Q1_0 and as F32.
+fn binary_twins(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let preset = small_vocab_tiny();
     let f = OutFormat::parse("q2_0").unwrap();
     generate(&preset, 11, dir, &[f], &TokenizerAssets::Placeholder).unwrap();
     let src = GgufFile::open(dir.join(f.file_name())).unwrap();
@@ -114,13 +119,7 @@ fn binary_mlx_twins(dir: &std::path::Path) -> (std::path::PathBuf, std::path::Pa
     use std::collections::BTreeMap;
     use trit::format::safetensors::{self, SafetensorsFile, TensorSpec};
     use trit::format::Dtype;
-    let preset = Preset {
-        vocab: 2048,
-        bos: 2000,
-        eos: 2001,
-        pad: 2000,
-        ..Preset::by_name("tiny").unwrap()
-    };
+    let preset = small_vocab_tiny();
     generate(
         &preset,
         13,
