@@ -1,8 +1,8 @@
 // Drives `trit serve`'s chat page in headless Chromium (Debian's, through playwright-core from
 // npm; tools/fetch_assets.sh installs it into .cache/ui-test when chromium is present) the way a
 // person would: the first message from the page's ?q=…&send=1 link, a second one typed into the
-// box and sent with Enter. Prints one JSON line: each turn's reply and stats line, and any page
-// errors. Used by crates/trit-server/tests/ui.rs.
+// box and sent with Enter, then a reload. Prints one JSON line: each turn's reply and stats
+// line, the messages shown after the reload, and any page errors. Used by crates/trit-server/tests/ui.rs.
 //
 // usage: [UI_API_KEY=KEY] node tools/ui_check.mjs http://127.0.0.1:PORT CHROMIUM_PATH
 import { createRequire } from "node:module";
@@ -42,7 +42,12 @@ try {
   await page.press("#input", "Enter");
   const second = await turn(2);
   const model = await page.textContent("#model");
-  console.log(JSON.stringify({ model, turns: [first, second], errors }));
+  // A reload keeps the conversation (localStorage).
+  await page.reload();
+  await page.waitForSelector(".msg.assistant");
+  const restored = await page.$$eval(".msg", (ms) => ms.map((m) => m.classList[1] + ": " +
+    (m.querySelector(".reply") ? m.querySelector(".reply").textContent : m.textContent)));
+  console.log(JSON.stringify({ model, turns: [first, second], restored, errors }));
 } finally {
   await browser.close();
 }

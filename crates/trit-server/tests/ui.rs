@@ -2,7 +2,8 @@
 //! stays guarded; its script is valid JavaScript (`node --check`, where node exists); and, where
 //! Chromium and playwright-core are installed (tools/fetch_assets.sh), a headless browser holds a
 //! two-turn conversation through it: both replies stream in, the second turn's prompt comes
-//! mostly from the server's prefix cache, and the page raises no script errors.
+//! mostly from the server's prefix cache, a reload shows the same conversation, and the page
+//! raises no script errors.
 
 mod common;
 use common::{request_raw, start, Options, API_KEY};
@@ -107,4 +108,18 @@ fn a_browser_holds_a_conversation_through_the_page() {
             .unwrap()
     };
     assert!(cached(&turns[1]) > 20, "{v}");
+    // After a reload the page shows the same conversation.
+    let restored: Vec<&str> = v["restored"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_str().unwrap())
+        .collect();
+    let want = [
+        "user: What is the capital of France?".to_string(),
+        format!("assistant: {}", turns[0]["reply"].as_str().unwrap()),
+        "user: And of Italy?".to_string(),
+        format!("assistant: {}", turns[1]["reply"].as_str().unwrap()),
+    ];
+    assert_eq!(restored, want, "{v}");
 }
