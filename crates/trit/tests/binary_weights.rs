@@ -239,3 +239,61 @@ fn a_one_bit_mlx_pack_reads_as_its_binary_weights() {
         b.forward(&tokens, &mut cb, Logits::All).unwrap()
     );
 }
+
+/// `trit info`'s memory line (`model::weights::loaded_bytes` summed over a file's tensors,
+/// without loading) is what the loaded model holds, for every format, base-3 and binary ones
+/// included (their files are smaller than their 2-bit layout in memory). The estimate takes one
+/// scale per group of the file's type; the loader keeps fewer where neighbouring groups share
+/// one (as these generated models' do, per 256 columns), so the loaded matrices lie between the
+/// estimate without its ternary scales and the estimate. (`weight_bytes` counts matrices only.)
+#[test]
+fn the_memory_estimate_matches_the_loaded_weights() {
+    use trit::format::TensorData;
+    let dir = tempfile::tempdir().unwrap();
+    let formats = ["mlx", "q2_0", "pq2_0", "ptq1_0", "tq2_0", "tq1_0", "f16"];
+    let outs: Vec<OutFormat> = formats
+        .iter()
+        .map(|f| OutFormat::parse(f).unwrap())
+        .collect();
+    generate(
+        &small_vocab_tiny(),
+        3,
+        dir.path(),
+        &outs,
+        &TokenizerAssets::Placeholder,
+    )
+    .unwrap();
+    let mut paths: Vec<std::path::PathBuf> = outs
+        .iter()
+        .map(|f| dir.path().join(f.file_name()))
+        .collect();
+    let twins = dir.path().join("twins");
+    std::fs::create_dir_all(&twins).unwrap();
+    paths.push(binary_twins(&twins).0);
+    paths.push(binary_mlx_twins(&twins).1);
+    for path in paths {
+        let files = trit::format::open(&path).unwrap();
+        let (mut estimate, mut scales) = (0, 0);
+        for name in files.weights.tensor_names() {
+            let view = files.weights.tensor(&name).unwrap().unwrap();
+            if view.shape.len() != 2 {
+                continue;
+            }
+            estimate += trit::model::weights::loaded_bytes(&view);
+            let (rows, cols) = (view.shape[0].div_ceil(16) * 16, view.shape[1]);
+            scales += match view.data {
+                TensorData::Ggml { ty, .. } if ty.reads_as_ternary() => {
+                    rows * cols / ty.block_size().min(256) * 2
+                }
+                TensorData::Mlx { group_size, .. } => rows * cols / group_size * 2,
+                _ => 0,
+            };
+        }
+        let loaded = Model::load(&files, 1).unwrap().weight_bytes();
+        assert!(
+            estimate - scales <= loaded && loaded <= estimate,
+            "{}: estimate {estimate} ({scales} of scales), loaded {loaded}",
+            path.display()
+        );
+    }
+}

@@ -64,7 +64,9 @@ pub fn run(a: InfoArgs) -> Result<()> {
     }
 
     let mut by_type: BTreeMap<String, (usize, usize, usize)> = BTreeMap::new();
-    let (mut params, mut bytes) = (0usize, 0usize);
+    // File bytes, and bytes once loaded (ternary and binary types repacked to 2 bits per weight
+    // plus scales, everything else f32).
+    let (mut params, mut bytes, mut in_memory) = (0usize, 0usize, 0usize);
     for name in files.weights.tensor_names() {
         let Some(view) = files.weights.tensor(&name)? else {
             continue;
@@ -77,6 +79,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
         e.2 += b;
         params += n;
         bytes += b;
+        in_memory += trit::model::weights::loaded_bytes(&view);
     }
     println!(
         "parameters:    {:.2} M ({:.3} bits per weight, {} of weights)",
@@ -103,12 +106,13 @@ pub fn run(a: InfoArgs) -> Result<()> {
         String::new()
     };
     println!(
-        "memory:        weights {} + KV cache {} at {ctx} tokens (K {}, V {}){state_note} = {}",
+        "memory:        weights {} (loaded; {} on disk) + KV cache {} at {ctx} tokens (K {}, V {}){state_note} = {}",
+        gib(in_memory),
         gib(bytes),
         gib(kv),
         types.k,
         types.v,
-        gib(bytes + kv + 2 * state)
+        gib(in_memory + kv + 2 * state)
     );
     let g = &files.generation;
     println!(

@@ -84,6 +84,7 @@ pub use dense::DenseMatrix;
 #[doc(hidden)]
 pub use small_m::set_small_m_enabled;
 pub use ternary::TernaryMatrix;
+pub(crate) use ternary::TILE_ROWS;
 
 use crate::threadpool::ThreadPool;
 use std::sync::atomic::{AtomicU8, Ordering};

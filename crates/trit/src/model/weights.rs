@@ -100,6 +100,28 @@ pub fn to_linear(view: &TensorView<'_>) -> Result<Linear> {
     }
 }
 
+/// Bytes `view` takes once loaded (what `trit info` reports without loading): a matrix the
+/// ternary kernels take is 2 bits per weight plus one scale per group of its type (64, 128 or
+/// 256 columns; f16, or f32 for bf16 MLX scales), rows padded to whole tiles, as
+/// `TernaryMatrix` stores it; anything else is dequantized to f32. (An MLX 2-bit module that is
+/// affine but not ternary runs dequantized: counted as ternary here.)
+pub fn loaded_bytes(view: &TensorView<'_>) -> usize {
+    use crate::kernels::TILE_ROWS;
+    let matrix = view.shape.len() == 2;
+    let (group, scale_bytes) = match &view.data {
+        TensorData::Ggml { ty, .. } if matrix && ty.reads_as_ternary() => (ty.block_size(), 2),
+        TensorData::Mlx {
+            bits: 1 | 2,
+            group_size,
+            scale_dtype,
+            ..
+        } if matrix => (*group_size, if *scale_dtype == Dtype::F16 { 2 } else { 4 }),
+        _ => return view.shape.iter().product::<usize>() * 4,
+    };
+    let (rows, cols) = (view.shape[0].div_ceil(TILE_ROWS) * TILE_ROWS, view.shape[1]);
+    rows * cols / 4 + rows * (cols / group.min(256)) * scale_bytes
+}
+
 /// Dequantizes any non-packed tensor to f32 (norm weights, dense matrices).
 pub fn to_f32(view: &TensorView<'_>) -> Result<Vec<f32>> {
     let n: usize = view.shape.iter().product();
