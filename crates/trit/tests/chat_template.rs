@@ -306,3 +306,49 @@ fn reasoning_split_feeds_back_into_the_qwen3_template() {
         "{a}"
     );
 }
+
+/// A template runs on a budget of instructions (`FUEL`): one that loops (almost) forever — it
+/// comes with a model file — ends in an error within seconds instead of hanging, while Qwen3's
+/// template over a 200-message conversation with tools takes under 1 % of the budget.
+#[test]
+fn runaway_templates_stop_and_real_ones_fit_the_budget() {
+    let looping =
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}";
+    let t = ChatTemplate::new(looping, "", "").unwrap();
+    let start = std::time::Instant::now();
+    let e = t
+        .render(
+            &[json!({"role": "user", "content": "hi"})],
+            true,
+            None,
+            &Map::new(),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("fuel"), "{e}");
+    assert!(start.elapsed().as_secs() < 10, "{:?}", start.elapsed());
+
+    let f = fixture("chat/qwen3_renders.json");
+    let case = f["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| !c["tools"].is_null())
+        .expect("a case with tools");
+    let mut messages = Vec::new();
+    for i in 0..100 {
+        messages.push(json!({"role": "user", "content": format!("question {i}")}));
+        messages.push(json!({"role": "assistant", "content": format!("answer {i}")}));
+    }
+    let small = ChatTemplate::with_fuel(
+        f["template"].as_str().unwrap(),
+        f["bos_token"].as_str().unwrap(),
+        f["eos_token"].as_str().unwrap(),
+        trit::chat::TEMPLATE_FUEL / 100,
+    )
+    .unwrap();
+    let text = small
+        .render(&messages, true, Some(&case["tools"]), &Map::new())
+        .unwrap();
+    assert!(text.contains("answer 99"));
+}

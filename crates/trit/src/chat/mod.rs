@@ -8,4 +8,4 @@ mod strftime;
 mod template;
 
 pub use reasoning::{split_reasoning, ReasoningSplit, ReasoningStream, ReplyPart};
-pub use template::ChatTemplate;
+pub use template::{ChatTemplate, FUEL as TEMPLATE_FUEL};
