@@ -11,19 +11,7 @@ use serde_json::{json, Value};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// xorshift64*: the same mutations on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+use trit::test_values::TestRng as Rng;
 
 /// Valid requests of every kind the server takes (short generations).
 fn seeds() -> Vec<(&'static str, Value)> {
@@ -165,7 +153,7 @@ fn mutate(r: &mut Rng, seed: &Value) -> (Vec<u8>, String) {
         _ => {
             let mut bytes = serde_json::to_vec(&v).unwrap();
             let at = r.below(bytes.len());
-            bytes[at] = r.next() as u8;
+            bytes[at] = r.next_u64() as u8;
             (bytes, format!("byte {at} changed"))
         }
     }

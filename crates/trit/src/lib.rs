@@ -14,8 +14,9 @@ pub mod model;
 pub mod profile;
 pub mod quant;
 pub mod sample;
-#[cfg(test)]
-mod test_values;
+/// Deterministic pseudo-random inputs for tests (unit and integration); not an API.
+#[doc(hidden)]
+pub mod test_values;
 pub mod threadpool;
 pub mod tokenizer;
 

@@ -1,4 +1,21 @@
-//! Deterministic pseudo-random test inputs shared by the unit tests (xorshift64).
+//! Deterministic pseudo-random test inputs shared by the tests (xorshift64 and xorshift64*).
+
+/// xorshift64*: the same sequence from the same seed, for tests that mutate or draw.
+pub struct TestRng(pub u64);
+
+impl TestRng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `0..n` (n > 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
 
 /// `n` values in [-1, 1) from `seed`; the same seed always gives the same values.
 pub fn uniform(seed: u64, n: usize) -> Vec<f32> {

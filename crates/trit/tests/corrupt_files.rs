@@ -10,19 +10,7 @@ use trit::format::testgen::{generate, OutFormat, Preset, TokenizerAssets};
 use trit::model::{Logits, Model};
 
 /// xorshift64*: the mutations are the same on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+use trit::test_values::TestRng as Rng;
 
 /// Opens, loads (tokenizer included) and runs one token of the model at `path`; Err for a refused file. Panics
 /// propagate to the caller's `catch_unwind`.
@@ -141,7 +129,7 @@ fn damaged_gguf_files_are_errors_not_panics() {
             let v = match rng.below(3) {
                 0 => 0,
                 1 => 0xff,
-                _ => rng.next() as u8,
+                _ => rng.next_u64() as u8,
             };
             b[at] = v;
             format!("{format}: byte {at} = {v:#x}")
@@ -172,7 +160,7 @@ fn damaged_hybrid_gguf_files_are_errors_not_panics() {
     survive_all(&path, &path, &original, 800, |rng, b| {
         let at = rng.below(header.saturating_sub(8).max(1));
         if rng.below(2) == 0 {
-            b[at] = rng.next() as u8;
+            b[at] = rng.next_u64() as u8;
             format!("byte {at}")
         } else {
             let v = HUGE[rng.below(HUGE.len())];
@@ -204,7 +192,7 @@ fn damaged_safetensors_folders_are_errors_not_panics() {
             }
             1 => {
                 let at = rng.below(header);
-                b[at] = rng.next() as u8;
+                b[at] = rng.next_u64() as u8;
                 format!("byte {at}")
             }
             2 => {

@@ -6,19 +6,7 @@ use crate::sample::SamplingParams;
 use serde_json::{json, Value};
 
 /// xorshift64*: deterministic test inputs.
-struct Rand(u64);
-
-impl Rand {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+use crate::test_values::TestRng as Rand;
 
 fn random_value(r: &mut Rand, depth: usize) -> Value {
     let strings = [
@@ -35,8 +23,8 @@ fn random_value(r: &mut Rand, depth: usize) -> Value {
     match r.below(if depth > 3 { 5 } else { 7 }) {
         0 => Value::Null,
         1 => Value::Bool(r.below(2) == 1),
-        2 => json!((r.next() % 2001) as i64 - 1000),
-        3 => json!(((r.next() % 100_000) as f64 - 50_000.0) / 7.0),
+        2 => json!((r.next_u64() % 2001) as i64 - 1000),
+        3 => json!(((r.next_u64() % 100_000) as f64 - 50_000.0) / 7.0),
         4 => Value::String(strings[r.below(strings.len())].to_string()),
         5 => Value::Array(
             (0..r.below(4))
