@@ -379,7 +379,10 @@ pub(crate) fn load(session: &mut Session, path: &Path) -> Result<LoadedState> {
         return Err(bad(path, "its recurrent state is not this model's"));
     }
     if h.snapshot.is_some_and(|p| p > h.tokens) || (h.snapshot.is_some() && h.recurrent.is_none()) {
-        return Err(bad(path, "its recurrent-state snapshot does not fit its tokens"));
+        return Err(bad(
+            path,
+            "its recurrent-state snapshot does not fit its tokens",
+        ));
     }
     let states = h.recurrent.map_or(0, |s| s.bytes()) * (1 + h.snapshot.is_some() as usize);
     let expected = 16 + hlen + 4 * h.tokens + c.blocks * block_bytes(shape) + states + 4;

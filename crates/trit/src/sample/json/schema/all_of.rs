@@ -9,10 +9,10 @@
 //! `false` —, and the merge's own is the `allOf` of all of them),
 //! lower bounds (the largest), upper bounds (the smallest), `enum`/`const` (intersected),
 //! `items` (the `allOf` of both), `pattern`s (all kept: the string must match each), and
-//! keywords equal in every member that has them (`multipleOf`, `prefixItems`, `format`, …). At
-//! most one member may hold `anyOf`/`oneOf`; the other members' keywords then go into each of
-//! its branches. Any other difference (two `multipleOf`s, …) is refused with its place, never
-//! merged in part.
+//! `multipleOf` (their least common multiple, in decimal), and keywords equal in every member
+//! that has them (`prefixItems`, `format`, …). At most one member may hold `anyOf`/`oneOf`; the
+//! other members' keywords then go into each of its branches. Any other difference (two
+//! `prefixItems`, …) is refused with its place, never merged in part.
 
 use super::{bad, empty, kinds_of, resolve, ANNOTATIONS, MORE_PATTERNS};
 use super::{ARRAY, BOOL, INTEGER, NULL, NUMBER, OBJECT, STRING};
@@ -221,6 +221,19 @@ impl Merged {
                     };
                     self.out.insert(k.clone(), s);
                 }
+                // A multiple of both divisors is a multiple of their least common multiple.
+                "multipleOf" => {
+                    let m = match self.out.get(k) {
+                        Some(old) if old != v => common_multiple(old, v).ok_or_else(|| {
+                            bad(
+                                at,
+                                "`allOf` members' `multipleOf`s must be positive numbers whose least common multiple has at most 18 digits",
+                            )
+                        })?,
+                        _ => v.clone(),
+                    };
+                    self.out.insert(k.clone(), m);
+                }
                 "anyOf" | "oneOf" => {
                     if self.out.contains_key("anyOf") || self.out.contains_key("oneOf") {
                         return Err(bad(
@@ -342,4 +355,45 @@ impl Merged {
         }
         Ok(Value::Object(self.out))
     }
+}
+
+/// A positive JSON number as `n · 10^e` (`n` an integer), from its text; `None` for anything
+/// else or more than 38 digits.
+fn decimal(v: &Value) -> Option<(u128, i32)> {
+    let text = v.as_number()?.to_string();
+    let (mantissa, exp) = match text.split_once(['e', 'E']) {
+        Some((m, e)) => (m, e.parse::<i32>().ok()?),
+        None => (text.as_str(), 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let n: u128 = format!("{int}{frac}").parse().ok()?;
+    (n > 0).then_some((n, exp - frac.len() as i32))
+}
+
+/// The least common multiple of two positive numbers, as a JSON number with at most 18 digits.
+fn common_multiple(a: &Value, b: &Value) -> Option<Value> {
+    let ((na, ea), (nb, eb)) = (decimal(a)?, decimal(b)?);
+    let e = ea.min(eb);
+    let scale = |n: u128, from: i32| n.checked_mul(10u128.checked_pow((from - e) as u32)?);
+    let (x, y) = (scale(na, ea)?, scale(nb, eb)?);
+    let gcd = |mut p: u128, mut q: u128| {
+        while q != 0 {
+            (p, q) = (q, p % q);
+        }
+        p
+    };
+    let l = (x / gcd(x, y)).checked_mul(y)?;
+    let digits = l.to_string();
+    if digits.len() > 18 {
+        return None;
+    }
+    let text = if e >= 0 {
+        format!("{digits}{}", "0".repeat(e as usize))
+    } else {
+        let frac = (-e) as usize;
+        let padded = format!("{digits:0>width$}", width = frac + 1);
+        let (int, fr) = padded.split_at(padded.len() - frac);
+        format!("{int}.{fr}")
+    };
+    serde_json::from_str(&text).ok()
 }
