@@ -204,8 +204,8 @@ fn unsupported_keywords_and_contradictions_are_refused_by_name() {
             "beside an `anyOf`",
         ),
         (
-            json!({"allOf": [{"multipleOf": 2}, {"multipleOf": 3}]}),
-            "different `multipleOf`",
+            json!({"allOf": [{"prefixItems": [{"type": "integer"}]}, {"prefixItems": [{"type": "string"}]}]}),
+            "different `prefixItems`",
         ),
         (
             json!({"type": "string", "allOf": [{"pattern": "^a+$"}, {"pattern": "^b"}]}),
