@@ -269,7 +269,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     if let Some(f) = a.prompt_cache.as_ref().filter(|_| !a.prompt_cache_ro) {
         if !a.prompt_cache_all {
             // The prompt only (a hybrid cache keeps its state from before the last token).
-            session.keep_prefix(ids.len());
+            session.truncate(ids.len());
         }
         session
             .save_state(f, json!({}))

@@ -52,18 +52,11 @@ impl Session {
         self.cache.has_recurrent()
     }
 
-    /// Drops the cached tokens after the first `len` (attention-only caches: the keys and
-    /// values of the kept positions stay valid).
+    /// Drops the cached tokens after the first `len`: an attention-only cache keeps exactly
+    /// `len` (the kept positions' keys and values stay valid); a hybrid model's cache rolls
+    /// back to its snapshot (the prompt's last token but one) or to nothing when that lies
+    /// beyond `len` — `tokens()` says what is left.
     pub fn truncate(&mut self, len: usize) {
-        debug_assert!(!self.is_recurrent(), "a recurrent state cannot be cut back");
-        self.cache.truncate(len.min(self.tokens.len()));
-        self.tokens.truncate(self.cache.len());
-    }
-
-    /// Keeps at most the first `len` tokens: all of them for an attention-only cache; a
-    /// hybrid model's cache rolls back to its snapshot (the prompt's last token but one) or
-    /// to nothing when that lies beyond `len` — `tokens()` says what is left.
-    pub fn keep_prefix(&mut self, len: usize) {
         self.cache.truncate(len.min(self.tokens.len()));
         self.tokens.truncate(self.cache.len());
     }

@@ -221,7 +221,7 @@ pub(crate) fn save(session: &Session, path: &Path, extra: Value) -> Result<()> {
         }
         for b in &cache.blocks()[..blocks] {
             for values in [false, true] {
-                for part in b.store_of(values).byte_parts() {
+                for part in b.store(values).byte_parts() {
                     w.put(part)?;
                 }
             }
@@ -252,7 +252,7 @@ fn block_bytes(shape: KvShape) -> usize {
     let b = KvBlock::new(shape);
     [false, true]
         .iter()
-        .flat_map(|&v| b.store_of(v).byte_parts())
+        .flat_map(|&v| b.store(v).byte_parts())
         .map(|p| p.len())
         .sum()
 }
@@ -403,7 +403,7 @@ pub(crate) fn load(session: &mut Session, path: &Path) -> Result<LoadedState> {
     for _ in 0..c.blocks {
         let mut b = KvBlock::new(shape);
         for values in [false, true] {
-            for part in b.store_of_mut(values).byte_parts_mut() {
+            for part in b.store_mut(values).byte_parts_mut() {
                 r.take(part).map_err(truncated)?;
             }
         }

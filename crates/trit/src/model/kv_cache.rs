@@ -83,13 +83,8 @@ impl KvBlock {
         }
     }
 
-    /// Stored keys (`values` false) or values, every layer (a saved session's bytes).
-    pub fn store_of(&self, values: bool) -> &KvStore {
-        self.store(values)
-    }
-
-    /// [`store_of`](Self::store_of), writable.
-    pub fn store_of_mut(&mut self, values: bool) -> &mut KvStore {
+    /// [`store`](Self::store), writable (a saved session is read back into it).
+    pub fn store_mut(&mut self, values: bool) -> &mut KvStore {
         if values {
             &mut self.values
         } else {
@@ -97,7 +92,8 @@ impl KvBlock {
         }
     }
 
-    fn store(&self, values: bool) -> &KvStore {
+    /// Stored keys (`values` false) or values, every layer.
+    pub fn store(&self, values: bool) -> &KvStore {
         if values {
             &self.values
         } else {
