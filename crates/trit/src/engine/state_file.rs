@@ -22,7 +22,7 @@
 //! compares every layer's with the saved ones.
 
 use super::session::Session;
-use crate::model::kv_cache::{KvBlock, KvShape, BLOCK_TOKENS};
+use crate::model::kv_cache::{KvBlock, BLOCK_TOKENS};
 use crate::model::recurrent::{LayerState, RecurrentState};
 use crate::model::{KvCache, KvType, KvTypes, Logits, Model};
 use crate::{Error, Result};
@@ -247,16 +247,6 @@ pub(crate) fn save(session: &Session, path: &Path, extra: Value) -> Result<()> {
     std::fs::rename(&tmp, path).map_err(io)
 }
 
-/// Bytes of one stored block of `shape`: keys then values.
-fn block_bytes(shape: KvShape) -> usize {
-    let b = KvBlock::new(shape);
-    [false, true]
-        .iter()
-        .flat_map(|&v| b.store(v).byte_parts())
-        .map(|p| p.len())
-        .sum()
-}
-
 fn bad(path: &Path, what: impl std::fmt::Display) -> Error {
     Error::Format(format!(
         "{}: not a usable saved session: {what}",
@@ -385,7 +375,7 @@ pub(crate) fn load(session: &mut Session, path: &Path) -> Result<LoadedState> {
         ));
     }
     let states = h.recurrent.map_or(0, |s| s.bytes()) * (1 + h.snapshot.is_some() as usize);
-    let expected = 16 + hlen + 4 * h.tokens + c.blocks * block_bytes(shape) + states + 4;
+    let expected = 16 + hlen + 4 * h.tokens + c.blocks * KvBlock::bytes_for(shape) + states + 4;
     if expected != file_len {
         return Err(bad(
             path,
