@@ -1,6 +1,8 @@
 //! End-to-end checks of the `trit` binary: errors are clear and exit non-zero, the default
 //! model runs offline, and prompts longer than the context are refused before any compute.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -122,24 +124,13 @@ fn chat_keeps_the_cache_between_turns() {
         eprintln!("SKIPPED: SmolLM2 is absent (run tools/fetch_assets.sh)");
         return;
     }
-    use std::io::Write;
     let chat = |extra: &[&std::ffi::OsStr]| {
-        let mut child = trit()
-            .args(["chat", "--temp", "0", "-n", "16", "-v", "--model"])
+        let mut cmd = trit();
+        cmd.args(["chat", "--temp", "0", "-n", "16", "-v", "--model"])
             .arg(&model)
-            .args(extra)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(b"What is the capital of France?\nAnd of Italy?\n/reset\nHi\n/exit\n")
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+            .args(extra);
+        let input = b"What is the capital of France?\nAnd of Italy?\n/reset\nHi\n/exit\n";
+        let out = common::output_with_stdin(&mut cmd, input);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{stderr}");
         String::from_utf8_lossy(&out.stdout).to_string()
@@ -373,7 +364,6 @@ fn a_draft_model_changes_the_passes_not_the_text() {
 /// file or an empty prompt is a clear error.
 #[test]
 fn the_prompt_comes_from_an_argument_a_file_or_standard_input() {
-    use std::io::Write;
     if default_model().is_none() {
         eprintln!("skipped: no default model in models/default");
         return;
@@ -387,20 +377,7 @@ fn the_prompt_comes_from_an_argument_a_file_or_standard_input() {
     std::fs::write(&file, prompt).unwrap();
     let f = file.to_str().unwrap();
     assert_eq!(stdout_of(&[&base[..], &["-f", f]].concat()), from_arg);
-    let mut child = trit()
-        .args(base)
-        .arg("-")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(prompt.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = common::output_with_stdin(trit().args(base).arg("-"), prompt.as_bytes());
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout), from_arg);
     for (args, says) in [

@@ -5,11 +5,10 @@
 //! outgrows its context dropping its oldest exchanges instead of refusing the next turn.
 
 mod common;
-use common::trit;
+use common::{output_with_stdin, trit};
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Output, Stdio};
+use std::process::Output;
 
 fn run(cache: &Path, extra: &[&str]) -> Output {
     trit()
@@ -76,21 +75,9 @@ fn a_second_run_reads_its_prompt_from_the_prompt_cache() {
 
 /// `trit chat --temp 0 -v EXTRA…` fed `input`; its standard output.
 fn chat(extra: &[&str], input: &str) -> String {
-    let mut child = trit()
-        .args(["chat", "--temp", "0", "-v"])
-        .args(extra)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    ok(&child.wait_with_output().unwrap())
+    let mut cmd = trit();
+    cmd.args(["chat", "--temp", "0", "-v"]).args(extra);
+    ok(&output_with_stdin(&mut cmd, input.as_bytes()))
 }
 
 /// Cached prompt tokens of each turn's `-v` line.

@@ -55,3 +55,18 @@ pub fn venv_python_with(module: &str) -> Option<PathBuf> {
     }
     found.cloned()
 }
+
+/// Runs `cmd` with `input` on its standard input; its output (standard output and error
+/// captured).
+pub fn output_with_stdin(cmd: &mut Command, input: &[u8]) -> std::process::Output {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
+}
