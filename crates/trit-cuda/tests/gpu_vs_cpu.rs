@@ -54,6 +54,25 @@ fn generated_models_match_the_cpu_in_every_format() {
     }
 }
 
+/// 1-bit Bonsai's files (GGUF Q1_0, MLX 1-bit packs) load into the GPU's ternary layout
+/// (`weights.rs`, binary ⊂ ternary) and compute the CPU's logits.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn binary_weight_files_match_the_cpu() {
+    use trit::format::testgen::binary::{mlx_1bit_twins, q1_0_twins, small_vocab_tiny};
+    if gpu_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let vocab = small_vocab_tiny().unwrap().vocab;
+    let (q1, _) = q1_0_twins(&dir.path().join("gguf")).unwrap();
+    let (_, one_bit) = mlx_1bit_twins(&dir.path().join("mlx")).unwrap();
+    for path in [q1, one_bit] {
+        let errs = compare(&path, &prompt(12, vocab, 1), 6, 64);
+        check(&path.display().to_string(), errs);
+    }
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn long_prompt_crosses_attention_splits_and_all_logits_match() {

@@ -8,6 +8,7 @@
 //! 0.1 for the embedding), and each 256-scale serves all of its 64/128-groups so the same values
 //! are exact in every format. Norm weights are f16 `1 + 0.1 · N(0, 1)`.
 
+pub mod binary;
 pub mod hybrid;
 mod hybrid_gguf;
 mod tokenizer_meta;
