@@ -11,7 +11,7 @@ mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use trit::engine::{generate, GenerateOptions, Session};
+use trit::engine::{generate, generate_shifting, ContextShift, GenerateOptions, Session};
 use trit::format::config::ModelConfig;
 use trit::model::{DeviceLoopRun, DevicePick, ExternalNet, KvCache, Logits, Model};
 use trit::sample::sampler::argmax;
@@ -332,5 +332,42 @@ impl ExternalNet for Shared {
     }
     fn bytes_per_token(&self) -> usize {
         self.0.bytes_per_token()
+    }
+}
+
+/// A context shift between device loops: a loop's run ends at the context's end with its last
+/// token pending, the host shifts (reads the kept tokens again) and feeds it — the CPU
+/// engine's tokens and final window, with and without a step budget per loop.
+#[test]
+fn a_context_shift_between_device_loops_equals_the_cpu() {
+    let files = common::default_model_files();
+    let tok = Tokenizer::from_source(&files.tokenizer).unwrap();
+    let cpu = Arc::new(Model::load(&files, 2).unwrap());
+    let prompt = tok.encode("The old lighthouse keeper said", false).unwrap();
+    let shift = Some(ContextShift { keep: 3 });
+    let gen = |m: &Arc<Model>| {
+        let mut s = Session::new(m.clone(), 32);
+        let g = generate_shifting(
+            &mut s,
+            &tok,
+            &prompt,
+            &common::greedy(80),
+            shift,
+            &mut |_| true,
+        )
+        .unwrap();
+        (g.text, g.tokens, g.shifts, s.tokens().to_vec())
+    };
+    let want = gen(&cpu);
+    assert_eq!(want.1.len(), 80);
+    assert!(want.2 >= 3, "{} shifts", want.2);
+    for budget in [usize::MAX, 5] {
+        let dev = device(&files, budget);
+        let dev_model = Arc::new(Model::from_external(Box::new(Shared(Arc::clone(&dev)))));
+        assert_eq!(gen(&dev_model), want, "budget {budget}");
+        assert!(
+            dev.loops.load(Ordering::SeqCst) > want.2,
+            "the device loop ran"
+        );
     }
 }

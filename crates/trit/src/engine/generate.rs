@@ -50,6 +50,9 @@ pub struct Generation {
     pub prompt_evaluated: usize,
     pub prompt_secs: f64,
     pub gen_secs: f64,
+    /// Context shifts during generation ([`ContextShift`]) and the tokens they read again.
+    pub shifts: usize,
+    pub shift_tokens: usize,
 }
 
 impl Generation {
@@ -65,6 +68,8 @@ impl Generation {
             prompt_evaluated: session.last_evaluated(),
             prompt_secs: t0.elapsed().as_secs_f64(),
             gen_secs: 0.0,
+            shifts: 0,
+            shift_tokens: 0,
         };
         Ok((logits, out))
     }
@@ -117,6 +122,41 @@ pub fn check_context(prompt: usize, max_tokens: usize, n_ctx: usize) -> Result<(
     Ok(())
 }
 
+/// llama.cpp's context shift (`--context-shift`, `--keep`): when a generation fills the
+/// context, the first `keep` tokens stay, the older half of the rest is dropped, and the kept
+/// tokens are read again (the first `keep` positions straight from the cache) before
+/// generation goes on. The model then sees exactly the kept tokens, as a fresh request with
+/// them would (llama.cpp instead re-rotates the cached keys in place: cheaper, the same up to
+/// rounding); a hybrid's recurrent state is rebuilt the same way, which llama.cpp refuses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContextShift {
+    pub keep: usize,
+}
+
+impl ContextShift {
+    /// What a full sequence keeps: its first `keep` tokens, then the newer half of the rest
+    /// (llama.cpp's `n_discard = (n_past - n_keep) / 2`).
+    pub fn kept(&self, tokens: &[u32]) -> Vec<u32> {
+        let keep = self.keep.min(tokens.len());
+        let discard = (tokens.len() - keep) / 2;
+        let mut kept = tokens[..keep].to_vec();
+        kept.extend_from_slice(&tokens[keep + discard..]);
+        kept
+    }
+
+    /// Refuses a shift that could free no room in a context of `n_ctx` (at least one token
+    /// must go, and the kept ones plus the next must fit).
+    fn check(&self, n_ctx: usize) -> Result<()> {
+        if self.keep + 2 > n_ctx {
+            return Err(Error::InvalidArgument(format!(
+                "context shift: keeping {} tokens leaves no room in a context of {n_ctx}",
+                self.keep
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Generates after `prompt`. `on_text` receives text pieces as they become final (complete
 /// UTF-8 characters, never part of a stop string) and returns false to cancel.
 pub fn generate(
@@ -126,7 +166,29 @@ pub fn generate(
     opts: &GenerateOptions,
     on_text: &mut dyn FnMut(&str) -> bool,
 ) -> Result<Generation> {
-    check_context(prompt.len(), opts.max_tokens, session.n_ctx())?;
+    generate_shifting(session, tokenizer, prompt, opts, None, on_text)
+}
+
+/// [`generate`], with a [`ContextShift`] when the context fills instead of finishing there
+/// (`max_tokens` may then exceed the context).
+pub fn generate_shifting(
+    session: &mut Session,
+    tokenizer: &Tokenizer,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    shift: Option<ContextShift>,
+    on_text: &mut dyn FnMut(&str) -> bool,
+) -> Result<Generation> {
+    let n_ctx = session.n_ctx();
+    match shift {
+        None => check_context(prompt.len(), opts.max_tokens, n_ctx)?,
+        Some(s) => {
+            check_context(prompt.len(), 0, n_ctx)?;
+            s.check(n_ctx)?;
+        }
+    }
+    // Where the sampler sees the sequence's end: the context's, or none when it shifts.
+    let limit = if shift.is_some() { usize::MAX } else { n_ctx };
     let mut decoding = Decoding::new(prompt, opts)?;
     let (logits, mut out) = Generation::after_prefill(session, prompt)?;
     let mut row = RowLogits::Full(logits);
@@ -136,7 +198,7 @@ pub fn generate(
             std::mem::replace(&mut row, RowLogits::Full(Vec::new())),
             tokenizer,
             session.tokens().len(),
-            session.n_ctx(),
+            limit,
         );
         let token = step.token;
         if out.record(step, &mut decoding, tokenizer, on_text) {
@@ -144,13 +206,15 @@ pub fn generate(
         }
         let Some(mut tok) = token else { break };
         // A device backend may pick the next tokens itself (greedy, or the sampler's rule on
-        // the best candidates): then the host only reads them.
+        // the best candidates): then the host only reads them. Its run ends at the context's
+        // end with the last token pending.
         if let Some(pick) = decoding.device_pick() {
             match on_device(
                 session,
                 tokenizer,
                 tok,
                 &pick,
+                limit,
                 &mut decoding,
                 &mut out,
                 on_text,
@@ -158,6 +222,12 @@ pub fn generate(
                 DeviceRun::Finished => break,
                 DeviceRun::Feed(t) => tok = t,
             }
+        }
+        if let Some(s) = shift.filter(|_| session.tokens().len() >= n_ctx) {
+            let kept = s.kept(session.tokens());
+            session.prefill(&kept)?;
+            out.shifts += 1;
+            out.shift_tokens += session.last_evaluated();
         }
         // A sampler that needs only the best candidates gets only those from a device backend
         // (the GPU reduces the row; a few hundred bytes cross instead of the vocabulary).
@@ -182,18 +252,20 @@ enum DeviceRun {
 
 /// Feeds `first` and the tokens after it through the model's device loop where it has one
 /// ([`Session::decode_on_device`]), recording each produced token as the host's sampler would
-/// (same stops, same text, the generator advanced by the device's draws).
+/// (same stops, same text, the generator advanced by the device's draws). `limit`: where the
+/// sequence ends (the context's end, or nowhere when the context shifts).
+#[allow(clippy::too_many_arguments)]
 fn on_device(
     session: &mut Session,
     tokenizer: &Tokenizer,
     first: u32,
     pick: &DevicePick,
+    limit: usize,
     decoding: &mut Decoding,
     out: &mut Generation,
     on_text: &mut dyn FnMut(&str) -> bool,
 ) -> Result<DeviceRun> {
     let base = session.tokens().len();
-    let n_ctx = session.n_ctx();
     // Steps up to the length limit (so none runs past it), EOS ids for the device to act on.
     let (left, stop) = (decoding.tokens_left(), decoding.eos().to_vec());
     let mut finished = false;
@@ -201,7 +273,7 @@ fn on_device(
     let run = session.decode_on_device(first, left, pick, &stop, &mut |t, drew| {
         offered += 1;
         // The cache then holds `first` and the tokens offered before `t`.
-        let step = decoding.step_token(t, drew, tokenizer, base + offered, n_ctx);
+        let step = decoding.step_token(t, drew, tokenizer, base + offered, limit);
         finished = out.record(step, decoding, tokenizer, on_text);
         !finished
     })?;

@@ -14,7 +14,9 @@ pub mod state_file;
 pub mod stats;
 
 pub use block_pool::{BlockPool, BlockStats};
-pub use generate::{generate, FinishReason, GenerateOptions, Generation};
+pub use generate::{
+    generate, generate_shifting, ContextShift, FinishReason, GenerateOptions, Generation,
+};
 pub use scheduler::{
     Scheduler, SchedulerConfig, SchedulerStats, SeqEvent, SeqRequest, SeqSummary, SubmitError,
 };
