@@ -399,3 +399,73 @@ fn the_prompt_comes_from_an_argument_a_file_or_standard_input() {
         );
     }
 }
+
+/// The count on the line of stdout that starts with `label` ("Generation: 60 tokens, …").
+fn count_after(stdout: &str, label: &str) -> usize {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with(label))
+        .unwrap_or_else(|| panic!("no {label:?} line in {stdout}"));
+    line[label.len()..]
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"))
+}
+
+#[test]
+fn minus_one_runs_to_the_context_end_and_a_context_shift_goes_past_it() {
+    if default_model().is_none() {
+        eprintln!("skipped: no default model in models/default");
+        return;
+    }
+    // Qwen3's end tokens banned, so only the length limits end the text.
+    let base = [
+        "run",
+        "--raw",
+        "--temp",
+        "0",
+        "-c",
+        "64",
+        "-l",
+        "151643-inf",
+        "-l",
+        "151645-inf",
+    ];
+    let prompt = "Once upon a time";
+    let to_end = stdout_of(&[&base[..], &["-n", "-1", prompt]].concat());
+    let p = count_after(&to_end, "Prompt: ");
+    assert_eq!(p + count_after(&to_end, "Generation: "), 64, "{to_end}");
+    assert!(!to_end.contains("Context shifts"));
+    // An explicit -n beyond the context is refused without a shift, generated with one.
+    let err = trit()
+        .args([&base[..], &["-n", "150", prompt]].concat())
+        .output()
+        .unwrap();
+    assert!(!err.status.success());
+    let shifted = stdout_of(&[&base[..], &["-n", "150", "--context-shift", prompt]].concat());
+    assert_eq!(count_after(&shifted, "Generation: "), 150, "{shifted}");
+    assert!(count_after(&shifted, "Context shifts: ") >= 2, "{shifted}");
+    // Kept windows start with the prompt: the first 60 tokens equal the unshifted run's.
+    let kept = stdout_of(
+        &[
+            &base[..],
+            &["-n", "100", "--context-shift", "--keep", "-1", prompt],
+        ]
+        .concat(),
+    );
+    let text = |s: &str| s.split("==========").nth(1).unwrap().trim().to_string();
+    assert!(text(&kept).starts_with(&text(&to_end)), "{kept}\n{to_end}");
+    for (args, says) in [
+        (vec!["run", "-n", "-3", "x"], "-1"),
+        (vec!["run", "--keep", "3", "x"], "--context-shift"),
+        (vec!["run", "--context-shift", "--keep", "-2", "x"], "-2"),
+    ] {
+        let out = trit().args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{args:?}: {err}"
+        );
+    }
+}

@@ -41,8 +41,9 @@ pub fn run(a: ChatArgs) -> Result<()> {
         bail!("this model has no chat template; use `trit run --raw` instead");
     };
     let kwargs = template_kwargs(a.no_think, &a.chat_template_args)?;
-    let opts = GenerateOptions {
-        max_tokens: a.sampling.max_tokens,
+    let limit = a.sampling.token_limit();
+    let mut opts = GenerateOptions {
+        max_tokens: limit.unwrap_or(loaded.n_ctx),
         sampling: a.sampling.params(&loaded),
         stop: a.sampling.stop.clone(),
         eos: eos_ids(&loaded),
@@ -147,6 +148,10 @@ pub fn run(a: ChatArgs) -> Result<()> {
                 "(the conversation outgrew the context of {} tokens: dropped its oldest {what})",
                 session.n_ctx()
             );
+        }
+        if limit.is_none() {
+            // -n -1: each reply may run to the context's end.
+            opts.max_tokens = session.n_ctx().saturating_sub(ids.len());
         }
         let mut stdout = std::io::stdout();
         let result = a.draft.generate(

@@ -160,9 +160,11 @@ fn cuda_model(_files: &ModelFiles, _n_ctx: usize) -> Result<Model> {
 
 #[derive(Args, Clone, Debug)]
 pub struct SamplingArgs {
-    /// Maximum tokens to generate.
-    #[arg(short = 'n', long, default_value_t = 256)]
-    pub max_tokens: usize,
+    /// Maximum tokens to generate; -1: until the context is full (with `run
+    /// --context-shift`: no limit). llama.cpp's -n.
+    #[arg(short = 'n', long, default_value_t = 256, allow_negative_numbers = true,
+          value_parser = parse_max_tokens)]
+    pub max_tokens: i64,
     /// Temperature (0 = greedy). Default: the model's recommendation.
     #[arg(long)]
     pub temp: Option<f32>,
@@ -191,6 +193,13 @@ pub struct SamplingArgs {
     pub logit_bias: Vec<(u32, f32)>,
 }
 
+fn parse_max_tokens(s: &str) -> std::result::Result<i64, String> {
+    match s.parse::<i64>() {
+        Ok(n) if n >= -1 => Ok(n),
+        _ => Err(format!("{s:?}: expected a token count, or -1 for no limit")),
+    }
+}
+
 fn parse_logit_bias(s: &str) -> std::result::Result<(u32, f32), String> {
     let at = s
         .find(['+', '-'])
@@ -210,6 +219,11 @@ fn parse_logit_bias(s: &str) -> std::result::Result<(u32, f32), String> {
 }
 
 impl SamplingArgs {
+    /// `-n` as a length limit: None for -1 (until the context's end).
+    pub fn token_limit(&self) -> Option<usize> {
+        usize::try_from(self.max_tokens).ok()
+    }
+
     /// The model's recommended sampling (no command-line overrides).
     pub fn model_defaults(loaded: &Loaded) -> SamplingParams {
         let none = SamplingArgs {

@@ -8,8 +8,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 use trit::engine::{
-    check_draft, generate, generate_speculative, DraftOptions, DraftStats, GenerateOptions,
-    Generation, Session,
+    check_draft, generate, generate_shifting, generate_speculative, ContextShift, DraftOptions,
+    DraftStats, GenerateOptions, Generation, Session,
 };
 use trit::sample::{JsonOutput, JsonSchema, TokenTable};
 
@@ -59,6 +59,16 @@ pub struct RunArgs {
     /// With --prompt-cache: read the file, never write it.
     #[arg(long, requires = "prompt_cache")]
     pub prompt_cache_ro: bool,
+    /// When generation fills the context, keep the first --keep tokens and the newer half of
+    /// the rest, read them again and go on (llama.cpp's --context-shift); with -n -1 there is
+    /// then no length limit.
+    #[arg(long)]
+    pub context_shift: bool,
+    /// Tokens from the start of the prompt (as templated) that a context shift keeps; -1: the
+    /// whole prompt. llama.cpp's --keep.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, requires = "context_shift",
+          value_parser = clap::value_parser!(i64).range(-1..))]
+    pub keep: i64,
 }
 
 /// Speculative decoding (`run`, `chat`).
@@ -231,8 +241,20 @@ pub fn run(a: RunArgs) -> Result<()> {
         a.raw.then_some(prompt.as_str()),
         &kwargs,
     )?;
+    let shift = a.context_shift.then(|| ContextShift {
+        keep: usize::try_from(a.keep).map_or(ids.len(), |k| k.min(ids.len())),
+    });
+    if shift.is_some() && a.draft.draft_model.is_some() {
+        bail!("--context-shift does not work with --draft-model (yet)");
+    }
+    let max_tokens = match (a.sampling.token_limit(), shift) {
+        (Some(n), _) => n,
+        (None, Some(_)) => usize::MAX,
+        // -1: until the context's end.
+        (None, None) => loaded.n_ctx.saturating_sub(ids.len()),
+    };
     let opts = GenerateOptions {
-        max_tokens: a.sampling.max_tokens,
+        max_tokens,
         sampling: a.sampling.params(&loaded),
         stop: a.sampling.stop.clone(),
         eos: eos_ids(&loaded),
@@ -257,14 +279,27 @@ pub fn run(a: RunArgs) -> Result<()> {
         let _ = stdout.flush();
         true
     };
-    let (g, stats) = a.draft.generate(
-        &mut session,
-        draft.as_mut(),
-        &loaded.tokenizer,
-        &ids,
-        &opts,
-        &mut print,
-    )?;
+    let (g, stats) = match shift {
+        Some(_) => {
+            let g = generate_shifting(
+                &mut session,
+                &loaded.tokenizer,
+                &ids,
+                &opts,
+                shift,
+                &mut print,
+            )?;
+            (g, None)
+        }
+        None => a.draft.generate(
+            &mut session,
+            draft.as_mut(),
+            &loaded.tokenizer,
+            &ids,
+            &opts,
+            &mut print,
+        )?,
+    };
     println!();
     if let Some(f) = a.prompt_cache.as_ref().filter(|_| !a.prompt_cache_ro) {
         if !a.prompt_cache_all {
@@ -287,6 +322,12 @@ pub fn run(a: RunArgs) -> Result<()> {
             );
         }
         print_speed(&g);
+        if g.shifts > 0 {
+            println!(
+                "Context shifts: {} ({} tokens read again)",
+                g.shifts, g.shift_tokens
+            );
+        }
         if let Some(s) = stats {
             println!("{}", draft_line(&s, g.tokens.len()));
         }
