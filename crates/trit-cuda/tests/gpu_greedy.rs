@@ -11,7 +11,7 @@
 mod common;
 use common::*;
 use std::sync::Arc;
-use trit::engine::{generate, GenerateOptions, Session};
+use trit::engine::{generate, generate_shifting, ContextShift, GenerateOptions, Session};
 use trit::format::testgen::hybrid::{generate as generate_hybrid, HybridPreset};
 use trit::format::testgen::{OutFormat, TokenizerAssets};
 use trit::model::{DevicePick, Logits, Model};
@@ -397,6 +397,51 @@ fn sampling_on_the_device_draws_what_the_host_draws() {
     let want = run_gen(&host, &tok, &[&p, &p], &opts);
     let got = run_gen(&dev, &tok, &[&p, &p], &opts);
     assert_eq!(got, want);
+}
+
+/// Context shifts on the GPU (`generate_shifting`): the device loop's run ends at the context's
+/// end with its token pending, the kept window goes through the prompt path, the loop goes on
+/// — the tokens, text and final window of the host-stepped twin, which shifts at the same
+/// places; for the dense default model and the hybrid (whose state is rebuilt).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn context_shifts_with_the_device_loop_equal_host_steps() {
+    if gpu_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let default = trit::format::open(&default_model_path()).unwrap();
+    let (preset, hybrid) = tiny_hybrid(dir.path(), 8);
+    let default_prompt = Tokenizer::from_source(&default.tokenizer)
+        .unwrap()
+        .encode("Once upon a time, in a small village,", false)
+        .unwrap();
+    let cases = [
+        (&default, default_prompt),
+        (&hybrid, prompt(7, preset.vocab, 23)),
+    ];
+    let ctx = 48;
+    let opts = GenerateOptions {
+        max_tokens: 120,
+        sampling: SamplingParams::greedy(),
+        stop: Vec::new(),
+        eos: Vec::new(),
+        json: None,
+    };
+    for (files, p) in cases {
+        let tok = Tokenizer::from_source(&files.tokenizer).unwrap();
+        let gen = |greedy_loop: bool| {
+            let m = Arc::new(load_model(files, &options(ctx, greedy_loop)).unwrap());
+            let mut s = Session::new(m, ctx);
+            let shift = Some(ContextShift { keep: 4 });
+            let g = generate_shifting(&mut s, &tok, &p, &opts, shift, &mut |_| true).unwrap();
+            (g.text, g.tokens, g.shifts, s.tokens().to_vec())
+        };
+        let want = gen(false);
+        assert_eq!(want.1.len(), 120);
+        assert!(want.2 >= 3, "{} shifts", want.2);
+        assert_eq!(gen(true), want);
+    }
 }
 
 /// The generated tiny-qwen35 hybrid (Q2_0 GGUF) under `dir`, opened.
