@@ -409,6 +409,14 @@ fn convert_files(
             "the output path is the input path; write the conversion somewhere else".into(),
         ));
     }
+    if files.config.bitnet {
+        // The writers know llama/qwen3 metadata and llama's Q/K permutation, not BitNet's
+        // sub-norms, per-tensor scales or its un-permuted GGUF layout.
+        return Err(Error::Unsupported(format!(
+            "{}: converting bitnet models is not supported yet (trit runs the file as it is)",
+            input.display()
+        )));
+    }
     let kind = source_kind(files);
     let to_gguf = matches!(opts.target, Target::Gguf(_));
     let crosses = match kind {

@@ -19,9 +19,17 @@ pub enum Arch {
 }
 
 impl Arch {
-    pub const SUPPORTED: &'static str = "llama, qwen3, qwen3_5 (GGUF qwen35)";
+    pub const SUPPORTED: &'static str =
+        "llama, qwen3, qwen3_5 (GGUF qwen35), bitnet (GGUF bitnet, bitnet-b1.58)";
 
+    /// The architecture of a GGUF `general.architecture` / HF `model_type`. BitNet b1.58 is
+    /// the llama block with two sub-norms and a squared-ReLU MLP: it runs on the dense
+    /// decoder as `Arch::Llama` with [`ModelConfig::bitnet`] set (see [`Family::of`]).
     pub fn from_name(name: &str) -> Result<Arch> {
+        Family::of(name).map(|f| f.arch)
+    }
+
+    fn from_plain_name(name: &str) -> Result<Arch> {
         match name {
             "llama" => Ok(Arch::Llama),
             "qwen3" => Ok(Arch::Qwen3),
@@ -44,6 +52,60 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen3 => "qwen3",
             Arch::Qwen35 => "qwen35",
+        }
+    }
+}
+
+/// An architecture name resolved to the network that runs it: BitNet b1.58 is `Arch::Llama`
+/// plus its two sub-norms and squared-ReLU MLP. (It is not an `Arch` variant of its own so that
+/// code matching on `Arch` elsewhere, the GPU crate's loader among it, keeps compiling; that
+/// loader refuses BitNet through `ModelConfig::bitnet`, checked by the CLI before it is called.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Family {
+    pub arch: Arch,
+    pub bitnet: bool,
+}
+
+impl Family {
+    pub fn of(name: &str) -> Result<Family> {
+        match name {
+            // HF `model_type` "bitnet" (BitNetForCausalLM); GGUF "bitnet" (llama.cpp) and
+            // "bitnet-b1.58" (microsoft/BitNet's fork, the 2B4T GGUF).
+            "bitnet" | "bitnet-b1.58" => Ok(Family {
+                arch: Arch::Llama,
+                bitnet: true,
+            }),
+            "bitnet-25" => Err(Error::Unsupported(
+                "architecture 'bitnet-25' (microsoft/BitNet's fork): its block differs from \
+                 BitNet b1.58; trit runs bitnet / bitnet-b1.58"
+                    .into(),
+            )),
+            other => Ok(Family {
+                arch: Arch::from_plain_name(other)?,
+                bitnet: false,
+            }),
+        }
+    }
+}
+
+/// The MLP's gate activation: `down(act(gate) ⊙ up)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU (llama, qwen3).
+    Silu,
+    /// `relu(x)²` (BitNet b1.58, HF `hidden_act: relu2`).
+    ReluSq,
+}
+
+impl Activation {
+    /// An HF `hidden_act` value.
+    pub fn from_hf(name: &str) -> Result<Activation> {
+        match name {
+            "silu" | "swish" => Ok(Activation::Silu),
+            "relu2" => Ok(Activation::ReluSq),
+            other => Err(Error::Unsupported(format!(
+                "config.json hidden_act '{other}' (supported: silu, relu2)"
+            ))),
         }
     }
 }
@@ -98,6 +160,11 @@ pub struct ModelConfig {
     pub name: String,
     /// Layer schedule and linear-attention shapes; `Some` exactly for `Arch::Qwen35`.
     pub hybrid: Option<HybridConfig>,
+    /// BitNet b1.58 (with `Arch::Llama`): `attn_sub_norm` on the attention output before
+    /// `o_proj`, `ffn_sub_norm` on `act(gate) ⊙ up` before `down_proj`.
+    pub bitnet: bool,
+    /// The MLP's gate activation (SiLU, or relu² for BitNet).
+    pub ffn_act: Activation,
 }
 
 /// YaRN magnitude correction, mlx-lm's `yarn_get_mscale`.
@@ -203,12 +270,16 @@ impl ModelConfig {
             .get("model_type")
             .and_then(Value::as_str)
             .ok_or_else(|| top.missing("model_type"))?;
-        let arch = match model_type {
+        let family = match model_type {
             // The rotated Bonsai 2 pack is a qwen3_5 text model plus a rotation manifest,
             // which the folder loader reads (formats.md §3.6).
-            "prism_hadamard_qwen35" => Arch::Qwen35,
-            other => Arch::from_name(other)?,
+            "prism_hadamard_qwen35" => Family {
+                arch: Arch::Qwen35,
+                bitnet: false,
+            },
+            other => Family::of(other)?,
         };
+        let arch = family.arch;
         // Vision-language configs nest the language model under `text_config`; its keys win
         // over the top level's (mlx-lm reads the text config alone).
         let merged = merge_text_config(config);
@@ -289,6 +360,15 @@ impl ModelConfig {
             eos,
             add_bos,
             name,
+            bitnet: family.bitnet,
+            // Llama/Qwen configs keep their SwiGLU whatever `hidden_act` says (as before);
+            // BitNet's `hidden_act` decides (relu2 in 2B4T, its default).
+            ffn_act: match config.get("hidden_act") {
+                _ if !family.bitnet => Activation::Silu,
+                None | Some(Value::Null) => Activation::ReluSq,
+                Some(Value::String(a)) => Activation::from_hf(a)?,
+                Some(_) => return Err(top.wrong("hidden_act", "a string")),
+            },
             hybrid: match arch {
                 Arch::Qwen35 => Some(HybridConfig::from_hf_json(
                     config,
@@ -305,7 +385,8 @@ impl ModelConfig {
     pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         let m = Meta(file);
         let arch_name = m.str("general.architecture")?;
-        let arch = Arch::from_name(&arch_name)?;
+        let family = Family::of(&arch_name)?;
+        let arch = family.arch;
         let k = |s: &str| format!("{arch_name}.{s}");
         let hidden = m.usize(&k("embedding_length"))?;
         let n_heads = m.usize(&k("attention.head_count"))?;
@@ -398,9 +479,11 @@ impl ModelConfig {
             head_dim,
             vocab: m.opt_usize(&k("vocab_size"))?.unwrap_or(0),
             rope_theta: m.opt_f32(&k("rope.freq_base"))?.unwrap_or(10_000.0),
+            // llama.cpp's converter permutes llama's Q/K rows for adjacent pairs; its BitNet
+            // converters do not, and its bitnet graphs use NeoX RoPE.
             rope_style: match arch {
-                Arch::Llama => RopeStyle::Adjacent,
-                Arch::Qwen3 | Arch::Qwen35 => RopeStyle::Neox,
+                Arch::Llama if !family.bitnet => RopeStyle::Adjacent,
+                _ => RopeStyle::Neox,
             },
             rope_scaling,
             norm_eps: m.f32(&k("attention.layer_norm_rms_epsilon"))?,
@@ -412,7 +495,24 @@ impl ModelConfig {
             add_bos,
             name,
             hybrid,
+            bitnet: family.bitnet,
+            // The 2B4T GGUFs carry no activation key; their MLP is relu² (llama.cpp's `bitnet`
+            // graph applies SiLU, written for the older 1bitLLM checkpoints: not supported).
+            ffn_act: if family.bitnet {
+                Activation::ReluSq
+            } else {
+                Activation::Silu
+            },
         })
+    }
+
+    /// The architecture as users know it (`bitnet` for BitNet b1.58, else `Arch::name`).
+    pub fn arch_name(&self) -> &'static str {
+        if self.bitnet {
+            "bitnet"
+        } else {
+            self.arch.name()
+        }
     }
 
     /// Layers that keep keys and values (every layer, or a hybrid's full-attention layers).
@@ -490,6 +590,10 @@ impl ModelConfig {
             if self.qk_norm {
                 check("attn_q_norm", &[hd])?;
                 check("attn_k_norm", &[hd])?;
+            }
+            if self.bitnet {
+                check("attn_sub_norm", &[q])?;
+                check("ffn_sub_norm", &[f])?;
             }
         }
         // Every layer of either kind has an input norm.
