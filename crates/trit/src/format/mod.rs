@@ -4,6 +4,7 @@
 //! under GGUF canonical names (`token_embd.weight`, `blk.{i}.attn_q.weight`, …) with shapes
 //! outermost first (`[out, in]`), so the model code never sees a file layout.
 
+mod bitnet_hf;
 pub mod config;
 mod config_hybrid;
 pub(crate) mod folder;

@@ -1,0 +1,168 @@
+//! trit's BitNet b1.58 against mlx-lm's `bitnet` model (tools/ref_bitnet.py).
+//!
+//! The reference ran mlx-lm 0.32.2 (f32, CPU; its Metal-only BitLinear kernel replaced by the
+//! same arithmetic in mlx ops, scales divided as `linear_class: bitlinear` says) on the
+//! random-weight `tiny-bitnet` Hugging Face folder (3 layers, 4 q / 2 kv heads of 64, ffn 768,
+//! Llama-3's 128,256-row bf16 embedding, packed uint8 projections + bf16 `weight_scale`) and
+//! stored the last-position logits of a 12-token and a 300-token prompt (every 125th id and the
+//! 32 largest) plus 24 greedy ids with their top-1/top-2 gaps. The model is regenerated here
+//! from the same seed.
+//!
+//! - Exact kernels: logits within 1e-3, greedy ids equal up to the first small-gap step.
+//! - Fast kernels (int8 activations): cosine ≥ 0.999 on the stored logits, same top-1.
+//! - The GGUF `bitnet` exports (TQ2_0, TQ1_0, Q2_0 with per-tensor `.scale` tensors) give the
+//!   folder's logits (bit for bit on the exact path: the same weights).
+
+mod common;
+
+use common::ids;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use trit::engine::Session;
+use trit::format::testgen::{generate, OutFormat, Preset, TokenizerAssets};
+use trit::kernels::{best_level, set_level, KernelLevel};
+use trit::model::{KvTypes, Model};
+
+static LEVEL: Mutex<()> = Mutex::new(());
+const PRESET: &str = "tiny-bitnet";
+
+fn fixture() -> Value {
+    let path = common::repo_root().join(format!("tests/fixtures/bitnet/{PRESET}.json"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The stored logits as (token id, value) pairs: every `sample_step`-th id and the top ids.
+fn reference_logits(fx: &Value, prompt: &str) -> Vec<(usize, f32)> {
+    let path = common::repo_root().join(format!("tests/fixtures/bitnet/{PRESET}.{prompt}.f32"));
+    let r = &fx["prompts"][prompt];
+    let step = r["sample_step"].as_u64().unwrap() as usize;
+    let mut out: Vec<(usize, f32)> = std::fs::read(path)
+        .unwrap()
+        .chunks_exact(4)
+        .enumerate()
+        .map(|(i, b)| (i * step, f32::from_le_bytes(b.try_into().unwrap())))
+        .collect();
+    let top = ids(&r["top_ids"]);
+    let vals = r["top_logits"].as_array().unwrap();
+    for (&id, v) in top.iter().zip(vals) {
+        out.push((id as usize, v.as_f64().unwrap() as f32));
+    }
+    out
+}
+
+fn pick(logits: &[f32], want: &[(usize, f32)]) -> (Vec<f32>, Vec<f32>) {
+    want.iter().map(|&(i, v)| (logits[i], v)).unzip()
+}
+
+fn make_model(formats: &[OutFormat]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Preset::by_name(PRESET).unwrap();
+    generate(&p, 0, dir.path(), formats, &TokenizerAssets::Placeholder).unwrap();
+    dir
+}
+
+fn load(path: &Path, kv: KvTypes) -> Arc<Model> {
+    let files = trit::format::open(path).unwrap();
+    assert!(
+        files.config.bitnet,
+        "{} is not read as bitnet",
+        path.display()
+    );
+    Arc::new(Model::load(&files, 2).unwrap().with_kv_types(kv).unwrap())
+}
+
+fn gaps(r: &Value) -> Vec<f64> {
+    r["gap_top1_top2"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g.as_f64().unwrap())
+        .collect()
+}
+
+fn check_exact(model: &Arc<Model>, fx: &Value, what: &str) {
+    for name in ["short", "long"] {
+        let r = &fx["prompts"][name];
+        let prompt = ids(&r["ids"]);
+        let mut s = Session::new(model.clone(), 512);
+        let (logits, out) = common::greedy_run(&mut s, &prompt, 24);
+        let (got, want) = pick(&logits, &reference_logits(fx, name));
+        let d = common::max_abs_diff(&got, &want);
+        let cos = common::cosine(&got, &want);
+        eprintln!(
+            "{what} {name} ({} tokens): max |Δ| {d:.2e}, cosine {cos:.9}",
+            prompt.len()
+        );
+        assert!(d < 1e-3, "{what} {name}: max |Δ| {d}");
+        let comparable = gaps(r).iter().take_while(|&&g| g > 2e-3).count();
+        assert!(
+            comparable >= 4,
+            "{what} {name}: {comparable} comparable steps"
+        );
+        assert_eq!(
+            out[..comparable],
+            ids(&r["greedy"])[..comparable],
+            "{what} {name}: greedy ids differ within the first {comparable} steps"
+        );
+    }
+}
+
+#[test]
+fn exact_path_matches_mlx_lm() {
+    let _g = LEVEL.lock().unwrap_or_else(|e| e.into_inner());
+    set_level(KernelLevel::Reference).unwrap();
+    let fx = fixture();
+    let tmp = make_model(&[OutFormat::Hf]);
+    let model = load(&tmp.path().join("hf"), KvTypes::F32);
+    check_exact(&model, &fx, "hf folder");
+}
+
+#[test]
+fn fast_kernels_stay_close_to_mlx_lm() {
+    let _g = LEVEL.lock().unwrap_or_else(|e| e.into_inner());
+    let level = best_level();
+    set_level(level).unwrap();
+    let fx = fixture();
+    let tmp = make_model(&[OutFormat::Hf]);
+    let model = load(&tmp.path().join("hf"), KvTypes::default());
+    for name in ["short", "long"] {
+        let prompt = ids(&fx["prompts"][name]["ids"]);
+        let logits = Session::new(model.clone(), 512).prefill(&prompt).unwrap();
+        let (got, want) = pick(&logits, &reference_logits(&fx, name));
+        let cos = common::cosine(&got, &want);
+        let d = common::max_abs_diff(&got, &want);
+        eprintln!("{name}: {level:?} kernels max |Δ| {d:.3}, cosine {cos:.6}");
+        assert!(cos > 0.999, "{name}: cosine {cos}");
+    }
+    set_level(KernelLevel::Reference).unwrap();
+}
+
+/// GGUF `bitnet` files of the same weights (unit block scales + `<name>.scale`, NeoX RoPE with
+/// un-permuted Q/K) give the folder's logits exactly, in three block types.
+#[test]
+fn gguf_matches_the_folder() {
+    let _g = LEVEL.lock().unwrap_or_else(|e| e.into_inner());
+    set_level(KernelLevel::Reference).unwrap();
+    let fx = fixture();
+    let types = ["tq2_0", "tq1_0", "q2_0"];
+    let mut formats = vec![OutFormat::Hf];
+    formats.extend(types.iter().map(|t| OutFormat::parse(t).unwrap()));
+    let tmp = make_model(&formats);
+    let prompt = ids(&fx["prompts"]["short"]["ids"]);
+    let folder = load(&tmp.path().join("hf"), KvTypes::F32);
+    let want = Session::new(folder, 64).prefill(&prompt).unwrap();
+    for f in &formats[1..] {
+        let path: PathBuf = tmp.path().join(f.file_name());
+        let files = trit::format::open(&path).unwrap();
+        assert_eq!(files.config.arch_name(), "bitnet");
+        let model = load(&path, KvTypes::F32);
+        let got = Session::new(model.clone(), 64).prefill(&prompt).unwrap();
+        let d = common::max_abs_diff(&got, &want);
+        eprintln!("{}: max |Δ| vs the folder {d:.2e}", f.file_name());
+        assert!(d < 1e-5, "{}: max |Δ| {d}", f.file_name());
+    }
+    // And the reference itself, through one GGUF (greedy included).
+    let model = load(&tmp.path().join("model-tq1_0.gguf"), KvTypes::F32);
+    check_exact(&model, &fx, "tq1_0 gguf");
+}
