@@ -530,6 +530,14 @@ mod tests {
         assert_eq!((billions("1.7b") * 1e4).round(), 17_206.0);
         assert_eq!((billions("8b") * 1e2).round(), 819.0);
         assert!(Preset::by_name("3b").is_err());
+        // BitNet b1.58 2B4T: 2,412,820,480 parameters (its bf16 release's count).
+        let n: usize = Preset::by_name("2b-bitnet")
+            .unwrap()
+            .tensors()
+            .iter()
+            .map(|t| t.shape.iter().product::<usize>())
+            .sum();
+        assert_eq!(n, 2_412_820_480);
     }
 
     #[test]
