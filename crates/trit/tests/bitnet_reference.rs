@@ -166,3 +166,36 @@ fn gguf_matches_the_folder() {
     let model = load(&tmp.path().join("model-tq1_0.gguf"), KvTypes::F32);
     check_exact(&model, &fx, "tq1_0 gguf");
 }
+
+/// trit's built-in BitNet template renders llama.cpp's `bitnet` chat format, and the Llama-3
+/// tokenizer (2B4T's) encodes it as Hugging Face `tokenizers` does (tools/ref_bitnet_chat.py:
+/// the text built by string concatenation, ids from `tokenizers`). Needs the fetched asset.
+#[test]
+fn chat_prompts_match_hf_tokenizers() {
+    let Some(path) = common::asset("llama3/tokenizer.json") else {
+        return;
+    };
+    let tok = trit::tokenizer::Tokenizer::from_json_file(&path).unwrap();
+    let template = trit::chat::ChatTemplate::new(
+        trit::chat::builtin::BITNET,
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+    )
+    .unwrap();
+    let path = common::repo_root().join("tests/fixtures/bitnet/chat.json");
+    let fx: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let cases = fx["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 3);
+    for case in cases {
+        let messages = case["messages"].as_array().unwrap();
+        let text = template
+            .render(messages, true, None, &Default::default())
+            .unwrap();
+        assert_eq!(text, case["text"].as_str().unwrap());
+        assert_eq!(
+            tok.encode(&text, false).unwrap(),
+            ids(&case["ids"]),
+            "{text}"
+        );
+    }
+}
