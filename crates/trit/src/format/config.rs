@@ -3,112 +3,12 @@
 //! then checked against the tensors so that a config contradicting the weights is refused at
 //! load instead of producing wrong logits.
 
+pub use super::config_arch::{Activation, Arch, Family};
 pub use super::config_hybrid::{post_norm_name, HybridConfig};
 use super::gguf::{GgufFile, Value as GgufValue};
 use super::WeightSource;
 use crate::{Error, Result};
 use serde_json::Value;
-
-/// Supported architectures (GGUF `general.architecture` / HF `model_type`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
-    Llama,
-    Qwen3,
-    /// Qwen3.5 hybrid: Gated DeltaNet + gated full attention (`ModelConfig::hybrid`).
-    Qwen35,
-}
-
-impl Arch {
-    pub const SUPPORTED: &'static str =
-        "llama, qwen3, qwen3_5 (GGUF qwen35), bitnet (GGUF bitnet, bitnet-b1.58)";
-
-    /// The architecture of a GGUF `general.architecture` / HF `model_type`. BitNet b1.58 is
-    /// the llama block with two sub-norms and a squared-ReLU MLP: it runs on the dense
-    /// decoder as `Arch::Llama` with [`ModelConfig::bitnet`] set (see [`Family::of`]).
-    pub fn from_name(name: &str) -> Result<Arch> {
-        Family::of(name).map(|f| f.arch)
-    }
-
-    fn from_plain_name(name: &str) -> Result<Arch> {
-        match name {
-            "llama" => Ok(Arch::Llama),
-            "qwen3" => Ok(Arch::Qwen3),
-            "qwen3_5" | "qwen3_5_text" | "qwen35" => Ok(Arch::Qwen35),
-            "qwen3_next" => Err(Error::Unsupported(
-                "architecture 'qwen3_next': its checkpoints fuse q/k/v/z and b/a into \
-                 interleaved projections and use mixture-of-experts MLPs; trit runs the \
-                 dense qwen3_5 hybrid layout"
-                    .into(),
-            )),
-            other => Err(Error::Unsupported(format!(
-                "architecture '{other}' (supported: {})",
-                Self::SUPPORTED
-            ))),
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Qwen3 => "qwen3",
-            Arch::Qwen35 => "qwen35",
-        }
-    }
-}
-
-/// An architecture name resolved to the network that runs it: BitNet b1.58 is `Arch::Llama`
-/// plus its two sub-norms and squared-ReLU MLP. (It is not an `Arch` variant of its own so that
-/// code matching on `Arch` elsewhere, the GPU crate's loader among it, keeps compiling; that
-/// loader refuses BitNet through `ModelConfig::bitnet`, checked by the CLI before it is called.)
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Family {
-    pub arch: Arch,
-    pub bitnet: bool,
-}
-
-impl Family {
-    pub fn of(name: &str) -> Result<Family> {
-        match name {
-            // HF `model_type` "bitnet" (BitNetForCausalLM); GGUF "bitnet" (llama.cpp) and
-            // "bitnet-b1.58" (microsoft/BitNet's fork, the 2B4T GGUF).
-            "bitnet" | "bitnet-b1.58" => Ok(Family {
-                arch: Arch::Llama,
-                bitnet: true,
-            }),
-            "bitnet-25" => Err(Error::Unsupported(
-                "architecture 'bitnet-25' (microsoft/BitNet's fork): its block differs from \
-                 BitNet b1.58; trit runs bitnet / bitnet-b1.58"
-                    .into(),
-            )),
-            other => Ok(Family {
-                arch: Arch::from_plain_name(other)?,
-                bitnet: false,
-            }),
-        }
-    }
-}
-
-/// The MLP's gate activation: `down(act(gate) ⊙ up)`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Activation {
-    /// SwiGLU (llama, qwen3).
-    Silu,
-    /// `relu(x)²` (BitNet b1.58, HF `hidden_act: relu2`).
-    ReluSq,
-}
-
-impl Activation {
-    /// An HF `hidden_act` value.
-    pub fn from_hf(name: &str) -> Result<Activation> {
-        match name {
-            "silu" | "swish" => Ok(Activation::Silu),
-            "relu2" => Ok(Activation::ReluSq),
-            other => Err(Error::Unsupported(format!(
-                "config.json hidden_act '{other}' (supported: silu, relu2)"
-            ))),
-        }
-    }
-}
 
 /// Which dimensions RoPE rotates together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,6 +6,7 @@
 
 mod bitnet_hf;
 pub mod config;
+mod config_arch;
 mod config_hybrid;
 pub(crate) mod folder;
 pub mod gguf;
