@@ -19,13 +19,20 @@ with the divide rule of transformers' `BitLinear` (which 2B4T's `bitlinear` clas
 loaded model would be wrong. We follow the config, i.e. transformers' semantics. Everything else
 (block, sub-norms, relu², RoPE, GQA attention, cache) is mlx-lm's code, unchanged.
 
+Second, independent reader of the same folder: transformers' `BitNetForCausalLM` (its own
+unpacking, `BitLinear` dividing by `weight_scale`, CPU, f32), run twice: as shipped, with its
+per-token int8 activation quantization (W1.58A8: <preset>.<prompt>.transformers_a8.f32), and with
+that quantization switched off (`activation_quant` returning the input and scale 1:
+<preset>.<prompt>.transformers_f32.f32), which must equal mlx-lm's f32 logits.
+
 For each prompt (a short one and one of 300 tokens, longer than trit's MLP chunk of 256) we record
 the last-position logits (<preset>.<prompt>.f32, f32 LE, every 125th id; the 32 largest in the
 JSON) and a 24-step greedy continuation with
 the top-1/top-2 gap at every step (<preset>.json). Checks on the reference itself: cached decode
 equals a full forward over prompt + generated ids, and logits are finite and not flat.
 
-  python3 -m venv .cache/venv && .cache/venv/bin/pip install "mlx[cpu]==0.32.4" "mlx-lm==0.32.2" numpy
+  python3 -m venv .cache/venv && .cache/venv/bin/pip install "mlx[cpu]==0.32.4" "mlx-lm==0.32.2" \
+      numpy torch==2.15.0 transformers==5.24.0 accelerate
   .cache/venv/bin/python tools/ref_bitnet.py [--preset tiny-bitnet]
 """
 
@@ -130,6 +137,29 @@ def reference(model, ids):
     return first, out, gaps, drift
 
 
+def transformers_reference(folder, prompts_, act_quant):
+    """Last-position logits of transformers' BitNetForCausalLM for each prompt."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations import bitnet as tf_bitnet
+
+    original = tf_bitnet.BitLinear.activation_quant
+    if not act_quant:
+        tf_bitnet.BitLinear.activation_quant = lambda self, x, num_bits=8: (x, 1.0)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        assert isinstance(model.model.layers[0].mlp.down_proj, tf_bitnet.BitLinear)
+        out = {}
+        with torch.no_grad():
+            for name, ids in prompts_.items():
+                logits = model(torch.tensor([ids])).logits[0, -1].float().numpy()
+                check_logits("transformers", logits)
+                out[name] = logits
+        return out
+    finally:
+        tf_bitnet.BitLinear.activation_quant = original
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="tiny-bitnet")
@@ -142,6 +172,8 @@ def main():
         folder = os.path.join(tmp, "hf")
         with open(os.path.join(folder, "config.json")) as f:
             vocab = json.load(f)["vocab_size"]
+        tf = {"a8": transformers_reference(folder, prompts(vocab), True),
+              "f32": transformers_reference(folder, prompts(vocab), False)}
         model, n_bitlinear = load(folder)
         report = {
             "preset": args.preset, "seed": args.seed,
@@ -151,7 +183,8 @@ def main():
                          "Metal kernel replaced by the same arithmetic in mlx ops, "
                          "invert_weight_scales from quantization_config (divide for bitlinear)",
             "bitlinear_layers": n_bitlinear,
-            "versions": {p: importlib.metadata.version(p) for p in ("mlx", "mlx-lm", "numpy")},
+            "versions": {p: importlib.metadata.version(p)
+                         for p in ("mlx", "mlx-lm", "numpy", "torch", "transformers")},
             "python": platform.python_version(),
             "prompts": {},
         }
@@ -166,8 +199,18 @@ def main():
                 "top_ids": [int(i) for i in top],
                 "top_logits": [float(logits[i]) for i in top],
                 "logits_mean": float(np.mean(logits)), "logits_std": float(np.std(logits)),
+                "transformers_vs_mlx": {
+                    kind: {"max_abs": float(np.max(np.abs(t - logits))),
+                           "corr": float(np.corrcoef(t, logits)[0, 1]),
+                           "argmax_equal": int(np.argmax(t)) == int(np.argmax(logits))}
+                    for kind, t in ((k, tf[k][name]) for k in ("a8", "f32"))
+                },
                 "decode_vs_full_forward_max_abs": drift,
             }
+            for kind in ("a8", "f32"):
+                tf[kind][name][::SAMPLE_STEP].astype("<f4").tofile(os.path.join(
+                    fixtures, f"{args.preset}.{name}.transformers_{kind}.f32"))
+            print(report["prompts"][name]["transformers_vs_mlx"])
             print(f"{name}: {len(ids)} tokens, greedy {greedy[:8]}…, min gap {min(gaps):.4f}")
     with open(os.path.join(fixtures, f"{args.preset}.json"), "w") as f:
         json.dump(report, f, indent=1)
