@@ -77,6 +77,14 @@ impl BitNetQuant {
                 )))
             }
         };
+        if q.get("use_rms_norm").and_then(Value::as_bool) == Some(true) {
+            // AutoBitLinear's optional extra RMSNorm before every projection.
+            return Err(Error::Unsupported(
+                "BitNet quantization_config use_rms_norm: true (an extra norm inside every \
+                 projection; 2B4T does not use it)"
+                    .into(),
+            ));
+        }
         let not_converted = match q.get("modules_to_not_convert") {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::Array(a)) => a
@@ -302,6 +310,9 @@ mod tests {
         let e = BitNetQuant::parse(&json!({"quant_method": "bitnet", "linear_class": "x"}))
             .unwrap_err();
         assert!(e.to_string().contains("linear_class 'x'"), "{e}");
+        let e = BitNetQuant::parse(&json!({"quant_method": "bitnet", "use_rms_norm": true}))
+            .unwrap_err();
+        assert!(e.to_string().contains("use_rms_norm"), "{e}");
         assert_eq!(block_type(2560), Some(GgmlType::TQ2_0));
         assert_eq!(block_type(6912), Some(GgmlType::TQ2_0));
         assert_eq!(block_type(192), Some(GgmlType::Q2_0));
