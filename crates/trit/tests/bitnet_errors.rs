@@ -299,3 +299,25 @@ fn lora_and_convert_refuse_bitnet() {
         assert!(e.to_string().contains("bitnet"), "{e}");
     }
 }
+
+/// A BitNet GGUF without `tokenizer.ggml.pre` / `add_bos_token` (microsoft/BitNet's 2B4T file
+/// names neither) reads as Llama-3: llama3 pre-tokenizer rules, BOS added.
+#[test]
+fn gguf_without_pre_tokenizer_reads_as_llama3() {
+    let tmp = gen(&["tq2_0"]);
+    let path = tmp.path().join("model-tq2_0.gguf");
+    patch(&path, b"tokenizer.ggml.pre", b"tokenizer.ggml.prX");
+    patch(
+        &path,
+        b"tokenizer.ggml.add_bos_token",
+        b"tokenizer.ggml.add_bos_tokeX",
+    );
+    let files = trit::format::open(&path).unwrap();
+    assert!(files.config.add_bos);
+    let trit::format::TokenizerSource::Gguf(file) = &files.tokenizer else {
+        panic!("a GGUF vocabulary")
+    };
+    let vocab = trit::tokenizer::GgufVocab::from_gguf(file).unwrap();
+    assert_eq!(vocab.pre.as_deref(), Some("llama-bpe"));
+    assert!(vocab.add_bos);
+}

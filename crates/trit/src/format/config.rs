@@ -359,6 +359,8 @@ impl ModelConfig {
         }
         let add_bos = match m.opt_bool("tokenizer.ggml.add_bos_token")? {
             Some(b) => b,
+            // BitNet 2B4T (Llama-3 vocabulary) starts every sequence with <|begin_of_text|>.
+            None if family.bitnet => true,
             // llama.cpp's default: SentencePiece vocabularies add BOS, BPE ones do not.
             None => m.opt_str("tokenizer.ggml.model")?.as_deref() == Some("llama"),
         };
