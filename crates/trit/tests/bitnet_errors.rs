@@ -2,7 +2,8 @@
 //! missing or mis-shaped sub-norms, a packed projection without its `weight_scale`, a zero
 //! scale, code 3 in a packed byte, an unknown activation or linear class, a GGUF without a
 //! sub-norm, an I2_S GGUF (microsoft/BitNet's type 36). Also: the `-bf16` layout (online
-//! quantization of full-precision masters) loads, and LoRA / convert refuse BitNet.
+//! quantization of full-precision masters) loads, LoRA and conversion to MLX refuse BitNet, a
+//! GGUF without a pre-tokenizer name reads as Llama-3.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -253,16 +254,19 @@ fn online_masters_are_ternarized_at_load() {
 }
 
 #[test]
-fn lora_and_convert_refuse_bitnet() {
+fn lora_and_mlx_convert_refuse_bitnet() {
     let tmp = gen(&["hf"]);
     let dir = tmp.path().join("hf");
     let out = tmp.path().join("out.gguf");
     let opts = trit::convert::ConvertOptions {
-        target: trit::convert::Target::Gguf(trit::quant::GgmlType::TQ2_0),
+        target: trit::convert::Target::Mlx,
         allow_lossy: false,
     };
     let e = trit::convert::convert(&dir, &out, &opts, &mut |_, _, _| {}).unwrap_err();
-    assert!(e.to_string().contains("bitnet"), "{e}");
+    assert!(
+        e.to_string().contains("bitnet model converts to GGUF only"),
+        "{e}"
+    );
     assert!(!out.exists());
     // LoRA side paths do not know the sub-norms: refused rather than silently wrong.
     let files = trit::format::open(&dir).unwrap();

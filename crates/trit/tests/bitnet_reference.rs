@@ -269,3 +269,64 @@ fn batched_prefill_equals_single_runs() {
         assert!(d < 1e-4, "batched vs alone: max |Δ| {d}");
     }
 }
+
+/// `trit convert` of the folder to GGUF (TQ1_0, PQ2_0: unit block scales + the per-tensor
+/// `.scale` tensors, Q/K unpermuted, `bitnet` metadata) and GGUF → GGUF give the folder's
+/// logits exactly. The folder carries the real Llama-3 tokenizer (the converter writes only
+/// byte-level BPE vocabularies), so this needs the fetched asset; the GGUF's vocabulary then
+/// encodes a chat prompt as the folder's tokenizer.json does.
+#[test]
+fn converted_gguf_matches_the_folder() {
+    use trit::convert::{convert, ConvertOptions, Target};
+    use trit::quant::GgmlType;
+    let _g = LEVEL.lock().unwrap_or_else(|e| e.into_inner());
+    set_level(KernelLevel::Reference).unwrap();
+    let Some(llama3) = common::asset("llama3/tokenizer.json") else {
+        return;
+    };
+    let fx = fixture();
+    let tmp = tempfile::tempdir().unwrap();
+    let tok_dir = tmp.path().join("tok");
+    std::fs::create_dir_all(&tok_dir).unwrap();
+    std::fs::copy(&llama3, tok_dir.join("tokenizer.json")).unwrap();
+    std::fs::write(tok_dir.join("tokenizer_config.json"), "{}").unwrap();
+    let p = Preset::by_name(PRESET).unwrap();
+    let assets = TokenizerAssets::Dir(tok_dir);
+    generate(&p, 0, tmp.path(), &[OutFormat::Hf], &assets).unwrap();
+    let folder = tmp.path().join("hf");
+    let prompt = ids(&fx["prompts"]["short"]["ids"]);
+    let want = Session::new(load(&folder, KvTypes::F32), 64)
+        .prefill(&prompt)
+        .unwrap();
+    let run = |from: &Path, to: &Path, ty: GgmlType| {
+        let opts = ConvertOptions {
+            target: Target::Gguf(ty),
+            allow_lossy: false,
+        };
+        let report = convert(from, to, &opts, &mut |_, _, _| {}).unwrap();
+        assert!(!report.lossy);
+        let files = trit::format::open(to).unwrap();
+        assert_eq!(files.config.arch_name(), "bitnet");
+        assert!(files.chat_template.is_some());
+        let got = Session::new(load(to, KvTypes::F32), 64)
+            .prefill(&prompt)
+            .unwrap();
+        let d = common::max_abs_diff(&got, &want);
+        assert!(d < 1e-5, "{}: max |Δ| {d}", to.display());
+        let text = "<|begin_of_text|>User: Translate: 苹果发布M5芯片 🍎<|eot_id|>Assistant: ";
+        let gguf_tok = trit::tokenizer::Tokenizer::from_source(&files.tokenizer).unwrap();
+        let json_tok = trit::tokenizer::Tokenizer::from_json_file(&llama3).unwrap();
+        assert_eq!(
+            gguf_tok.encode(text, false).unwrap(),
+            json_tok.encode(text, false).unwrap()
+        );
+    };
+    let tq1 = tmp.path().join("conv-tq1_0.gguf");
+    run(&folder, &tq1, GgmlType::TQ1_0);
+    run(
+        &folder,
+        &tmp.path().join("conv-pq2_0.gguf"),
+        GgmlType::PQ2_0,
+    );
+    run(&tq1, &tmp.path().join("conv-q2_0.gguf"), GgmlType::Q2_0);
+}

@@ -135,7 +135,8 @@ fn llama_qk_perm(rows: usize, n_heads: usize, to_gguf: bool) -> Vec<usize> {
 
 /// The permutation a tensor needs between the two conventions, if any.
 fn qk_perm(cfg: &ModelConfig, name: &str, rows: usize, to_gguf: bool) -> Option<Vec<usize>> {
-    if cfg.arch != Arch::Llama {
+    // BitNet GGUFs keep Q/K in the Hugging Face order (NeoX RoPE), as llama.cpp's converter.
+    if cfg.arch != Arch::Llama || cfg.bitnet {
         return None;
     }
     let heads = if name.ends_with(".attn_q.weight") {
@@ -409,11 +410,11 @@ fn convert_files(
             "the output path is the input path; write the conversion somewhere else".into(),
         ));
     }
-    if files.config.bitnet {
-        // The writers know llama/qwen3 metadata and llama's Q/K permutation, not BitNet's
-        // sub-norms, per-tensor scales or its un-permuted GGUF layout.
+    if files.config.bitnet && opts.target == Target::Mlx {
+        // MLX has no BitNet layout (mlx-lm's bitnet model reads the Hugging Face folder).
         return Err(Error::Unsupported(format!(
-            "{}: converting bitnet models is not supported yet (trit runs the file as it is)",
+            "{}: a bitnet model converts to GGUF only (its per-tensor scales and sub-norms have \
+             no MLX 2-bit layout)",
             input.display()
         )));
     }
