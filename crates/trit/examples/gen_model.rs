@@ -12,7 +12,7 @@ use trit::format::testgen::hybrid::{self, HybridPreset, HYBRID_PRESET_NAMES};
 use trit::format::testgen::{generate, OutFormat, Preset, TokenizerAssets, PRESET_NAMES};
 
 const USAGE: &str = "usage: gen_model --preset NAME --out DIR [--seed N] [--tokenizer DIR] \
-                     [--formats mlx,q2_0,pq2_0,ptq1_0,tq2_0,tq1_0,f16] (hybrid presets: mlx and ternary GGUF types)";
+                     [--formats mlx,q2_0,pq2_0,ptq1_0,tq2_0,tq1_0,f16] (hybrid presets: mlx and ternary GGUF types; bitnet presets: hf and ternary GGUF types)";
 
 fn run() -> Result<(), String> {
     let mut preset = None;

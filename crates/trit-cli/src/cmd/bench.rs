@@ -536,7 +536,7 @@ fn load(
     let load_secs = t0.elapsed().as_secs_f64();
     let (params, size, ty) = count_weights(&files)?;
     let c = model.config();
-    let model_type = format!("{} {} {ty}", c.arch.name(), size_label(params));
+    let model_type = format!("{} {} {ty}", c.arch_name(), size_label(params));
     let kv = KvCache::bytes_for(
         c.kv_layers(),
         c.n_kv_heads * c.head_dim,

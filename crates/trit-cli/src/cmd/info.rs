@@ -28,7 +28,15 @@ pub fn run(a: InfoArgs) -> Result<()> {
     println!("file:          {} ({})", path.display(), files.format_name);
     println!("weights:       {}", files.weights.describe());
     println!("name:          {}", c.name);
-    println!("architecture:  {:?}", c.arch);
+    if c.bitnet {
+        println!(
+            "architecture:  bitnet (BitNet b1.58: llama block + attn/ffn sub-norms, {:?} MLP, \
+             per-tensor weight scales)",
+            c.ffn_act
+        );
+    } else {
+        println!("architecture:  {:?}", c.arch);
+    }
     println!(
         "shape:         {} layers, hidden {}, ffn {}, heads {} q / {} kv × {}, vocab {}",
         c.n_layers, c.hidden, c.ffn, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab
@@ -121,10 +129,10 @@ pub fn run(a: InfoArgs) -> Result<()> {
     );
     println!(
         "chat template: {}",
-        if files.chat_template.is_some() {
-            "yes"
-        } else {
-            "no"
+        match files.chat_template.as_deref() {
+            Some(trit::chat::builtin::BITNET) => "yes (trit's built-in BitNet template)",
+            Some(_) => "yes",
+            None => "no",
         }
     );
     Ok(())

@@ -1,6 +1,7 @@
 //! Chat prompts: the model's own Jinja template rendered like transformers renders it
 //! ([`ChatTemplate`]), and the split of a thinking model's reply into reasoning and answer.
 
+pub mod builtin;
 mod pyjson;
 mod pystr;
 pub mod reasoning;

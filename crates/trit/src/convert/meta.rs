@@ -70,7 +70,7 @@ pub(super) fn gguf_metadata_from_folder(
     w: &mut GgufWriter,
 ) -> Result<()> {
     let c = &files.config;
-    let a = c.arch.name();
+    let a = c.arch_name();
     let k = |s: &str| format!("{a}.{s}");
     w.add("general.architecture", a)?;
     w.add("general.name", c.name.as_str())?;

@@ -135,7 +135,8 @@ fn llama_qk_perm(rows: usize, n_heads: usize, to_gguf: bool) -> Vec<usize> {
 
 /// The permutation a tensor needs between the two conventions, if any.
 fn qk_perm(cfg: &ModelConfig, name: &str, rows: usize, to_gguf: bool) -> Option<Vec<usize>> {
-    if cfg.arch != Arch::Llama {
+    // BitNet GGUFs keep Q/K in the Hugging Face order (NeoX RoPE), as llama.cpp's converter.
+    if cfg.arch != Arch::Llama || cfg.bitnet {
         return None;
     }
     let heads = if name.ends_with(".attn_q.weight") {
@@ -408,6 +409,14 @@ fn convert_files(
         return Err(Error::InvalidArgument(
             "the output path is the input path; write the conversion somewhere else".into(),
         ));
+    }
+    if files.config.bitnet && opts.target == Target::Mlx {
+        // MLX has no BitNet layout (mlx-lm's bitnet model reads the Hugging Face folder).
+        return Err(Error::Unsupported(format!(
+            "{}: a bitnet model converts to GGUF only (its per-tensor scales and sub-norms have \
+             no MLX 2-bit layout)",
+            input.display()
+        )));
     }
     let kind = source_kind(files);
     let to_gguf = matches!(opts.target, Target::Gguf(_));

@@ -49,7 +49,7 @@ impl ModelId {
     fn of(model: &Model) -> Self {
         let c = model.config();
         ModelId {
-            arch: c.arch.name().to_string(),
+            arch: c.arch_name().to_string(),
             name: c.name.clone(),
             n_layers: c.n_layers,
             hidden: c.hidden,

@@ -3,50 +3,12 @@
 //! then checked against the tensors so that a config contradicting the weights is refused at
 //! load instead of producing wrong logits.
 
+pub use super::config_arch::{Activation, Arch, Family};
 pub use super::config_hybrid::{post_norm_name, HybridConfig};
 use super::gguf::{GgufFile, Value as GgufValue};
 use super::WeightSource;
 use crate::{Error, Result};
 use serde_json::Value;
-
-/// Supported architectures (GGUF `general.architecture` / HF `model_type`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arch {
-    Llama,
-    Qwen3,
-    /// Qwen3.5 hybrid: Gated DeltaNet + gated full attention (`ModelConfig::hybrid`).
-    Qwen35,
-}
-
-impl Arch {
-    pub const SUPPORTED: &'static str = "llama, qwen3, qwen3_5 (GGUF qwen35)";
-
-    pub fn from_name(name: &str) -> Result<Arch> {
-        match name {
-            "llama" => Ok(Arch::Llama),
-            "qwen3" => Ok(Arch::Qwen3),
-            "qwen3_5" | "qwen3_5_text" | "qwen35" => Ok(Arch::Qwen35),
-            "qwen3_next" => Err(Error::Unsupported(
-                "architecture 'qwen3_next': its checkpoints fuse q/k/v/z and b/a into \
-                 interleaved projections and use mixture-of-experts MLPs; trit runs the \
-                 dense qwen3_5 hybrid layout"
-                    .into(),
-            )),
-            other => Err(Error::Unsupported(format!(
-                "architecture '{other}' (supported: {})",
-                Self::SUPPORTED
-            ))),
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Qwen3 => "qwen3",
-            Arch::Qwen35 => "qwen35",
-        }
-    }
-}
 
 /// Which dimensions RoPE rotates together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,6 +60,11 @@ pub struct ModelConfig {
     pub name: String,
     /// Layer schedule and linear-attention shapes; `Some` exactly for `Arch::Qwen35`.
     pub hybrid: Option<HybridConfig>,
+    /// BitNet b1.58 (with `Arch::Llama`): `attn_sub_norm` on the attention output before
+    /// `o_proj`, `ffn_sub_norm` on `act(gate) ⊙ up` before `down_proj`.
+    pub bitnet: bool,
+    /// The MLP's gate activation (SiLU, or relu² for BitNet).
+    pub ffn_act: Activation,
 }
 
 /// YaRN magnitude correction, mlx-lm's `yarn_get_mscale`.
@@ -203,12 +170,16 @@ impl ModelConfig {
             .get("model_type")
             .and_then(Value::as_str)
             .ok_or_else(|| top.missing("model_type"))?;
-        let arch = match model_type {
+        let family = match model_type {
             // The rotated Bonsai 2 pack is a qwen3_5 text model plus a rotation manifest,
             // which the folder loader reads (formats.md §3.6).
-            "prism_hadamard_qwen35" => Arch::Qwen35,
-            other => Arch::from_name(other)?,
+            "prism_hadamard_qwen35" => Family {
+                arch: Arch::Qwen35,
+                bitnet: false,
+            },
+            other => Family::of(other)?,
         };
+        let arch = family.arch;
         // Vision-language configs nest the language model under `text_config`; its keys win
         // over the top level's (mlx-lm reads the text config alone).
         let merged = merge_text_config(config);
@@ -289,6 +260,15 @@ impl ModelConfig {
             eos,
             add_bos,
             name,
+            bitnet: family.bitnet,
+            // Llama/Qwen configs keep their SwiGLU whatever `hidden_act` says (as before);
+            // BitNet's `hidden_act` decides (relu2 in 2B4T, its default).
+            ffn_act: match config.get("hidden_act") {
+                _ if !family.bitnet => Activation::Silu,
+                None | Some(Value::Null) => Activation::ReluSq,
+                Some(Value::String(a)) => Activation::from_hf(a)?,
+                Some(_) => return Err(top.wrong("hidden_act", "a string")),
+            },
             hybrid: match arch {
                 Arch::Qwen35 => Some(HybridConfig::from_hf_json(
                     config,
@@ -305,7 +285,8 @@ impl ModelConfig {
     pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         let m = Meta(file);
         let arch_name = m.str("general.architecture")?;
-        let arch = Arch::from_name(&arch_name)?;
+        let family = Family::of(&arch_name)?;
+        let arch = family.arch;
         let k = |s: &str| format!("{arch_name}.{s}");
         let hidden = m.usize(&k("embedding_length"))?;
         let n_heads = m.usize(&k("attention.head_count"))?;
@@ -378,6 +359,8 @@ impl ModelConfig {
         }
         let add_bos = match m.opt_bool("tokenizer.ggml.add_bos_token")? {
             Some(b) => b,
+            // BitNet 2B4T (Llama-3 vocabulary) starts every sequence with <|begin_of_text|>.
+            None if family.bitnet => true,
             // llama.cpp's default: SentencePiece vocabularies add BOS, BPE ones do not.
             None => m.opt_str("tokenizer.ggml.model")?.as_deref() == Some("llama"),
         };
@@ -398,9 +381,11 @@ impl ModelConfig {
             head_dim,
             vocab: m.opt_usize(&k("vocab_size"))?.unwrap_or(0),
             rope_theta: m.opt_f32(&k("rope.freq_base"))?.unwrap_or(10_000.0),
+            // llama.cpp's converter permutes llama's Q/K rows for adjacent pairs; its BitNet
+            // converters do not, and its bitnet graphs use NeoX RoPE.
             rope_style: match arch {
-                Arch::Llama => RopeStyle::Adjacent,
-                Arch::Qwen3 | Arch::Qwen35 => RopeStyle::Neox,
+                Arch::Llama if !family.bitnet => RopeStyle::Adjacent,
+                _ => RopeStyle::Neox,
             },
             rope_scaling,
             norm_eps: m.f32(&k("attention.layer_norm_rms_epsilon"))?,
@@ -412,7 +397,24 @@ impl ModelConfig {
             add_bos,
             name,
             hybrid,
+            bitnet: family.bitnet,
+            // The 2B4T GGUFs carry no activation key; their MLP is relu² (llama.cpp's `bitnet`
+            // graph applies SiLU, written for the older 1bitLLM checkpoints: not supported).
+            ffn_act: if family.bitnet {
+                Activation::ReluSq
+            } else {
+                Activation::Silu
+            },
         })
+    }
+
+    /// The architecture as users know it (`bitnet` for BitNet b1.58, else `Arch::name`).
+    pub fn arch_name(&self) -> &'static str {
+        if self.bitnet {
+            "bitnet"
+        } else {
+            self.arch.name()
+        }
     }
 
     /// Layers that keep keys and values (every layer, or a hybrid's full-attention layers).
@@ -490,6 +492,10 @@ impl ModelConfig {
             if self.qk_norm {
                 check("attn_q_norm", &[hd])?;
                 check("attn_k_norm", &[hd])?;
+            }
+            if self.bitnet {
+                check("attn_sub_norm", &[q])?;
+                check("ffn_sub_norm", &[f])?;
             }
         }
         // Every layer of either kind has an input norm.

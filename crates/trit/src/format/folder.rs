@@ -25,6 +25,9 @@ const LAYER_MODULES: &[(&str, &str)] = &[
     ("mlp.up_proj", "ffn_up"),
     ("mlp.down_proj", "ffn_down"),
     ("input_layernorm", "attn_norm"),
+    // BitNet b1.58's sub-norms (llama.cpp's names).
+    ("self_attn.attn_sub_norm", "attn_sub_norm"),
+    ("mlp.ffn_sub_norm", "ffn_sub_norm"),
     ("post_attention_layernorm", "ffn_norm"),
     // Qwen3.5 Gated DeltaNet layers, under llama.cpp's qwen35 names.
     ("linear_attn.in_proj_qkv", "attn_qkv"),
@@ -217,7 +220,7 @@ pub(super) fn module_of(tensor: &str) -> Result<Option<(String, String)>> {
     match hf_to_canonical(module) {
         Some(c) => Ok(Some((module.to_string(), c))),
         None => Err(Error::Unsupported(format!(
-            "tensor '{tensor}' is not part of a llama/qwen3/qwen3_5 model"
+            "tensor '{tensor}' is not part of a llama/qwen3/qwen3_5/bitnet model"
         ))),
     }
 }
@@ -269,8 +272,33 @@ pub(super) fn open_folder(dir: &Path, options: OpenOptions) -> Result<ModelFiles
     } else {
         None
     };
-    let (source, format_name) = match quantization {
-        Some(q) => {
+    let bitnet = match quantization {
+        Some(q) => super::bitnet_hf::BitNetQuant::parse(q)?,
+        None => None,
+    };
+    if config.bitnet != bitnet.is_some() && quantization.is_some() {
+        return Err(Error::Config(format!(
+            "{}: model_type {} with a {} quantization block",
+            dir.display(),
+            config.arch_name(),
+            if bitnet.is_some() {
+                "BitNet"
+            } else {
+                "non-BitNet"
+            }
+        )));
+    }
+    let (source, format_name) = match (quantization, bitnet) {
+        (Some(_), Some(b)) => {
+            let s = super::bitnet_hf::build(files, &b, skip_lm_head)?;
+            let name = if b.online {
+                "BitNet BF16 masters (ternarized at load)"
+            } else {
+                "BitNet packed 2-bit"
+            };
+            (s, name.to_string())
+        }
+        (Some(q), None) => {
             let q = mlx::QuantConfig::parse(q)?;
             let s = mlx::build(files, &q, skip_lm_head, rotation.is_some(), options)?;
             let name = match &rotation {
@@ -279,14 +307,14 @@ pub(super) fn open_folder(dir: &Path, options: OpenOptions) -> Result<ModelFiles
             };
             (s, name)
         }
-        None if rotation.is_some() => {
+        (None, _) if rotation.is_some() => {
             return Err(Error::Format(format!(
                 "{}: a {} pack without a quantization block",
                 dir.display(),
                 prism_mlx::MODEL_TYPE
             )))
         }
-        None => {
+        (None, _) => {
             let (s, dtype) = unpacked::build(files, skip_lm_head)?;
             (s, format!("unpacked {}", dtype.name()))
         }

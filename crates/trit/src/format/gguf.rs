@@ -21,6 +21,10 @@ pub use value::{Array, Value};
 #[cfg(test)]
 mod tests;
 
+/// microsoft/BitNet's I2_S type id (upstream 36 is a removed type), refused with a pointer to
+/// the formats trit reads (formats.md §5.7).
+const I2_S_ID: u32 = 36;
+
 pub const GGUF_MAGIC: &[u8; 4] = b"GGUF";
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 /// ggml's GGML_MAX_DIMS.
@@ -593,6 +597,15 @@ fn place_tensors(
                 })?;
         }
         rows.push(t.ne.iter().skip(1).product::<u64>());
+        if t.type_id == I2_S_ID {
+            return Err(Error::Unsupported(format!(
+                "tensor '{}' has type I2_S (id 36, microsoft/BitNet's fork; its block layout \
+                 depends on the platform that wrote it). trit does not read I2_S: run the \
+                 Hugging Face folder (microsoft/bitnet-b1.58-2B-4T) directly, or convert the \
+                 -bf16 model with llama.cpp's convert_hf_to_gguf.py --outtype tq2_0 (or tq1_0)",
+                t.name
+            )));
+        }
         if GgmlType::from_id(t.type_id).is_none() {
             return Err(Error::UnknownTensorType {
                 tensor: t.name.clone(),

@@ -4,7 +4,9 @@
 //! under GGUF canonical names (`token_embd.weight`, `blk.{i}.attn_q.weight`, …) with shapes
 //! outermost first (`[out, in]`), so the model code never sees a file layout.
 
+mod bitnet_hf;
 pub mod config;
+mod config_arch;
 mod config_hybrid;
 pub(crate) mod folder;
 pub mod gguf;
@@ -257,6 +259,27 @@ pub fn open(path: &Path) -> Result<ModelFiles> {
 
 /// `open` with explicit options.
 pub fn open_with(path: &Path, options: OpenOptions) -> Result<ModelFiles> {
+    let mut files = open_any(path, options)?;
+    if files.config.bitnet {
+        bitnet_defaults(&mut files);
+    }
+    Ok(files)
+}
+
+/// BitNet b1.58 ships no chat template (and its GGUFs none either): trit's built-in one
+/// (models.md §8); with the Llama-3 vocabulary `<|eot_id|>` ends a turn.
+fn bitnet_defaults(files: &mut ModelFiles) {
+    use crate::chat::builtin;
+    if files.chat_template.is_none() {
+        files.chat_template = Some(builtin::BITNET.to_string());
+    }
+    let eos = &mut files.config.eos;
+    if files.config.vocab == builtin::LLAMA3_VOCAB && !eos.contains(&builtin::LLAMA3_EOT) {
+        eos.push(builtin::LLAMA3_EOT);
+    }
+}
+
+fn open_any(path: &Path, options: OpenOptions) -> Result<ModelFiles> {
     let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
     if meta.is_dir() {
         return folder::open_folder(path, options);

@@ -9,6 +9,7 @@
 //! are exact in every format. Norm weights are f16 `1 + 0.1 · N(0, 1)`.
 
 pub mod binary;
+pub mod bitnet;
 pub mod hybrid;
 mod hybrid_gguf;
 mod tokenizer_meta;
@@ -48,9 +49,20 @@ pub struct Preset {
     pub bos: u32,
     pub eos: u32,
     pub pad: u32,
+    /// BitNet b1.58 (`Arch::Llama` + sub-norms, relu² MLP, per-tensor scales, dense bf16
+    /// embedding); written by `testgen::bitnet`.
+    pub bitnet: bool,
 }
 
-pub const PRESET_NAMES: &[&str] = &["tiny", "tiny-untied-yarn", "tiny-llama", "1.7b", "8b"];
+pub const PRESET_NAMES: &[&str] = &[
+    "tiny",
+    "tiny-untied-yarn",
+    "tiny-llama",
+    "1.7b",
+    "8b",
+    "tiny-bitnet",
+    "2b-bitnet",
+];
 
 impl Preset {
     pub fn by_name(name: &str) -> Result<Preset> {
@@ -72,8 +84,41 @@ impl Preset {
             bos: 151_643,
             eos: 151_645,
             pad: 151_643,
+            bitnet: false,
+        };
+        // Llama-3 vocabulary and ids (assets.md §2), models.md §4's hyper-parameters.
+        let bitnet = Preset {
+            name: "2b-bitnet",
+            arch: Arch::Llama,
+            hidden: 2560,
+            n_layers: 30,
+            n_heads: 20,
+            n_kv_heads: 5,
+            head_dim: 128,
+            ffn: 6912,
+            vocab: 128_256,
+            tied: true,
+            rope_theta: 500_000.0,
+            norm_eps: 1e-5,
+            max_pos: 4096,
+            yarn: None,
+            bos: 128_000,
+            eos: 128_009,
+            pad: 128_001,
+            bitnet: true,
         };
         Ok(match name {
+            "2b-bitnet" => bitnet,
+            "tiny-bitnet" => Preset {
+                name: "tiny-bitnet",
+                hidden: 256,
+                n_layers: 3,
+                n_heads: 4,
+                n_kv_heads: 2,
+                head_dim: 64,
+                ffn: 768,
+                ..bitnet
+            },
             "tiny" => tiny,
             "tiny-untied-yarn" => Preset {
                 name: "tiny-untied-yarn",
@@ -143,10 +188,16 @@ impl Preset {
             shape: vec![n],
             kind: Kind::Norm,
         };
+        // BitNet keeps its embedding in bf16 (a uniform bf16 matrix here).
+        let embed_kind = if self.bitnet {
+            Kind::Small { lo: -0.1, hi: 0.1 }
+        } else {
+            Kind::Ternary { base: 0.1 }
+        };
         let mut v = vec![Plan {
             name: "token_embd.weight".into(),
             shape: vec![self.vocab, h],
-            kind: Kind::Ternary { base: 0.1 },
+            kind: embed_kind,
         }];
         for i in 0..self.n_layers {
             let n = |s: &str| format!("blk.{i}.{s}.weight");
@@ -159,9 +210,15 @@ impl Preset {
                 v.push(norm(n("attn_q_norm"), hd));
                 v.push(norm(n("attn_k_norm"), hd));
             }
+            if self.bitnet {
+                v.push(norm(n("attn_sub_norm"), q));
+            }
             v.push(norm(n("ffn_norm"), h));
             v.push(proj(n("ffn_gate"), f, h));
             v.push(proj(n("ffn_up"), f, h));
+            if self.bitnet {
+                v.push(norm(n("ffn_sub_norm"), f));
+            }
             v.push(proj(n("ffn_down"), h, f));
         }
         v.push(norm("output_norm.weight".into(), h));
@@ -363,6 +420,8 @@ pub fn gen_uniform(seed: u64, plan: &Plan) -> Vec<f32> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OutFormat {
     Mlx,
+    /// A Hugging Face BitNet folder (packed uint8 projections + `weight_scale`).
+    Hf,
     Gguf(GgmlType),
     F16,
 }
@@ -371,6 +430,7 @@ impl OutFormat {
     pub fn parse(s: &str) -> Result<OutFormat> {
         Ok(match s.to_ascii_lowercase().as_str() {
             "mlx" => OutFormat::Mlx,
+            "hf" => OutFormat::Hf,
             "f16" => OutFormat::F16,
             "q2_0" => OutFormat::Gguf(GgmlType::Q2_0),
             "pq2_0" => OutFormat::Gguf(GgmlType::PQ2_0),
@@ -379,8 +439,8 @@ impl OutFormat {
             "tq2_0" => OutFormat::Gguf(GgmlType::TQ2_0),
             other => {
                 return Err(Error::InvalidArgument(format!(
-                    "unknown format '{other}' (known: mlx, q2_0, pq2_0, ptq1_0, tq2_0, tq1_0, f16)"
-                )))
+                "unknown format '{other}' (known: mlx, hf, q2_0, pq2_0, ptq1_0, tq2_0, tq1_0, f16)"
+            )))
             }
         })
     }
@@ -389,6 +449,7 @@ impl OutFormat {
     pub fn file_name(self) -> String {
         match self {
             OutFormat::Mlx => "mlx".into(),
+            OutFormat::Hf => "hf".into(),
             OutFormat::F16 => "f16".into(),
             OutFormat::Gguf(ty) => format!("model-{}.gguf", ty.name().to_ascii_lowercase()),
         }
@@ -406,9 +467,18 @@ pub fn generate(
 ) -> Result<()> {
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let tok = tokenizer.load(preset.vocab)?;
+    if preset.bitnet {
+        return bitnet::generate(preset, seed, out, formats, &tok);
+    }
     for &f in formats {
         let path = out.join(f.file_name());
         match f {
+            OutFormat::Hf => {
+                return Err(Error::InvalidArgument(format!(
+                    "format hf is the BitNet folder layout; preset {} is not a bitnet preset",
+                    preset.name
+                )))
+            }
             OutFormat::Mlx => write_mlx_folder(preset, seed, &path, &tok)?,
             OutFormat::F16 => write_f16_folder(preset, seed, &path, &tok)?,
             OutFormat::Gguf(ty) => write_gguf(preset, seed, &path, ty, &tok)?,
@@ -461,6 +531,14 @@ mod tests {
         assert_eq!((billions("1.7b") * 1e4).round(), 17_206.0);
         assert_eq!((billions("8b") * 1e2).round(), 819.0);
         assert!(Preset::by_name("3b").is_err());
+        // BitNet b1.58 2B4T: 2,412,820,480 parameters (its bf16 release's count).
+        let n: usize = Preset::by_name("2b-bitnet")
+            .unwrap()
+            .tensors()
+            .iter()
+            .map(|t| t.shape.iter().product::<usize>())
+            .sum();
+        assert_eq!(n, 2_412_820_480);
     }
 
     #[test]

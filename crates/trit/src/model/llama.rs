@@ -1,4 +1,4 @@
-//! Llama architecture (SmolLM2, BitNet-style dense models).
+//! Llama architecture (SmolLM2; BitNet b1.58 adds sub-norms, see `bitnet.rs`).
 //!
 //! Same block as Qwen3 without the per-head q/k norms. GGUF llama files store the Q and K
 //! rows permuted (llama.cpp's converter), which makes adjacent-pair RoPE correct for them;

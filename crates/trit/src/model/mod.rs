@@ -1,6 +1,7 @@
 //! Models: config + named weights → a forward pass that fills the KV cache and returns logits.
 
 pub mod attention;
+pub mod bitnet;
 pub mod device_slot;
 pub mod gated_delta;
 pub mod kv_cache;
@@ -25,7 +26,7 @@ use crate::Result;
 
 /// The network of one architecture family.
 enum Net {
-    /// llama / qwen3 dense decoders.
+    /// llama / qwen3 / bitnet dense decoders.
     Dense(Box<Transformer>),
     /// Qwen3.5 hybrid (Gated DeltaNet + gated full attention).
     Hybrid(Box<qwen35::Qwen35>),
@@ -192,6 +193,7 @@ impl Model {
             )));
         }
         let net = match cfg.arch {
+            Arch::Llama if cfg.bitnet => Net::Dense(Box::new(bitnet::load(cfg, src)?)),
             Arch::Llama => Net::Dense(Box::new(llama::load(cfg, src)?)),
             Arch::Qwen3 => Net::Dense(Box::new(qwen3::load(cfg, src)?)),
             Arch::Qwen35 => {

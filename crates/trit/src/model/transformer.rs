@@ -1,12 +1,14 @@
-//! The dense decoder shared by the llama and qwen3 architectures:
+//! The dense decoder shared by the llama, qwen3 and bitnet architectures:
 //! `h = x + Attn(RMSNorm(x))`, `x' = h + MLP(RMSNorm(h))`, final RMSNorm, LM head.
-//! Architecture files (`llama.rs`, `qwen3.rs`) only decide which optional pieces exist.
+//! Architecture files (`llama.rs`, `qwen3.rs`, `bitnet.rs`) only decide which optional pieces
+//! exist: per-head q/k norms (qwen3), sub-norms before `o_proj` and `down_proj` and the MLP's
+//! activation (bitnet, from `ModelConfig::bitnet` / `ffn_act`).
 
 use super::attention::{attend_batch, AttendSeq};
 use super::kv_cache::KvCache;
 use super::rope::Rope;
 use super::weights::{linear, vector};
-use crate::format::config::ModelConfig;
+use crate::format::config::{Activation, ModelConfig};
 use crate::format::WeightSource;
 use crate::kernels::{ops, ActQ8, Linear};
 use crate::profile::{self, Op};
@@ -33,7 +35,11 @@ pub struct Block {
     o: Linear,
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
+    /// BitNet: RMSNorm of the attention output (`q_dim` wide) before `o`.
+    attn_sub_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
+    /// BitNet: RMSNorm of `act(gate) ⊙ up` (`ffn` wide) before `down`.
+    ffn_sub_norm: Option<Vec<f32>>,
     gate: Linear,
     up: Linear,
     down: Linear,
@@ -60,6 +66,13 @@ impl Transformer {
         for i in 0..cfg.n_layers {
             let name = |t: &str| format!("blk.{i}.{t}.weight");
             let norm = |t: &str| vector(src, &name(t), hd);
+            let sub_norm = |t: &str, n| -> Result<Option<Vec<f32>>> {
+                Ok(if cfg.bitnet {
+                    Some(vector(src, &name(t), n)?)
+                } else {
+                    None
+                })
+            };
             blocks.push(Block {
                 attn_norm: vector(src, &name("attn_norm"), d)?,
                 q: linear(src, &name("attn_q"), nq, d)?,
@@ -76,7 +89,9 @@ impl Transformer {
                 } else {
                     None
                 },
+                attn_sub_norm: sub_norm("attn_sub_norm", nq)?,
                 ffn_norm: vector(src, &name("ffn_norm"), d)?,
+                ffn_sub_norm: sub_norm("ffn_sub_norm", cfg.ffn)?,
                 gate: linear(src, &name("ffn_gate"), cfg.ffn, d)?,
                 up: linear(src, &name("ffn_up"), cfg.ffn, d)?,
                 down: linear(src, &name("ffn_down"), d, cfg.ffn)?,
@@ -107,6 +122,14 @@ impl Transformer {
 
     /// Applies a LoRA adapter to every block it names (replacing any earlier one).
     pub fn set_adapter(&mut self, adapter: &super::lora::LoraAdapter) -> Result<()> {
+        if self.config.bitnet {
+            // The side paths read the MLP's SwiGLU output and the un-normed attention output.
+            return Err(Error::Unsupported(
+                "LoRA adapters on bitnet models (their sub-norms and relu² MLP have no LoRA \
+                 path yet)"
+                    .into(),
+            ));
+        }
         adapter.check(&self.config)?;
         for (i, b) in self.blocks.iter_mut().enumerate() {
             b.lora = adapter.block(i).map(Box::new);
@@ -273,7 +296,14 @@ impl Transformer {
                 .collect();
             attend_batch(pool, c, li, &parts, &mut att);
             drop(probe);
-            quantize(pool, &mut xq, &att, n, &b.o);
+            match &b.attn_sub_norm {
+                Some(w) => {
+                    let _p = profile::start(Op::ActQuant, 0);
+                    let keep = b.o.needs_exact();
+                    xq.quantize_rms_norm(Some(pool), &att, w, c.norm_eps, n, keep);
+                }
+                None => quantize(pool, &mut xq, &att, n, &b.o),
+            }
             matmul(pool, Op::MatO, &b.o, &xq, &mut h);
             if let Some(l) = &b.lora {
                 l.o_from(&att, &mut h);
@@ -299,7 +329,18 @@ impl Transformer {
                 if let Some(l) = &b.lora {
                     l.mlp_in(rows, &b.ffn_norm, c.norm_eps, [&mut *g, &mut *u]);
                 }
-                if b.lora.is_some() {
+                if c.ffn_act == Activation::ReluSq || b.ffn_sub_norm.is_some() {
+                    // BitNet: act(gate) ⊙ up written out, then (sub-)normed and quantized.
+                    let probe = profile::start(Op::SwiGlu, 0);
+                    gated_product(c.ffn_act, g, u);
+                    drop(probe);
+                    let _p = profile::start(Op::ActQuant, 0);
+                    let keep = b.down.needs_exact();
+                    match &b.ffn_sub_norm {
+                        Some(w) => xq.quantize_rms_norm(Some(pool), g, w, c.norm_eps, m, keep),
+                        None => xq.quantize_from_on(Some(pool), g, m, c.ffn, keep),
+                    }
+                } else if b.lora.is_some() {
                     // The adapter's down path reads the SwiGLU output itself.
                     let probe = profile::start(Op::SwiGlu, 0);
                     ops::silu_mul_on(pool, g, u, c.ffn);
@@ -397,6 +438,19 @@ fn matmul_fused<const N: usize>(
 fn quantize(pool: &ThreadPool, xq: &mut ActQ8, x: &[f32], n: usize, l: &Linear) {
     let _p = profile::start(Op::ActQuant, 0);
     xq.quantize_from_on(Some(pool), x, n, l.cols(), l.needs_exact());
+}
+
+/// `gate ← act(gate) ⊙ up`, element-wise.
+fn gated_product(act: Activation, gate: &mut [f32], up: &[f32]) {
+    match act {
+        Activation::Silu => ops::silu_mul(gate, up),
+        Activation::ReluSq => {
+            for (g, &u) in gate.iter_mut().zip(up) {
+                let r = g.max(0.0);
+                *g = r * r * u;
+            }
+        }
+    }
 }
 
 fn residual(x: &mut [f32], h: &[f32]) {

@@ -4,7 +4,7 @@
 use crate::format::{Dtype, TensorData, TensorView, WeightSource};
 use crate::kernels::{DenseMatrix, Linear, TernaryMatrix};
 use crate::quant::float::HalfKind;
-use crate::quant::{self, GgmlType};
+use crate::quant::{self, GgmlType, TernaryRows};
 use crate::{Error, Result};
 
 pub fn require<'a>(src: &'a dyn WeightSource, name: &str) -> Result<TensorView<'a>> {
@@ -23,16 +23,57 @@ fn check_shape(view: &TensorView<'_>, expected: &[usize]) -> Result<()> {
     Ok(())
 }
 
-/// A `rows × cols` matrix (cols = input dimension).
+/// A `rows × cols` matrix (cols = input dimension). A scalar companion `<stem>.scale` (GGUF
+/// BitNet files, llama.cpp's per-tensor scales; BitNet folders' `weight_scale`) multiplies
+/// every weight: folded into the ternary scales, or into the dense values.
 pub fn linear(src: &dyn WeightSource, name: &str, rows: usize, cols: usize) -> Result<Linear> {
     let view = require(src, name)?;
     check_shape(&view, &[rows, cols])?;
-    let linear = to_linear(&view)?;
+    let factor = tensor_scale(src, name)?;
+    let linear = to_linear_scaled(&view, factor)?;
     src.release(name);
     Ok(linear)
 }
 
+/// The per-tensor scale of the matrix `name` (`x.weight` → `x.scale`), 1 when there is none.
+pub fn tensor_scale(src: &dyn WeightSource, name: &str) -> Result<f32> {
+    let Some(stem) = name.strip_suffix(".weight") else {
+        return Ok(1.0);
+    };
+    let scale_name = format!("{stem}.scale");
+    let Some(view) = src.tensor(&scale_name)? else {
+        return Ok(1.0);
+    };
+    if view.n_elements() != 1 {
+        return Err(Error::ShapeMismatch {
+            tensor: scale_name,
+            found: view.shape.clone(),
+            expected: vec![1],
+        });
+    }
+    let s = to_f32(&view)?[0];
+    if !s.is_finite() || s == 0.0 {
+        return Err(Error::Format(format!(
+            "per-tensor scale '{scale_name}' is {s}; it must be finite and non-zero"
+        )));
+    }
+    Ok(s)
+}
+
 pub fn to_linear(view: &TensorView<'_>) -> Result<Linear> {
+    to_linear_scaled(view, 1.0)
+}
+
+/// `to_linear` with every weight multiplied by `factor`.
+pub fn to_linear_scaled(view: &TensorView<'_>, factor: f32) -> Result<Linear> {
+    let ternary = |src: &dyn TernaryRows| -> Result<Linear> {
+        let m = if factor == 1.0 {
+            TernaryMatrix::from_rows(src)?
+        } else {
+            TernaryMatrix::from_rows(&quant::bitnet::Scaled { inner: src, factor })?
+        };
+        Ok(Linear::Ternary(m))
+    };
     let (rows, cols) = match view.shape.as_slice() {
         [r, c] => (*r, *c),
         s => {
@@ -45,7 +86,7 @@ pub fn to_linear(view: &TensorView<'_>) -> Result<Linear> {
     match &view.data {
         TensorData::Ggml { ty, bytes } if ty.reads_as_ternary() => {
             let src = quant::ternary::GgmlTernary::new(*ty, bytes, rows, cols)?;
-            Ok(Linear::Ternary(TernaryMatrix::from_rows(&src)?))
+            ternary(&src)
         }
         TensorData::Mlx {
             codes,
@@ -83,21 +124,25 @@ pub fn to_linear(view: &TensorView<'_>) -> Result<Linear> {
                 *bits,
             )?;
             if src.check_ternary().is_ok() {
-                Ok(Linear::Ternary(TernaryMatrix::from_rows(&src)?))
+                ternary(&src)
             } else {
                 // Generic 2-bit affine: run it dequantized rather than refuse.
                 let mut data = vec![0f32; rows * cols];
                 for (r, row) in data.chunks_exact_mut(cols).enumerate() {
                     src.dequantize_row(r, row);
                 }
-                Ok(Linear::Dense(DenseMatrix::new(rows, cols, data)))
+                Ok(dense(rows, cols, data, factor))
             }
         }
-        _ => {
-            let data = to_f32(view)?;
-            Ok(Linear::Dense(DenseMatrix::new(rows, cols, data)))
-        }
+        _ => Ok(dense(rows, cols, to_f32(view)?, factor)),
     }
+}
+
+fn dense(rows: usize, cols: usize, mut data: Vec<f32>, factor: f32) -> Linear {
+    if factor != 1.0 {
+        data.iter_mut().for_each(|v| *v *= factor);
+    }
+    Linear::Dense(DenseMatrix::new(rows, cols, data))
 }
 
 /// Bytes `view` takes once loaded (what `trit info` reports without loading): a matrix the

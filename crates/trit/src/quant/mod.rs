@@ -5,6 +5,7 @@
 //! of a row, one scale `s` and codes `q = t + 1` with `t ∈ {-1, 0, +1}` (code 3 = +2 is
 //! representable and is carried through, never silently dropped).
 
+pub mod bitnet;
 pub mod float;
 pub mod mlx2;
 pub mod ptq1_0;

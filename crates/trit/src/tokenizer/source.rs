@@ -25,6 +25,16 @@ impl GgufVocab {
         let pre = optional(file, "tokenizer.ggml.pre", |v| {
             v.as_str().map(str::to_string)
         })?;
+        // microsoft/BitNet's 2B4T GGUF names no pre-tokenizer; its vocabulary is Llama-3's,
+        // which Hugging Face splits with the llama3 rules (llama.cpp falls back to "default").
+        let bitnet = matches!(
+            file.get_str("general.architecture"),
+            Some("bitnet" | "bitnet-b1.58")
+        );
+        let pre = match pre {
+            None if bitnet && model == "gpt2" => Some("llama-bpe".to_string()),
+            p => p,
+        };
         let strings = |key: &str, required: bool| -> Result<Vec<String>> {
             match file.get(key) {
                 None if !required => Ok(Vec::new()),

@@ -447,7 +447,7 @@ pub fn generate(
         match f {
             OutFormat::Mlx => write_mlx_folder(p, seed, &path, &tok)?,
             OutFormat::Gguf(ty) => super::hybrid_gguf::write_gguf(p, seed, &path, ty, &tok)?,
-            OutFormat::F16 => {
+            OutFormat::F16 | OutFormat::Hf => {
                 return Err(Error::InvalidArgument(
                     "hybrid presets are written as MLX folders and GGUF files only".into(),
                 ))

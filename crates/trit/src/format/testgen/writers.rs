@@ -300,8 +300,8 @@ pub fn encode_ternary(t: &Ternary, ty: GgmlType) -> Result<Vec<u8>> {
     Ok(parts.concat())
 }
 
-fn add_metadata(w: &mut GgufWriter, p: &Preset, tok: &LoadedTokenizer) -> Result<()> {
-    let a = p.arch.name();
+pub(super) fn add_metadata(w: &mut GgufWriter, p: &Preset, tok: &LoadedTokenizer) -> Result<()> {
+    let a = if p.bitnet { "bitnet" } else { p.arch.name() };
     let k = |s: &str| format!("{a}.{s}");
     w.add("general.architecture", a)?;
     w.add("general.name", format!("trit-random-{}", p.name))?;
@@ -326,15 +326,19 @@ fn add_metadata(w: &mut GgufWriter, p: &Preset, tok: &LoadedTokenizer) -> Result
     w.add("general.sampling.top_k", 20i32)?;
     w.add("general.sampling.top_p", 0.95f32)?;
     w.add("tokenizer.ggml.model", "gpt2")?;
-    w.add("tokenizer.ggml.pre", "qwen2")?;
+    w.add(
+        "tokenizer.ggml.pre",
+        if p.bitnet { "llama-bpe" } else { "qwen2" },
+    )?;
     w.add("tokenizer.ggml.tokens", tok.tokens.clone())?;
     w.add("tokenizer.ggml.token_type", tok.token_types.clone())?;
     w.add("tokenizer.ggml.merges", tok.merges.clone())?;
     w.add("tokenizer.ggml.eos_token_id", p.eos)?;
     w.add("tokenizer.ggml.padding_token_id", p.pad)?;
     w.add("tokenizer.ggml.bos_token_id", p.bos)?;
-    w.add("tokenizer.ggml.add_bos_token", false)?;
-    if let Some(t) = &tok.chat_template {
+    // Llama-3 (BitNet) adds <|begin_of_text|>; BitNet ships no template (trit's built-in one).
+    w.add("tokenizer.ggml.add_bos_token", p.bitnet)?;
+    if let (Some(t), false) = (&tok.chat_template, p.bitnet) {
         w.add("tokenizer.chat_template", t.as_str())?;
     }
     Ok(())
