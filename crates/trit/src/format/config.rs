@@ -67,6 +67,23 @@ pub struct ModelConfig {
     pub ffn_act: Activation,
 }
 
+/// The MLP's activation of a GGUF file: `<arch>.hidden_activation` where the file names it
+/// (llama.cpp's key), else relu² for BitNet — the b1.58 models' activation, which the 2B4T
+/// files do not record (llama.cpp's `bitnet` graph applies SiLU to them: reported in its PR
+/// #25885 and microsoft/BitNet #588) — and SiLU for the others. A file that asks for SiLU runs as llama.cpp runs
+/// it (the older 1bitLLM BitNet checkpoints).
+fn gguf_activation(key: Option<String>, bitnet: bool) -> Result<Activation> {
+    match key.as_deref() {
+        None if bitnet => Ok(Activation::ReluSq),
+        None | Some("silu") => Ok(Activation::Silu),
+        Some("relu2") if bitnet => Ok(Activation::ReluSq),
+        Some(other) => Err(Error::Unsupported(format!(
+            "hidden_activation '{other}' (supported: silu{})",
+            if bitnet { ", relu2" } else { "" }
+        ))),
+    }
+}
+
 /// YaRN magnitude correction, mlx-lm's `yarn_get_mscale`.
 fn yarn_mscale(factor: f32, mscale: f32) -> f32 {
     if factor <= 1.0 {
@@ -398,13 +415,7 @@ impl ModelConfig {
             name,
             hybrid,
             bitnet: family.bitnet,
-            // The 2B4T GGUFs carry no activation key; their MLP is relu² (llama.cpp's `bitnet`
-            // graph applies SiLU, written for the older 1bitLLM checkpoints: not supported).
-            ffn_act: if family.bitnet {
-                Activation::ReluSq
-            } else {
-                Activation::Silu
-            },
+            ffn_act: gguf_activation(m.opt_str(&k("hidden_activation"))?, family.bitnet)?,
         })
     }
 
