@@ -108,6 +108,14 @@ pub struct CudaModel {
 /// Loads `files` onto the GPU as a `Model` that sessions, generation and the benchmark drive
 /// like the CPU one.
 pub fn load_model(files: &ModelFiles, opts: &CudaOptions) -> Result<Model> {
+    // The GPU decode chain has no sub-norms and only SwiGLU: it would compute another network.
+    if files.config.bitnet {
+        return Err(Error::Unsupported(
+            "BitNet b1.58 on the GPU (its sub-norms and relu² MLP have no CUDA kernels yet; \
+             run it on the CPU)"
+                .into(),
+        ));
+    }
     if files.config.arch == trit::format::config::Arch::Qwen35 {
         let m = crate::hybrid::CudaHybrid::load(files, opts)?;
         return Ok(Model::from_external(Box::new(m)));
