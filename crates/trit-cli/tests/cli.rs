@@ -415,23 +415,24 @@ fn count_after(stdout: &str, label: &str) -> usize {
 
 #[test]
 fn minus_one_runs_to_the_context_end_and_a_context_shift_goes_past_it() {
-    if default_model().is_none() {
+    let Some(model) = default_model() else {
         eprintln!("skipped: no default model in models/default");
         return;
+    };
+    // The end tokens banned (the ones `run` stops at), so only the length limits end the text.
+    let files = trit::format::open(&model).unwrap();
+    let tok = trit::tokenizer::Tokenizer::from_source(&files.tokenizer).unwrap();
+    let mut ends = files.config.eos.clone();
+    ends.extend(
+        ["<|im_end|>", "<|endoftext|>"]
+            .iter()
+            .filter_map(|t| tok.token_id(t)),
+    );
+    let bans: Vec<String> = ends.iter().map(|id| format!("{id}-inf")).collect();
+    let mut base = vec!["run", "--raw", "--temp", "0", "-c", "64"];
+    for b in &bans {
+        base.extend(["-l", b.as_str()]);
     }
-    // Qwen3's end tokens banned, so only the length limits end the text.
-    let base = [
-        "run",
-        "--raw",
-        "--temp",
-        "0",
-        "-c",
-        "64",
-        "-l",
-        "151643-inf",
-        "-l",
-        "151645-inf",
-    ];
     let prompt = "Once upon a time";
     let to_end = stdout_of(&[&base[..], &["-n", "-1", prompt]].concat());
     let p = count_after(&to_end, "Prompt: ");
@@ -460,6 +461,7 @@ fn minus_one_runs_to_the_context_end_and_a_context_shift_goes_past_it() {
         (vec!["run", "-n", "-3", "x"], "-1"),
         (vec!["run", "--keep", "3", "x"], "--context-shift"),
         (vec!["run", "--context-shift", "--keep", "-2", "x"], "-2"),
+        (vec!["run", "-l", "4000000+1", "x"], "not a token id"),
     ] {
         let out = trit().args(&args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

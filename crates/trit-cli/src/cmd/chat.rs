@@ -44,7 +44,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
     let limit = a.sampling.token_limit();
     let mut opts = GenerateOptions {
         max_tokens: limit.unwrap_or(loaded.n_ctx),
-        sampling: a.sampling.params(&loaded),
+        sampling: a.sampling.params(&loaded)?,
         stop: a.sampling.stop.clone(),
         eos: eos_ids(&loaded),
         json: None,

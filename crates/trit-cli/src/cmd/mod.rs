@@ -229,7 +229,7 @@ impl SamplingArgs {
     }
 
     /// The model's recommended sampling (no command-line overrides).
-    pub fn model_defaults(loaded: &Loaded) -> SamplingParams {
+    pub fn model_defaults(loaded: &Loaded) -> Result<SamplingParams> {
         let none = SamplingArgs {
             max_tokens: 0,
             temp: None,
@@ -246,9 +246,15 @@ impl SamplingArgs {
         none.params(loaded)
     }
 
-    pub fn params(&self, loaded: &Loaded) -> SamplingParams {
+    /// The sampling parameters: these flags over the model's defaults. A biased token id
+    /// outside the vocabulary is refused (the server answers it with a 400 likewise).
+    pub fn params(&self, loaded: &Loaded) -> Result<SamplingParams> {
+        let vocab = loaded.tokenizer.vocab_size();
+        if let Some((id, _)) = self.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
+            bail!("--logit-bias: {id} is not a token id of this model (0..{vocab})");
+        }
         let d = &loaded.files.generation;
-        SamplingParams {
+        Ok(SamplingParams {
             temperature: self.temp.or(d.temperature).unwrap_or(0.7),
             top_k: self.top_k.or(d.top_k).unwrap_or(20),
             top_p: self.top_p.or(d.top_p).unwrap_or(0.8),
@@ -261,7 +267,7 @@ impl SamplingArgs {
             },
             seed: self.seed,
             logit_bias: self.logit_bias.clone(),
-        }
+        })
     }
 }
 

@@ -255,7 +255,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     };
     let opts = GenerateOptions {
         max_tokens,
-        sampling: a.sampling.params(&loaded),
+        sampling: a.sampling.params(&loaded)?,
         stop: a.sampling.stop.clone(),
         eos: eos_ids(&loaded),
         json,

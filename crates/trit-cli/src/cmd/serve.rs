@@ -95,7 +95,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
             per_sequence.div_ceil(1 << 20)
         );
     }
-    let defaults = SamplingArgs::model_defaults(&loaded);
+    let defaults = SamplingArgs::model_defaults(&loaded)?;
     let config = ServerConfig {
         model_id: model_id.clone(),
         n_ctx: loaded.n_ctx,
