@@ -33,22 +33,11 @@ pub struct QuantizeOptions {
     pub group: usize,
 }
 
-/// The per-layer projections that are ternarized (canonical suffixes).
-const PROJECTIONS: &[&str] = &[
-    "attn_q",
-    "attn_k",
-    "attn_v",
-    "attn_output",
-    "ffn_gate",
-    "ffn_up",
-    "ffn_down",
-];
-
 fn is_projection(name: &str) -> bool {
     name.strip_prefix("blk.")
         .and_then(|r| r.split_once('.'))
         .and_then(|(_, sub)| sub.strip_suffix(".weight"))
-        .is_some_and(|sub| PROJECTIONS.contains(&sub))
+        .is_some_and(|sub| crate::format::PROJECTIONS.contains(&sub))
 }
 
 /// Absmean ternarization of a `rows × cols` matrix with one scale per `group` inputs. Returns

@@ -22,17 +22,6 @@ use crate::{Error, Result};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
-/// The projections BitNet quantizes (canonical suffixes).
-const PROJECTIONS: &[&str] = &[
-    "attn_q",
-    "attn_k",
-    "attn_v",
-    "attn_output",
-    "ffn_gate",
-    "ffn_up",
-    "ffn_down",
-];
-
 /// A `quantization_config` with `quant_method: bitnet`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BitNetQuant {
@@ -220,7 +209,8 @@ pub(super) fn build(
         }
         let (_, suffix) = split_tensor_name(&tensor);
         let kind = canonical.rsplit('.').next().unwrap_or("");
-        let quantized = PROJECTIONS.contains(&kind) && !q.not_converted.contains(&module);
+        let quantized =
+            crate::format::PROJECTIONS.contains(&kind) && !q.not_converted.contains(&module);
         match suffix {
             "weight_scale" if quantized && !q.online => continue, // read with its weight
             "weight" if quantized => {

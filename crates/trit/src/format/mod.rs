@@ -156,6 +156,18 @@ impl TensorData<'_> {
     }
 }
 
+/// The per-layer projections (canonical suffixes, `blk.{i}.<name>.weight`) that ternary models
+/// quantize: attention and MLP matrices (not norms, embeddings or the head).
+pub const PROJECTIONS: &[&str] = &[
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_output",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+];
+
 /// One tensor under its canonical name. `shape` is outermost first: a linear weight of
 /// `out × in` has shape `[out, in]`; a norm weight has shape `[n]`.
 #[derive(Clone, Debug)]
