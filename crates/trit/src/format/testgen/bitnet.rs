@@ -10,7 +10,7 @@
 //! (F32 in GGUF), the embedding is bf16 in both.
 
 use super::tokenizer_meta::LoadedTokenizer;
-use super::writers::{add_metadata, io, write_file};
+use super::writers::{self, add_metadata, io, write_file};
 use super::{gen_norm, gen_ternary, gen_uniform, Kind, OutFormat, Plan, Preset, SplitMix};
 use crate::format::canonical_to_hf;
 use crate::format::gguf_write::GgufWriter;
@@ -55,33 +55,19 @@ fn hf_module(canonical: &str) -> String {
     canonical_to_hf(module).expect("generator names are canonical")
 }
 
+/// The llama folder's config.json with 2B4T's class, activation and quantization block.
 fn config_json(p: &Preset) -> Value {
-    json!({
-        "architectures": ["BitNetForCausalLM"],
-        "model_type": "bitnet",
-        "hidden_act": "relu2",
-        "hidden_size": p.hidden,
-        "num_hidden_layers": p.n_layers,
-        "intermediate_size": p.ffn,
-        "num_attention_heads": p.n_heads,
-        "num_key_value_heads": p.n_kv_heads,
-        "head_dim": p.head_dim,
-        "vocab_size": p.vocab,
-        "max_position_embeddings": p.max_pos,
-        "rope_theta": p.rope_theta,
-        "rms_norm_eps": p.norm_eps,
-        "tie_word_embeddings": p.tied,
-        "attention_bias": false,
-        "mlp_bias": false,
-        "bos_token_id": p.bos,
-        "eos_token_id": p.eos,
-        "torch_dtype": "bfloat16",
-        "quantization_config": {
-            "quant_method": "bitnet",
-            "linear_class": "bitlinear",
-            "quantization_mode": "offline"
-        }
-    })
+    let mut c = writers::config_json(p, false);
+    c["architectures"] = json!(["BitNetForCausalLM"]);
+    c["model_type"] = json!("bitnet");
+    c["hidden_act"] = json!("relu2");
+    c["torch_dtype"] = json!("bfloat16");
+    c["quantization_config"] = json!({
+        "quant_method": "bitnet",
+        "linear_class": "bitlinear",
+        "quantization_mode": "offline"
+    });
+    c
 }
 
 /// The tokenizer config without a chat template (BitNet ships none; trit uses its own).

@@ -34,7 +34,7 @@ pub(super) fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
     std::fs::write(path, bytes).map_err(io(path))
 }
 
-fn config_json(p: &Preset, quantized: bool) -> Value {
+pub(super) fn config_json(p: &Preset, quantized: bool) -> Value {
     let (model_type, class) = match p.arch {
         Arch::Qwen3 => ("qwen3", "Qwen3ForCausalLM"),
         Arch::Llama => ("llama", "LlamaForCausalLM"),
