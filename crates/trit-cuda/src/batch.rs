@@ -19,7 +19,7 @@ use crate::batch_rows::{self, Row};
 use crate::device::{cuda_err, ptr, Arg, Gpu};
 use crate::graph::{alloc_host_logits, StepGraph};
 use crate::launch;
-use crate::model::{CudaModel, Input, State};
+use crate::model::{CudaModel, Input, State, StepKind};
 use crate::prefill::KvTarget;
 use crate::topk::{self, TopBuffers};
 use crate::weights::DevMatrix;
@@ -134,7 +134,7 @@ pub(crate) struct BatchState {
     /// The single path's decode step (with the LM head) captured per slot, whose cache
     /// addresses it holds, and per kind (`CudaModel::short_step`): a step of one row runs it
     /// (`decode_row_single`).
-    single: HashMap<(usize, bool), StepGraph>,
+    single: HashMap<(usize, StepKind), StepGraph>,
 }
 
 impl BatchState {
@@ -461,7 +461,12 @@ impl CudaModel {
     fn decode_row_single(&self, st: &mut State, row: &Row, k: usize) -> Result<RowLogits> {
         let batch = st.batch.as_ref().expect("created by forward_batch_gpu");
         // The kernels the single path takes at this position, so the row's logits are its.
-        let key = (row.slot, self.short_step(row.pos));
+        let kind = if self.short_step(row.pos) {
+            StepKind::Short
+        } else {
+            StepKind::Chain
+        };
+        let key = (row.slot, kind);
         // The slot's cache addresses, only where a step is recorded or enqueued from them.
         let kv = (!self.use_graph || !batch.single.contains_key(&key)).then(|| {
             let t = batch.target(&st.gpu, row.slot, self.ctx);

@@ -18,6 +18,7 @@
 
 use crate::device::{cuda_err, ptr, Arg, Gpu};
 use crate::graph::StepGraph;
+use crate::model::StepKind;
 use crate::topk::TopBuffers;
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream};
 use std::collections::VecDeque;
@@ -121,7 +122,7 @@ pub(crate) struct GreedyBufs {
     /// Per position p, the token the step at p − 1 chose (`n_toks + 1` entries).
     ring: MappedRing,
     /// One step ended by the pick, captured on first use, with the rule it was captured for.
-    graph: Option<(Rule, StepGraph)>,
+    graph: Option<(Rule, StepKind, StepGraph)>,
 }
 
 /// How a step picks its token: the argmax, or the sampler's rule with its settings (kernel
@@ -196,6 +197,7 @@ impl GreedyBufs {
         gpu: &Gpu,
         use_graph: bool,
         pick: &Pick,
+        kind: StepKind,
         enqueue: &dyn Fn() -> Result<()>,
     ) -> Result<()> {
         if matches!(pick.rule, Rule::Sample { .. }) && self.top.is_none() {
@@ -208,12 +210,16 @@ impl GreedyBufs {
         if !use_graph {
             return step(self);
         }
-        if self.graph.as_ref().is_none_or(|(r, _)| *r != pick.rule) {
+        if self
+            .graph
+            .as_ref()
+            .is_none_or(|(r, k, _)| *r != pick.rule || *k != kind)
+        {
             self.graph = None;
             let g = StepGraph::capture(&gpu.stream, "greedy decode graph", || step(self))?;
-            self.graph = Some((pick.rule, g));
+            self.graph = Some((pick.rule, kind, g));
         }
-        let (_, g) = self.graph.as_ref().expect("captured above");
+        let (_, _, g) = self.graph.as_ref().expect("captured above");
         g.launch("greedy decode")
     }
 }
@@ -450,6 +456,7 @@ impl crate::model::CudaModel {
         let mut guard = self.state.lock().map_err(|_| poisoned())?;
         let st: &mut crate::model::State = &mut guard;
         self.upload_inputs(st, &[first], pos0)?;
+        let kind = self.step_kind(st, pos0, pos0 + max_steps)?;
         let mut bufs = GreedyBufs::take_or_new(&mut st.greedy, &st.gpu, self.ctx)?;
         let st: &crate::model::State = st;
         let s = &st.gpu.stream;
@@ -461,7 +468,7 @@ impl crate::model::CudaModel {
             rule,
         );
         let kv = CudaModel::own_kv(st);
-        let enqueue = || self.enqueue_layers(st, true, &kv, false);
+        let enqueue = || self.enqueue_layers(st, true, &kv, kind);
         let args = LoopArgs {
             first,
             pos0,
@@ -474,7 +481,7 @@ impl crate::model::CudaModel {
             &mut bufs,
             &args,
             rng,
-            &mut |b| b.launch_step(&st.gpu, self.use_graph, &pick, &enqueue),
+            &mut |b| b.launch_step(&st.gpu, self.use_graph, &pick, kind, &enqueue),
             accept,
         );
         // The device counter is wherever the last step left it.

@@ -17,6 +17,7 @@ use crate::device::{ptr, Gpu};
 use crate::graph::{alloc_host_logits, copy_to_pinned, StepGraph};
 use crate::greedy::{GreedyBufs, LoopArgs, Pick, Rule};
 use crate::hybrid_weights::{self, DevHybrid};
+use crate::model::StepKind;
 use crate::model::{check_forward, poisoned, CudaOptions, FusedSet};
 use crate::topk::TopBuffers;
 use cudarc::driver::{CudaSlice, PinnedHostSlice};
@@ -519,7 +520,7 @@ impl CudaHybrid {
                 &mut bufs,
                 args,
                 rng,
-                &mut |b| b.launch_step(&st.gpu, self.use_graph, &pick, &enqueue),
+                &mut |b| b.launch_step(&st.gpu, self.use_graph, &pick, StepKind::Chain, &enqueue),
                 &mut |t, drew| {
                     seen.push(t);
                     accept(t, drew)

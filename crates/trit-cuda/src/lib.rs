@@ -36,6 +36,7 @@ pub mod greedy;
 pub mod hybrid;
 mod hybrid_weights;
 mod launch;
+pub mod megastep;
 pub mod model;
 mod options;
 mod persist;

@@ -15,6 +15,7 @@ use crate::gemv::{
 };
 use crate::graph::{alloc_host_logits, copy_to_pinned, StepGraph};
 use crate::launch;
+use crate::megastep::MegaStep;
 pub use crate::options::{CudaOptions, FusedSet};
 use crate::prefill::PrefillBuffers;
 use crate::weights::{self, DevMatrix, DevWeights};
@@ -30,6 +31,17 @@ use trit::{Error, Result};
 /// Flash-decoding splits are multiples of this many positions (`DEC_CHUNK` in attention.cu).
 const ATT_CHUNK: usize = 32;
 
+/// Which kernels a decode step takes (captured graphs are kept per kind).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum StepKind {
+    /// The kernel chain (`enqueue_layers`).
+    Chain = 0,
+    /// Attention + o in one kernel (`CudaModel::short_step`).
+    Short = 1,
+    /// Every layer in one kernel (`megastep.rs`).
+    Mega = 2,
+}
+
 /// Device buffers of one decode step, and the KV cache.
 pub(crate) struct Buffers {
     pub(crate) toks: CudaSlice<i32>,
@@ -39,7 +51,7 @@ pub(crate) struct Buffers {
     pub(crate) xq: CudaSlice<i8>,
     pub(crate) xm: CudaSlice<f32>,
     pub(crate) qkv: CudaSlice<f32>,
-    att: CudaSlice<f32>,
+    pub(crate) att: CudaSlice<f32>,
     gu: CudaSlice<f32>,
     pub(crate) h: CudaSlice<f32>,
     part_o: CudaSlice<f32>,
@@ -47,7 +59,7 @@ pub(crate) struct Buffers {
     /// Per head: splits of the current step done (the last one merges; reset to 0 by it).
     counters: CudaSlice<u32>,
     /// Barrier counter of the persistent MLP kernel (`persist.rs`).
-    persist: CudaSlice<u32>,
+    pub(crate) persist: CudaSlice<u32>,
     /// The attention + o kernel's pending sum per residual row (fixed point; zero between
     /// layers: the down GEMV adds it into x and clears it; `attention_o.rs`).
     pub(crate) pend: CudaSlice<u64>,
@@ -65,8 +77,11 @@ pub(crate) struct State {
     pub(crate) b: Buffers,
     /// Chunk activations of the batched prefill, allocated on the first prompt.
     pub(crate) prefill: Option<PrefillBuffers>,
-    /// Decode steps captured on first use, at `2·short + with_head` (short: `short_step`).
-    graphs: [Option<StepGraph>; 4],
+    /// Decode steps captured on first use, at `2·kind + with_head` (`StepKind`).
+    graphs: [Option<StepGraph>; 6],
+    /// The whole-step kernel's tables (`megastep.rs`), made on first use: `Some(None)` where
+    /// it cannot run this model.
+    pub(crate) mega: Option<Option<MegaStep>>,
     /// The device counter's value when known (None after an error or a batched call).
     pub(crate) device_pos: Option<usize>,
     /// Slots and row buffers of the batched path (`batch.rs`), made on its first use.
@@ -91,6 +106,9 @@ pub struct CudaModel {
     pub(crate) use_graph: bool,
     pub(crate) fused: FusedSet,
     pub(crate) persist_mlp: bool,
+    /// `CudaOptions::mega` and `mega_max`.
+    pub(crate) mega: bool,
+    pub(crate) mega_max: usize,
     /// `CudaOptions::attention_o` and `attention_o_max`.
     pub(crate) attention_o: bool,
     attention_o_max: usize,
@@ -201,6 +219,8 @@ impl CudaModel {
             use_graph: opts.graph,
             fused,
             persist_mlp: opts.persist_mlp,
+            mega: opts.mega,
+            mega_max: opts.mega_max,
             attention_o: opts.attention_o,
             attention_o_max: opts.attention_o_max,
             stream_down: opts.stream_down,
@@ -219,7 +239,8 @@ impl CudaModel {
                 w,
                 b,
                 prefill: None,
-                graphs: [None, None, None, None],
+                graphs: Default::default(),
+                mega: None,
                 device_pos: None,
                 batch: None,
                 top: None,
@@ -364,9 +385,9 @@ impl CudaModel {
         st: &State,
         with_head: bool,
         kv: &[(u64, u64)],
-        short: bool,
+        kind: StepKind,
     ) -> Result<()> {
-        self.enqueue_layers(st, with_head, kv, short)?;
+        self.enqueue_layers(st, with_head, kv, kind)?;
         let step = ptr(&st.b.step, &st.gpu.stream);
         st.gpu
             .launch("advance_position", (1, 1), 32, &[Arg::Ptr(step)])
@@ -378,8 +399,9 @@ impl CudaModel {
         st: &State,
         with_head: bool,
         kv: &[(u64, u64)],
-        short: bool,
+        kind: StepKind,
     ) -> Result<()> {
+        let short = kind == StepKind::Short;
         let c = &self.config;
         let (g, b, s) = (&st.gpu, &st.b, &st.gpu.stream);
         let p = |x: &CudaSlice<f32>| ptr(x, s);
@@ -409,7 +431,13 @@ impl CudaModel {
             gamma: p(gamma),
             eps: c.norm_eps,
         };
-        for (li, blk) in st.w.blocks.iter().enumerate() {
+        // The whole-step kernel runs every layer: only the head is left to the chain.
+        let mega = kind == StepKind::Mega;
+        if mega {
+            self.enqueue_mega(st)?;
+        }
+        let layers = if mega { &[][..] } else { &st.w.blocks[..] };
+        for (li, blk) in layers.iter().enumerate() {
             if let Some(m) = self.fused_args(st, &blk.qkv, self.fused.qkv, false) {
                 self.fused_gemv(st, &m, normed_x(&blk.attn_norm), p(&b.qkv), false, false)?;
             } else {
@@ -558,10 +586,10 @@ impl CudaModel {
         st: &State,
         with_head: bool,
         kv: &[(u64, u64)],
-        short: bool,
+        kind: StepKind,
     ) -> Result<StepGraph> {
         StepGraph::capture(&st.gpu.stream, "decode graph", || {
-            self.enqueue_step(st, with_head, kv, short)
+            self.enqueue_step(st, with_head, kv, kind)
         })
     }
 
@@ -574,13 +602,13 @@ impl CudaModel {
     /// Runs the decode step of the token at `pos` (the device counter's value).
     pub(crate) fn run_step(&self, st: &mut State, with_head: bool, pos: usize) -> Result<()> {
         let kv = Self::own_kv(st);
-        let short = self.short_step(pos);
+        let kind = self.step_kind(st, pos, pos + 1)?;
         if !self.use_graph {
-            return self.enqueue_step(st, with_head, &kv, short);
+            return self.enqueue_step(st, with_head, &kv, kind);
         }
-        let at = 2 * short as usize + with_head as usize;
+        let at = 2 * kind as usize + with_head as usize;
         if st.graphs[at].is_none() {
-            st.graphs[at] = Some(self.capture(st, with_head, &kv, short)?);
+            st.graphs[at] = Some(self.capture(st, with_head, &kv, kind)?);
         }
         st.graphs[at]
             .as_ref()
@@ -640,6 +668,8 @@ impl CudaModel {
                 .map_err(|e| crate::device::cuda_err("setting the position", e))?;
             // After an error a step may have stopped between a head's splits.
             s.memset_zeros(&mut st.b.counters)
+                .map_err(|e| crate::device::cuda_err("resetting counters", e))?;
+            s.memset_zeros(&mut st.b.persist)
                 .map_err(|e| crate::device::cuda_err("resetting counters", e))?;
         }
         st.device_pos = None;
