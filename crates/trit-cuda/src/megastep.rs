@@ -44,10 +44,11 @@ pub(crate) struct MegaStep {
     trace: Option<(CudaSlice<u64>, usize)>,
 }
 
-/// Timestamps per layer and traced block (kernels/megastep.cu MS_STAMPS), and what each
-/// interval between two of them is.
-const STAMPS: usize = 14;
-const PHASES: [&str; STAMPS - 1] = [
+/// Timestamps per layer and traced block (kernels/megastep.cu MS_STAMPS): the kernel's 14
+/// (13 intervals named in PHASES), then 3 inside the attention (block 0).
+const STAMPS: usize = 17;
+const KERNEL_STAMPS: usize = 14;
+const PHASES: [&str; KERNEL_STAMPS - 1] = [
     "q‖k‖v input",
     "q‖k‖v products",
     "barrier (first attention round)",
@@ -62,6 +63,14 @@ const PHASES: [&str; STAMPS - 1] = [
     "down products",
     "barrier",
 ];
+/// The attention's parts (block 0): from its start (stamp 3) to stamps 14, 15, 16, then to
+/// its end (stamp 4).
+const ATTENTION: [&str; 4] = [
+    "  q/k/v load, norms, rotation",
+    "  rounds over the cache",
+    "  merge of the warps",
+    "  output and its int8 blocks",
+];
 
 impl Drop for MegaStep {
     fn drop(&mut self) {
@@ -75,18 +84,25 @@ impl Drop for MegaStep {
             return;
         };
         for (b, who) in ["block 0 (attends)", "last block"].iter().enumerate() {
+            let span = |l: usize, i: usize| t[(b * layers + l) * STAMPS + i];
+            let mean = |from: usize, to: usize| {
+                (0..*layers)
+                    .map(|l| span(l, to).saturating_sub(span(l, from)) as f64 / 1e3)
+                    .sum::<f64>()
+                    / *layers as f64
+            };
             eprintln!("megastep trace, {who}: mean µs per layer over {layers} layers");
             for (i, name) in PHASES.iter().enumerate() {
-                let sum: f64 = (0..*layers)
-                    .map(|l| {
-                        let at = (b * layers + l) * STAMPS + i;
-                        t[at + 1].saturating_sub(t[at]) as f64 / 1e3
-                    })
-                    .sum();
-                eprintln!("  {name:<34} {:8.2}", sum / *layers as f64);
+                eprintln!("  {name:<34} {:8.2}", mean(i, i + 1));
+                if b == 0 && i == 3 {
+                    for (k, (from, to)) in [(3, 14), (14, 15), (15, 16), (16, 4)].iter().enumerate()
+                    {
+                        eprintln!("  {:<34} {:8.2}", ATTENTION[k], mean(*from, *to));
+                    }
+                }
             }
-            let span = |l: usize, i: usize| t[(b * layers + l) * STAMPS + i];
-            let total = span(layers - 1, STAMPS - 2).saturating_sub(span(0, 0)) as f64 / 1e3;
+            let end = span(layers - 1, KERNEL_STAMPS - 2);
+            let total = end.saturating_sub(span(0, 0)) as f64 / 1e3;
             eprintln!("  all layers (µs)                    {total:8.2}");
         }
     }

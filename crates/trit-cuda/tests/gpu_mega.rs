@@ -81,8 +81,7 @@ fn mega_steps_match_the_cpu_and_hand_over_to_the_chain() {
 }
 
 /// The kernel really runs (not the chain in its place), two runs give the same bits (no
-/// atomics in any sum), and its rows are the chain's within rounding (on this shape, rows of
-/// at most 32 blocks, both add every row in the same order: equal bits were seen on the H200).
+/// atomics in any sum), and its rows are the chain's within rounding.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn mega_steps_run_and_are_reproducible() {

@@ -27,6 +27,14 @@
 // (a shared counter); every warp first waits for the slot's data, so no warp can run a whole
 // ring ahead and count for the slot's next round early.
 //
+// Status (session 24, H200, 8B shape, BENCHMARKS "GPU, session 24"): correct, opt-in, and
+// slower than the chain (tg128 ~622 against ~880). Streaming alone is not the problem (with
+// everything but the copies skipped, MS_PROBE=15: 1,700 tok/s); the latency chain is: per
+// layer ~3.7 µs for the barrier after q‖k‖v, 6.5 for the attention, ~2 for each other
+// barrier, 1.5–2.7 for each input, and the ring (180 KB, ~7 µs of streaming) is drained by
+// then, so gate‖up and down run at the stream's rate after it. TRIT_CUDA_MEGA_TRACE=1 prints
+// this breakdown (megastep.rs).
+//
 // Rules (as decode_persist.cu's): every block is resident before any waits at a barrier (one
 // block per multiprocessor, the next kernel let in only after the last barrier); data other
 // blocks wrote in this launch is read through L2 (ld.global.cg: L1 is not coherent); the
@@ -52,6 +60,12 @@
 #endif
 #ifndef MS_OLD_BARRIER
 #define MS_OLD_BARRIER 0
+#endif
+// Warps of an attention block that share the positions (a round is 4 per warp). Each round
+// waits for DRAM (the cache rows are long gone from L2 after a step's 2 GB of weights): on the
+// H200's 8B trace, 16 warps took the rounds from 6.6 to 2.7 µs per layer (tg128 604 → 622).
+#ifndef MS_ATT_WARPS
+#define MS_ATT_WARPS 16
 #endif
 
 // One layer's device addresses (megastep.rs writes them in this order).
@@ -232,6 +246,19 @@ struct MsAtt {
     float2 scratch2[32];
 };
 
+// Phase timestamps (TRIT_CUDA_MEGA_TRACE=1, megastep.rs prints them): %globaltimer as seen
+// by thread 0 of block 0 (an attention block) and of the last block, MS_STAMPS per layer:
+// 14 at the phases' ends (the kernel) and the last 3 inside the attention (ms_attend).
+#define MS_STAMPS 17
+__device__ __forceinline__ void ms_stamp(unsigned long long* trace, int li, int n_layers, int i) {
+    if (trace == nullptr || threadIdx.x != 0) return;
+    const int b = blockIdx.x == 0 ? 0 : blockIdx.x == gridDim.x - 1 ? 1 : -1;
+    if (b < 0) return;
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    trace[(b * n_layers + li) * MS_STAMPS + i] = t;
+}
+
 // Warp w's first round of cached keys and values for head h (positions 4w … 4w + 3 below
 // pos): final before this step, so the caller requests them before the barrier that ends
 // the q‖k‖v phase, and they load while the block waits there.
@@ -240,7 +267,7 @@ __device__ __forceinline__ void ms_first_round(const MsLayer& L, int h, int n_he
                                                float (&vv)[DEC_U][4]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, p0 = warp * DEC_U;
     const size_t kv_row = (size_t)(h / (n_heads / n_kv)) * ctx * MS_HD;
-    if (warp < DEC_WARPS && p0 < pos + 1)
+    if (warp < MS_ATT_WARPS && p0 < pos + 1)
         load_round<4>(L.kc + kv_row, L.vc + kv_row, MS_HD, p0, pos + 1, pos, lane, kk, vv);
 }
 
@@ -249,7 +276,8 @@ __device__ __forceinline__ void ms_first_round(const MsLayer& L, int h, int n_he
 __device__ __forceinline__ void ms_attend(MsAtt& A, const MsLayer& L, const float* qkv, int h, int n_heads,
                           int n_kv, float eps, float scale, int adjacent, const float2* cos_sin,
                           int pos, int ctx, float* att, i8* att_q, float2* att_meta,
-                          float (&kk)[DEC_U][4], float (&vv)[DEC_U][4]) {
+                          float (&kk)[DEC_U][4], float (&vv)[DEC_U][4],
+                          unsigned long long* trace, int li, int n_layers) {
     const int hd = MS_HD, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int group = n_heads / n_kv, kvh = h / group, len = pos + 1;
     if (tid < hd) {
@@ -272,11 +300,14 @@ __device__ __forceinline__ void ms_attend(MsAtt& A, const MsLayer& L, const floa
         L.vc[kv_row + (size_t)pos * hd + tid] = f2h(A.vcur[tid]);
     }
     float m = -INFINITY, l = 0.0f, acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (warp < DEC_WARPS)
-        attend_rounds<4>(A.qs, A.kcur, A.vcur, kh, vh, hd, p0, len, pos, true, lane, kk, vv, m, l,
+    ms_stamp(trace, li, n_layers, MS_STAMPS - 3);
+    if (warp < MS_ATT_WARPS)
+        attend_rounds<4, MS_ATT_WARPS>(A.qs, A.kcur, A.vcur, kh, vh, hd, p0, len, pos, true, lane, kk, vv, m, l,
                          acc);
-    const float M = warps_share<DEC_WARPS>(m, l, acc, A.sm_m, A.sm_l, A.sm_o);
-    warps_normalize<DEC_WARPS>(A.sm_m, A.sm_l, A.sm_o, M, A.tmp, hd);
+    ms_stamp(trace, li, n_layers, MS_STAMPS - 2);
+    const float M = warps_share<MS_ATT_WARPS>(m, l, acc, A.sm_m, A.sm_l, A.sm_o);
+    warps_normalize<MS_ATT_WARPS>(A.sm_m, A.sm_l, A.sm_o, M, A.tmp, hd);
+    ms_stamp(trace, li, n_layers, MS_STAMPS - 1);
     write_head(A.tmp, h, hd, att, att_q, att_meta, 1);
 }
 
@@ -312,18 +343,6 @@ __device__ __forceinline__ void ms_barrier(unsigned* counter, unsigned k) {
     }
     __syncthreads();
 #endif
-}
-
-// Phase timestamps (TRIT_CUDA_MEGA_TRACE=1, megastep.rs prints them): %globaltimer as seen
-// by thread 0 of block 0 (an attention block) and of the last block, MS_STAMPS per layer.
-#define MS_STAMPS 14
-__device__ __forceinline__ void ms_stamp(unsigned long long* trace, int li, int n_layers, int i) {
-    if (trace == nullptr || threadIdx.x != 0) return;
-    const int b = blockIdx.x == 0 ? 0 : blockIdx.x == gridDim.x - 1 ? 1 : -1;
-    if (b < 0) return;
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    trace[(b * n_layers + li) * MS_STAMPS + i] = t;
 }
 
 extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
@@ -385,7 +404,7 @@ ms_stamp(trace, li, n_layers, 0);
         ms_stamp(trace, li, n_layers, 3);
         if (attends)
             ms_attend(A, L, qkv, blockIdx.x, n_heads, n_kv, eps, scale, adjacent, cos_sin, pos,
-                      ctx, att, att_q, att_meta, kk, vv);
+                      ctx, att, att_q, att_meta, kk, vv, trace, li, n_layers);
         ms_stamp(trace, li, n_layers, 4);
         ms_barrier(counter, ++k);
         ms_stamp(trace, li, n_layers, 5);
