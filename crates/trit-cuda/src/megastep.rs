@@ -42,6 +42,8 @@ pub(crate) struct MegaStep {
     gmax: usize,
     /// Phase timestamps of the last step (`TRIT_CUDA_MEGA_TRACE=1`), printed when dropped.
     trace: Option<(CudaSlice<u64>, usize)>,
+    /// q‖k‖v rows written per head slot (`-DMS_HEAD_WAIT=1`; zero between steps).
+    heads: CudaSlice<u32>,
 }
 
 /// Timestamps per layer and traced block (kernels/megastep.cu MS_STAMPS): the kernel's 14
@@ -182,6 +184,7 @@ impl MegaStep {
             table: gpu.upload(&table)?,
             smem: smem as u32,
             gmax,
+            heads: gpu.zeros(c.n_heads + 2 * c.n_kv_heads)?,
             trace: if traced {
                 Some((gpu.zeros(2 * n * STAMPS)?, n))
             } else {
@@ -216,6 +219,7 @@ impl MegaStep {
             Arg::Ptr(bufs.counter),
             Arg::I32(self.gmax as i32),
             Arg::Ptr(self.trace.as_ref().map_or(0, |(b, _)| ptr(b, s))),
+            Arg::Ptr(ptr(&self.heads, s)),
         ];
         ENQUEUED.fetch_add(1, Ordering::Relaxed);
         gpu.launch_smem(

@@ -183,9 +183,9 @@ fn part<'a>(view: &TensorView<'a>, rows: usize, cols: usize) -> Result<Part<'a>>
 fn dense_part<'a>(view: &TensorView<'_>, rows: usize, cols: usize) -> Result<Part<'a>> {
     match to_linear(view)? {
         Linear::Dense(d) => {
-            let mut data = Vec::with_capacity(rows * cols);
-            for r in 0..rows {
-                data.extend_from_slice(d.row(r));
+            let mut data = vec![0f32; rows * cols];
+            for (r, row) in data.chunks_exact_mut(cols.max(1)).enumerate() {
+                d.dequantize_row(r, row);
             }
             Ok(Part::Dense(rows, data))
         }

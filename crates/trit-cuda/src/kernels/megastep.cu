@@ -67,6 +67,15 @@
 #ifndef MS_ATT_WARPS
 #define MS_ATT_WARPS 16
 #endif
+#ifndef MS_ATT_L2
+#define MS_ATT_L2 0
+#endif
+// MS_HEAD_WAIT (measurement, not yet run): no grid barrier after q‖k‖v; each block counts
+// the rows it wrote into per-head counters (q heads, then k and v heads), and an attention
+// block waits only for its three heads' rows (ms_rows_done / ms_wait_rows).
+#ifndef MS_HEAD_WAIT
+#define MS_HEAD_WAIT 0
+#endif
 
 // One layer's device addresses (megastep.rs writes them in this order).
 struct MsLayer {
@@ -269,6 +278,16 @@ __device__ __forceinline__ void ms_first_round(const MsLayer& L, int h, int n_he
     const size_t kv_row = (size_t)(h / (n_heads / n_kv)) * ctx * MS_HD;
     if (warp < MS_ATT_WARPS && p0 < pos + 1)
         load_round<4>(L.kc + kv_row, L.vc + kv_row, MS_HD, p0, pos + 1, pos, lane, kk, vv);
+    // MS_ATT_L2 (measurement, not yet run): the later rounds' rows are asked into L2 as well,
+    // so each round after the first waits for L2 rather than DRAM (no effect on results).
+    if (MS_ATT_L2) {
+        const int first = MS_ATT_WARPS * DEC_U, lines = 2 * (MS_HD * 2 / 128);  // K and V
+        for (int i = threadIdx.x; i < (pos - first) * lines; i += blockDim.x) {
+            const int p = first + i / lines, part = i % lines;
+            const half_bits* base = part < lines / 2 ? L.kc : L.vc;
+            prefetch_l2(base + kv_row + (size_t)p * MS_HD + (part % (lines / 2)) * 64);
+        }
+    }
 }
 
 // Head h's attention over positions 0..pos (the whole context in this block; attention.cu's
@@ -345,12 +364,43 @@ __device__ __forceinline__ void ms_barrier(unsigned* counter, unsigned k) {
 #endif
 }
 
+// After the block's q‖k‖v rows [row0, row0 + rows) are written (the block has met since):
+// thread 0 adds, per head slot of MS_HD rows they overlap, how many it wrote (release).
+__device__ __forceinline__ void ms_rows_done(unsigned* heads, int row0, int rows) {
+    __syncthreads();
+    if (threadIdx.x != 0 || rows == 0) return;
+    for (int h = row0 / MS_HD; h * MS_HD < row0 + rows; h++) {
+        const int lo = max(row0, h * MS_HD), hi = min(row0 + rows, (h + 1) * MS_HD);
+        asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(heads + h), "r"(hi - lo)
+                     : "memory");
+    }
+}
+
+// Until head slots q (q head), k and v hold all MS_HD rows of layer li (acquire), then the block
+// meets.
+__device__ __forceinline__ void ms_wait_rows(const unsigned* heads, int q, int k, int v, int li) {
+    if (threadIdx.x == 0) {
+        const unsigned target = (unsigned)(li + 1) * MS_HD;
+        const int slots[3] = {q, k, v};
+        for (int j = 0; j < 3; j++) {
+            unsigned seen;
+            do {
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
+                             : "=r"(seen)
+                             : "l"(heads + slots[j])
+                             : "memory");
+            } while (seen < target);
+        }
+    }
+    __syncthreads();
+}
+
 extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
     dense_step_mega(const MsLayer* __restrict__ layers, int n_layers, int d, int n_heads,
                     int n_kv, int ffn, float eps, float scale, int adjacent,
                     const float2* __restrict__ cos_sin, const int* step, int ctx, float* x,
                     float* qkv, float* att, i8* att_q, float2* att_meta, float* h,
-                    unsigned* counter, int gmax, unsigned long long* trace) {
+                    unsigned* counter, int gmax, unsigned long long* trace, unsigned* heads) {
     extern __shared__ uint4 dyn[];
     __shared__ unsigned long long full[MS_SLOTS];
     __shared__ unsigned done[MS_SLOTS];
@@ -400,7 +450,15 @@ ms_stamp(trace, li, n_layers, 0);
         const bool attends = !(MS_PROBE & 2) && (int)blockIdx.x < n_heads;
         float kk[DEC_U][4], vv[DEC_U][4];
         if (attends) ms_first_round(L, blockIdx.x, n_heads, n_kv, pos, ctx, kk, vv);
-        ms_barrier(counter, ++k);
+        if (MS_HEAD_WAIT) {
+            ms_rows_done(heads, plan.seg[0].row0, plan.seg[0].rows);
+            if (attends) {
+                const int kvh = blockIdx.x / (n_heads / n_kv);
+                ms_wait_rows(heads, blockIdx.x, n_heads + kvh, n_heads + n_kv + kvh, li);
+            }
+        } else {
+            ms_barrier(counter, ++k);
+        }
         ms_stamp(trace, li, n_layers, 3);
         if (attends)
             ms_attend(A, L, qkv, blockIdx.x, n_heads, n_kv, eps, scale, adjacent, cos_sin, pos,
@@ -458,5 +516,10 @@ ms_stamp(trace, li, n_layers, 0);
     pdl_launch_dependents();
     __syncthreads();
     const unsigned arrivals = MS_PROBE & 4 ? 1 : k + 1;
-    if (threadIdx.x == 0 && atomicAdd(counter, 1u) == arrivals * gridDim.x - 1) *counter = 0;
+    if (threadIdx.x == 0 && atomicAdd(counter, 1u) == arrivals * gridDim.x - 1) {
+        // Every block is past its last wait: the counters start the next step at zero.
+        *counter = 0;
+        if (MS_HEAD_WAIT)
+            for (int h = 0; h < n_heads + 2 * n_kv; h++) heads[h] = 0;
+    }
 }

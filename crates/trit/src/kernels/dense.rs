@@ -1,20 +1,34 @@
-//! `DenseMatrix`: f32 weights (any non-ternary tensor, dequantized at load) and their matrix
-//! product. One row/token loop over three dot-product kernels: the portable one (`dots`, also
-//! the reference the others are tested against) and AVX2+FMA / AVX-512 ones written with
-//! intrinsics — LLVM left the portable loop scalar (`vfmadd231ss`, accumulators spilled to the
-//! stack) even under those target features. Each weight row is loaded once per group of 4
-//! tokens.
+//! `DenseMatrix`: weights that are not ternary (dequantized at load; f16 and bf16 tensors kept
+//! as they are) and their matrix product. One row/token loop over three dot-product kernels:
+//! the portable one (`dots`, also the reference the others are tested against) and AVX2+FMA /
+//! AVX-512 ones written with intrinsics — LLVM left the portable loop scalar (`vfmadd231ss`,
+//! accumulators spilled to the stack) even under those target features. Each weight row is
+//! loaded once per group of 4 tokens.
+//!
+//! Half-precision rows (f16/bf16 files: BitNet's tied 128k-row embedding and head, unpacked
+//! reference models) are widened into an f32 row in cache before the same kernels: the
+//! conversion is exact, so the products are bit-for-bit the f32 matrix's, while a decode step
+//! streams half the bytes from memory.
 
 use super::ops::reduce;
 use super::{level, KernelLevel, OutPtr};
+use crate::quant::float::HalfKind;
 use crate::threadpool::ThreadPool;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use std::ops::Range;
 
-/// Row-major f32 weights, `rows × cols`.
+/// How the values are held.
+enum Store {
+    F32(Vec<f32>),
+    /// IEEE half or bfloat16 bit patterns.
+    Half(Vec<u16>, HalfKind),
+}
+
+/// Row-major weights, `rows × cols`.
 pub struct DenseMatrix {
     rows: usize,
     cols: usize,
-    data: Vec<f32>,
+    data: Store,
 }
 
 impl DenseMatrix {
@@ -26,7 +40,26 @@ impl DenseMatrix {
             "DenseMatrix::new: {} values for {rows} × {cols}",
             data.len()
         );
-        DenseMatrix { rows, cols, data }
+        DenseMatrix {
+            rows,
+            cols,
+            data: Store::F32(data),
+        }
+    }
+
+    /// `bits` holds `rows × cols` f16 or bf16 values, row-major, kept at 2 bytes each.
+    pub fn from_half(rows: usize, cols: usize, bits: Vec<u16>, kind: HalfKind) -> Self {
+        assert_eq!(
+            bits.len(),
+            rows * cols,
+            "DenseMatrix::from_half: {} values for {rows} × {cols}",
+            bits.len()
+        );
+        DenseMatrix {
+            rows,
+            cols,
+            data: Store::Half(bits, kind),
+        }
     }
 
     pub fn rows(&self) -> usize {
@@ -38,11 +71,34 @@ impl DenseMatrix {
     }
 
     pub fn bytes(&self) -> usize {
-        self.data.len() * 4
+        match &self.data {
+            Store::F32(v) => v.len() * 4,
+            Store::Half(v, _) => v.len() * 2,
+        }
     }
 
-    pub fn row(&self, r: usize) -> &[f32] {
-        &self.data[r * self.cols..(r + 1) * self.cols]
+    /// Row `r` as f32 (`out.len() == cols`), e.g. for embedding lookups.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        let at = r * self.cols..(r + 1) * self.cols;
+        match &self.data {
+            Store::F32(v) => out.copy_from_slice(&v[at]),
+            Store::Half(bits, kind) => widen(&bits[at], *kind, out),
+        }
+    }
+
+    /// Row `r` for the product: the stored f32 slice, or the half row widened into `scratch`.
+    /// Inlined into the kernels so the widening compiles with their target features.
+    #[inline(always)]
+    fn row_for<'a>(&'a self, r: usize, scratch: &'a mut Vec<f32>) -> &'a [f32] {
+        let at = r * self.cols..(r + 1) * self.cols;
+        match &self.data {
+            Store::F32(v) => &v[at],
+            Store::Half(bits, kind) => {
+                scratch.resize(self.cols, 0.0);
+                widen(&bits[at], *kind, scratch);
+                scratch
+            }
+        }
     }
 
     /// `y[t·rows + r] = Σ_k W[r][k] · x[t·cols + k]` for `t < n`.
@@ -131,23 +187,68 @@ fn rows_generic<const K: u8>(
 ) {
     let cols = m.cols;
     let xt = |t: usize| &x[t * cols..(t + 1) * cols];
-    for r in rows {
-        let w = m.row(r);
-        let mut t = 0;
-        while t + 4 <= n {
-            let v = dots_by::<K, 4>(w, [xt(t), xt(t + 1), xt(t + 2), xt(t + 3)]);
-            for (dt, &vi) in v.iter().enumerate() {
-                // SAFETY: rows are split disjointly between threads.
-                unsafe { out.write((t + dt) * m.rows + r, &[vi]) };
+    // Half-precision rows go to the kernels that widen in registers, where the level has them.
+    #[cfg(target_arch = "x86_64")]
+    if let (Store::Half(bits, kind), AVX2 | AVX512) = (&m.data, K) {
+        if let Some((dot4, dot1)) = super::dense_half::kernels(K == AVX512, *kind) {
+            for r in rows {
+                let w = &bits[r * cols..(r + 1) * cols];
+                // SAFETY: K is this level's, checked by the dispatch (`kernels` checks the rest);
+                // every token row is `cols` long.
+                each_token(
+                    m.rows,
+                    r,
+                    n,
+                    out,
+                    &xt,
+                    |xs| unsafe { dot4(w, xs) },
+                    |xs| unsafe { dot1(w, xs) },
+                );
             }
-            t += 4;
+            return;
         }
-        while t < n {
-            let v = dots_by::<K, 1>(w, [xt(t)]);
-            // SAFETY: as above.
-            unsafe { out.write(t * m.rows + r, &v) };
-            t += 1;
+    }
+    let mut scratch = Vec::new();
+    for r in rows {
+        let w = m.row_for(r, &mut scratch);
+        each_token(
+            m.rows,
+            r,
+            n,
+            out,
+            &xt,
+            |xs| dots_by::<K, 4>(w, xs),
+            |xs| dots_by::<K, 1>(w, xs),
+        );
+    }
+}
+
+/// Row `r`'s products with every token: four tokens per `dot4` (one pass over the weights),
+/// then one at a time.
+#[inline(always)]
+fn each_token<'x>(
+    rows: usize,
+    r: usize,
+    n: usize,
+    out: OutPtr,
+    xt: &impl Fn(usize) -> &'x [f32],
+    dot4: impl Fn([&'x [f32]; 4]) -> [f32; 4],
+    dot1: impl Fn([&'x [f32]; 1]) -> [f32; 1],
+) {
+    let mut t = 0;
+    while t + 4 <= n {
+        let v = dot4([xt(t), xt(t + 1), xt(t + 2), xt(t + 3)]);
+        for (dt, &vi) in v.iter().enumerate() {
+            // SAFETY: rows are split disjointly between threads.
+            unsafe { out.write((t + dt) * rows + r, &[vi]) };
         }
+        t += 4;
+    }
+    while t < n {
+        let v = dot1([xt(t)]);
+        // SAFETY: as above.
+        unsafe { out.write(t * rows + r, &v) };
+        t += 1;
     }
 }
 
@@ -223,6 +324,22 @@ unsafe fn dots_avx512<const T: usize>(w: &[f32], xs: [&[f32]; T]) -> [f32; T] {
     })
 }
 
+/// Exact f32 values of half-precision bits (`out.len() == bits.len()`): bf16 is the top half
+/// of an f32 (a shift LLVM vectorizes), f16 goes through `half` (F16C where the CPU has it).
+#[inline(always)]
+fn widen(bits: &[u16], kind: HalfKind, out: &mut [f32]) {
+    match kind {
+        HalfKind::BF16 => {
+            for (o, &b) in out.iter_mut().zip(bits) {
+                *o = f32::from_bits((b as u32) << 16);
+            }
+        }
+        HalfKind::F16 => bits
+            .reinterpret_cast::<half::f16>()
+            .convert_to_f32_slice(out),
+    }
+}
+
 /// `T` dot products of `w` with `xs[t]`, sharing each load of `w` (portable; the reference).
 #[inline(always)]
 fn dots<const T: usize>(w: &[f32], xs: [&[f32]; T]) -> [f32; T] {
@@ -288,6 +405,43 @@ mod tests {
                             "{l} {rows}x{cols} t={t} r={r}: {got} vs {e}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// f16 and bf16 storage: half the bytes, rows widened exactly, so every level's products
+    /// equal bit for bit those of the f32 matrix of the same values (the same kernels).
+    #[test]
+    fn half_storage_matches_the_f32_matrix_bit_for_bit() {
+        let pool = ThreadPool::new(2);
+        for kind in [HalfKind::F16, HalfKind::BF16] {
+            for (rows, cols, n) in [(9, 100, 1), (33, 256, 5), (4, 3, 4)] {
+                let bits: Vec<u16> = (0..rows * cols)
+                    .map(|i| {
+                        let v = ((i * 37 % 101) as f32 - 50.0) / 37.0;
+                        match kind {
+                            HalfKind::F16 => half::f16::from_f32(v).to_bits(),
+                            HalfKind::BF16 => half::bf16::from_f32(v).to_bits(),
+                        }
+                    })
+                    .collect();
+                let values: Vec<f32> = bits.iter().map(|&b| kind.to_f32(b)).collect();
+                let half = DenseMatrix::from_half(rows, cols, bits, kind);
+                let full = DenseMatrix::new(rows, cols, values.clone());
+                assert_eq!(half.bytes() * 2, full.bytes());
+                let mut row = vec![0f32; cols];
+                half.dequantize_row(rows - 1, &mut row);
+                assert_eq!(row, values[(rows - 1) * cols..]);
+                let x: Vec<f32> = (0..n * cols)
+                    .map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0)
+                    .collect();
+                for l in KernelLevel::available() {
+                    let (mut a, mut b) = (vec![0f32; n * rows], vec![1f32; n * rows]);
+                    half.matmul_at(l, &pool, &x, n, &mut a);
+                    full.matmul_at(l, &pool, &x, n, &mut b);
+                    let same = a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits());
+                    assert!(same, "{kind:?} {l} {rows}x{cols} n={n}");
                 }
             }
         }

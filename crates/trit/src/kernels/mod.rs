@@ -67,6 +67,7 @@ mod avx512;
 mod avx512_small;
 pub mod delta_rule;
 mod dense;
+mod dense_half;
 pub mod hadamard;
 pub mod kv_type;
 pub mod ops;
@@ -329,7 +330,7 @@ impl Linear {
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         match self {
             Linear::Ternary(m) => m.dequantize_row(r, out),
-            Linear::Dense(m) => out.copy_from_slice(m.row(r)),
+            Linear::Dense(m) => m.dequantize_row(r, out),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Turns named tensor views from any file format into kernel-ready weights:
-//! ternary formats are repacked into `TernaryMatrix`, everything else is dequantized to f32.
+//! ternary formats are repacked into `TernaryMatrix`, f16/bf16 matrices are kept at 2 bytes a
+//! value, everything else is dequantized to f32.
 
 use crate::format::{Dtype, TensorData, TensorView, WeightSource};
 use crate::kernels::{DenseMatrix, Linear, TernaryMatrix};
@@ -134,8 +135,42 @@ pub fn to_linear_scaled(view: &TensorView<'_>, factor: f32) -> Result<Linear> {
                 Ok(dense(rows, cols, data, factor))
             }
         }
-        _ => Ok(dense(rows, cols, to_f32(view)?, factor)),
+        _ => match half_matrix(&view.data, rows * cols).filter(|_| factor == 1.0) {
+            Some((bits, kind)) => Ok(Linear::Dense(DenseMatrix::from_half(
+                rows, cols, bits, kind,
+            ))),
+            None => Ok(dense(rows, cols, to_f32(view)?, factor)),
+        },
     }
+}
+
+/// The bytes of an f16 or bf16 tensor of `n` values (`None` for other types or another size,
+/// which `to_f32` reads or refuses).
+fn half_bytes<'a>(data: &TensorData<'a>, n: usize) -> Option<(&'a [u8], HalfKind)> {
+    let (bytes, kind) = match *data {
+        TensorData::F16(b) => (b, HalfKind::F16),
+        TensorData::BF16(b) => (b, HalfKind::BF16),
+        TensorData::Ggml {
+            ty: GgmlType::F16,
+            bytes,
+        } => (bytes, HalfKind::F16),
+        TensorData::Ggml {
+            ty: GgmlType::BF16,
+            bytes,
+        } => (bytes, HalfKind::BF16),
+        _ => return None,
+    };
+    (bytes.len() == 2 * n).then_some((bytes, kind))
+}
+
+/// [`half_bytes`] as bit patterns.
+fn half_matrix(data: &TensorData<'_>, n: usize) -> Option<(Vec<u16>, HalfKind)> {
+    let (bytes, kind) = half_bytes(data, n)?;
+    let bits = bytes
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect();
+    Some((bits, kind))
 }
 
 fn dense(rows: usize, cols: usize, mut data: Vec<f32>, factor: f32) -> Linear {
@@ -161,6 +196,10 @@ pub fn loaded_bytes(view: &TensorView<'_>) -> usize {
             scale_dtype,
             ..
         } if matrix => (*group_size, if *scale_dtype == Dtype::F16 { 2 } else { 4 }),
+        // Half-precision matrices stay at 2 bytes a value (DenseMatrix::from_half).
+        data if matrix && half_bytes(data, view.n_elements()).is_some() => {
+            return view.n_elements() * 2
+        }
         _ => return view.shape.iter().product::<usize>() * 4,
     };
     let (rows, cols) = (view.shape[0].div_ceil(TILE_ROWS) * TILE_ROWS, view.shape[1]);
