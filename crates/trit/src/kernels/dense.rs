@@ -261,12 +261,31 @@ fn each_token<'x>(
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dots_avx2<const T: usize>(w: &[f32], xs: [&[f32]; T]) -> [f32; T] {
+    let wp = w.as_ptr();
+    dots_avx2_by(
+        w.len(),
+        xs,
+        |c| std::arch::x86_64::_mm256_loadu_ps(wp.add(c)),
+        |k| w[k],
+    )
+}
+
+/// The AVX2 kernel's arithmetic for any weight storage: `load(c)` gives weights c..c + 8 as
+/// f32, `at(k)` weight k (the tail). Shared by f32 and half-precision rows (dense_half.rs), so
+/// both compute the same sums in the same order. Inlined into callers with avx2 and fma.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) unsafe fn dots_avx2_by<const T: usize>(
+    n: usize,
+    xs: [&[f32]; T],
+    load: impl Fn(usize) -> std::arch::x86_64::__m256,
+    at: impl Fn(usize) -> f32,
+) -> [f32; T] {
     use std::arch::x86_64::*;
-    let (n, wp) = (w.len(), w.as_ptr());
     let mut acc = [[_mm256_setzero_ps(); 2]; T];
     let mut c = 0;
     while c + 16 <= n {
-        let (w0, w1) = (_mm256_loadu_ps(wp.add(c)), _mm256_loadu_ps(wp.add(c + 8)));
+        let (w0, w1) = (load(c), load(c + 8));
         for t in 0..T {
             let xp = xs[t].as_ptr().add(c);
             acc[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xp), acc[t][0]);
@@ -275,7 +294,7 @@ unsafe fn dots_avx2<const T: usize>(w: &[f32], xs: [&[f32]; T]) -> [f32; T] {
         c += 16;
     }
     if c + 8 <= n {
-        let w0 = _mm256_loadu_ps(wp.add(c));
+        let w0 = load(c);
         for t in 0..T {
             acc[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xs[t].as_ptr().add(c)), acc[t][0]);
         }
@@ -285,7 +304,7 @@ unsafe fn dots_avx2<const T: usize>(w: &[f32], xs: [&[f32]; T]) -> [f32; T] {
         let v = _mm256_add_ps(acc[t][0], acc[t][1]);
         let mut lanes = [0f32; 8];
         _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-        let tail: f32 = (c..n).map(|k| w[k] * xs[t][k]).sum();
+        let tail: f32 = (c..n).map(|k| at(k) * xs[t][k]).sum();
         lanes.iter().sum::<f32>() + tail
     })
 }
@@ -298,12 +317,29 @@ unsafe fn dots_avx2<const T: usize>(w: &[f32], xs: [&[f32]; T]) -> [f32; T] {
 #[inline]
 #[target_feature(enable = "avx512f,fma")]
 unsafe fn dots_avx512<const T: usize>(w: &[f32], xs: [&[f32]; T]) -> [f32; T] {
+    let wp = w.as_ptr();
+    dots_avx512_by(
+        w.len(),
+        xs,
+        |c| std::arch::x86_64::_mm512_loadu_ps(wp.add(c)),
+        |k| w[k],
+    )
+}
+
+/// [`dots_avx2_by`] on 16-wide registers (callers with avx512f and fma).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) unsafe fn dots_avx512_by<const T: usize>(
+    n: usize,
+    xs: [&[f32]; T],
+    load: impl Fn(usize) -> std::arch::x86_64::__m512,
+    at: impl Fn(usize) -> f32,
+) -> [f32; T] {
     use std::arch::x86_64::*;
-    let (n, wp) = (w.len(), w.as_ptr());
     let mut acc = [[_mm512_setzero_ps(); 2]; T];
     let mut c = 0;
     while c + 32 <= n {
-        let (w0, w1) = (_mm512_loadu_ps(wp.add(c)), _mm512_loadu_ps(wp.add(c + 16)));
+        let (w0, w1) = (load(c), load(c + 16));
         for t in 0..T {
             let xp = xs[t].as_ptr().add(c);
             acc[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xp), acc[t][0]);
@@ -312,14 +348,14 @@ unsafe fn dots_avx512<const T: usize>(w: &[f32], xs: [&[f32]; T]) -> [f32; T] {
         c += 32;
     }
     if c + 16 <= n {
-        let w0 = _mm512_loadu_ps(wp.add(c));
+        let w0 = load(c);
         for t in 0..T {
             acc[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xs[t].as_ptr().add(c)), acc[t][0]);
         }
         c += 16;
     }
     std::array::from_fn(|t| {
-        let tail: f32 = (c..n).map(|k| w[k] * xs[t][k]).sum();
+        let tail: f32 = (c..n).map(|k| at(k) * xs[t][k]).sum();
         _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1])) + tail
     })
 }

@@ -1,13 +1,15 @@
 //! Dot products of half-precision weight rows (f16 / bf16 bits) with f32 activations, for
 //! `DenseMatrix` rows kept at 2 bytes a value. Each 8 or 16 weights are widened in registers
 //! right after their load (bf16: zero-extend and shift into the top half of an f32; f16:
-//! `vcvtph2ps`), then the arithmetic is dense.rs's f32 kernels' step for step — the same
-//! accumulators, column steps, tail and final sums — so a product equals the f32 matrix's bit
-//! for bit (tested there against the widened f32 matrix) while memory supplies half the bytes.
+//! `vcvtph2ps`), then dense.rs's own kernel bodies run (`dots_avx2_by` / `dots_avx512_by`: the
+//! same accumulators, column steps, tail and final sums), so a product equals the f32 matrix's
+//! bit for bit (tested there against the widened f32 matrix) while memory supplies half the
+//! bytes.
 //! The portable level widens a row into a scratch row and runs the f32 reference instead.
 
 #![cfg(target_arch = "x86_64")]
 
+use super::dense::{dots_avx2_by, dots_avx512_by};
 use crate::quant::float::HalfKind;
 use std::arch::x86_64::*;
 
@@ -51,35 +53,19 @@ unsafe fn load16<const BF16: bool>(p: *const u16) -> __m512 {
     }
 }
 
-/// dense.rs `dots_avx512` over half-precision weights.
+/// dense.rs `dots_avx512` over half-precision weights (its arithmetic: `dots_avx512_by`).
 ///
 /// # Safety
 /// The CPU must support avx512f and fma; every `xs[t]` holds at least `w.len()` values.
 #[target_feature(enable = "avx512f,fma")]
 unsafe fn dots_avx512<const T: usize, const BF16: bool>(w: &[u16], xs: [&[f32]; T]) -> [f32; T] {
-    let (n, wp) = (w.len(), w.as_ptr());
-    let mut acc = [[_mm512_setzero_ps(); 2]; T];
-    let mut c = 0;
-    while c + 32 <= n {
-        let (w0, w1) = (load16::<BF16>(wp.add(c)), load16::<BF16>(wp.add(c + 16)));
-        for t in 0..T {
-            let xp = xs[t].as_ptr().add(c);
-            acc[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xp), acc[t][0]);
-            acc[t][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xp.add(16)), acc[t][1]);
-        }
-        c += 32;
-    }
-    if c + 16 <= n {
-        let w0 = load16::<BF16>(wp.add(c));
-        for t in 0..T {
-            acc[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xs[t].as_ptr().add(c)), acc[t][0]);
-        }
-        c += 16;
-    }
-    std::array::from_fn(|t| {
-        let tail: f32 = (c..n).map(|k| widen1::<BF16>(w[k]) * xs[t][k]).sum();
-        _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1])) + tail
-    })
+    let wp = w.as_ptr();
+    dots_avx512_by(
+        w.len(),
+        xs,
+        |c| load16::<BF16>(wp.add(c)),
+        |k| widen1::<BF16>(w[k]),
+    )
 }
 
 /// 8 bf16 weights at `p` as f32.
@@ -97,51 +83,32 @@ unsafe fn load8_f16(p: *const u16) -> __m256 {
     _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
 }
 
-/// dense.rs `dots_avx2` over half-precision weights, `load` widening 8 of them.
-#[inline(always)]
-unsafe fn dots_avx2_with<const T: usize, const BF16: bool>(
-    w: &[u16],
-    xs: [&[f32]; T],
-    load: impl Fn(*const u16) -> __m256,
-) -> [f32; T] {
-    let (n, wp) = (w.len(), w.as_ptr());
-    let mut acc = [[_mm256_setzero_ps(); 2]; T];
-    let mut c = 0;
-    while c + 16 <= n {
-        let (w0, w1) = (load(wp.add(c)), load(wp.add(c + 8)));
-        for t in 0..T {
-            let xp = xs[t].as_ptr().add(c);
-            acc[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xp), acc[t][0]);
-            acc[t][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xp.add(8)), acc[t][1]);
-        }
-        c += 16;
-    }
-    if c + 8 <= n {
-        let w0 = load(wp.add(c));
-        for t in 0..T {
-            acc[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xs[t].as_ptr().add(c)), acc[t][0]);
-        }
-        c += 8;
-    }
-    std::array::from_fn(|t| {
-        let v = _mm256_add_ps(acc[t][0], acc[t][1]);
-        let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-        let tail: f32 = (c..n).map(|k| widen1::<BF16>(w[k]) * xs[t][k]).sum();
-        lanes.iter().sum::<f32>() + tail
-    })
-}
-
+/// dense.rs `dots_avx2` over bf16 weights (its arithmetic: `dots_avx2_by`).
+///
 /// # Safety
 /// The CPU must support avx2 and fma; every `xs[t]` holds at least `w.len()` values.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dots_avx2_bf16<const T: usize>(w: &[u16], xs: [&[f32]; T]) -> [f32; T] {
-    dots_avx2_with::<T, true>(w, xs, |p| unsafe { load8_bf16(p) })
+    let wp = w.as_ptr();
+    dots_avx2_by(
+        w.len(),
+        xs,
+        |c| load8_bf16(wp.add(c)),
+        |k| widen1::<true>(w[k]),
+    )
 }
 
+/// dense.rs `dots_avx2` over f16 weights.
+///
 /// # Safety
 /// The CPU must support avx2, fma and f16c; every `xs[t]` holds at least `w.len()` values.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dots_avx2_f16<const T: usize>(w: &[u16], xs: [&[f32]; T]) -> [f32; T] {
-    dots_avx2_with::<T, false>(w, xs, |p| unsafe { load8_f16(p) })
+    let wp = w.as_ptr();
+    dots_avx2_by(
+        w.len(),
+        xs,
+        |c| load8_f16(wp.add(c)),
+        |k| widen1::<false>(w[k]),
+    )
 }
