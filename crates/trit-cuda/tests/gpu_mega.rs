@@ -12,7 +12,6 @@ use std::sync::Arc;
 use trit::engine::{generate as generate_text, GenerateOptions, Session};
 use trit::format::config::Arch;
 use trit::format::testgen::{generate, OutFormat, Preset, TokenizerAssets};
-use trit::model::Logits;
 use trit::sample::SamplingParams;
 use trit::tokenizer::Tokenizer;
 use trit_cuda::{load_model, CudaOptions};
@@ -96,16 +95,7 @@ fn mega_steps_run_and_are_reproducible() {
     let run = |mega: bool| -> Vec<Vec<f32>> {
         let mut opts = mega_options(128, 128);
         opts.mega = mega;
-        let gpu = load_model(&files, &opts).unwrap();
-        let mut cache = gpu.new_cache(128);
-        let mut feed = prompt(20, p.vocab, 7);
-        let mut rows = Vec::new();
-        for _ in 0..6 {
-            let logits = gpu.forward(&feed, &mut cache, Logits::Last).unwrap();
-            feed = vec![argmax(&logits)];
-            rows.push(logits);
-        }
-        rows
+        greedy_rows(&files, &opts, prompt(20, p.vocab, 7), 6)
     };
     let before = trit_cuda::megastep::enqueued();
     let (a, b) = (run(true), run(true));

@@ -707,16 +707,7 @@ fn attention_o_steps_are_reproducible_and_differ_from_the_separate_kernels() {
     let run = |att_o: bool| -> Vec<Vec<f32>> {
         let mut opts = CudaOptions::new(128);
         opts.attention_o = att_o;
-        let gpu = load_model(&files, &opts).unwrap();
-        let mut cache = gpu.new_cache(128);
-        let mut feed = prompt(20, p.vocab, 7);
-        let mut rows = Vec::new();
-        for _ in 0..6 {
-            let logits = gpu.forward(&feed, &mut cache, Logits::Last).unwrap();
-            feed = vec![argmax(&logits)];
-            rows.push(logits);
-        }
-        rows
+        greedy_rows(&files, &opts, prompt(20, p.vocab, 7), 6)
     };
     let (a, b, apart) = (run(true), run(true), run(false));
     assert!(a == b, "two runs with the attention + o kernel differ");

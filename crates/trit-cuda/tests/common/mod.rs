@@ -213,3 +213,22 @@ pub fn default_model_path() -> PathBuf {
     .find(|p| p.exists())
     .expect("default model not found (run from the repository root)")
 }
+
+/// The logits of the prompt `feed` and of the greedy steps after it (`rows` in all), on a GPU
+/// model of `files` loaded with `opts` (a fresh cache of `opts.ctx`).
+pub fn greedy_rows(
+    files: &trit::format::ModelFiles,
+    opts: &CudaOptions,
+    mut feed: Vec<u32>,
+    rows: usize,
+) -> Vec<Vec<f32>> {
+    let gpu = load_model(files, opts).unwrap();
+    let mut cache = gpu.new_cache(opts.ctx);
+    (0..rows)
+        .map(|_| {
+            let logits = gpu.forward(&feed, &mut cache, Logits::Last).unwrap();
+            feed = vec![argmax(&logits)];
+            logits
+        })
+        .collect()
+}
