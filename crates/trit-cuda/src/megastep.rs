@@ -193,6 +193,13 @@ impl MegaStep {
         }))
     }
 
+    /// Zeroes the per-head row counters (after an error a step may have stopped between its
+    /// phases; the barrier counter is `Buffers::persist`, reset beside this).
+    pub(crate) fn reset_counters(&mut self, s: &std::sync::Arc<CudaStream>) -> Result<()> {
+        s.memset_zeros(&mut self.heads)
+            .map_err(|e| crate::device::cuda_err("resetting counters", e))
+    }
+
     /// Enqueues the layers of one step: `x` holds the token's embedding; on return (in
     /// stream order) it holds the last layer's output, the caches the step's keys and values.
     pub(crate) fn launch(&self, gpu: &Gpu, c: &ModelConfig, bufs: &MegaBuffers) -> Result<()> {

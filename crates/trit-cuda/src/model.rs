@@ -671,6 +671,9 @@ impl CudaModel {
                 .map_err(|e| crate::device::cuda_err("resetting counters", e))?;
             s.memset_zeros(&mut st.b.persist)
                 .map_err(|e| crate::device::cuda_err("resetting counters", e))?;
+            if let Some(Some(m)) = &mut st.mega {
+                m.reset_counters(&s)?;
+            }
         }
         st.device_pos = None;
         Ok(())
