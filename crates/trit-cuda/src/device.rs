@@ -284,6 +284,15 @@ fn extra_defines() -> Vec<String> {
     d
 }
 
+/// The value of tunable `name` in [`extra_defines`] (`-DNAME=VALUE`), for host code sizing
+/// what the kernel allocates by it.
+pub(crate) fn define_value(name: &str) -> Option<usize> {
+    let key = format!("-D{name}=");
+    extra_defines()
+        .iter()
+        .find_map(|d| d.strip_prefix(&key).and_then(|v| v.parse().ok()))
+}
+
 fn cache_dir() -> Option<PathBuf> {
     if let Some(d) = std::env::var_os("TRIT_CUDA_CACHE") {
         return Some(PathBuf::from(d));

@@ -7,7 +7,7 @@
 //! an even number of 64-column blocks up to 16,384 columns, q‖k‖v and gate‖up stacked) and the
 //! single path's own cache; anything else takes the kernel chain.
 
-use crate::device::{ptr, Arg, Gpu};
+use crate::device::{define_value, ptr, Arg, Gpu};
 use crate::model::{CudaModel, State, StepKind};
 use crate::weights::{DevBlock, DevMatrix, DevScales, DevWeights};
 use cudarc::driver::{CudaSlice, CudaStream};
@@ -165,12 +165,13 @@ impl MegaStep {
             table.extend_from_slice(&[*kc, *vc]);
         }
         let nb_max = d.max(nq).max(c.ffn) / 64;
-        let slots = define("MS_SLOTS").unwrap_or(SLOTS);
-        let slot_codes = define("MS_SLOT_CODES").unwrap_or(SLOT_CODES);
+        let slots = define_value("MS_SLOTS").unwrap_or(SLOTS);
+        let slot_codes = define_value("MS_SLOT_CODES").unwrap_or(SLOT_CODES);
         let slot_bytes = slot_codes + slot_codes / 8;
         let gmax = 4 * (c.ffn / 4).div_ceil(sms);
-        if d.max(nq).max(c.ffn) * 4 / 64 * 16 > slot_codes {
-            return Ok(None); // 4 rows of the widest matrix must fit one slot
+        // A slot takes whole groups of 4 rows: 4 rows of 16-byte blocks of 64 columns.
+        if 4 * nb_max * 16 > slot_codes {
+            return Ok(None);
         }
         let smem = slots * slot_bytes + nb_max * 72 + 2 * gmax * 4 + ATT_BYTES;
         if smem > gpu.max_dyn_smem
@@ -254,14 +255,6 @@ pub(crate) struct MegaBuffers {
     pub att_meta: u64,
     pub h: u64,
     pub counter: u64,
-}
-
-/// A kernel tunable set in `TRIT_CUDA_DEFINES` (`-DNAME=VALUE`).
-fn define(name: &str) -> Option<usize> {
-    let defs = std::env::var("TRIT_CUDA_DEFINES").ok()?;
-    let key = format!("-D{name}=");
-    let at = defs.find(&key)? + key.len();
-    defs[at..].split_whitespace().next()?.parse().ok()
 }
 
 /// One layer's weight and norm addresses in MsLayer's order (without the caches).
