@@ -197,6 +197,22 @@ impl BatchState {
         Ok(())
     }
 
+    /// Whether `slot` is one of this batch's (a cache may own a slot of another model's).
+    pub(crate) fn owns(&self, slot: &trit::model::device_slot::DeviceSlot) -> bool {
+        self.slots.owns(slot) && self.kv.get(slot.index()).is_some_and(|k| k.is_some())
+    }
+
+    /// Per layer, the addresses of `slot`'s keys and values (as `CudaModel::own_kv`).
+    pub(crate) fn slot_kv(
+        &self,
+        gpu: &Gpu,
+        slot: &trit::model::device_slot::DeviceSlot,
+        ctx: usize,
+    ) -> Vec<(u64, u64)> {
+        let t = self.target(gpu, slot.index(), ctx);
+        t.k.into_iter().zip(t.v).collect()
+    }
+
     fn target(&self, gpu: &Gpu, slot: usize, ctx: usize) -> KvTarget {
         let kv = self.kv[slot].as_ref().expect("allocated by ensure_slot");
         let s = &gpu.stream;

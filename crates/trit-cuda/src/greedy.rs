@@ -121,8 +121,9 @@ pub(crate) struct GreedyBufs {
     halt: CudaSlice<i32>,
     /// Per position p, the token the step at p − 1 chose (`n_toks + 1` entries).
     ring: MappedRing,
-    /// One step ended by the pick, captured on first use, with the rule it was captured for.
-    graph: Option<(Rule, StepKind, StepGraph)>,
+    /// One step ended by the pick, captured on first use, with the rule, kind and batched
+    /// slot (`None`: the single path's own cache) it was captured for.
+    graph: Option<(Rule, StepKind, Option<usize>, StepGraph)>,
 }
 
 /// How a step picks its token: the argmax, or the sampler's rule with its settings (kernel
@@ -191,13 +192,13 @@ impl GreedyBufs {
     }
 
     /// Launches one step, captured on first use with `enqueue` (which enqueues a step up to
-    /// its logits; the pick ends it).
+    /// its logits over the caches of `slot`; the pick ends it).
     pub(crate) fn launch_step(
         &mut self,
         gpu: &Gpu,
         use_graph: bool,
         pick: &Pick,
-        kind: StepKind,
+        (kind, slot): (StepKind, Option<usize>),
         enqueue: &dyn Fn() -> Result<()>,
     ) -> Result<()> {
         if matches!(pick.rule, Rule::Sample { .. }) && self.top.is_none() {
@@ -213,13 +214,13 @@ impl GreedyBufs {
         if self
             .graph
             .as_ref()
-            .is_none_or(|(r, k, _)| *r != pick.rule || *k != kind)
+            .is_none_or(|(r, k, at, _)| *r != pick.rule || *k != kind || *at != slot)
         {
             self.graph = None;
             let g = StepGraph::capture(&gpu.stream, "greedy decode graph", || step(self))?;
-            self.graph = Some((pick.rule, kind, g));
+            self.graph = Some((pick.rule, kind, slot, g));
         }
-        let (_, _, g) = self.graph.as_ref().expect("captured above");
+        let (_, _, _, g) = self.graph.as_ref().expect("captured above");
         g.launch("greedy decode")
     }
 }
@@ -427,10 +428,21 @@ pub(crate) fn drive(
     })
 }
 
+/// Loops run over a batched slot's caches (the scheduler's lone sequence), counted for the
+/// tests: how they know the scheduler took the loop rather than batched steps.
+static SLOT_LOOPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+pub fn slot_loops() -> usize {
+    SLOT_LOOPS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 impl crate::model::CudaModel {
     /// `ExternalNet::decode_on_device` of the single path: `first` at the cache's end, then
-    /// the greedy steps. `None` where the loop does not apply (switched off, or the
-    /// opt-in attention + o kernel, whose steps differ by position).
+    /// the greedy steps, over the single path's own keys/values or, for a cache that owns a
+    /// batched slot (the scheduler's lone sequence), the slot's — the kernels
+    /// `decode_row_single` runs for it. `None` where the loop does not apply (switched off,
+    /// the opt-in attention + o kernel, whose steps differ by position, or a slot of no batch
+    /// of this model).
     pub(crate) fn decode_on_device_gpu(
         &self,
         first: u32,
@@ -455,8 +467,25 @@ impl crate::model::CudaModel {
         }
         let mut guard = self.state.lock().map_err(|_| poisoned())?;
         let st: &mut crate::model::State = &mut guard;
+        let slot = cache.device_slot();
+        // The slot's caches (the whole-step kernel knows only the single path's own).
+        let (kv, kind) = match slot {
+            None => (
+                CudaModel::own_kv(st),
+                self.step_kind(st, pos0, pos0 + max_steps)?,
+            ),
+            Some(slot) => match &st.batch {
+                Some(batch) if batch.owns(slot) => {
+                    (batch.slot_kv(&st.gpu, slot, self.ctx), StepKind::Chain)
+                }
+                _ => return Ok(None),
+            },
+        };
+        let slot = slot.map(|s| s.index());
+        if slot.is_some() {
+            SLOT_LOOPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         self.upload_inputs(st, &[first], pos0)?;
-        let kind = self.step_kind(st, pos0, pos0 + max_steps)?;
         let mut bufs = GreedyBufs::take_or_new(&mut st.greedy, &st.gpu, self.ctx)?;
         let st: &crate::model::State = st;
         let s = &st.gpu.stream;
@@ -467,7 +496,6 @@ impl crate::model::CudaModel {
             &st.b.toks,
             rule,
         );
-        let kv = CudaModel::own_kv(st);
         let enqueue = || self.enqueue_layers(st, true, &kv, kind);
         let args = LoopArgs {
             first,
@@ -481,7 +509,7 @@ impl crate::model::CudaModel {
             &mut bufs,
             &args,
             rng,
-            &mut |b| b.launch_step(&st.gpu, self.use_graph, &pick, kind, &enqueue),
+            &mut |b| b.launch_step(&st.gpu, self.use_graph, &pick, (kind, slot), &enqueue),
             accept,
         );
         // The device counter is wherever the last step left it.

@@ -520,7 +520,15 @@ impl CudaHybrid {
                 &mut bufs,
                 args,
                 rng,
-                &mut |b| b.launch_step(&st.gpu, self.use_graph, &pick, StepKind::Chain, &enqueue),
+                &mut |b| {
+                    b.launch_step(
+                        &st.gpu,
+                        self.use_graph,
+                        &pick,
+                        (StepKind::Chain, None),
+                        &enqueue,
+                    )
+                },
                 &mut |t, drew| {
                     seen.push(t);
                     accept(t, drew)

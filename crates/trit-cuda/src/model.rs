@@ -776,6 +776,10 @@ impl ExternalNet for CudaModel {
         self.decode_on_device_gpu(first, cache, max_steps, pick, stop, accept)
     }
 
+    fn loops_on_slots(&self) -> bool {
+        true
+    }
+
     fn weight_bytes(&self) -> usize {
         self.weight_bytes
     }

@@ -24,6 +24,11 @@
 //! computed in full. A hybrid's slot holds its recurrent state only at its end, so it is taken
 //! over only by a prompt that extends the whole parked sequence.
 //!
+//! A lone decoding sequence on a backend with a device loop (the GPU's dense models) is not
+//! stepped token by token: the device picks its next tokens itself, up to 64 per loop, and the
+//! loop ends at the next token when another request arrives (`scheduler/device_loop.rs`), so
+//! one client decodes at `trit run`'s speed.
+//!
 //! Hybrid models (Qwen3.5) also need the recurrent state of their Gated DeltaNet layers at the
 //! position where reuse starts, and that state exists only where a copy was kept. A finished
 //! hybrid sequence registers its blocks and saves two states in the pool
@@ -38,6 +43,8 @@
 //! and the end-of-reply state does not match; the turn-start state does, and only the
 //! previous reply and the new turn are computed. The end state serves continuations that
 //! repeat the reply's tokens exactly (completions, templates that keep past reasoning).
+
+mod device_loop;
 
 use super::block_pool::{common_prefix, BlockPool, BlockStats};
 use super::generate::{FinishReason, GenerateOptions};
@@ -469,6 +476,9 @@ impl Worker {
 
     /// One batched forward over every running sequence, then sampling and events.
     fn step(&mut self) {
+        if self.step_on_device() {
+            return;
+        }
         let t0 = Instant::now();
         // What each sequence feeds this step (empty: not part of the batch).
         let mut budget = PREFILL_BUDGET;

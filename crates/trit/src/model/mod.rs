@@ -133,6 +133,13 @@ pub trait ExternalNet: Send + Sync {
         Ok(None)
     }
 
+    /// Whether `decode_on_device` also runs a cache that owns a batched slot
+    /// ([`KvCache::device_slot`]; the scheduler's lone sequence). By default not: such caches
+    /// never reach it.
+    fn loops_on_slots(&self) -> bool {
+        false
+    }
+
     /// Gives `dst` (a new sequence's empty cache, without a slot yet) a device slot holding the
     /// keys/values of the first `n` positions of `src` (a running sequence's cache): sequences
     /// that run at the same time and share a prompt's beginning compute it once. `Ok(false)`:
@@ -331,7 +338,7 @@ impl Model {
         read: &mut dyn FnMut(&[f32]),
     ) -> Result<()> {
         match &self.net {
-            Net::External(n) if cache.device_slot().is_none() => {
+            Net::External(n) if cache.device_slot().is_none() || n.loops_on_slots() => {
                 n.forward_read(tokens, cache, which, read)
             }
             _ => {
@@ -359,7 +366,8 @@ impl Model {
     }
 
     /// [`ExternalNet::decode_on_device`] where the backend has it; `Ok(None)` on the CPU
-    /// networks, for a cache in a batched device slot, and where the backend lacks it.
+    /// networks, for a cache in a batched device slot unless the backend
+    /// [loops on slots](ExternalNet::loops_on_slots), and where the backend lacks it.
     pub fn decode_on_device(
         &self,
         first: u32,
@@ -370,7 +378,7 @@ impl Model {
         accept: &mut dyn FnMut(u32, bool) -> bool,
     ) -> Result<Option<DeviceLoopRun>> {
         match &self.net {
-            Net::External(n) if cache.device_slot().is_none() => {
+            Net::External(n) if cache.device_slot().is_none() || n.loops_on_slots() => {
                 n.decode_on_device(first, cache, max_steps, pick, stop, accept)
             }
             _ => Ok(None),

@@ -1,0 +1,224 @@
+//! The scheduler's lone sequence on the GPU's device loop over its batched slot
+//! (`trit::engine::scheduler` `device_loop.rs`, `greedy.rs`): the same tokens as the
+//! scheduler stepping the same model through batched calls, greedy and sampled, with the loop
+//! really running on the slot; a request arriving while a loop runs ends it, joins the batch,
+//! and both replies equal their solo runs.
+//!
+//! Needs an NVIDIA GPU, so every test is `#[ignore]`. Run on a GPU machine:
+//!     cargo test --release -p trit-cuda --test gpu_serve_loop -- --ignored --test-threads 1
+
+mod common;
+use common::*;
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+use trit::engine::{
+    FinishReason, GenerateOptions, Scheduler, SchedulerConfig, SeqEvent, SeqRequest,
+};
+use trit::format::config::ModelConfig;
+use trit::model::{BatchSeq, DeviceLoopRun, DevicePick, ExternalNet, KvCache, Logits, Model};
+use trit::sample::{RowLogits, SamplingParams};
+use trit::tokenizer::Tokenizer;
+use trit_cuda::greedy::slot_loops;
+use trit_cuda::{CudaModel, CudaOptions};
+
+/// The GPU model, shared by two schedulers' models; `looping`: also its device loop (else the
+/// trait's default, so the scheduler takes batched steps).
+struct Shared {
+    gpu: Arc<CudaModel>,
+    looping: bool,
+}
+
+impl ExternalNet for Shared {
+    fn config(&self) -> &ModelConfig {
+        self.gpu.config()
+    }
+    fn forward(&self, t: &[u32], c: &mut KvCache, w: Logits) -> trit::Result<Vec<f32>> {
+        self.gpu.forward(t, c, w)
+    }
+    fn weight_bytes(&self) -> usize {
+        self.gpu.weight_bytes()
+    }
+    fn bytes_per_token(&self) -> usize {
+        self.gpu.bytes_per_token()
+    }
+    fn max_sequences(&self) -> usize {
+        self.gpu.max_sequences()
+    }
+    fn forward_batch(&self, s: &mut [BatchSeq<'_>]) -> trit::Result<Vec<Vec<f32>>> {
+        self.gpu.forward_batch(s)
+    }
+    fn forward_batch_top(
+        &self,
+        s: &mut [BatchSeq<'_>],
+        k: usize,
+        want_top: &[bool],
+    ) -> trit::Result<Vec<RowLogits>> {
+        self.gpu.forward_batch_top(s, k, want_top)
+    }
+    fn decode_on_device(
+        &self,
+        first: u32,
+        cache: &mut KvCache,
+        max_steps: usize,
+        pick: &DevicePick,
+        stop: &[u32],
+        accept: &mut dyn FnMut(u32, bool) -> bool,
+    ) -> trit::Result<Option<DeviceLoopRun>> {
+        if !self.looping {
+            return Ok(None);
+        }
+        self.gpu
+            .decode_on_device(first, cache, max_steps, pick, stop, accept)
+    }
+    fn loops_on_slots(&self) -> bool {
+        self.looping && self.gpu.loops_on_slots()
+    }
+}
+
+fn scheduler(gpu: &Arc<CudaModel>, looping: bool, tok: &Arc<Tokenizer>, ctx: usize) -> Scheduler {
+    let net = Shared {
+        gpu: gpu.clone(),
+        looping,
+    };
+    let config = SchedulerConfig {
+        n_ctx: ctx,
+        parallel: 4,
+        max_queue: 8,
+        kv_cache_bytes: 64 << 20,
+    };
+    Scheduler::start(
+        Arc::new(Model::from_external(Box::new(net))),
+        tok.clone(),
+        config,
+    )
+    .unwrap()
+}
+
+fn submit(s: &Scheduler, prompt: &[u32], opts: &GenerateOptions) -> mpsc::Receiver<SeqEvent> {
+    let (tx, rx) = mpsc::channel();
+    s.submit(SeqRequest {
+        prompt: prompt.to_vec(),
+        options: opts.clone(),
+        top_logprobs: None,
+        sink: Box::new(move |e| tx.send(e).is_ok()),
+    })
+    .unwrap();
+    rx
+}
+
+/// The reply's tokens and finish; `on_piece` sees the count of tokens so far after each.
+fn reply(
+    rx: &mpsc::Receiver<SeqEvent>,
+    mut on_piece: impl FnMut(usize),
+) -> (Vec<u32>, FinishReason) {
+    let mut tokens = Vec::new();
+    loop {
+        match rx.recv_timeout(Duration::from_secs(120)).unwrap() {
+            SeqEvent::Piece { token, .. } => {
+                tokens.extend(token);
+                on_piece(tokens.len());
+            }
+            SeqEvent::Done(s) => {
+                assert_eq!(s.completion_tokens, tokens.len());
+                return (tokens, s.finish);
+            }
+            SeqEvent::Prompt { .. } => {}
+            SeqEvent::Error(e) => panic!("unexpected error {e}"),
+        }
+    }
+}
+
+fn options(max_tokens: usize, temperature: f32, seed: u64) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens,
+        sampling: SamplingParams {
+            temperature,
+            top_k: 40,
+            top_p: 0.95,
+            seed,
+            ..SamplingParams::default()
+        },
+        stop: Vec::new(),
+        eos: Vec::new(),
+        json: None,
+    }
+}
+
+fn setup(ctx: usize) -> (Arc<CudaModel>, Arc<Tokenizer>, Vec<Vec<u32>>) {
+    let files = trit::format::open(&default_model_path()).unwrap();
+    let tok = Arc::new(Tokenizer::from_source(&files.tokenizer).unwrap());
+    let gpu = Arc::new(CudaModel::load(&files, &CudaOptions::new(ctx)).unwrap());
+    let prompts = [
+        "The capital of France is",
+        "Once upon a time",
+        "def fibonacci(n):",
+    ]
+    .iter()
+    .map(|t| tok.encode(t, false).unwrap())
+    .collect();
+    (gpu, tok, prompts)
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_lone_sequence_decodes_on_the_device_loop_with_the_batched_steps_tokens() {
+    if gpu_missing() {
+        return;
+    }
+    let ctx = 160;
+    let (gpu, tok, prompts) = setup(ctx);
+    let stepped = scheduler(&gpu, false, &tok, ctx);
+    let looping = scheduler(&gpu, true, &tok, ctx);
+    // Greedy, sampled, and a reply longer than one loop (64 tokens) that meets the context.
+    let cases = [
+        (&prompts[0], options(40, 0.0, 0)),
+        (&prompts[1], options(40, 0.8, 7)),
+        (&prompts[2], options(400, 0.0, 0)),
+    ];
+    for (i, (prompt, opts)) in cases.iter().enumerate() {
+        let want = reply(&submit(&stepped, prompt, opts), |_| {});
+        let loops = slot_loops();
+        let got = reply(&submit(&looping, prompt, opts), |_| {});
+        assert!(
+            slot_loops() > loops,
+            "the device loop did not run on the slot"
+        );
+        assert_eq!(got, want, "temperature {}", opts.sampling.temperature);
+        eprintln!("{} tokens equal ({:?})", got.0.len(), got.1);
+        if i == 2 {
+            // The long reply ends where the context does (a token that cannot be fed back).
+            assert_eq!(got.1, FinishReason::Length);
+            assert_eq!(got.0.len(), ctx - prompt.len() + 1);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn a_request_arriving_during_a_loop_joins_the_batch() {
+    if gpu_missing() {
+        return;
+    }
+    let ctx = 160;
+    let (gpu, tok, prompts) = setup(ctx);
+    let (a, b) = (options(60, 0.0, 0), options(20, 0.7, 3));
+    let stepped = scheduler(&gpu, false, &tok, ctx);
+    let want_a = reply(&submit(&stepped, &prompts[0], &a), |_| {});
+    let want_b = reply(&submit(&stepped, &prompts[1], &b), |_| {});
+    drop(stepped);
+    let looping = scheduler(&gpu, true, &tok, ctx);
+    let loops = slot_loops();
+    let rx_a = submit(&looping, &prompts[0], &a);
+    let mut rx_b = None;
+    // The second request arrives after A's fifth token: A's loop ends, both step together.
+    let got_a = reply(&rx_a, |n| {
+        if n == 5 {
+            rx_b = Some(submit(&looping, &prompts[1], &b));
+        }
+    });
+    let got_b = reply(&rx_b.expect("submitted"), |_| {});
+    assert_eq!(got_a, want_a);
+    assert_eq!(got_b, want_b);
+    // A's first loop, and another once B finished (A decoded alone again).
+    assert!(slot_loops() >= loops + 2, "{} loops", slot_loops() - loops);
+}

@@ -1,0 +1,442 @@
+//! The scheduler's lone sequence on a backend's device loop (`engine/scheduler/device_loop.rs`,
+//! what `trit serve --device cuda` does with one client): every token, the text, the finish
+//! reason and the counts equal the same requests served through batched steps — greedy,
+//! sampled, stop strings, end-of-sequence ids, the context's end, a loop budget below the
+//! caller's — while the stand-in device runs steps past every refused token, as the GPU's
+//! queued graphs do. A request arriving during a loop ends it and joins the batch; a listener
+//! that leaves ends its sequence within the loop.
+//!
+//! The stand-in keeps each slot's keys/values in a CPU cache of the default model and computes
+//! every step with the CPU engine's `forward`, batched or looped alike, so any bookkeeping
+//! slip (a token fed twice or not at all, a cache length off by one) changes the tokens.
+
+mod common;
+use common::{greedy, submit};
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+use trit::engine::{
+    FinishReason, GenerateOptions, Scheduler, SchedulerConfig, SeqEvent, SeqRequest, SeqSummary,
+};
+use trit::format::config::ModelConfig;
+use trit::model::device_slot::SlotPool;
+use trit::model::{BatchSeq, DeviceLoopRun, DevicePick, ExternalNet, KvCache, Logits, Model};
+use trit::sample::sampler::argmax;
+use trit::sample::{Sampler, SamplingParams, TopLogits};
+use trit::tokenizer::Tokenizer;
+
+/// Steps the stand-in computes ahead of the token it offers (the GPU: three graphs).
+const AHEAD: usize = 3;
+
+struct LoopNet {
+    inner: Model,
+    pool: Arc<SlotPool>,
+    slots: Mutex<Vec<Option<KvCache>>>,
+    ctx: usize,
+    /// Whether it has a device loop (else the scheduler takes batched steps only).
+    looping: bool,
+    /// Most steps one loop may feed (below the caller's: the pending-token path).
+    budget: usize,
+    loops: AtomicUsize,
+    /// Steps computed past a refused token and dropped, over all loops.
+    dropped: AtomicUsize,
+    /// Most sequences in one batched call.
+    widest: AtomicUsize,
+}
+
+impl LoopNet {
+    fn new(inner: Model, ctx: usize, looping: bool, budget: usize) -> LoopNet {
+        LoopNet {
+            inner,
+            pool: Arc::new(SlotPool::new(2)),
+            slots: Mutex::new(vec![None, None]),
+            ctx,
+            looping,
+            budget,
+            loops: AtomicUsize::new(0),
+            dropped: AtomicUsize::new(0),
+            widest: AtomicUsize::new(0),
+        }
+    }
+
+    /// The slot's cache cut back to the caller's length (a loop may have run ahead of it).
+    fn slot_cache<'a>(slots: &'a mut [Option<KvCache>], cache: &KvCache) -> &'a mut KvCache {
+        let own = slots[cache.device_slot().expect("a slot").index()]
+            .as_mut()
+            .expect("a cache per owned slot");
+        own.truncate(cache.len());
+        assert_eq!(
+            own.len(),
+            cache.len(),
+            "the caller's cache is ahead of the slot's"
+        );
+        own
+    }
+}
+
+impl ExternalNet for LoopNet {
+    fn config(&self) -> &ModelConfig {
+        self.inner.config()
+    }
+    fn forward(&self, _: &[u32], _: &mut KvCache, _: Logits) -> trit::Result<Vec<f32>> {
+        Err(trit::Error::Unsupported(
+            "the scheduler uses forward_batch".into(),
+        ))
+    }
+    fn weight_bytes(&self) -> usize {
+        self.inner.weight_bytes()
+    }
+    fn bytes_per_token(&self) -> usize {
+        self.inner.bytes_per_token()
+    }
+    fn max_sequences(&self) -> usize {
+        self.pool.capacity()
+    }
+    fn forward_batch(&self, seqs: &mut [BatchSeq<'_>]) -> trit::Result<Vec<Vec<f32>>> {
+        self.widest.fetch_max(seqs.len(), Ordering::SeqCst);
+        let mut slots = self.slots.lock().unwrap();
+        let mut rows = Vec::new();
+        for s in seqs.iter_mut() {
+            if s.cache.device_slot().is_none() {
+                let slot = self.pool.take().expect("at most max_sequences run");
+                slots[slot.index()] = Some(self.inner.new_cache(self.ctx));
+                s.cache.set_device_slot(slot);
+            }
+            assert_eq!(s.logits, Logits::Last);
+            let own = Self::slot_cache(&mut slots, s.cache);
+            rows.push(self.inner.forward(s.tokens, own, Logits::Last)?);
+            s.cache.advance(s.tokens.len());
+        }
+        Ok(rows)
+    }
+    fn loops_on_slots(&self) -> bool {
+        self.looping
+    }
+    fn decode_on_device(
+        &self,
+        first: u32,
+        cache: &mut KvCache,
+        max_steps: usize,
+        pick: &DevicePick,
+        _stop: &[u32],
+        accept: &mut dyn FnMut(u32, bool) -> bool,
+    ) -> trit::Result<Option<DeviceLoopRun>> {
+        if !self.looping {
+            return Ok(None);
+        }
+        self.loops.fetch_add(1, Ordering::SeqCst);
+        // The device's own copy of the sampler, continuing the host's generator.
+        let mut sampler = match *pick {
+            DevicePick::Argmax => None,
+            DevicePick::Sample {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                rng,
+            } => {
+                let params = SamplingParams {
+                    temperature,
+                    top_k,
+                    top_p,
+                    min_p,
+                    ..SamplingParams::default()
+                };
+                Some(Sampler::with_rng_state(params, rng)?)
+            }
+        };
+        let max_steps = max_steps.min(self.budget);
+        let mut slots = self.slots.lock().unwrap();
+        let own = Self::slot_cache(&mut slots, cache);
+        // fed[i] is the input of step i; out[i] its pick and whether it drew.
+        let (mut fed, mut out) = (vec![first], Vec::new());
+        let mut offered = 0;
+        loop {
+            while out.len() < (offered + AHEAD).min(max_steps) {
+                let row = self.inner.forward(&[fed[out.len()]], own, Logits::Last)?;
+                let (t, drew) = match &mut sampler {
+                    None => (argmax(&row), false),
+                    Some(s) => {
+                        let top = TopLogits::from_row(&row, s.params().top_k).unwrap();
+                        let before = s.rng_state();
+                        let t = s.sample_top(&top);
+                        (t, s.rng_state() != before)
+                    }
+                };
+                out.push((t, drew));
+                fed.push(t);
+            }
+            if offered == out.len() {
+                cache.advance(max_steps);
+                return Ok(Some(DeviceLoopRun {
+                    fed: max_steps,
+                    pending: out.last().map(|o| o.0),
+                }));
+            }
+            let (t, drew) = out[offered];
+            offered += 1;
+            if !accept(t, drew) {
+                self.dropped
+                    .fetch_add(out.len() - offered, Ordering::SeqCst);
+                cache.advance(offered);
+                return Ok(Some(DeviceLoopRun {
+                    fed: offered,
+                    pending: None,
+                }));
+            }
+        }
+    }
+}
+
+/// A shared handle on a `LoopNet`, as the scheduler's model (the test keeps the other).
+struct Shared(Arc<LoopNet>);
+
+impl ExternalNet for Shared {
+    fn config(&self) -> &ModelConfig {
+        self.0.config()
+    }
+    fn forward(&self, t: &[u32], c: &mut KvCache, w: Logits) -> trit::Result<Vec<f32>> {
+        self.0.forward(t, c, w)
+    }
+    fn weight_bytes(&self) -> usize {
+        self.0.weight_bytes()
+    }
+    fn bytes_per_token(&self) -> usize {
+        self.0.bytes_per_token()
+    }
+    fn max_sequences(&self) -> usize {
+        self.0.max_sequences()
+    }
+    fn forward_batch(&self, s: &mut [BatchSeq<'_>]) -> trit::Result<Vec<Vec<f32>>> {
+        self.0.forward_batch(s)
+    }
+    fn loops_on_slots(&self) -> bool {
+        self.0.loops_on_slots()
+    }
+    fn decode_on_device(
+        &self,
+        first: u32,
+        cache: &mut KvCache,
+        max_steps: usize,
+        pick: &DevicePick,
+        stop: &[u32],
+        accept: &mut dyn FnMut(u32, bool) -> bool,
+    ) -> trit::Result<Option<DeviceLoopRun>> {
+        self.0
+            .decode_on_device(first, cache, max_steps, pick, stop, accept)
+    }
+}
+
+fn schedule(net: &Arc<LoopNet>, tok: &Arc<Tokenizer>) -> Scheduler {
+    let model = Arc::new(Model::from_external(Box::new(Shared(net.clone()))));
+    let config = SchedulerConfig {
+        n_ctx: net.ctx,
+        parallel: 2,
+        max_queue: 8,
+        kv_cache_bytes: 64 << 20,
+    };
+    Scheduler::start(model, tok.clone(), config).unwrap()
+}
+
+/// What a reply came to: tokens, text, summary.
+#[derive(Debug)]
+struct Reply {
+    tokens: Vec<u32>,
+    text: String,
+    summary: SeqSummary,
+}
+
+impl PartialEq for Reply {
+    fn eq(&self, o: &Reply) -> bool {
+        let (a, b) = (&self.summary, &o.summary);
+        self.tokens == o.tokens
+            && self.text == o.text
+            && a.finish == b.finish
+            && a.completion_tokens == b.completion_tokens
+            && a.prompt_tokens == b.prompt_tokens
+    }
+}
+
+/// Collects a reply; `on_piece` sees the number of tokens after each piece.
+fn collect(rx: &mpsc::Receiver<SeqEvent>, mut on_piece: impl FnMut(usize)) -> Reply {
+    let (mut tokens, mut text) = (Vec::new(), String::new());
+    loop {
+        match rx.recv_timeout(Duration::from_secs(120)).unwrap() {
+            SeqEvent::Piece { token, text: t, .. } => {
+                tokens.extend(token);
+                text.push_str(&t);
+                on_piece(tokens.len());
+            }
+            SeqEvent::Done(summary) => {
+                return Reply {
+                    tokens,
+                    text,
+                    summary,
+                }
+            }
+            SeqEvent::Prompt { .. } => {}
+            SeqEvent::Error(e) => panic!("unexpected error {e}"),
+        }
+    }
+}
+
+fn setup() -> (trit::format::ModelFiles, Arc<Tokenizer>) {
+    let files = common::default_model_files();
+    let tok = Arc::new(Tokenizer::from_source(&files.tokenizer).unwrap());
+    (files, tok)
+}
+
+/// Once a scheduler is gone (its thread ends soon after), every slot is back in the pool.
+fn slots_come_back(net: &LoopNet) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while net.pool.free_count() != 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(net.pool.free_count(), 2, "every slot back in its pool");
+}
+
+fn sampled(max_tokens: usize, seed: u64) -> GenerateOptions {
+    GenerateOptions {
+        sampling: SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            seed,
+            ..SamplingParams::default()
+        },
+        ..greedy(max_tokens)
+    }
+}
+
+#[test]
+fn a_lone_sequence_on_the_device_loop_gets_what_batched_steps_give() {
+    let (files, tok) = setup();
+    let ctx = 96;
+    let prompt = tok.encode("The old lighthouse keeper", false).unwrap();
+    let stepped = Arc::new(LoopNet::new(
+        Model::load(&files, 2).unwrap(),
+        ctx,
+        false,
+        usize::MAX,
+    ));
+    let reference = schedule(&stepped, &tok);
+    let plain = collect(&submit(&reference, &prompt, greedy(30)), |_| {});
+    assert!(plain.tokens.len() == 30 && !plain.text.is_empty());
+    // A stop string from the middle of the greedy reply, and an end-of-sequence id from it.
+    let stop_at = plain
+        .text
+        .char_indices()
+        .nth(plain.text.chars().count() / 2)
+        .unwrap()
+        .0;
+    let stop: String = plain.text[stop_at..].chars().take(3).collect();
+    let mut with_stop = greedy(30);
+    with_stop.stop = vec![stop.clone()];
+    let mut with_eos = sampled(30, 4);
+    with_eos.eos = vec![plain.tokens[12]];
+    let cases = [
+        ("greedy", greedy(30)),
+        ("sampled", sampled(30, 7)),
+        ("stop string", with_stop),
+        ("eos id", with_eos),
+        // Past the context's end (and longer than one loop budget below).
+        ("context end", sampled(500, 9)),
+    ];
+    for budget in [usize::MAX, 5] {
+        let net = Arc::new(LoopNet::new(
+            Model::load(&files, 2).unwrap(),
+            ctx,
+            true,
+            budget,
+        ));
+        let looping = schedule(&net, &tok);
+        for (what, opts) in &cases {
+            let want = collect(&submit(&reference, &prompt, opts.clone()), |_| {});
+            let loops = net.loops.load(Ordering::SeqCst);
+            let got = collect(&submit(&looping, &prompt, opts.clone()), |_| {});
+            assert_eq!(got, want, "{what}, loop budget {budget}");
+            assert!(
+                net.loops.load(Ordering::SeqCst) > loops,
+                "{what}: no device loop ran"
+            );
+            match *what {
+                "stop string" => assert_eq!(got.summary.finish, FinishReason::Stop),
+                "context end" => {
+                    assert_eq!(got.summary.finish, FinishReason::Length);
+                    assert_eq!(got.tokens.len(), ctx - prompt.len() + 1);
+                }
+                _ => {}
+            }
+        }
+        // Stops and the eos id refused tokens the device had already run past.
+        assert!(net.dropped.load(Ordering::SeqCst) > 0);
+        drop(looping);
+        slots_come_back(&net);
+    }
+}
+
+#[test]
+fn a_request_arriving_during_a_loop_joins_and_a_leaving_listener_ends_its_loop() {
+    let (files, tok) = setup();
+    let ctx = 160;
+    let a = tok.encode("Once upon a time", false).unwrap();
+    let b = tok.encode("The capital of France is", false).unwrap();
+    let stepped = Arc::new(LoopNet::new(
+        Model::load(&files, 2).unwrap(),
+        ctx,
+        false,
+        usize::MAX,
+    ));
+    let reference = schedule(&stepped, &tok);
+    let want_a = collect(&submit(&reference, &a, greedy(60)), |_| {});
+    let want_b = collect(&submit(&reference, &b, sampled(20, 3)), |_| {});
+    let net = Arc::new(LoopNet::new(
+        Model::load(&files, 2).unwrap(),
+        ctx,
+        true,
+        usize::MAX,
+    ));
+    let looping = schedule(&net, &tok);
+    let rx_a = submit(&looping, &a, greedy(60));
+    let mut rx_b = None;
+    // B arrives after A's fifth token: A's loop ends there, both take batched steps, and A
+    // loops again once B is done.
+    let got_a = collect(&rx_a, |n| {
+        if n == 5 {
+            rx_b = Some(submit(&looping, &b, sampled(20, 3)));
+        }
+    });
+    let got_b = collect(&rx_b.expect("submitted"), |_| {});
+    assert_eq!(got_a, want_a);
+    assert_eq!(got_b, want_b);
+    // B joined A's steps (without the yield, A's loop would have run to its end first).
+    assert_eq!(net.widest.load(Ordering::SeqCst), 2);
+    assert!(net.loops.load(Ordering::SeqCst) >= 2);
+    // A listener gone after 3 tokens: the loop stops at once, the sequence ends cancelled.
+    let (tx, rx) = mpsc::channel();
+    let mut pieces = 0;
+    looping
+        .submit(SeqRequest {
+            prompt: a.clone(),
+            options: greedy(60),
+            top_logprobs: None,
+            sink: Box::new(move |e| {
+                pieces += matches!(e, SeqEvent::Piece { .. }) as usize;
+                let _ = tx.send(e);
+                pieces < 3
+            }),
+        })
+        .unwrap();
+    let gone = collect(&rx, |_| {});
+    assert_eq!(gone.summary.finish, FinishReason::Cancelled);
+    assert_eq!(gone.tokens[..], want_a.tokens[..gone.tokens.len()]);
+    assert!(
+        gone.tokens.len() <= 3,
+        "{} tokens after the listener left",
+        gone.tokens.len()
+    );
+    assert_eq!(looping.stats().cancelled_total, 1);
+    drop(looping);
+    slots_come_back(&net);
+}
