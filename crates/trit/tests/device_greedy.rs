@@ -8,14 +8,14 @@
 //! text.
 
 mod common;
+use common::device_loop::run_ahead;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use trit::engine::{generate, generate_shifting, ContextShift, GenerateOptions, Session};
 use trit::format::config::ModelConfig;
 use trit::model::{DeviceLoopRun, DevicePick, ExternalNet, KvCache, Logits, Model};
-use trit::sample::sampler::argmax;
-use trit::sample::{Sampler, SamplingParams, TopLogits};
+use trit::sample::SamplingParams;
 use trit::tokenizer::Tokenizer;
 
 /// Steps the stand-in computes ahead of the token it offers (the GPU: two graphs of 4).
@@ -70,69 +70,21 @@ impl ExternalNet for Device {
     ) -> trit::Result<Option<DeviceLoopRun>> {
         self.loops.fetch_add(1, Ordering::SeqCst);
         self.stops_seen.lock().unwrap().push(stop.to_vec());
-        // The device's own copy of the sampler, continuing the host's generator.
-        let mut sampler = match *pick {
-            DevicePick::Argmax => None,
-            DevicePick::Sample {
-                temperature,
-                top_k,
-                top_p,
-                min_p,
-                rng,
-            } => {
-                let params = SamplingParams {
-                    temperature,
-                    top_k,
-                    top_p,
-                    min_p,
-                    ..SamplingParams::default()
-                };
-                Some(Sampler::with_rng_state(params, rng)?)
-            }
-        };
-        let max_steps = max_steps.min(self.budget);
         let mut own = self.own.lock().unwrap();
-        let start = cache.len();
-        own.truncate(start);
-        // fed[i] is the input of step i; out[i] its pick and whether it drew.
-        let (mut fed, mut out) = (vec![first], Vec::new());
-        let mut offered = 0;
-        loop {
-            while out.len() < (offered + AHEAD).min(max_steps) {
-                let row = self
-                    .inner
-                    .forward(&[fed[out.len()]], &mut own, Logits::Last)?;
-                let (t, drew) = match &mut sampler {
-                    None => (argmax(&row), false),
-                    Some(s) => {
-                        let top = TopLogits::from_row(&row, s.params().top_k).unwrap();
-                        let before = s.rng_state();
-                        let t = s.sample_top(&top);
-                        (t, s.rng_state() != before)
-                    }
-                };
-                out.push((t, drew));
-                fed.push(t);
-            }
-            if offered == out.len() {
-                cache.advance(max_steps);
-                return Ok(Some(DeviceLoopRun {
-                    fed: max_steps,
-                    pending: out.last().map(|o| o.0),
-                }));
-            }
-            let (t, drew) = out[offered];
-            offered += 1;
-            if !accept(t, drew) {
-                self.dropped
-                    .fetch_add(out.len() - offered, Ordering::SeqCst);
-                cache.advance(offered);
-                return Ok(Some(DeviceLoopRun {
-                    fed: offered,
-                    pending: None,
-                }));
-            }
-        }
+        own.truncate(cache.len());
+        let max_steps = max_steps.min(self.budget);
+        let (run, dropped) = run_ahead(
+            &self.inner,
+            &mut own,
+            cache,
+            first,
+            max_steps,
+            AHEAD,
+            pick,
+            accept,
+        )?;
+        self.dropped.fetch_add(dropped, Ordering::SeqCst);
+        Ok(Some(run))
     }
     fn weight_bytes(&self) -> usize {
         self.inner.weight_bytes()

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod device_loop;
+
 use std::path::PathBuf;
 
 pub fn cache_dir() -> PathBuf {
