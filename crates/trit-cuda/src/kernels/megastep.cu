@@ -107,37 +107,6 @@ struct MsPlan {
     int per_layer, total;
 };
 
-// mbarrier transaction counts and bulk copies are sm_90 instructions: before it the kernel
-// traps (the host never launches it there: megastep.rs), so the module still loads.
-#if __CUDA_ARCH__ >= 900
-#define MS_SM90(...) __VA_ARGS__
-#else
-#define MS_SM90(...) __trap()
-#endif
-__device__ __forceinline__ void ms_mbar_init(unsigned bar) {
-    MS_SM90(asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory"));
-}
-__device__ __forceinline__ void ms_mbar_expect_tx(unsigned bar, unsigned bytes) {
-    MS_SM90(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-                 : "memory"));
-}
-// Waits until the barrier's phase of parity `phase` has completed.
-__device__ __forceinline__ void ms_mbar_wait(unsigned bar, unsigned phase) {
-    MS_SM90(asm volatile(
-        "{\n .reg .pred p;\n MS_WAIT_%=:\n"
-        " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-        " @!p bra MS_WAIT_%=;\n}" ::"r"(bar),
-        "r"(phase)
-        : "memory"));
-}
-__device__ __forceinline__ void ms_bulk_copy(unsigned dst, const void* src, unsigned bytes,
-                                             unsigned bar) {
-    MS_SM90(asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-        ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
-        : "memory"));
-}
-
 // Groups [u0, u1) of `units` shared out over the grid.
 __device__ __forceinline__ int2 ms_share(int units) {
     const long long b = blockIdx.x, n = gridDim.x;
@@ -184,10 +153,10 @@ __device__ void ms_issue(const MsPlan& p, const MsLayer* __restrict__ layers, in
     const unsigned bar = smem_addr(full + slot);
     const unsigned dst = smem_addr(ring + (size_t)slot * MS_SLOT_BYTES);
     // The warps' reads of the slot's previous chunk (generic proxy) before the copy's writes.
-    MS_SM90(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));
-    ms_mbar_expect_tx(bar, bc + bs);
-    ms_bulk_copy(dst, codes, bc, bar);
-    ms_bulk_copy(dst + MS_SLOT_CODES, scales, bs, bar);
+    async_proxy_fence();
+    mbar_expect_tx(bar, bc + bs);
+    bulk_copy(dst, codes, bc, bar);
+    bulk_copy(dst + MS_SLOT_CODES, scales, bs, bar);
 }
 
 // The block's shared state besides the dynamic arrays.
@@ -210,7 +179,7 @@ __device__ __forceinline__ int ms_consume(const MsRing& r, int s, int c0, const 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int j = 0; j < g.chunks; j++) {
         const int c = c0 + j, slot = c % MS_SLOTS;
-        ms_mbar_wait(smem_addr(r.full + slot), (unsigned)(c / MS_SLOTS) & 1u);
+        mbar_wait(smem_addr(r.full + slot), (unsigned)(c / MS_SLOTS) & 1u);
         const int n = min(g.rpc, g.rows - j * g.rpc), groups = n / 4;
         const uint4* wc = (const uint4*)(r.ring + (size_t)slot * MS_SLOT_BYTES);
         const half_bits* wsc = (const half_bits*)(r.ring + (size_t)slot * MS_SLOT_BYTES + MS_SLOT_CODES);
@@ -419,10 +388,10 @@ extern "C" __global__ void __launch_bounds__(MS_THREADS, 1)
     if (threadIdx.x == 0) {
         ms_make_plan(plan, n_layers, d, nq, nkv, ffn);
         for (int s = 0; s < MS_SLOTS; s++) {
-            ms_mbar_init(smem_addr(full + s));
+            mbar_init(smem_addr(full + s));
             done[s] = 0;
         }
-        MS_SM90(asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"));
+        mbar_init_fence();
         for (int c = 0; c < MS_SLOTS && !(MS_PROBE & 16); c++) ms_issue(plan, layers, c, ring, full);
     }
     __syncthreads();
