@@ -550,37 +550,6 @@ impl CudaModel {
         Ok(())
     }
 
-    /// o, gate‖up and down of `blk` as one persistent kernel, where it runs them (all three
-    /// ternary, one scale type, shared memory enough); false: the caller takes the chain.
-    fn mlp_persist(&self, st: &State, blk: &weights::DevBlock) -> Result<bool> {
-        let s = &st.gpu.stream;
-        let (Some(o), Some(gate_up), Some(down)) = (
-            blk.o.ternary_args(s),
-            blk.gate_up.ternary_args(s),
-            blk.down.ternary_args(s),
-        ) else {
-            return Ok(false);
-        };
-        let b = &st.b;
-        let job = crate::persist::MlpPersist {
-            o: &o,
-            gate_up: &gate_up,
-            down: &down,
-            att_q: ptr(&b.xq, s),
-            att_meta: ptr(&b.xm, s),
-            gamma: ptr(&blk.ffn_norm, s),
-            eps: self.config.norm_eps,
-            x: ptr(&b.x, s),
-            h: ptr(&b.h, s),
-            counter: ptr(&b.persist, s),
-        };
-        if !job.fits(&st.gpu) {
-            return Ok(false);
-        }
-        job.launch(&st.gpu)?;
-        Ok(true)
-    }
-
     pub(crate) fn capture(
         &self,
         st: &State,

@@ -2,8 +2,10 @@
 //! kernels/decode_persist.cu; prototype, `CudaOptions::persist_mlp`): o, gate‖up + SwiGLU and
 //! down as three phases of the streaming GEMV separated by grid barriers.
 
-use crate::device::{Arg, Gpu};
+use crate::device::{ptr, Arg, Gpu};
 use crate::gemv::{stream_smem_bytes, TernaryArgs};
+use crate::model::State;
+use crate::weights;
 use trit::{Error, Result};
 
 /// Warps per block of the persistent kernel (the streaming GEMV's widest shape).
@@ -85,5 +87,38 @@ impl MlpPersist<'_> {
             Arg::Ptr(self.counter),
         ];
         gpu.launch_smem(kernel, (gpu.sm_count, 1), 32 * WARPS, smem as u32, &args)
+    }
+}
+
+impl crate::model::CudaModel {
+    /// o, gate‖up and down of `blk` as one persistent kernel, where it runs them (all three
+    /// ternary, one scale type, shared memory enough); false: the caller takes the chain.
+    pub(crate) fn mlp_persist(&self, st: &State, blk: &weights::DevBlock) -> Result<bool> {
+        let s = &st.gpu.stream;
+        let (Some(o), Some(gate_up), Some(down)) = (
+            blk.o.ternary_args(s),
+            blk.gate_up.ternary_args(s),
+            blk.down.ternary_args(s),
+        ) else {
+            return Ok(false);
+        };
+        let b = &st.b;
+        let job = crate::persist::MlpPersist {
+            o: &o,
+            gate_up: &gate_up,
+            down: &down,
+            att_q: ptr(&b.xq, s),
+            att_meta: ptr(&b.xm, s),
+            gamma: ptr(&blk.ffn_norm, s),
+            eps: self.config.norm_eps,
+            x: ptr(&b.x, s),
+            h: ptr(&b.h, s),
+            counter: ptr(&b.persist, s),
+        };
+        if !job.fits(&st.gpu) {
+            return Ok(false);
+        }
+        job.launch(&st.gpu)?;
+        Ok(true)
     }
 }
