@@ -43,15 +43,11 @@ pub const SOURCES: &[(&str, &str)] = &[
     ),
     // The decode step's attention + o in one kernel at short contexts (`attention_o.rs`).
     ("attention_o.cu", include_str!("kernels/attention_o.cu")),
-    // Every layer of the decode step in one kernel (`megastep.rs`): after gemv.cu,
-    // attention.cu and decode_persist.cu, whose helpers it calls.
-    ("megastep.cu", include_str!("kernels/megastep.cu")),
 ];
 
 /// Kernels the decode step and the batched prefill launch (all must exist in the compiled
 /// module).
 pub const KERNELS: &[&str] = &[
-    "dense_step_mega",
     "mlp_persist_r4_f16",
     "mlp_persist_r4_f32",
     "ternary_gemv_r2_s1_f16",
@@ -216,7 +212,6 @@ const DYNAMIC_SMEM_KERNELS: &[&str] = &[
     "ternary_gemv_stream_",
     "mlp_persist_",
     "ternary_gemm_small_ring_",
-    "dense_step_mega",
 ];
 /// Bytes of the opt-in shared memory left for those kernels' static arrays (the streaming
 /// GEMV's are at most 1,152: its scratch and the split reduction of 32 warps × 8 rows).
@@ -282,15 +277,6 @@ fn extra_defines() -> Vec<String> {
         d.push(format!("-DSTREAM_STAGES={st}"));
     }
     d
-}
-
-/// The value of tunable `name` in [`extra_defines`] (`-DNAME=VALUE`), for host code sizing
-/// what the kernel allocates by it.
-pub(crate) fn define_value(name: &str) -> Option<usize> {
-    let key = format!("-D{name}=");
-    extra_defines()
-        .iter()
-        .find_map(|d| d.strip_prefix(&key).and_then(|v| v.parse().ok()))
 }
 
 fn cache_dir() -> Option<PathBuf> {

@@ -468,16 +468,11 @@ impl crate::model::CudaModel {
         let mut guard = self.state.lock().map_err(|_| poisoned())?;
         let st: &mut crate::model::State = &mut guard;
         let slot = cache.device_slot();
-        // The slot's caches (the whole-step kernel knows only the single path's own).
-        let (kv, kind) = match slot {
-            None => (
-                CudaModel::own_kv(st),
-                self.step_kind(st, pos0, pos0 + max_steps)?,
-            ),
+        // The single path's own caches, or the slot's (owned by this model's batch).
+        let kv = match slot {
+            None => CudaModel::own_kv(st),
             Some(slot) => match &st.batch {
-                Some(batch) if batch.owns(slot) => {
-                    (batch.slot_kv(&st.gpu, slot, self.ctx), StepKind::Chain)
-                }
+                Some(batch) if batch.owns(slot) => batch.slot_kv(&st.gpu, slot, self.ctx),
                 _ => return Ok(None),
             },
         };
@@ -496,6 +491,8 @@ impl crate::model::CudaModel {
             &st.b.toks,
             rule,
         );
+        // The chain: the attention + o kernel's steps differ by position (refused above).
+        let kind = StepKind::Chain;
         let enqueue = || self.enqueue_layers(st, true, &kv, kind);
         let args = LoopArgs {
             first,

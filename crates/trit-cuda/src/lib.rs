@@ -36,7 +36,6 @@ pub mod greedy;
 pub mod hybrid;
 mod hybrid_weights;
 mod launch;
-pub mod megastep;
 pub mod model;
 mod options;
 mod persist;

@@ -15,7 +15,6 @@ use crate::gemv::{
 };
 use crate::graph::{alloc_host_logits, copy_to_pinned, StepGraph};
 use crate::launch;
-use crate::megastep::MegaStep;
 pub use crate::options::{CudaOptions, FusedSet};
 use crate::prefill::PrefillBuffers;
 use crate::weights::{self, DevMatrix, DevWeights};
@@ -38,8 +37,6 @@ pub(crate) enum StepKind {
     Chain = 0,
     /// Attention + o in one kernel (`CudaModel::short_step`).
     Short = 1,
-    /// Every layer in one kernel (`megastep.rs`).
-    Mega = 2,
 }
 
 /// Device buffers of one decode step, and the KV cache.
@@ -78,10 +75,7 @@ pub(crate) struct State {
     /// Chunk activations of the batched prefill, allocated on the first prompt.
     pub(crate) prefill: Option<PrefillBuffers>,
     /// Decode steps captured on first use, at `2·kind + with_head` (`StepKind`).
-    graphs: [Option<StepGraph>; 6],
-    /// The whole-step kernel's tables (`megastep.rs`), made on first use: `Some(None)` where
-    /// it cannot run this model.
-    pub(crate) mega: Option<Option<MegaStep>>,
+    graphs: [Option<StepGraph>; 4],
     /// The device counter's value when known (None after an error or a batched call).
     pub(crate) device_pos: Option<usize>,
     /// Slots and row buffers of the batched path (`batch.rs`), made on its first use.
@@ -106,9 +100,6 @@ pub struct CudaModel {
     pub(crate) use_graph: bool,
     pub(crate) fused: FusedSet,
     pub(crate) persist_mlp: bool,
-    /// `CudaOptions::mega` and `mega_max`.
-    pub(crate) mega: bool,
-    pub(crate) mega_max: usize,
     /// `CudaOptions::attention_o` and `attention_o_max`.
     pub(crate) attention_o: bool,
     attention_o_max: usize,
@@ -219,8 +210,6 @@ impl CudaModel {
             use_graph: opts.graph,
             fused,
             persist_mlp: opts.persist_mlp,
-            mega: opts.mega,
-            mega_max: opts.mega_max,
             attention_o: opts.attention_o,
             attention_o_max: opts.attention_o_max,
             stream_down: opts.stream_down,
@@ -240,7 +229,6 @@ impl CudaModel {
                 b,
                 prefill: None,
                 graphs: Default::default(),
-                mega: None,
                 device_pos: None,
                 batch: None,
                 top: None,
@@ -431,13 +419,7 @@ impl CudaModel {
             gamma: p(gamma),
             eps: c.norm_eps,
         };
-        // The whole-step kernel runs every layer: only the head is left to the chain.
-        let mega = kind == StepKind::Mega;
-        if mega {
-            self.enqueue_mega(st)?;
-        }
-        let layers = if mega { &[][..] } else { &st.w.blocks[..] };
-        for (li, blk) in layers.iter().enumerate() {
+        for (li, blk) in st.w.blocks.iter().enumerate() {
             if let Some(m) = self.fused_args(st, &blk.qkv, self.fused.qkv, false) {
                 self.fused_gemv(st, &m, normed_x(&blk.attn_norm), p(&b.qkv), false, false)?;
             } else {
@@ -568,10 +550,19 @@ impl CudaModel {
         self.attention_o && pos < self.attention_o_max
     }
 
+    /// The kernels of the step of the token at `pos`.
+    pub(crate) fn step_kind(&self, pos: usize) -> StepKind {
+        if self.short_step(pos) {
+            StepKind::Short
+        } else {
+            StepKind::Chain
+        }
+    }
+
     /// Runs the decode step of the token at `pos` (the device counter's value).
     pub(crate) fn run_step(&self, st: &mut State, with_head: bool, pos: usize) -> Result<()> {
         let kv = Self::own_kv(st);
-        let kind = self.step_kind(st, pos, pos + 1)?;
+        let kind = self.step_kind(pos);
         if !self.use_graph {
             return self.enqueue_step(st, with_head, &kv, kind);
         }
@@ -640,9 +631,6 @@ impl CudaModel {
                 .map_err(|e| crate::device::cuda_err("resetting counters", e))?;
             s.memset_zeros(&mut st.b.persist)
                 .map_err(|e| crate::device::cuda_err("resetting counters", e))?;
-            if let Some(Some(m)) = &mut st.mega {
-                m.reset_counters(&s)?;
-            }
         }
         st.device_pos = None;
         Ok(())

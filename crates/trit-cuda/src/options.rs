@@ -14,8 +14,6 @@ const ATT_MIN_CHUNK: usize = 32;
 /// Positions below which the decode step attends with one block per head inside the
 /// attention + o kernel (`CudaOptions::attention_o_max`).
 const ATT_O_MAX: usize = 128;
-/// Positions below which the whole-step kernel may run (`CudaOptions::mega_max`).
-const MEGA_MAX: usize = 512;
 
 /// Options of `CudaModel::load`.
 #[derive(Clone, Debug)]
@@ -45,11 +43,6 @@ pub struct CudaOptions {
     /// Prototype: o, gate‖up and down of each decode layer as one persistent kernel
     /// (`persist.rs`; `TRIT_CUDA_PERSIST=1`).
     pub persist_mlp: bool,
-    /// Every layer of a single-sequence decode step as one persistent kernel (`megastep.rs`;
-    /// `TRIT_CUDA_MEGA=1`) while the context is below `mega_max` positions
-    /// (`TRIT_CUDA_MEGA_MAX`, default 512: it attends with one block per head).
-    pub mega: bool,
-    pub mega_max: usize,
     /// The down projection through the streaming GEMV over the int8 SwiGLU output (all its
     /// first weights requested before the wait) instead of the register-pipelined kernel
     /// (`TRIT_CUDA_STREAM_DOWN=1`).
@@ -191,10 +184,6 @@ impl CudaOptions {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(ATT_MIN_CHUNK),
             persist_mlp: env("TRIT_CUDA_PERSIST").is_some_and(|v| v == "1"),
-            mega: env("TRIT_CUDA_MEGA").is_some_and(|v| v == "1"),
-            mega_max: env("TRIT_CUDA_MEGA_MAX")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(MEGA_MAX),
             stream_down: env("TRIT_CUDA_STREAM_DOWN").is_some_and(|v| v == "1"),
             deltanet_early: env("TRIT_CUDA_DN_STEP").is_none_or(|v| v == "3" || v == "4"),
             deltanet_held: env("TRIT_CUDA_DN_STEP").is_none_or(|v| v == "4"),

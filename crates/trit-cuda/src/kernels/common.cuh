@@ -180,47 +180,6 @@ __device__ __forceinline__ void cp_async4_zfill(unsigned dst, const void* src, i
 __device__ __forceinline__ void cp_async8(void* dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_addr(dst)), "l"(src));
 }
-// Bulk copies into shared memory completing on an mbarrier's transaction count (sm_90: the
-// streaming GEMV's STREAM_BULK rings and the whole-step kernel's). Before sm_90 they trap: the
-// host never runs them there, and the module still loads.
-#if __CUDA_ARCH__ >= 900
-#define SM90_ONLY(...) __VA_ARGS__
-#else
-#define SM90_ONLY(...) __trap()
-#endif
-__device__ __forceinline__ void mbar_init(unsigned bar) {
-    SM90_ONLY(asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory"));
-}
-// Makes initialized barriers visible to the bulk-copy (async) proxy.
-__device__ __forceinline__ void mbar_init_fence() {
-    SM90_ONLY(asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"));
-}
-// Orders this thread's earlier generic accesses to shared memory (a slot's reads) before
-// later bulk copies' writes into it.
-__device__ __forceinline__ void async_proxy_fence() {
-    SM90_ONLY(asm volatile("fence.proxy.async.shared::cta;" ::: "memory"));
-}
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-    SM90_ONLY(asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
-                           "r"(bytes)
-                           : "memory"));
-}
-// Waits until the barrier's phase of parity `phase` has completed.
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned phase) {
-    SM90_ONLY(asm volatile(
-        "{\n .reg .pred p;\n MBAR_WAIT_%=:\n"
-        " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-        " @!p bra MBAR_WAIT_%=;\n}" ::"r"(bar),
-        "r"(phase)
-        : "memory"));
-}
-__device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigned bytes,
-                                          unsigned bar) {
-    SM90_ONLY(asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-        ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
-        : "memory"));
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 // All but the newest `N` committed groups have landed.

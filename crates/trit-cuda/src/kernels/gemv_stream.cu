@@ -50,25 +50,6 @@ __device__ __forceinline__ float slot_scale(const unsigned* w, const float*, uns
     return __uint_as_float(*w);
 }
 
-// STREAM_BULK=1 (sm_90; measured with TRIT_CUDA_DEFINES): lane 0 of a warp requests an item
-// as one bulk copy per row of codes (up to 512 contiguous bytes) and one per row of scales,
-// completing on the slot's mbarrier, where every lane otherwise issues its own 16 + 4-byte
-// cp.async per row. Rows whose blocks are not a multiple of 8 (scale runs of 16 bytes) and
-// unaligned scales keep the per-lane copies. A slot's scales are then row i's run at
-// 32·i (f16 or f32 entries), not a word per lane.
-#ifndef STREAM_BULK
-#define STREAM_BULK 0
-#endif
-
-template <typename S>
-__device__ __forceinline__ float bulk_scale(const unsigned* sc, int i, int lane) {
-    return h2f(((const half_bits*)sc)[32 * i + lane]);
-}
-template <>
-__device__ __forceinline__ float bulk_scale<float>(const unsigned* sc, int i, int lane) {
-    return ((const float*)sc)[32 * i + lane];
-}
-
 // The first block index (row · nb) of each row of a group, computed once per group rather
 // than per item: the streaming GEMV is issue-bound, and this address arithmetic was a fifth of
 // its instructions.
@@ -102,41 +83,12 @@ __device__ __forceinline__ void stream_issue(uint4* slot, const uint4* __restric
     }
 }
 
-// stream_issue with bulk copies, by lane 0: lane-step k's blocks of the R rows (none past the
-// row's end: an empty item completes on the expected count alone).
-template <int R, typename S>
-__device__ __forceinline__ void stream_issue_bulk(uint4* slot, unsigned bar,
-                                                  const uint4* __restrict__ codes,
-                                                  const S* __restrict__ scales,
-                                                  const RowBases<R>& rb, int nb, int k, int lane) {
-    if (lane != 0) return;
-    const int b0 = 32 * k, cnt = max(0, min(32, nb - b0));
-    const unsigned dc = smem_addr(slot), ds = smem_addr(slot + StreamSlot<R>::CODE_CHUNKS);
-    // The warp's reads of the slot's previous item (ordered by the caller's __syncwarp)
-    // before the copies' writes.
-    async_proxy_fence();
-    mbar_expect_tx(bar, (unsigned)(R * cnt * (16 + (int)sizeof(S))));
-    if (cnt == 0) return;
-#pragma unroll
-    for (int i = 0; i < R; i++) {
-        bulk_copy(dc + i * 32 * 16, codes + rb.at[i] + b0, cnt * 16, bar);
-        bulk_copy(ds + i * 32 * (unsigned)sizeof(S), scales + rb.at[i] + b0,
-                  cnt * (unsigned)sizeof(S), bar);
-    }
-}
-
 // Slots per warp: 4 measured best on the 8B shape (8 slots: 602 against 669 tok/s tg128; with
 // more slots fewer warps fit in shared memory). The host sets it with TRIT_CUDA_STREAM_STAGES
 // (gemv.rs stream_stages), which also sizes the ring's shared memory.
 #ifndef STREAM_STAGES
 #define STREAM_STAGES 4
 #endif
-
-// The mbarrier of warp `warp`'s slot `s` (bulk copies only).
-__device__ __forceinline__ unsigned stream_bar(int warp, int s) {
-    __shared__ unsigned long long bars[32 * STREAM_STAGES];
-    return smem_addr(bars + warp * STREAM_STAGES + s);
-}
 
 // Where the ring starts in dynamic shared memory (16-byte chunks) for rows of up to nb blocks.
 __device__ __forceinline__ int stream_ring_at(int nb) { return 4 * nb + (nb + 1) / 2; }
@@ -151,20 +103,14 @@ struct StreamWarp {
     int gi, ji;                 // the next item to request
     RowBases<R> ri, r0;         // rows of group gi and of group g0
     uint4* ring;
-    bool bulk;                  // STREAM_BULK copies (else each lane's own cp.async)
 
     // Requests the next item (group gi, lane-step sub + SPLIT·ji) into ring slot `s`.
     template <int SPLIT, typename S>
     __device__ __forceinline__ void issue_next(int s, const uint4* __restrict__ codes,
                                                const S* __restrict__ scales, int rows, int nb,
                                                int glu, int sub, int lane) {
-        if (bulk)
-            stream_issue_bulk<R, S>(ring + s * StreamSlot<R>::CHUNKS,
-                                    stream_bar(threadIdx.x >> 5, s), codes, scales, ri, nb,
-                                    sub + SPLIT * ji, lane);
-        else
-            stream_issue<R, S>(ring + s * StreamSlot<R>::CHUNKS, codes, scales, ri, nb,
-                               sub + SPLIT * ji, lane);
+        stream_issue<R, S>(ring + s * StreamSlot<R>::CHUNKS, codes, scales, ri, nb,
+                           sub + SPLIT * ji, lane);
         if (++ji == per) {
             ji = 0;
             gi += stride;
@@ -182,8 +128,7 @@ struct StreamWarp {
 template <int R, int SPLIT, typename S>
 __device__ __forceinline__ StreamWarp<R> stream_begin(const uint4* __restrict__ codes,
                                                       const S* __restrict__ scales, int rows,
-                                                      int nb, int glu, int ring_at,
-                                                      bool bulk = false) {
+                                                      int nb, int glu, int ring_at) {
     constexpr int ST = STREAM_STAGES;
     extern __shared__ uint4 dyn[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -192,15 +137,6 @@ __device__ __forceinline__ StreamWarp<R> stream_begin(const uint4* __restrict__ 
     const int groups = glu ? (half + R / 2 - 1) / (R / 2) : (rows + R - 1) / R;
     StreamWarp<R> w;
     w.ring = dyn + ring_at + warp * ST * StreamSlot<R>::CHUNKS;
-    w.bulk = bulk;
-    if (bulk) {
-        // Fresh barriers per launch (phase 0); the bulk path is the one-matrix kernel's only.
-        if (lane == 0) {
-            for (int s = 0; s < ST; s++) mbar_init(stream_bar(warp, s));
-            mbar_init_fence();
-        }
-        __syncwarp();
-    }
     w.per = ((nb + 31) / 32 + SPLIT - 1) / SPLIT;
     w.stride = gridDim.x * teams;
     w.g0 = blockIdx.x * teams + team;
@@ -256,17 +192,11 @@ __device__ __forceinline__ void stream_finish(
 #pragma unroll
     for (int i = 0; i < R; i++) odd[i] = (rc.at[i] + lane) & 1;
     for (int n = 0; n < w.mine; n++) {
-        // Bulk: every lane's reads of the slot refilled now (item n − 1's) are done.
-        if (w.bulk) __syncwarp();
         if (n + ST - 1 < w.mine)
             w.template issue_next<SPLIT, S>((n + ST - 1) % ST, codes, scales, rows, nb, glu, sub,
                                             lane);
-        if (w.bulk) {
-            mbar_wait(stream_bar(warp, n % ST), (n / ST) & 1);
-        } else {
-            cp_async_commit();
-            cp_async_wait_group<ST - 1>();
-        }
+        cp_async_commit();
+        cp_async_wait_group<ST - 1>();
         const uint4* slot = w.ring + (n % ST) * StreamSlot<R>::CHUNKS;
         const unsigned* sc = (const unsigned*)(slot + StreamSlot<R>::CODE_CHUNKS);
         const int b = 32 * (sub + SPLIT * j) + lane;
@@ -279,9 +209,7 @@ __device__ __forceinline__ void stream_finish(
             const float2 m = ms[b];
 #pragma unroll
             for (int i = 0; i < R; i++)
-                acc[i] += (w.bulk ? bulk_scale<S>(sc, i, lane)
-                                  : slot_scale(sc + i * 32 + lane, scales, odd[i])) *
-                          (m.x * (float)d[i] - m.y);
+                acc[i] += slot_scale(sc + i * 32 + lane, scales, odd[i]) * (m.x * (float)d[i] - m.y);
         }
         if (++j == w.per) {
             float t = warp_sum_rows<R>(acc);
@@ -299,10 +227,9 @@ __device__ __forceinline__ void stream_finish(
 }
 
 // One matrix as one kernel: the first weights are requested before griddepcontrol.wait, so
-// they load while the previous kernel finishes. BULK: STREAM_BULK's copies (a separate
-// instantiation, so the per-lane path keeps its registers).
-template <int R, int SPLIT, typename S, bool ROT, bool PEND, bool BULK>
-__device__ __forceinline__ void ternary_gemv_stream_as(
+// they load while the previous kernel finishes.
+template <int R, int SPLIT, typename S, bool ROT, bool PEND>
+__device__ __forceinline__ void ternary_gemv_stream(
     const uint4* __restrict__ codes, const S* __restrict__ scales, int rows, int nb, int mode,
     const float* __restrict__ x, const float* __restrict__ gamma, float eps,
     const uint4* __restrict__ q, const float2* __restrict__ meta, float* __restrict__ y,
@@ -310,39 +237,16 @@ __device__ __forceinline__ void ternary_gemv_stream_as(
     // flags: bit 0 gate‖up (SwiGLU), bit 1 FG_LATE_TRIGGER.
     const int glu = flags & 1, late = flags & FG_LATE_TRIGGER;
     if (!late) pdl_launch_dependents();
-    StreamWarp<R> w =
-        stream_begin<R, SPLIT, S>(codes, scales, rows, nb, glu, stream_ring_at(nb), BULK);
+    StreamWarp<R> w = stream_begin<R, SPLIT, S>(codes, scales, rows, nb, glu, stream_ring_at(nb));
     const FgGamma gr = fg_gamma(mode, nb, gamma);
     pdl_wait();
     if (late) pdl_launch_dependents();
 #ifdef TRIT_PROBE_SKIP
-    if (TRIT_PROBE_SKIP & 8) {  // no copy may outlive the block
-        cp_async_wait_all();
-        for (int n = 0; BULK && n < min(STREAM_STAGES - 1, w.mine); n++)
-            mbar_wait(stream_bar(threadIdx.x >> 5, n), 0);
-    }
+    if (TRIT_PROBE_SKIP & 8) cp_async_wait_all();  // no copy may outlive the block
 #endif
     PROBE_SKIP(8);
     stream_finish<R, SPLIT, S, false, ROT, PEND>(w, codes, scales, rows, nb, mode, x, gr, gamma,
                                                  eps, q, meta, y, accumulate, glu, rot);
-}
-
-template <int R, int SPLIT, typename S, bool ROT, bool PEND>
-__device__ __forceinline__ void ternary_gemv_stream(
-    const uint4* __restrict__ codes, const S* __restrict__ scales, int rows, int nb, int mode,
-    const float* __restrict__ x, const float* __restrict__ gamma, float eps,
-    const uint4* __restrict__ q, const float2* __restrict__ meta, float* __restrict__ y,
-    int accumulate, int flags, FgRot rot) {
-#if __CUDA_ARCH__ >= 900 && STREAM_BULK
-    if (nb % 8 == 0 && ((size_t)scales & 15) == 0) {
-        ternary_gemv_stream_as<R, SPLIT, S, ROT, PEND, true>(codes, scales, rows, nb, mode, x,
-                                                             gamma, eps, q, meta, y, accumulate,
-                                                             flags, rot);
-        return;
-    }
-#endif
-    ternary_gemv_stream_as<R, SPLIT, S, ROT, PEND, false>(codes, scales, rows, nb, mode, x, gamma,
-                                                          eps, q, meta, y, accumulate, flags, rot);
 }
 
 // The `_rot_` kernels take FG_IN_NORM_ROT inputs only, the `_pend_` ones FG_IN_NORM_PEND
