@@ -395,3 +395,45 @@ fn a_request_arriving_during_a_loop_joins_and_a_leaving_listener_ends_its_loop()
     drop(looping);
     slots_come_back(&net);
 }
+
+/// A backend that loops on slots still gets only single-sequence caches for everything else:
+/// `forward_read` of a cache in a slot is refused (the single path would compute it over its
+/// own keys/values, not the slot's).
+#[test]
+fn only_the_device_loop_reaches_a_backend_with_a_slotted_cache() {
+    let (files, tok) = setup();
+    let net = Arc::new(LoopNet::new(
+        Model::load(&files, 2).unwrap(),
+        64,
+        true,
+        usize::MAX,
+    ));
+    let model = Model::from_external(Box::new(Shared(net.clone())));
+    let prompt = tok.encode("The capital of France is", false).unwrap();
+    let mut cache = model.new_cache(64);
+    let mut batch = [BatchSeq {
+        tokens: &prompt,
+        cache: &mut cache,
+        logits: Logits::Last,
+    }];
+    model.forward_batch(&mut batch).unwrap();
+    assert!(cache.device_slot().is_some());
+    let err = model
+        .forward_read(&[prompt[0]], &mut cache, Logits::Last, &mut |_| {})
+        .expect_err("a slotted cache through forward_read")
+        .to_string();
+    assert!(err.contains("batched device slot"), "{err}");
+    let loops = net.loops.load(Ordering::SeqCst);
+    let run = model
+        .decode_on_device(
+            prompt[0],
+            &mut cache,
+            3,
+            &DevicePick::Argmax,
+            &[],
+            &mut |_, _| true,
+        )
+        .unwrap();
+    assert_eq!(run.map(|r| r.fed), Some(3));
+    assert_eq!(net.loops.load(Ordering::SeqCst), loops + 1);
+}

@@ -338,7 +338,7 @@ impl Model {
         read: &mut dyn FnMut(&[f32]),
     ) -> Result<()> {
         match &self.net {
-            Net::External(n) if cache.device_slot().is_none() || n.loops_on_slots() => {
+            Net::External(n) if cache.device_slot().is_none() => {
                 n.forward_read(tokens, cache, which, read)
             }
             _ => {
