@@ -477,12 +477,7 @@ impl CudaModel {
     fn decode_row_single(&self, st: &mut State, row: &Row, k: usize) -> Result<RowLogits> {
         let batch = st.batch.as_ref().expect("created by forward_batch_gpu");
         // The kernels the single path takes at this position, so the row's logits are its.
-        let kind = if self.short_step(row.pos) {
-            StepKind::Short
-        } else {
-            StepKind::Chain
-        };
-        let key = (row.slot, kind);
+        let key = (row.slot, self.step_kind(row.pos));
         // The slot's cache addresses, only where a step is recorded or enqueued from them.
         let kv = (!self.use_graph || !batch.single.contains_key(&key)).then(|| {
             let t = batch.target(&st.gpu, row.slot, self.ctx);

@@ -48,7 +48,7 @@ pub(crate) struct Buffers {
     pub(crate) xq: CudaSlice<i8>,
     pub(crate) xm: CudaSlice<f32>,
     pub(crate) qkv: CudaSlice<f32>,
-    pub(crate) att: CudaSlice<f32>,
+    att: CudaSlice<f32>,
     gu: CudaSlice<f32>,
     pub(crate) h: CudaSlice<f32>,
     part_o: CudaSlice<f32>,

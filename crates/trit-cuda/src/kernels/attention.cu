@@ -183,8 +183,7 @@ __device__ __forceinline__ void write_head(const float* o, int h, int hd, float*
 // running maximum m, normalizer l and unnormalized output acc (E values per lane) of q (`qs`)
 // against the cache rows of its kv head (`kh`, `vh`), the current position's k and v taken
 // from shared memory. kk / vv hold the first round's cache reads, requested by the caller.
-// NW: the warps sharing the positions (a round is NW · DEC_U of them).
-template <int E, int NW = DEC_WARPS>
+template <int E>
 __device__ __forceinline__ void attend_rounds(const float* qs, const float* kcur,
                                               const float* vcur, const half_bits* kh,
                                               const half_bits* vh, int hd, int p0, int end,
@@ -192,7 +191,7 @@ __device__ __forceinline__ void attend_rounds(const float* qs, const float* kcur
                                               float (&kk)[DEC_U][E], float (&vv)[DEC_U][E],
                                               float& m, float& l, float (&acc)[E]) {
     constexpr bool PIPE = E <= 4;
-    constexpr int ROUND = NW * DEC_U;
+    constexpr int ROUND = DEC_WARPS * DEC_U;
     float qv[E];
 #pragma unroll
     for (int e = 0; e < E; e++) {
