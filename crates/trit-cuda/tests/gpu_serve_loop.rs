@@ -1,6 +1,6 @@
 //! The scheduler's lone sequence on the GPU's device loop over its batched slot
 //! (`trit::engine::scheduler` `device_loop.rs`, `greedy.rs`): the same tokens as the
-//! scheduler stepping the same model through batched calls, greedy and sampled, with the loop
+//! scheduler stepping a twin model (the loop switched off) through batched calls, greedy and sampled, with the loop
 //! really running on the slot; a request arriving while a loop runs ends it, joins the batch,
 //! and both replies equal their solo runs.
 //!
@@ -14,72 +14,19 @@ use std::time::Duration;
 use trit::engine::{
     FinishReason, GenerateOptions, Scheduler, SchedulerConfig, SeqEvent, SeqRequest,
 };
-use trit::format::config::ModelConfig;
-use trit::model::{BatchSeq, DeviceLoopRun, DevicePick, ExternalNet, KvCache, Logits, Model};
-use trit::sample::{RowLogits, SamplingParams};
+use trit::format::ModelFiles;
+use trit::model::Model;
+use trit::sample::SamplingParams;
 use trit::tokenizer::Tokenizer;
 use trit_cuda::greedy::slot_loops;
 use trit_cuda::{CudaModel, CudaOptions};
 
-/// The GPU model, shared by two schedulers' models; `looping`: also its device loop (else the
-/// trait's default, so the scheduler takes batched steps).
-struct Shared {
-    gpu: Arc<CudaModel>,
-    looping: bool,
-}
-
-impl ExternalNet for Shared {
-    fn config(&self) -> &ModelConfig {
-        self.gpu.config()
-    }
-    fn forward(&self, t: &[u32], c: &mut KvCache, w: Logits) -> trit::Result<Vec<f32>> {
-        self.gpu.forward(t, c, w)
-    }
-    fn weight_bytes(&self) -> usize {
-        self.gpu.weight_bytes()
-    }
-    fn bytes_per_token(&self) -> usize {
-        self.gpu.bytes_per_token()
-    }
-    fn max_sequences(&self) -> usize {
-        self.gpu.max_sequences()
-    }
-    fn forward_batch(&self, s: &mut [BatchSeq<'_>]) -> trit::Result<Vec<Vec<f32>>> {
-        self.gpu.forward_batch(s)
-    }
-    fn forward_batch_top(
-        &self,
-        s: &mut [BatchSeq<'_>],
-        k: usize,
-        want_top: &[bool],
-    ) -> trit::Result<Vec<RowLogits>> {
-        self.gpu.forward_batch_top(s, k, want_top)
-    }
-    fn decode_on_device(
-        &self,
-        first: u32,
-        cache: &mut KvCache,
-        max_steps: usize,
-        pick: &DevicePick,
-        stop: &[u32],
-        accept: &mut dyn FnMut(u32, bool) -> bool,
-    ) -> trit::Result<Option<DeviceLoopRun>> {
-        if !self.looping {
-            return Ok(None);
-        }
-        self.gpu
-            .decode_on_device(first, cache, max_steps, pick, stop, accept)
-    }
-    fn loops_on_slots(&self) -> bool {
-        self.looping && self.gpu.loops_on_slots()
-    }
-}
-
-fn scheduler(gpu: &Arc<CudaModel>, looping: bool, tok: &Arc<Tokenizer>, ctx: usize) -> Scheduler {
-    let net = Shared {
-        gpu: gpu.clone(),
-        looping,
-    };
+/// A scheduler over the GPU model; `looping`: with its device loop (else `greedy_loop` is off,
+/// so the scheduler takes batched steps — the reference).
+fn scheduler(files: &ModelFiles, looping: bool, tok: &Arc<Tokenizer>, ctx: usize) -> Scheduler {
+    let mut opts = CudaOptions::new(ctx);
+    opts.greedy_loop = looping;
+    let gpu = CudaModel::load(files, &opts).unwrap();
     let config = SchedulerConfig {
         n_ctx: ctx,
         parallel: 4,
@@ -87,7 +34,7 @@ fn scheduler(gpu: &Arc<CudaModel>, looping: bool, tok: &Arc<Tokenizer>, ctx: usi
         kv_cache_bytes: 64 << 20,
     };
     Scheduler::start(
-        Arc::new(Model::from_external(Box::new(net))),
+        Arc::new(Model::from_external(Box::new(gpu))),
         tok.clone(),
         config,
     )
@@ -144,10 +91,9 @@ fn options(max_tokens: usize, temperature: f32, seed: u64) -> GenerateOptions {
     }
 }
 
-fn setup(ctx: usize) -> (Arc<CudaModel>, Arc<Tokenizer>, Vec<Vec<u32>>) {
+fn setup() -> (ModelFiles, Arc<Tokenizer>, Vec<Vec<u32>>) {
     let files = trit::format::open(&default_model_path()).unwrap();
     let tok = Arc::new(Tokenizer::from_source(&files.tokenizer).unwrap());
-    let gpu = Arc::new(CudaModel::load(&files, &CudaOptions::new(ctx)).unwrap());
     let prompts = [
         "The capital of France is",
         "Once upon a time",
@@ -156,7 +102,7 @@ fn setup(ctx: usize) -> (Arc<CudaModel>, Arc<Tokenizer>, Vec<Vec<u32>>) {
     .iter()
     .map(|t| tok.encode(t, false).unwrap())
     .collect();
-    (gpu, tok, prompts)
+    (files, tok, prompts)
 }
 
 #[test]
@@ -166,9 +112,9 @@ fn a_lone_sequence_decodes_on_the_device_loop_with_the_batched_steps_tokens() {
         return;
     }
     let ctx = 160;
-    let (gpu, tok, prompts) = setup(ctx);
-    let stepped = scheduler(&gpu, false, &tok, ctx);
-    let looping = scheduler(&gpu, true, &tok, ctx);
+    let (files, tok, prompts) = setup();
+    let stepped = scheduler(&files, false, &tok, ctx);
+    let looping = scheduler(&files, true, &tok, ctx);
     // Greedy, sampled, and a reply longer than one loop (64 tokens) that meets the context.
     let cases = [
         (&prompts[0], options(40, 0.0, 0)),
@@ -200,13 +146,13 @@ fn a_request_arriving_during_a_loop_joins_the_batch() {
         return;
     }
     let ctx = 160;
-    let (gpu, tok, prompts) = setup(ctx);
+    let (files, tok, prompts) = setup();
     let (a, b) = (options(60, 0.0, 0), options(20, 0.7, 3));
-    let stepped = scheduler(&gpu, false, &tok, ctx);
+    let stepped = scheduler(&files, false, &tok, ctx);
     let want_a = reply(&submit(&stepped, &prompts[0], &a), |_| {});
     let want_b = reply(&submit(&stepped, &prompts[1], &b), |_| {});
     drop(stepped);
-    let looping = scheduler(&gpu, true, &tok, ctx);
+    let looping = scheduler(&files, true, &tok, ctx);
     let loops = slot_loops();
     let rx_a = submit(&looping, &prompts[0], &a);
     let mut rx_b = None;

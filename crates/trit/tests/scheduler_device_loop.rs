@@ -31,13 +31,18 @@ const AHEAD: usize = 3;
 
 struct LoopNet {
     inner: Model,
-    pool: Arc<SlotPool>,
     slots: Mutex<Vec<Option<KvCache>>>,
     ctx: usize,
     /// Whether it has a device loop (else the scheduler takes batched steps only).
     looping: bool,
     /// Most steps one loop may feed (below the caller's: the pending-token path).
     budget: usize,
+    /// What the test reads while the scheduler owns the net.
+    seen: Arc<Seen>,
+}
+
+struct Seen {
+    pool: SlotPool,
     loops: AtomicUsize,
     /// Steps computed past a refused token and dropped, over all loops.
     dropped: AtomicUsize,
@@ -49,14 +54,16 @@ impl LoopNet {
     fn new(inner: Model, ctx: usize, looping: bool, budget: usize) -> LoopNet {
         LoopNet {
             inner,
-            pool: Arc::new(SlotPool::new(2)),
             slots: Mutex::new(vec![None, None]),
             ctx,
             looping,
             budget,
-            loops: AtomicUsize::new(0),
-            dropped: AtomicUsize::new(0),
-            widest: AtomicUsize::new(0),
+            seen: Arc::new(Seen {
+                pool: SlotPool::new(2),
+                loops: AtomicUsize::new(0),
+                dropped: AtomicUsize::new(0),
+                widest: AtomicUsize::new(0),
+            }),
         }
     }
 
@@ -91,15 +98,15 @@ impl ExternalNet for LoopNet {
         self.inner.bytes_per_token()
     }
     fn max_sequences(&self) -> usize {
-        self.pool.capacity()
+        self.seen.pool.capacity()
     }
     fn forward_batch(&self, seqs: &mut [BatchSeq<'_>]) -> trit::Result<Vec<Vec<f32>>> {
-        self.widest.fetch_max(seqs.len(), Ordering::SeqCst);
+        self.seen.widest.fetch_max(seqs.len(), Ordering::SeqCst);
         let mut slots = self.slots.lock().unwrap();
         let mut rows = Vec::new();
         for s in seqs.iter_mut() {
             if s.cache.device_slot().is_none() {
-                let slot = self.pool.take().expect("at most max_sequences run");
+                let slot = self.seen.pool.take().expect("at most max_sequences run");
                 slots[slot.index()] = Some(self.inner.new_cache(self.ctx));
                 s.cache.set_device_slot(slot);
             }
@@ -125,7 +132,7 @@ impl ExternalNet for LoopNet {
         if !self.looping {
             return Ok(None);
         }
-        self.loops.fetch_add(1, Ordering::SeqCst);
+        self.seen.loops.fetch_add(1, Ordering::SeqCst);
         let mut slots = self.slots.lock().unwrap();
         let own = Self::slot_cache(&mut slots, cache);
         let max_steps = max_steps.min(self.budget);
@@ -139,58 +146,19 @@ impl ExternalNet for LoopNet {
             pick,
             accept,
         )?;
-        self.dropped.fetch_add(dropped, Ordering::SeqCst);
+        self.seen.dropped.fetch_add(dropped, Ordering::SeqCst);
         Ok(Some(run))
     }
 }
 
-/// A shared handle on a `LoopNet`, as the scheduler's model (the test keeps the other).
-struct Shared(Arc<LoopNet>);
-
-impl ExternalNet for Shared {
-    fn config(&self) -> &ModelConfig {
-        self.0.config()
-    }
-    fn forward(&self, t: &[u32], c: &mut KvCache, w: Logits) -> trit::Result<Vec<f32>> {
-        self.0.forward(t, c, w)
-    }
-    fn weight_bytes(&self) -> usize {
-        self.0.weight_bytes()
-    }
-    fn bytes_per_token(&self) -> usize {
-        self.0.bytes_per_token()
-    }
-    fn max_sequences(&self) -> usize {
-        self.0.max_sequences()
-    }
-    fn forward_batch(&self, s: &mut [BatchSeq<'_>]) -> trit::Result<Vec<Vec<f32>>> {
-        self.0.forward_batch(s)
-    }
-    fn loops_on_slots(&self) -> bool {
-        self.0.loops_on_slots()
-    }
-    fn decode_on_device(
-        &self,
-        first: u32,
-        cache: &mut KvCache,
-        max_steps: usize,
-        pick: &DevicePick,
-        stop: &[u32],
-        accept: &mut dyn FnMut(u32, bool) -> bool,
-    ) -> trit::Result<Option<DeviceLoopRun>> {
-        self.0
-            .decode_on_device(first, cache, max_steps, pick, stop, accept)
-    }
-}
-
-fn schedule(net: &Arc<LoopNet>, tok: &Arc<Tokenizer>) -> Scheduler {
-    let model = Arc::new(Model::from_external(Box::new(Shared(net.clone()))));
+fn schedule(net: LoopNet, tok: &Arc<Tokenizer>) -> Scheduler {
     let config = SchedulerConfig {
         n_ctx: net.ctx,
         parallel: 2,
         max_queue: 8,
         kv_cache_bytes: 64 << 20,
     };
+    let model = Arc::new(Model::from_external(Box::new(net)));
     Scheduler::start(model, tok.clone(), config).unwrap()
 }
 
@@ -243,7 +211,7 @@ fn setup() -> (trit::format::ModelFiles, Arc<Tokenizer>) {
 }
 
 /// Once a scheduler is gone (its thread ends soon after), every slot is back in the pool.
-fn slots_come_back(net: &LoopNet) {
+fn slots_come_back(net: &Seen) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while net.pool.free_count() != 2 && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
@@ -269,13 +237,8 @@ fn a_lone_sequence_on_the_device_loop_gets_what_batched_steps_give() {
     let (files, tok) = setup();
     let ctx = 96;
     let prompt = tok.encode("The old lighthouse keeper", false).unwrap();
-    let stepped = Arc::new(LoopNet::new(
-        Model::load(&files, 2).unwrap(),
-        ctx,
-        false,
-        usize::MAX,
-    ));
-    let reference = schedule(&stepped, &tok);
+    let stepped = LoopNet::new(Model::load(&files, 2).unwrap(), ctx, false, usize::MAX);
+    let reference = schedule(stepped, &tok);
     let plain = collect(&submit(&reference, &prompt, greedy(30)), |_| {});
     assert!(plain.tokens.len() == 30 && !plain.text.is_empty());
     // A stop string from the middle of the greedy reply, and an end-of-sequence id from it.
@@ -299,20 +262,16 @@ fn a_lone_sequence_on_the_device_loop_gets_what_batched_steps_give() {
         ("context end", sampled(500, 9)),
     ];
     for budget in [usize::MAX, 5] {
-        let net = Arc::new(LoopNet::new(
-            Model::load(&files, 2).unwrap(),
-            ctx,
-            true,
-            budget,
-        ));
-        let looping = schedule(&net, &tok);
+        let net = LoopNet::new(Model::load(&files, 2).unwrap(), ctx, true, budget);
+        let seen = net.seen.clone();
+        let looping = schedule(net, &tok);
         for (what, opts) in &cases {
             let want = collect(&submit(&reference, &prompt, opts.clone()), |_| {});
-            let loops = net.loops.load(Ordering::SeqCst);
+            let loops = seen.loops.load(Ordering::SeqCst);
             let got = collect(&submit(&looping, &prompt, opts.clone()), |_| {});
             assert_eq!(got, want, "{what}, loop budget {budget}");
             assert!(
-                net.loops.load(Ordering::SeqCst) > loops,
+                seen.loops.load(Ordering::SeqCst) > loops,
                 "{what}: no device loop ran"
             );
             match *what {
@@ -325,9 +284,9 @@ fn a_lone_sequence_on_the_device_loop_gets_what_batched_steps_give() {
             }
         }
         // Stops and the eos id refused tokens the device had already run past.
-        assert!(net.dropped.load(Ordering::SeqCst) > 0);
+        assert!(seen.dropped.load(Ordering::SeqCst) > 0);
         drop(looping);
-        slots_come_back(&net);
+        slots_come_back(&seen);
     }
 }
 
@@ -337,22 +296,13 @@ fn a_request_arriving_during_a_loop_joins_and_a_leaving_listener_ends_its_loop()
     let ctx = 160;
     let a = tok.encode("Once upon a time", false).unwrap();
     let b = tok.encode("The capital of France is", false).unwrap();
-    let stepped = Arc::new(LoopNet::new(
-        Model::load(&files, 2).unwrap(),
-        ctx,
-        false,
-        usize::MAX,
-    ));
-    let reference = schedule(&stepped, &tok);
+    let stepped = LoopNet::new(Model::load(&files, 2).unwrap(), ctx, false, usize::MAX);
+    let reference = schedule(stepped, &tok);
     let want_a = collect(&submit(&reference, &a, greedy(60)), |_| {});
     let want_b = collect(&submit(&reference, &b, sampled(20, 3)), |_| {});
-    let net = Arc::new(LoopNet::new(
-        Model::load(&files, 2).unwrap(),
-        ctx,
-        true,
-        usize::MAX,
-    ));
-    let looping = schedule(&net, &tok);
+    let net = LoopNet::new(Model::load(&files, 2).unwrap(), ctx, true, usize::MAX);
+    let seen = net.seen.clone();
+    let looping = schedule(net, &tok);
     let rx_a = submit(&looping, &a, greedy(60));
     let mut rx_b = None;
     // B arrives after A's fifth token: A's loop ends there, both take batched steps, and A
@@ -366,8 +316,8 @@ fn a_request_arriving_during_a_loop_joins_and_a_leaving_listener_ends_its_loop()
     assert_eq!(got_a, want_a);
     assert_eq!(got_b, want_b);
     // B joined A's steps (without the yield, A's loop would have run to its end first).
-    assert_eq!(net.widest.load(Ordering::SeqCst), 2);
-    assert!(net.loops.load(Ordering::SeqCst) >= 2);
+    assert_eq!(seen.widest.load(Ordering::SeqCst), 2);
+    assert!(seen.loops.load(Ordering::SeqCst) >= 2);
     // A listener gone after 3 tokens: the loop stops at once, the sequence ends cancelled.
     let (tx, rx) = mpsc::channel();
     let mut pieces = 0;
@@ -393,7 +343,7 @@ fn a_request_arriving_during_a_loop_joins_and_a_leaving_listener_ends_its_loop()
     );
     assert_eq!(looping.stats().cancelled_total, 1);
     drop(looping);
-    slots_come_back(&net);
+    slots_come_back(&seen);
 }
 
 /// A backend that loops on slots still gets only single-sequence caches for everything else:
@@ -402,13 +352,9 @@ fn a_request_arriving_during_a_loop_joins_and_a_leaving_listener_ends_its_loop()
 #[test]
 fn only_the_device_loop_reaches_a_backend_with_a_slotted_cache() {
     let (files, tok) = setup();
-    let net = Arc::new(LoopNet::new(
-        Model::load(&files, 2).unwrap(),
-        64,
-        true,
-        usize::MAX,
-    ));
-    let model = Model::from_external(Box::new(Shared(net.clone())));
+    let net = LoopNet::new(Model::load(&files, 2).unwrap(), 64, true, usize::MAX);
+    let seen = net.seen.clone();
+    let model = Model::from_external(Box::new(net));
     let prompt = tok.encode("The capital of France is", false).unwrap();
     let mut cache = model.new_cache(64);
     let mut batch = [BatchSeq {
@@ -423,7 +369,7 @@ fn only_the_device_loop_reaches_a_backend_with_a_slotted_cache() {
         .expect_err("a slotted cache through forward_read")
         .to_string();
     assert!(err.contains("batched device slot"), "{err}");
-    let loops = net.loops.load(Ordering::SeqCst);
+    let loops = seen.loops.load(Ordering::SeqCst);
     let run = model
         .decode_on_device(
             prompt[0],
@@ -435,5 +381,5 @@ fn only_the_device_loop_reaches_a_backend_with_a_slotted_cache() {
         )
         .unwrap();
     assert_eq!(run.map(|r| r.fed), Some(3));
-    assert_eq!(net.loops.load(Ordering::SeqCst), loops + 1);
+    assert_eq!(seen.loops.load(Ordering::SeqCst), loops + 1);
 }
