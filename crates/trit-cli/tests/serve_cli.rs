@@ -29,10 +29,11 @@ fn request(addr: &str, head: &str, body: &str) -> String {
     out
 }
 
-#[test]
-fn serves_on_loopback_and_reports_its_address() {
+/// Starts `trit serve --port 0 -t 1 ARGS` on the default model; its address from stderr.
+fn start(args: &[&str]) -> (Server, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_trit"))
-        .args(["serve", "--port", "0", "-t", "1", "--ctx", "128"])
+        .args(["serve", "--port", "0", "-t", "1"])
+        .args(args)
         .env_remove("TRIT_MODEL")
         .env_remove("TRIT_API_KEY")
         .stderr(Stdio::piped())
@@ -48,6 +49,12 @@ fn serves_on_loopback_and_reports_its_address() {
         .and_then(|s| s.split_whitespace().next())
         .unwrap_or_else(|| panic!("no address in {line:?}"))
         .to_string();
+    (server, addr)
+}
+
+#[test]
+fn serves_on_loopback_and_reports_its_address() {
+    let (server, addr) = start(&["--ctx", "128"]);
     assert!(addr.starts_with("127.0.0.1:"), "{addr}");
 
     let health = request(&addr, "GET /health", "");
@@ -111,4 +118,33 @@ fn serve_on_cuda_without_a_gpu_names_what_is_missing() {
         !err.contains("not available for serve") && !err.contains("panicked"),
         "{err}"
     );
+}
+
+/// `--context-shift [--keep N]`: a reply longer than the context is served; `--keep` alone or
+/// below −1 is refused by the command line.
+#[test]
+fn context_shift_lets_a_reply_run_past_the_context() {
+    let (server, addr) = start(&["--ctx", "48", "--context-shift", "--keep", "2"]);
+    let reply = request(
+        &addr,
+        "POST /v1/completions",
+        r#"{"prompt": "Hello", "max_tokens": 100, "temperature": 0, "ignore_eos": true}"#,
+    );
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.contains(r#""completion_tokens":100"#), "{reply}");
+    drop(server);
+    for (args, says) in [
+        (vec!["serve", "--keep", "3"], "--context-shift"),
+        (vec!["serve", "--context-shift", "--keep", "-2"], "-2"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_trit"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{args:?}: {err}"
+        );
+    }
 }

@@ -278,6 +278,7 @@ fn serve(
         parallel: prompts.len(),
         max_queue: 8,
         kv_cache_bytes: 64 << 20,
+        context_shift: None,
     };
     let sched = Scheduler::start(model, tok.clone(), config).unwrap();
     let rxs: Vec<_> = prompts

@@ -54,6 +54,7 @@ impl AppState {
                 parallel: config.parallel,
                 max_queue: config.max_queue,
                 kv_cache_bytes: config.kv_cache_bytes,
+                context_shift: config.context_shift,
             },
         )?;
         Ok(Arc::new(AppState {

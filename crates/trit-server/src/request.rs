@@ -139,20 +139,22 @@ impl Common {
             (None, Some(-1)) => None,
             (m, n) => m.or(n),
         };
+        let shifts = state.config.context_shift.is_some();
         let max_tokens = match requested {
             // Unset: generate until the end of the sequence or of the context.
+            None if shifts => usize::MAX,
             None => n_ctx - prompt.len(),
             Some(m) if m < 1 => {
                 return Err(ApiError::invalid(format!(
                     "max_tokens must be at least 1, got {m}"
                 )))
             }
-            Some(m) if m as u64 > n_ctx as u64 => {
+            Some(m) if m as u64 > n_ctx as u64 && !shifts => {
                 return Err(ApiError::invalid(format!(
                     "max_tokens ({m}) is larger than the context size ({n_ctx} tokens)"
                 )))
             }
-            Some(m) => m as usize,
+            Some(m) => usize::try_from(m).unwrap_or(usize::MAX),
         };
         let mut sampling = self.sampling(&state.config.defaults, state.tokenizer.vocab_size())?;
         if self.ignore_eos == Some(true) {

@@ -34,6 +34,10 @@ pub struct ServerConfig {
     pub max_queue: usize,
     /// Memory for all keys/values (running sequences and cached prefixes), in KV blocks.
     pub kv_cache_bytes: usize,
+    /// llama.cpp's `--context-shift` (`keep`: tokens of each prompt kept, at most the prompt):
+    /// a reply that fills the context goes on from a kept window; `max_tokens` may then exceed
+    /// the context, and unset means until the end of the sequence.
+    pub context_shift: Option<trit::engine::ContextShift>,
 }
 
 pub struct AppState {

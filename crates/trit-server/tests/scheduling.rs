@@ -1,7 +1,7 @@
 //! Scheduling through HTTP: a client that disconnects mid-stream, or while its long prompt is
 //! read for a plain reply, cancels its sequence (freeing its place and KV blocks), a full queue
-//! answers 503 with Retry-After, and a multi-turn chat re-sent as full history only evaluates
-//! the new turn.
+//! answers 503 with Retry-After, a multi-turn chat re-sent as full history only evaluates
+//! the new turn, and `--context-shift` lets a reply run past the context.
 
 mod common;
 
@@ -269,4 +269,31 @@ fn graceful_shutdown_lets_a_stream_in_flight_finish() {
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
     assert!(text.contains("\"finish_reason\":\"length\""));
     server.join();
+}
+
+#[test]
+fn with_context_shift_a_reply_runs_past_the_context() {
+    let ids: Vec<u32> = (0..20).map(|i| 2000 + 7 * i).collect();
+    let body = json!({"prompt": ids, "max_tokens": 150, "temperature": 0, "ignore_eos": true});
+    // Without it, a max_tokens beyond the context is refused up front.
+    let plain = common::start(Options {
+        n_ctx: 64,
+        parallel: 1,
+        ..Options::default()
+    });
+    let r = post(plain.addr, "/v1/completions", &body);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("larger than the context"), "{}", r.text());
+    drop(plain);
+    let shifting = common::start(Options {
+        n_ctx: 64,
+        parallel: 1,
+        context_shift: Some(4),
+        ..Options::default()
+    });
+    let r = post(shifting.addr, "/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["usage"]["completion_tokens"], 150, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
 }

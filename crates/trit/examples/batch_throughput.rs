@@ -185,6 +185,7 @@ fn scheduler(
             parallel: streams,
             max_queue: 0,
             kv_cache_bytes: 8 << 30, // a cap; blocks are allocated as used
+            context_shift: None,
         },
     )
     .expect("starting the scheduler");

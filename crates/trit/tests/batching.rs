@@ -148,6 +148,7 @@ fn scheduler_decodes_together_like_alone_and_reuses_prefixes() {
             parallel: 2,
             max_queue: 4,
             kv_cache_bytes: 64 << 20,
+            context_shift: None,
         },
     )
     .unwrap();
@@ -208,6 +209,7 @@ fn scheduler_with_budget(model: &Arc<Model>, tok: &Arc<Tokenizer>, bytes: usize)
             parallel: 2,
             max_queue: 4,
             kv_cache_bytes: bytes,
+            context_shift: None,
         },
     )
     .unwrap()
@@ -366,6 +368,7 @@ fn a_listener_leaving_during_the_prompt_cancels_within_a_step() {
             parallel: 2,
             max_queue: 4,
             kv_cache_bytes: 128 << 20,
+            context_shift: None,
         },
     )
     .unwrap();
@@ -445,6 +448,7 @@ fn scheduler_runs_hybrid_models_like_alone() {
             parallel: 2,
             max_queue: 4,
             kv_cache_bytes: 16 << 20,
+            context_shift: None,
         },
     )
     .unwrap();

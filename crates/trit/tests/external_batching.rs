@@ -281,6 +281,7 @@ fn schedule(
         parallel,
         max_queue,
         kv_cache_bytes: 64 << 20,
+        context_shift: None,
     };
     Scheduler::start(model, tok.clone(), config).unwrap()
 }
@@ -303,6 +304,7 @@ fn device_backend_runs_at_most_its_slots_reuses_finished_slots_and_returns_every
             parallel: 4,
             max_queue: 8,
             kv_cache_bytes: 64 << 20,
+            context_shift: None,
         },
     )
     .unwrap();

@@ -34,6 +34,7 @@ fn scheduler(model: &Arc<Model>, tok: &Arc<Tokenizer>, kv_bytes: usize) -> Sched
         parallel: 2,
         max_queue: 4,
         kv_cache_bytes: kv_bytes,
+        context_shift: None,
     };
     Scheduler::start_with_turn_start(model.clone(), tok.clone(), config, Some(TURN)).unwrap()
 }

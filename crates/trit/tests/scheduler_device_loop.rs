@@ -18,7 +18,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 use trit::engine::{
-    FinishReason, GenerateOptions, Scheduler, SchedulerConfig, SeqEvent, SeqRequest, SeqSummary,
+    ContextShift, FinishReason, GenerateOptions, Scheduler, SchedulerConfig, SeqEvent, SeqRequest,
+    SeqSummary,
 };
 use trit::format::config::ModelConfig;
 use trit::model::device_slot::SlotPool;
@@ -152,11 +153,20 @@ impl ExternalNet for LoopNet {
 }
 
 fn schedule(net: LoopNet, tok: &Arc<Tokenizer>) -> Scheduler {
+    schedule_shifting(net, tok, None)
+}
+
+fn schedule_shifting(
+    net: LoopNet,
+    tok: &Arc<Tokenizer>,
+    context_shift: Option<ContextShift>,
+) -> Scheduler {
     let config = SchedulerConfig {
         n_ctx: net.ctx,
         parallel: 2,
         max_queue: 8,
         kv_cache_bytes: 64 << 20,
+        context_shift,
     };
     let model = Arc::new(Model::from_external(Box::new(net)));
     Scheduler::start(model, tok.clone(), config).unwrap()
@@ -288,6 +298,35 @@ fn a_lone_sequence_on_the_device_loop_gets_what_batched_steps_give() {
         drop(looping);
         slots_come_back(&seen);
     }
+}
+
+#[test]
+fn a_shifting_sequence_runs_on_the_device_loop_between_its_shifts() {
+    // The loop stops at the context's end with its token pending; the batched step shifts
+    // (the slot's cache is cut back to the kept start) and reads the kept window, then the
+    // next loop goes on: the same tokens as batched steps throughout.
+    let (files, tok) = setup();
+    let (ctx, shift) = (48, Some(ContextShift { keep: 2 }));
+    let prompt = tok.encode("The old lighthouse keeper", false).unwrap();
+    let stepped = LoopNet::new(Model::load(&files, 2).unwrap(), ctx, false, usize::MAX);
+    let reference = schedule_shifting(stepped, &tok, shift);
+    let net = LoopNet::new(Model::load(&files, 2).unwrap(), ctx, true, usize::MAX);
+    let seen = net.seen.clone();
+    let looping = schedule_shifting(net, &tok, shift);
+    for (what, opts) in [("greedy", greedy(150)), ("sampled", sampled(150, 3))] {
+        let want = collect(&submit(&reference, &prompt, opts.clone()), |_| {});
+        assert_eq!(want.tokens.len(), 150, "{what}: past the context");
+        let loops = seen.loops.load(Ordering::SeqCst);
+        let got = collect(&submit(&looping, &prompt, opts), |_| {});
+        assert_eq!(got, want, "{what}");
+        // At least one loop per context's worth of tokens.
+        assert!(
+            seen.loops.load(Ordering::SeqCst) >= loops + 150 / ctx,
+            "{what}"
+        );
+    }
+    drop(looping);
+    slots_come_back(&seen);
 }
 
 #[test]

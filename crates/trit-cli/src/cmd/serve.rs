@@ -39,6 +39,16 @@ pub struct ServeArgs {
     /// used. Default: room for --parallel sequences at the full context, plus 512 MiB.
     #[arg(long)]
     pub kv_cache_mib: Option<usize>,
+    /// When a reply fills the context, keep the first --keep tokens of its prompt and the
+    /// newer half of the rest, read them again and go on (llama.cpp's --context-shift).
+    /// max_tokens may then exceed the context; unset, a reply runs until its end of sequence.
+    #[arg(long)]
+    pub context_shift: bool,
+    /// Tokens from the start of each prompt that a context shift keeps (at most the prompt);
+    /// -1: the whole prompt. llama.cpp's --keep.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, requires = "context_shift",
+          value_parser = clap::value_parser!(i64).range(-1..))]
+    pub keep: i64,
 }
 
 /// Memory kept for cached prefixes beyond the running sequences' worst case, by default.
@@ -111,6 +121,9 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         parallel: a.parallel,
         max_queue: a.max_queue,
         kv_cache_bytes,
+        context_shift: a.context_shift.then(|| trit::engine::ContextShift {
+            keep: usize::try_from(a.keep).unwrap_or(usize::MAX),
+        }),
     };
     let state = AppState::new(
         config,

@@ -71,6 +71,8 @@ pub struct Options {
     pub model: Option<PathBuf>,
     /// A chat template instead of the model's.
     pub chat_template: Option<String>,
+    /// `--context-shift --keep N`.
+    pub context_shift: Option<usize>,
 }
 
 impl Default for Options {
@@ -83,6 +85,7 @@ impl Default for Options {
             kv_cache_bytes: 64 << 20,
             model: None,
             chat_template: None,
+            context_shift: None,
         }
     }
 }
@@ -117,6 +120,9 @@ pub fn start(opts: Options) -> TestServer {
         parallel: opts.parallel,
         max_queue: opts.max_queue,
         kv_cache_bytes: opts.kv_cache_bytes,
+        context_shift: opts
+            .context_shift
+            .map(|keep| trit::engine::ContextShift { keep }),
     };
     let state = AppState::new(config, model, tokenizer, template).unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

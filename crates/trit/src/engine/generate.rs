@@ -144,10 +144,15 @@ impl ContextShift {
         kept
     }
 
-    /// Refuses a shift that could free no room in a context of `n_ctx` (at least one token
-    /// must go, and the kept ones plus the next must fit).
+    /// Whether a shift frees room in a context of `n_ctx` (at least one token must go, and the
+    /// kept ones plus the next must fit).
+    pub fn frees_room(&self, n_ctx: usize) -> bool {
+        self.keep + 2 <= n_ctx
+    }
+
+    /// Refuses a shift that could free no room in a context of `n_ctx`.
     fn check(&self, n_ctx: usize) -> Result<()> {
-        if self.keep + 2 > n_ctx {
+        if !self.frees_room(n_ctx) {
             return Err(Error::InvalidArgument(format!(
                 "context shift: keeping {} tokens leaves no room in a context of {n_ctx}",
                 self.keep

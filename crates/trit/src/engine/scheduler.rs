@@ -44,10 +44,11 @@
 //! previous reply and the new turn are computed. The end state serves continuations that
 //! repeat the reply's tokens exactly (completions, templates that keep past reasoning).
 
+mod context_shift;
 mod device_loop;
 
 use super::block_pool::{common_prefix, BlockPool, BlockStats};
-use super::generate::{FinishReason, GenerateOptions};
+use super::generate::{ContextShift, FinishReason, GenerateOptions};
 use super::parked_slots::{ParkedSlots, MIN_REUSE};
 use super::sequence::{Decoding, TokenLogprob};
 use crate::model::kv_cache::{BlockSource, BLOCK_TOKENS};
@@ -90,6 +91,10 @@ pub struct SchedulerConfig {
     pub max_queue: usize,
     /// Memory for all keys/values: running sequences and cached prefixes (at least one block).
     pub kv_cache_bytes: usize,
+    /// llama.cpp's `--context-shift`: a sequence that fills the context keeps its first `keep`
+    /// tokens (at most its prompt) and the newer half of the rest, reads them again and goes
+    /// on, instead of ending (`scheduler/context_shift.rs`). None: it ends there.
+    pub context_shift: Option<ContextShift>,
 }
 
 /// One generation request. Validation (context size, parameter ranges) is the caller's job;
@@ -228,6 +233,7 @@ impl Scheduler {
             stats: stats.clone(),
             n_ctx: config.n_ctx,
             turn_start,
+            context_shift: config.context_shift,
         };
         std::thread::Builder::new()
             .name("trit-scheduler".into())
@@ -283,6 +289,22 @@ struct Running {
     /// copy once the prompt has been read that far.
     checkpoint_at: usize,
     checkpoint: Option<RecurrentState>,
+    /// Where the context fills: shift with this (keep capped at the prompt), or end.
+    shift: Option<ContextShift>,
+    /// After a shift: the kept tokens not in the cache, then the pending token, read like a
+    /// prompt; the last one's logits give the next token.
+    refeed: Vec<u32>,
+}
+
+impl Running {
+    /// Where the sampler sees the sequence's end: the context's, or none when it shifts.
+    fn limit(&self, n_ctx: usize) -> usize {
+        if self.shift.is_some() {
+            usize::MAX
+        } else {
+            n_ctx
+        }
+    }
 }
 
 struct Worker {
@@ -305,6 +327,7 @@ struct Worker {
     stats: Arc<Mutex<SchedulerStats>>,
     n_ctx: usize,
     turn_start: Option<u32>,
+    context_shift: Option<ContextShift>,
 }
 
 impl Worker {
@@ -430,6 +453,7 @@ impl Worker {
             }) {
                 continue; // the listener left while the request was queued
             }
+            let shift = self.shift_for(&req.prompt, &cache);
             self.reserved_blocks += quota;
             self.publish(|st| {
                 st.prompt_tokens_cached_total += common as u64;
@@ -448,6 +472,8 @@ impl Worker {
                 prompt_secs: 0.0,
                 checkpoint_at,
                 checkpoint,
+                shift,
+                refeed: Vec::new(),
             });
         }
     }
@@ -476,6 +502,7 @@ impl Worker {
 
     /// One batched forward over every running sequence, then sampling and events.
     fn step(&mut self) {
+        self.shift_full_sequences();
         if self.step_on_device() {
             return;
         }
@@ -492,6 +519,11 @@ impl Worker {
                 }
                 budget -= take;
                 r.req.prompt[r.prompt_done..r.prompt_done + take].to_vec()
+            } else if !r.refeed.is_empty() {
+                // At least one token a step, so a shifted sequence never stalls.
+                let take = r.refeed.len().min(budget.max(1));
+                budget = budget.saturating_sub(take);
+                r.refeed[..take].to_vec()
             } else {
                 r.next.into_iter().collect()
             };
@@ -575,10 +607,17 @@ impl Worker {
                     continue;
                 }
                 r.prompt_secs = r.started.elapsed().as_secs_f64();
+            } else if !r.refeed.is_empty() {
+                r.refeed.drain(..feed.len());
+                if !r.refeed.is_empty() {
+                    continue; // more of the kept window to read
+                }
+                // Read: the row holds the pending token's logits.
             }
+            let limit = r.limit(self.n_ctx);
             let mut step = r
                 .decoding
-                .step_row(row, &self.tokenizer, r.tokens.len(), self.n_ctx);
+                .step_row(row, &self.tokenizer, r.tokens.len(), limit);
             predicted += step.token.is_some() as u64;
             let listening = (r.req.sink)(SeqEvent::Piece {
                 token: step.token,

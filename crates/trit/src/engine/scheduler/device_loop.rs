@@ -47,7 +47,7 @@ impl Worker {
         let eos = r.decoding.eos().to_vec();
         // Requests in the channel, not yet in the queue, are the ones that can still join.
         let (waiting, queued) = (&self.waiting, self.queue.len());
-        let (tokenizer, n_ctx) = (&self.tokenizer, self.n_ctx);
+        let (tokenizer, limit) = (&self.tokenizer, r.limit(self.n_ctx));
         let mut offered: Vec<u32> = Vec::new();
         let mut tally = LoopTally::default();
         let mut finish = None;
@@ -65,7 +65,7 @@ impl Worker {
                     offered.push(t);
                     // The cache then holds `first` and the tokens offered before `t`.
                     let mut step =
-                        decoding.step_token(t, drew, tokenizer, base + offered.len(), n_ctx);
+                        decoding.step_token(t, drew, tokenizer, base + offered.len(), limit);
                     tally.predicted += step.token.is_some() as u64;
                     let listening = (req.sink)(SeqEvent::Piece {
                         token: step.token,
