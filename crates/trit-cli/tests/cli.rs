@@ -387,16 +387,7 @@ fn the_prompt_comes_from_an_argument_a_file_or_standard_input() {
         ),
         (vec!["run", "-"], "empty"),
     ] {
-        let out = trit()
-            .args(&args)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            !out.status.success() && err.contains(says),
-            "{args:?}: {err}"
-        );
+        common::assert_refused(&args, says);
     }
 }
 
@@ -463,11 +454,6 @@ fn minus_one_runs_to_the_context_end_and_a_context_shift_goes_past_it() {
         (vec!["run", "--context-shift", "--keep", "-2", "x"], "-2"),
         (vec!["run", "-l", "4000000+1", "x"], "not a token id"),
     ] {
-        let out = trit().args(&args).output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            !out.status.success() && err.contains(says),
-            "{args:?}: {err}"
-        );
+        common::assert_refused(&args, says);
     }
 }

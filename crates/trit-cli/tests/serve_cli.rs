@@ -1,6 +1,8 @@
 //! `trit serve` as a child process: it binds loopback on the port asked for (0 = any free one,
 //! reported on stderr), answers requests, and a port that is taken is a clear error.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
@@ -133,18 +135,6 @@ fn context_shift_lets_a_reply_run_past_the_context() {
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
     assert!(reply.contains(r#""completion_tokens":100"#), "{reply}");
     drop(server);
-    for (args, says) in [
-        (vec!["serve", "--keep", "3"], "--context-shift"),
-        (vec!["serve", "--context-shift", "--keep", "-2"], "-2"),
-    ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_trit"))
-            .args(&args)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            !out.status.success() && err.contains(says),
-            "{args:?}: {err}"
-        );
-    }
+    common::assert_refused(&["serve", "--keep", "3"], "--context-shift");
+    common::assert_refused(&["serve", "--context-shift", "--keep", "-2"], "-2");
 }

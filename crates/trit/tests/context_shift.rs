@@ -6,14 +6,12 @@
 //! same way (`SchedulerConfig::context_shift`), with several sequences in one batch.
 
 mod common;
+use common::collect;
 use common::greedy;
 
-use std::sync::mpsc::Receiver;
 use std::sync::Arc;
-use std::time::Duration;
 use trit::engine::{
-    generate, generate_shifting, ContextShift, FinishReason, Scheduler, SchedulerConfig, SeqEvent,
-    SeqSummary, Session,
+    generate, generate_shifting, ContextShift, FinishReason, Scheduler, SchedulerConfig, Session,
 };
 use trit::kernels::{best_level, set_level, KernelLevel};
 use trit::model::{Logits, Model};
@@ -165,19 +163,6 @@ fn shifting_scheduler(model: &Arc<Model>, tok: &Tokenizer, n_ctx: usize, keep: u
         context_shift: Some(ContextShift { keep }),
     };
     Scheduler::start(model.clone(), Arc::new(tok.clone()), config).unwrap()
-}
-
-/// A sequence's tokens and summary (bounded wait).
-fn collect(rx: &Receiver<SeqEvent>) -> (Vec<u32>, SeqSummary) {
-    let mut tokens = Vec::new();
-    loop {
-        match rx.recv_timeout(Duration::from_secs(120)).unwrap() {
-            SeqEvent::Piece { token, .. } => tokens.extend(token),
-            SeqEvent::Done(s) => return (tokens, s),
-            SeqEvent::Prompt { .. } => {}
-            SeqEvent::Error(e) => panic!("unexpected error {e}"),
-        }
-    }
 }
 
 #[test]

@@ -9,6 +9,7 @@
 //! default model, so its logits are the CPU engine's (tested against mlx-lm and llama.cpp).
 
 mod common;
+use common::collect;
 use common::{greedy, submit};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -236,18 +237,6 @@ fn default_model() -> (trit::format::ModelFiles, Arc<Tokenizer>) {
     let files = trit::format::open(&path).unwrap();
     let tok = Tokenizer::from_source(&files.tokenizer).unwrap();
     (files, Arc::new(tok))
-}
-
-fn collect(rx: &mpsc::Receiver<SeqEvent>) -> (Vec<u32>, SeqSummary) {
-    let mut tokens = Vec::new();
-    loop {
-        match rx.recv_timeout(Duration::from_secs(120)).unwrap() {
-            SeqEvent::Piece { token, .. } => tokens.extend(token),
-            SeqEvent::Done(s) => return (tokens, s),
-            SeqEvent::Prompt { .. } => {}
-            SeqEvent::Error(e) => panic!("unexpected error {e}"),
-        }
-    }
 }
 
 /// A device model stores keys and values in f16: asking it for another type is an error, not

@@ -10,10 +10,7 @@ use common::greedy;
 
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Duration;
-use trit::engine::{
-    generate, Scheduler, SchedulerConfig, SeqEvent, SeqRequest, SeqSummary, Session,
-};
+use trit::engine::{generate, Scheduler, SchedulerConfig, SeqRequest, SeqSummary, Session};
 use trit::kernels::{set_level, KernelLevel};
 use trit::model::Model;
 use trit::tokenizer::Tokenizer;
@@ -49,15 +46,7 @@ fn run(s: &Scheduler, prompt: &[u32], max_tokens: usize) -> (Vec<u32>, SeqSummar
         sink: Box::new(move |e| tx.send(e).is_ok()),
     })
     .unwrap();
-    let mut tokens = Vec::new();
-    loop {
-        match rx.recv_timeout(Duration::from_secs(120)).unwrap() {
-            SeqEvent::Piece { token, .. } => tokens.extend(token),
-            SeqEvent::Done(sum) => return (tokens, sum),
-            SeqEvent::Prompt { .. } => {}
-            SeqEvent::Error(e) => panic!("unexpected error {e}"),
-        }
-    }
+    common::collect(&rx)
 }
 
 fn alone(model: &Arc<Model>, tok: &Tokenizer, prompt: &[u32], n: usize) -> Vec<u32> {

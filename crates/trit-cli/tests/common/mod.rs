@@ -27,6 +27,20 @@ pub fn trit() -> Command {
     c
 }
 
+/// Runs `trit ARGS` (stdin empty) and asserts that it fails with `says` in its stderr.
+pub fn assert_refused(args: &[&str], says: &str) {
+    let out = trit()
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains(says),
+        "{args:?}: {err}"
+    );
+}
+
 /// The repository's `.cache` (fixtures, reference venv), `TRIT_CACHE` when set.
 pub fn cache_dir() -> PathBuf {
     match std::env::var_os("TRIT_CACHE") {

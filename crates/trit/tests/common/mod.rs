@@ -165,6 +165,25 @@ pub fn greedy(max_tokens: usize) -> trit::engine::GenerateOptions {
     }
 }
 
+/// A sequence's tokens and summary from its events (bounded wait; an error event panics).
+pub fn collect(
+    rx: &std::sync::mpsc::Receiver<trit::engine::SeqEvent>,
+) -> (Vec<u32>, trit::engine::SeqSummary) {
+    use trit::engine::SeqEvent;
+    let mut tokens = Vec::new();
+    loop {
+        match rx
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .unwrap()
+        {
+            SeqEvent::Piece { token, .. } => tokens.extend(token),
+            SeqEvent::Done(s) => return (tokens, s),
+            SeqEvent::Prompt { .. } => {}
+            SeqEvent::Error(e) => panic!("unexpected error {e}"),
+        }
+    }
+}
+
 /// Submits a request to `s` whose events arrive on the returned channel.
 pub fn submit(
     s: &trit::engine::Scheduler,
