@@ -20,6 +20,9 @@ try {
   if (process.env.UI_API_KEY) {
     await page.addInitScript((k) => localStorage.setItem("trit.api_key", k), process.env.UI_API_KEY);
   }
+  // Replies of at most 64 tokens (Settings' max tokens): a sampled reply that ran to the
+  // context's end left the second turn no room (an error instead of a reply).
+  await page.addInitScript(() => localStorage.setItem("trit.max_tokens", "64"));
   page.on("pageerror", (e) => errors.push(String(e)));
   const turn = async (n) => {
     // A turn is done when its stats line is filled in.

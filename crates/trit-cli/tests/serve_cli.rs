@@ -8,7 +8,11 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-struct Server(Child);
+/// The child, and its stderr kept open (a closed pipe would fail the server's later log lines).
+struct Server(
+    Child,
+    #[allow(dead_code)] BufReader<std::process::ChildStderr>,
+);
 
 impl Drop for Server {
     fn drop(&mut self) {
@@ -41,10 +45,10 @@ fn start(args: &[&str]) -> (Server, String) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let server = Server(child);
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
-    BufReader::new(stderr).read_line(&mut line).unwrap();
+    stderr.read_line(&mut line).unwrap();
+    let server = Server(child, stderr);
     let addr = line
         .split("http://")
         .nth(1)
@@ -136,5 +140,48 @@ fn context_shift_lets_a_reply_run_past_the_context() {
     assert!(reply.contains(r#""completion_tokens":100"#), "{reply}");
     drop(server);
     common::assert_refused(&["serve", "--keep", "3"], "--context-shift");
+    common::assert_refused(
+        &["serve", "--model-draft", "/nonexistent/draft.gguf"],
+        "loading the draft model",
+    );
     common::assert_refused(&["serve", "--context-shift", "--keep", "-2"], "-2");
+}
+
+/// `--model-draft`: the default model drafting for itself serves the reply it serves alone.
+#[test]
+fn a_draft_model_serves_the_same_reply() {
+    let body = r#"{"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0}"#;
+    let text = |reply: &str| {
+        let at = reply.find(r#""text":"#).expect("a text field");
+        reply[at..]
+            .split('"')
+            .nth(3)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (plain, addr) = start(&["--ctx", "128"]);
+    let want = request(&addr, "POST /v1/completions", body);
+    drop(plain);
+    let draft = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/default/smollm2-135m-ternary-q2_0.gguf");
+    let draft = draft.to_str().unwrap();
+    let (drafting, addr) = start(&[
+        "--ctx",
+        "128",
+        "--model-draft",
+        draft,
+        "--draft-max",
+        "4",
+        "--draft-p-min",
+        "0",
+    ]);
+    let got = request(&addr, "POST /v1/completions", body);
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    assert_eq!(text(&got), text(&want), "{got}\n{want}");
+    let metrics = request(&addr, "GET /metrics", "");
+    assert!(
+        metrics.contains("trit:draft_tokens_accepted_total"),
+        "{metrics}"
+    );
+    drop(drafting);
 }

@@ -279,6 +279,7 @@ fn serve(
         max_queue: 8,
         kv_cache_bytes: 64 << 20,
         context_shift: None,
+        draft: None,
     };
     let sched = Scheduler::start(model, tok.clone(), config).unwrap();
     let rxs: Vec<_> = prompts

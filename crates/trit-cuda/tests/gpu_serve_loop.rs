@@ -33,6 +33,7 @@ fn scheduler(files: &ModelFiles, looping: bool, tok: &Arc<Tokenizer>, ctx: usize
         max_queue: 8,
         kv_cache_bytes: 64 << 20,
         context_shift: None,
+        draft: None,
     };
     Scheduler::start(
         Arc::new(Model::from_external(Box::new(gpu))),

@@ -55,6 +55,7 @@ impl AppState {
                 max_queue: config.max_queue,
                 kv_cache_bytes: config.kv_cache_bytes,
                 context_shift: config.context_shift,
+                draft: config.draft.clone(),
             },
         )?;
         Ok(Arc::new(AppState {

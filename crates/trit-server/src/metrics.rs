@@ -178,6 +178,18 @@ impl Metrics {
             "Sequences ended because the client went away.",
             s.cancelled_total as f64,
         );
+        metric(
+            "draft_tokens_total",
+            "counter",
+            "Tokens the draft model proposed (speculative decoding).",
+            s.draft_tokens_total as f64,
+        );
+        metric(
+            "draft_tokens_accepted_total",
+            "counter",
+            "Proposed tokens the sampler accepted.",
+            s.draft_tokens_accepted_total as f64,
+        );
 
         let name = "trit:time_to_first_token_seconds";
         let _ = writeln!(

@@ -38,6 +38,8 @@ pub struct ServerConfig {
     /// a reply that fills the context goes on from a kept window; `max_tokens` may then exceed
     /// the context, and unset means until the end of the sequence.
     pub context_shift: Option<trit::engine::ContextShift>,
+    /// Speculative decoding while one request runs alone (llama.cpp's `--model-draft`).
+    pub draft: Option<trit::engine::Draft>,
 }
 
 pub struct AppState {

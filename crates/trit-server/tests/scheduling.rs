@@ -1,7 +1,8 @@
 //! Scheduling through HTTP: a client that disconnects mid-stream, or while its long prompt is
 //! read for a plain reply, cancels its sequence (freeing its place and KV blocks), a full queue
 //! answers 503 with Retry-After, a multi-turn chat re-sent as full history only evaluates
-//! the new turn, and `--context-shift` lets a reply run past the context.
+//! the new turn, `--context-shift` lets a reply run past the context, and `--model-draft`
+//! drafts for a lone request without changing its reply.
 
 mod common;
 
@@ -296,4 +297,34 @@ fn with_context_shift_a_reply_runs_past_the_context() {
     let v = r.json();
     assert_eq!(v["usage"]["completion_tokens"], 150, "{v}");
     assert_eq!(v["choices"][0]["finish_reason"], "length");
+}
+
+#[test]
+fn a_drafting_server_replies_as_a_plain_one() {
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0});
+    let plain = common::start(Options {
+        parallel: 1,
+        ..Options::default()
+    });
+    let want = post(plain.addr, "/v1/completions", &body).json();
+    drop(plain);
+    let drafting = common::start(Options {
+        parallel: 1,
+        self_draft: true,
+        ..Options::default()
+    });
+    let got = post(drafting.addr, "/v1/completions", &body).json();
+    assert_eq!(
+        got["choices"][0]["text"], want["choices"][0]["text"],
+        "{got}"
+    );
+    assert_eq!(got["usage"]["completion_tokens"], 24);
+    // The model drafting for itself agrees with its greedy proposals (up to near ties between
+    // its one-token and its scoring passes).
+    let drafted = metric(drafting.addr, "draft_tokens_total");
+    let accepted = metric(drafting.addr, "draft_tokens_accepted_total");
+    assert!(
+        drafted >= 10.0 && accepted >= 0.8 * drafted,
+        "{drafted} {accepted}"
+    );
 }

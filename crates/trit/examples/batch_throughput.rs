@@ -186,6 +186,7 @@ fn scheduler(
             max_queue: 0,
             kv_cache_bytes: 8 << 30, // a cap; blocks are allocated as used
             context_shift: None,
+            draft: None,
         },
     )
     .expect("starting the scheduler");

@@ -112,6 +112,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             max_queue: 0,
             kv_cache_bytes: 8 << 30, // a cap; blocks are allocated as used
             context_shift: None,
+            draft: None,
         };
         let mut history = random_tokens(h as u64, h - 3, vocab);
         history.push(turn_start);

@@ -149,6 +149,7 @@ fn scheduler_decodes_together_like_alone_and_reuses_prefixes() {
             max_queue: 4,
             kv_cache_bytes: 64 << 20,
             context_shift: None,
+            draft: None,
         },
     )
     .unwrap();
@@ -210,6 +211,7 @@ fn scheduler_with_budget(model: &Arc<Model>, tok: &Arc<Tokenizer>, bytes: usize)
             max_queue: 4,
             kv_cache_bytes: bytes,
             context_shift: None,
+            draft: None,
         },
     )
     .unwrap()
@@ -369,6 +371,7 @@ fn a_listener_leaving_during_the_prompt_cancels_within_a_step() {
             max_queue: 4,
             kv_cache_bytes: 128 << 20,
             context_shift: None,
+            draft: None,
         },
     )
     .unwrap();
@@ -449,6 +452,7 @@ fn scheduler_runs_hybrid_models_like_alone() {
             max_queue: 4,
             kv_cache_bytes: 16 << 20,
             context_shift: None,
+            draft: None,
         },
     )
     .unwrap();

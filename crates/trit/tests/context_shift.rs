@@ -161,6 +161,7 @@ fn shifting_scheduler(model: &Arc<Model>, tok: &Tokenizer, n_ctx: usize, keep: u
         max_queue: 4,
         kv_cache_bytes: 64 << 20,
         context_shift: Some(ContextShift { keep }),
+        draft: None,
     };
     Scheduler::start(model.clone(), Arc::new(tok.clone()), config).unwrap()
 }
@@ -233,6 +234,7 @@ fn the_scheduler_ends_at_the_context_where_a_shift_frees_nothing() {
         Arc::new(tok.clone()),
         SchedulerConfig {
             context_shift: None,
+            draft: None,
             ..s.config().clone()
         },
     )

@@ -271,6 +271,7 @@ fn schedule(
         max_queue,
         kv_cache_bytes: 64 << 20,
         context_shift: None,
+        draft: None,
     };
     Scheduler::start(model, tok.clone(), config).unwrap()
 }
@@ -294,6 +295,7 @@ fn device_backend_runs_at_most_its_slots_reuses_finished_slots_and_returns_every
             max_queue: 8,
             kv_cache_bytes: 64 << 20,
             context_shift: None,
+            draft: None,
         },
     )
     .unwrap();

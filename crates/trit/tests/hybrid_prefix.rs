@@ -32,6 +32,7 @@ fn scheduler(model: &Arc<Model>, tok: &Arc<Tokenizer>, kv_bytes: usize) -> Sched
         max_queue: 4,
         kv_cache_bytes: kv_bytes,
         context_shift: None,
+        draft: None,
     };
     Scheduler::start_with_turn_start(model.clone(), tok.clone(), config, Some(TURN)).unwrap()
 }

@@ -167,6 +167,7 @@ fn schedule_shifting(
         max_queue: 8,
         kv_cache_bytes: 64 << 20,
         context_shift,
+        draft: None,
     };
     let model = Arc::new(Model::from_external(Box::new(net)));
     Scheduler::start(model, tok.clone(), config).unwrap()

@@ -89,6 +89,16 @@ pub struct DraftArgs {
 impl DraftArgs {
     /// The draft's session beside `target` (loaded like the model, without its adapter).
     pub fn session(&self, model: &ModelArgs, target: &Session) -> Result<Option<Session>> {
+        let Some(d) = self.model(model)? else {
+            return Ok(None);
+        };
+        let draft = Session::new(d, target.n_ctx());
+        check_draft(target, &draft)?;
+        Ok(Some(draft))
+    }
+
+    /// The draft model, loaded like the model (without its adapter), if there is one.
+    pub fn model(&self, model: &ModelArgs) -> Result<Option<std::sync::Arc<trit::model::Model>>> {
         let Some(path) = &self.draft_model else {
             return Ok(None);
         };
@@ -99,9 +109,14 @@ impl DraftArgs {
         };
         let d =
             load(&args).with_context(|| format!("loading the draft model {}", path.display()))?;
-        let draft = Session::new(d.model.clone(), target.n_ctx());
-        check_draft(target, &draft)?;
-        Ok(Some(draft))
+        Ok(Some(d.model))
+    }
+
+    pub fn options(&self) -> DraftOptions {
+        DraftOptions {
+            max: self.draft_max,
+            p_min: self.draft_p_min,
+        }
     }
 
     /// One generation, drafted when there is a draft session.
@@ -117,10 +132,7 @@ impl DraftArgs {
         match draft {
             None => Ok((generate(session, tokenizer, prompt, opts, on_text)?, None)),
             Some(d) => {
-                let o = DraftOptions {
-                    max: self.draft_max,
-                    p_min: self.draft_p_min,
-                };
+                let o = self.options();
                 let (g, s) = generate_speculative(session, d, tokenizer, prompt, opts, o, on_text)?;
                 Ok((g, Some(s)))
             }

@@ -1,5 +1,6 @@
 //! `trit serve [MODEL]`: the OpenAI-compatible server (crate `trit-server`).
 
+use super::run::DraftArgs;
 use super::{eos_ids, load, ModelArgs, SamplingArgs};
 use anyhow::{Context, Result};
 use clap::Args;
@@ -12,6 +13,10 @@ pub struct ServeArgs {
     pub path: Option<PathBuf>,
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Speculative decoding while one request runs alone (the same replies; several running
+    /// requests share batched steps instead). CPU, attention-only models.
+    #[command(flatten)]
+    pub draft: DraftArgs,
     /// Address to listen on; only this machine can connect unless you change it.
     #[arg(long, default_value = "127.0.0.1", env = "TRIT_ARG_HOST")]
     pub host: String,
@@ -105,6 +110,17 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
             per_sequence.div_ceil(1 << 20)
         );
     }
+    let draft = match a.draft.model(&a.model)? {
+        Some(model) => {
+            let d = trit::engine::Draft {
+                model,
+                options: a.draft.options(),
+            };
+            d.check(&loaded.model)?;
+            Some(d)
+        }
+        None => None,
+    };
     let defaults = SamplingArgs::model_defaults(&loaded)?;
     let config = ServerConfig {
         model_id: model_id.clone(),
@@ -124,6 +140,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         context_shift: a.context_shift.then(|| trit::engine::ContextShift {
             keep: usize::try_from(a.keep).unwrap_or(usize::MAX),
         }),
+        draft,
     };
     let state = AppState::new(
         config,

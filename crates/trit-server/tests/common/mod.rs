@@ -73,6 +73,8 @@ pub struct Options {
     pub chat_template: Option<String>,
     /// `--context-shift --keep N`.
     pub context_shift: Option<usize>,
+    /// `--model-draft` with the model itself as its draft.
+    pub self_draft: bool,
 }
 
 impl Default for Options {
@@ -86,6 +88,7 @@ impl Default for Options {
             model: None,
             chat_template: None,
             context_shift: None,
+            self_draft: false,
         }
     }
 }
@@ -123,6 +126,10 @@ pub fn start(opts: Options) -> TestServer {
         context_shift: opts
             .context_shift
             .map(|keep| trit::engine::ContextShift { keep }),
+        draft: opts.self_draft.then(|| trit::engine::Draft {
+            model: model.clone(),
+            options: trit::engine::DraftOptions { max: 4, p_min: 0.0 },
+        }),
     };
     let state = AppState::new(config, model, tokenizer, template).unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

@@ -18,7 +18,8 @@ pub use generate::{
     generate, generate_shifting, ContextShift, FinishReason, GenerateOptions, Generation,
 };
 pub use scheduler::{
-    Scheduler, SchedulerConfig, SchedulerStats, SeqEvent, SeqRequest, SeqSummary, SubmitError,
+    Draft, Scheduler, SchedulerConfig, SchedulerStats, SeqEvent, SeqRequest, SeqSummary,
+    SubmitError,
 };
 pub use sequence::{Decoding, Step, TokenLogprob};
 pub use session::Session;

@@ -46,6 +46,9 @@
 
 mod context_shift;
 mod device_loop;
+mod drafting;
+
+pub use drafting::Draft;
 
 use super::block_pool::{common_prefix, BlockPool, BlockStats};
 use super::generate::{ContextShift, FinishReason, GenerateOptions};
@@ -95,6 +98,9 @@ pub struct SchedulerConfig {
     /// tokens (at most its prompt) and the newer half of the rest, reads them again and goes
     /// on, instead of ending (`scheduler/context_shift.rs`). None: it ends there.
     pub context_shift: Option<ContextShift>,
+    /// Speculative decoding for a sequence that runs alone (`scheduler/drafting.rs`; checked
+    /// with [`Draft::check`] by the caller).
+    pub draft: Option<Draft>,
 }
 
 /// One generation request. Validation (context size, parameter ranges) is the caller's job;
@@ -159,6 +165,9 @@ pub struct SchedulerStats {
     pub prefix_hits_total: u64,
     /// Sequences ended because their listener went away.
     pub cancelled_total: u64,
+    /// Speculative decoding: tokens the draft proposed, and those the sampler accepted.
+    pub draft_tokens_total: u64,
+    pub draft_tokens_accepted_total: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -234,6 +243,8 @@ impl Scheduler {
             n_ctx: config.n_ctx,
             turn_start,
             context_shift: config.context_shift,
+            draft: config.draft.clone(),
+            draft_session: None,
         };
         std::thread::Builder::new()
             .name("trit-scheduler".into())
@@ -328,6 +339,9 @@ struct Worker {
     n_ctx: usize,
     turn_start: Option<u32>,
     context_shift: Option<ContextShift>,
+    draft: Option<Draft>,
+    /// The draft model's session, shared by the sequences that run alone one after another.
+    draft_session: Option<super::Session>,
 }
 
 impl Worker {
@@ -503,7 +517,7 @@ impl Worker {
     /// One batched forward over every running sequence, then sampling and events.
     fn step(&mut self) {
         self.shift_full_sequences();
-        if self.step_on_device() {
+        if self.step_drafted() || self.step_on_device() {
             return;
         }
         let t0 = Instant::now();

@@ -111,20 +111,11 @@ pub fn generate_speculative(
         let room = n_ctx.saturating_sub(history.len() + 1);
         let budget = opts.max_tokens.saturating_sub(decoding.generated());
         let k = draft_opts.max.min(room).min(budget.saturating_sub(1));
-        proposed.clear();
-        if k > 0 {
-            let mut logits = draft.prefill(&history)?;
-            for j in 0..k {
-                let d = argmax(&logits);
-                if top_probability(&logits, d) < draft_opts.p_min {
-                    break;
-                }
-                proposed.push(d);
-                if j + 1 < k {
-                    logits = draft.step(d)?;
-                }
-            }
-        }
+        proposed = if k > 0 {
+            draft_tokens(draft, &history, k, draft_opts.p_min)?
+        } else {
+            Vec::new()
+        };
         stats.drafted += proposed.len();
         let feed: Vec<u32> = [tok].into_iter().chain(proposed.iter().copied()).collect();
         rows = target.eval_all(&feed)?;
@@ -132,6 +123,30 @@ pub fn generate_speculative(
     }
     out.gen_secs = t1.elapsed().as_secs_f64();
     Ok((out, stats))
+}
+
+/// Up to `k` tokens the draft proposes after `history` (greedily; it stops once its best
+/// token's probability is below `p_min`). The draft's cache keeps what it shares with
+/// `history` from its previous call.
+pub(crate) fn draft_tokens(
+    draft: &mut Session,
+    history: &[u32],
+    k: usize,
+    p_min: f32,
+) -> Result<Vec<u32>> {
+    let mut proposed = Vec::with_capacity(k);
+    let mut logits = draft.prefill(history)?;
+    for j in 0..k {
+        let d = argmax(&logits);
+        if top_probability(&logits, d) < p_min {
+            break;
+        }
+        proposed.push(d);
+        if j + 1 < k {
+            logits = draft.step(d)?;
+        }
+    }
+    Ok(proposed)
 }
 
 /// The softmax probability of `best` (the row's largest logit).
