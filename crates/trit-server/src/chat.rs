@@ -368,7 +368,12 @@ impl ChunkFormatter for ChatChunks {
         )]
     }
 
-    fn piece(&mut self, text: &str, logprob: Option<&TokenLogprob>) -> Vec<Value> {
+    fn piece(
+        &mut self,
+        _token: Option<u32>,
+        text: &str,
+        logprob: Option<&TokenLogprob>,
+    ) -> Vec<Value> {
         self.pending_logprobs.extend(logprob.cloned());
         let parts = self.reasoning.push(text);
         self.parts(parts)
@@ -467,7 +472,7 @@ mod tests {
             " now.\n<tool_",
             "call>\n{\"name\": \"weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
         ] {
-            events.extend(c.piece(piece, None));
+            events.extend(c.piece(Some(1), piece, None));
         }
         events.extend(c.done(&summary()));
         let delta = |e: &Value| e["choices"][0]["delta"].clone();
@@ -547,7 +552,7 @@ mod tests {
         let mut events = c.start();
         let chars: Vec<char> = reply.chars().collect();
         for piece in chars.chunks(5) {
-            events.extend(c.piece(&piece.iter().collect::<String>(), None));
+            events.extend(c.piece(Some(1), &piece.iter().collect::<String>(), None));
         }
         events.extend(c.done(&summary()));
         let input: String = events.iter().map(|e| format!("{e}\n")).collect();
@@ -597,7 +602,7 @@ mod tests {
     #[test]
     fn without_tools_tags_stay_text_and_finish_is_the_engines() {
         let mut c = chunks(false, false);
-        let mut events = c.piece("a <tool_call>{}</tool_call>", None);
+        let mut events = c.piece(Some(1), "a <tool_call>{}</tool_call>", None);
         events.extend(c.done(&summary()));
         assert_eq!(
             events[0]["choices"][0]["delta"]["content"],

@@ -10,9 +10,10 @@ use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use trit::engine::{SeqSummary, TokenLogprob};
 
+/// A raw prompt: text (the model's BOS first where it wants one) or token ids.
 #[derive(Deserialize, Debug)]
 #[serde(untagged)]
-enum Prompt {
+pub enum Prompt {
     Text(String),
     Ids(Vec<u32>),
     Texts(Vec<String>),
@@ -46,9 +47,15 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
             )))
         }
     };
-    let text = match fields.prompt {
-        Prompt::Text(t) => Some(t),
-        Prompt::Texts(mut v) if v.len() == 1 => v.pop(),
+    let ids = prompt_ids(&state, fields.prompt)?;
+    respond(state, common, ids, top_logprobs).await
+}
+
+/// The token ids of a raw prompt; ids outside the vocabulary and several prompts are a 400.
+pub fn prompt_ids(state: &AppState, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
+    let text = match prompt {
+        Prompt::Text(t) => t,
+        Prompt::Texts(mut v) if v.len() == 1 => v.pop().unwrap_or_default(),
         Prompt::Texts(_) => {
             return Err(ApiError::invalid(
                 "prompt: only one prompt per request is supported",
@@ -61,17 +68,17 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
                     "prompt: token id {bad} is outside the vocabulary ({vocab} tokens)"
                 )));
             }
-            return respond(state, common, ids, top_logprobs).await;
+            return Ok(ids);
         }
     };
     let mut ids: Vec<u32> = state.config.bos.into_iter().collect();
     ids.extend(
         state
             .tokenizer
-            .encode(&text.unwrap_or_default(), false)
+            .encode(&text, false)
             .map_err(|e| ApiError::invalid(e.to_string()))?,
     );
-    respond(state, common, ids, top_logprobs).await
+    Ok(ids)
 }
 
 async fn respond(
@@ -152,7 +159,12 @@ impl ChunkFormatter for Chunks {
         Vec::new()
     }
 
-    fn piece(&mut self, text: &str, logprob: Option<&TokenLogprob>) -> Vec<Value> {
+    fn piece(
+        &mut self,
+        _token: Option<u32>,
+        text: &str,
+        logprob: Option<&TokenLogprob>,
+    ) -> Vec<Value> {
         if text.is_empty() && logprob.is_none() {
             return Vec::new();
         }

@@ -9,6 +9,7 @@ pub mod chat;
 pub mod completions;
 pub mod error;
 pub mod metrics;
+pub mod native;
 pub mod props;
 pub mod request;
 pub mod state;
@@ -76,6 +77,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/chat/completions", post(chat_completions))
+        .route("/completion", post(native_completion))
         .route("/v1/completions", post(completions))
         .route("/completions", post(completions))
         .route("/v1/models", get(models))
@@ -137,6 +139,15 @@ async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Response
         Err(e) => return counted(&state, Err(e)),
     };
     let result = completions::handle(state.clone(), &bytes).await;
+    counted(&state, result)
+}
+
+async fn native_completion(State(state): State<Arc<AppState>>, body: Body) -> Response {
+    let bytes = match read_body(&state, body) {
+        Ok(b) => b,
+        Err(e) => return counted(&state, Err(e)),
+    };
+    let result = native::handle(state.clone(), &bytes).await;
     counted(&state, result)
 }
 

@@ -20,6 +20,10 @@ use trit::engine::{SeqEvent, SeqSummary, TokenLogprob};
 pub struct Collected {
     pub text: String,
     pub logprobs: Vec<TokenLogprob>,
+    /// The sampled tokens (the end-of-sequence token not among them).
+    pub tokens: Vec<u32>,
+    /// Whether an end-of-sequence token ended it.
+    pub eos: bool,
     pub summary: SeqSummary,
 }
 
@@ -31,6 +35,8 @@ pub async fn collect(started: Started) -> Result<Collected, ApiError> {
     let mut out = Collected {
         text: String::new(),
         logprobs: Vec::new(),
+        tokens: Vec::new(),
+        eos: false,
         summary: SeqSummary {
             finish: trit::engine::FinishReason::Stop,
             prompt_tokens: 0,
@@ -43,9 +49,17 @@ pub async fn collect(started: Started) -> Result<Collected, ApiError> {
     let mut next = Some(first);
     while let Some(event) = next {
         match event {
-            SeqEvent::Piece { text, logprob, .. } => {
+            SeqEvent::Piece {
+                token,
+                text,
+                logprob,
+            } => {
                 out.text.push_str(&text);
                 out.logprobs.extend(logprob);
+                match token {
+                    Some(t) => out.tokens.push(t),
+                    None => out.eos = true,
+                }
             }
             SeqEvent::Done(s) => {
                 out.summary = s;
@@ -63,9 +77,19 @@ pub async fn collect(started: Started) -> Result<Collected, ApiError> {
 pub trait ChunkFormatter: Send + 'static {
     /// Payloads sent before the first token (the role delta of chat).
     fn start(&mut self) -> Vec<Value>;
-    fn piece(&mut self, text: &str, logprob: Option<&TokenLogprob>) -> Vec<Value>;
+    /// One sampled token (`None`: the end-of-sequence token, not emitted) and its text.
+    fn piece(
+        &mut self,
+        token: Option<u32>,
+        text: &str,
+        logprob: Option<&TokenLogprob>,
+    ) -> Vec<Value>;
     /// The final chunks (finish reason, then usage if asked for).
     fn done(&mut self, summary: &SeqSummary) -> Vec<Value>;
+    /// Whether the stream ends with OpenAI's `data: [DONE]` (llama.cpp's own endpoint has none).
+    fn done_marker(&self) -> bool {
+        true
+    }
 }
 
 struct SseState<F> {
@@ -83,8 +107,12 @@ fn frame(v: &Value) -> String {
 impl<F: ChunkFormatter> SseState<F> {
     fn handle(&mut self, event: SeqEvent) {
         match event {
-            SeqEvent::Piece { text, logprob, .. } => {
-                for v in self.formatter.piece(&text, logprob.as_ref()) {
+            SeqEvent::Piece {
+                token,
+                text,
+                logprob,
+            } => {
+                for v in self.formatter.piece(token, &text, logprob.as_ref()) {
                     self.pending.push_back(frame(&v));
                 }
             }
@@ -92,7 +120,9 @@ impl<F: ChunkFormatter> SseState<F> {
                 for v in self.formatter.done(&s) {
                     self.pending.push_back(frame(&v));
                 }
-                self.pending.push_back("data: [DONE]\n\n".into());
+                if self.formatter.done_marker() {
+                    self.pending.push_back("data: [DONE]\n\n".into());
+                }
                 self.finished = true;
             }
             SeqEvent::Error(e) => {

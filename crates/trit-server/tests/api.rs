@@ -250,6 +250,100 @@ fn tools_are_accepted_and_the_reply_is_well_formed() {
     assert!(msg["content"].is_string() || msg["tool_calls"].is_array());
 }
 
+/// llama.cpp's own `/completion`: the same text as `/v1/completions`, in llama.cpp's shape —
+/// totals, `stop_type`, `n_probs` and `return_tokens` — streamed without `[DONE]`.
+#[test]
+fn llama_cpps_completion_endpoint_answers_in_its_shape() {
+    let addr = server().addr;
+    let oai = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}),
+    )
+    .json();
+    let text = oai["choices"][0]["text"].as_str().unwrap().to_string();
+    let body = json!({"prompt": "Once upon a time", "n_predict": 8, "temperature": 0,
+                      "n_probs": 2, "return_tokens": true, "cache_prompt": true});
+    let r = post(addr, "/completion", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["content"], text.as_str(), "{v}");
+    assert_eq!(
+        (v["stop"].clone(), v["stop_type"].clone()),
+        (json!(true), json!("limit"))
+    );
+    assert_eq!(v["tokens_predicted"], 8);
+    assert_eq!(v["tokens_evaluated"], oai["usage"]["prompt_tokens"]);
+    assert!(v["timings"]["predicted_n"] == 8, "{v}");
+    let ids: Vec<u32> = serde_json::from_value(v["tokens"].clone()).unwrap();
+    let probs = v["completion_probabilities"].as_array().unwrap();
+    assert_eq!((ids.len(), probs.len()), (8, 8));
+    for (p, &id) in probs.iter().zip(&ids) {
+        assert_eq!(p["id"], id);
+        let top = p["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 2);
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(top[0]["id"], id, "{p}");
+    }
+    let pieces: String = probs.iter().map(|p| p["token"].as_str().unwrap()).collect();
+    assert_eq!(pieces, text);
+
+    // Streamed: one event per token, then the totals; no [DONE].
+    let mut stream = body.clone();
+    stream["stream"] = json!(true);
+    let events = post(addr, "/completion", &stream).events();
+    let (last, tokens) = events.split_last().unwrap();
+    assert_eq!(tokens.len(), 8, "{events:?}");
+    let streamed: String = tokens
+        .iter()
+        .map(|e| e["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(streamed, text);
+    assert!(tokens
+        .iter()
+        .all(|e| e["stop"] == false && e["tokens"].as_array().unwrap().len() == 1));
+    assert_eq!(
+        (last["stop"].clone(), last["tokens_predicted"].clone()),
+        (json!(true), json!(8))
+    );
+
+    // A stop string ends it as a "word"; the string is not part of the content.
+    let word: String = text.trim_start().chars().skip(3).take(3).collect();
+    let stopped = post(
+        addr,
+        "/completion",
+        &json!({"prompt": "Once upon a time", "n_predict": 8, "temperature": 0,
+                "stop": [word]}),
+    )
+    .json();
+    assert_eq!(stopped["stop_type"], "word", "{stopped}");
+    assert!(!stopped["content"].as_str().unwrap().contains(&word));
+    // An end-of-sequence token (made certain by a bias) ends it as "eos".
+    let files = trit::format::open(&common::default_model_path()).unwrap();
+    let tok = trit::tokenizer::Tokenizer::from_source(&files.tokenizer).unwrap();
+    let eos = tok.token_id("<|im_end|>").unwrap();
+    let ended = post(
+        addr,
+        "/completion",
+        &json!({"prompt": "Once upon a time", "n_predict": 8, "logit_bias": [[eos, 100]]}),
+    )
+    .json();
+    assert_eq!(
+        (ended["stop_type"].clone(), ended["content"].clone()),
+        (json!("eos"), json!(""))
+    );
+    // Refusals in llama.cpp's error envelope.
+    for bad in [
+        json!({"prompt": "x", "n_probs": 21}),
+        json!({"prompt": ""}),
+        json!({"n_predict": 2}),
+    ] {
+        let r = post(addr, "/completion", &bad);
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+        assert!(r.json()["error"]["message"].is_string());
+    }
+}
+
 #[test]
 fn generation_stops_at_the_end_of_the_context_with_length() {
     // The test server's context is 256 tokens; without max_tokens the reply may fill it.

@@ -53,6 +53,11 @@ fn seeds() -> Vec<(&'static str, Value)> {
             json!({"prompt": [1, 2, 3], "max_tokens": 2, "n_predict": 2}),
         ),
         (
+            "/completion",
+            json!({"prompt": "Once upon", "n_predict": 3, "n_probs": 2, "return_tokens": true,
+            "cache_prompt": true, "stream": true}),
+        ),
+        (
             "/tokenize",
             json!({"content": "Hello world", "add_special": true, "with_pieces": true}),
         ),
