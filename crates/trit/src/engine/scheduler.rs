@@ -29,6 +29,11 @@
 //! loop ends at the next token when another request arrives (`scheduler/device_loop.rs`), so
 //! one client decodes at `trit run`'s speed.
 //!
+//! With a draft model (`SchedulerConfig::draft`, CPU attention-only models) a lone decoding
+//! sequence takes speculative steps instead (`scheduler/drafting.rs`); with a context shift
+//! (`SchedulerConfig::context_shift`) a sequence that fills the context keeps a window of it and
+//! goes on (`scheduler/context_shift.rs`).
+//!
 //! Hybrid models (Qwen3.5) also need the recurrent state of their Gated DeltaNet layers at the
 //! position where reuse starts, and that state exists only where a copy was kept. A finished
 //! hybrid sequence registers its blocks and saves two states in the pool
