@@ -125,29 +125,35 @@ async fn require_key(State(state): State<Arc<AppState>>, req: Request, next: Nex
 type Body = Result<Bytes, BytesRejection>;
 
 async fn chat_completions(State(state): State<Arc<AppState>>, body: Body) -> Response {
-    let bytes = match read_body(&state, body) {
-        Ok(b) => b,
-        Err(e) => return counted(&state, Err(e)),
-    };
-    let result = chat::handle(state.clone(), &bytes).await;
-    counted(&state, result)
+    generation(state, body, |s, b| async move { chat::handle(s, &b).await }).await
 }
 
 async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Response {
-    let bytes = match read_body(&state, body) {
-        Ok(b) => b,
-        Err(e) => return counted(&state, Err(e)),
-    };
-    let result = completions::handle(state.clone(), &bytes).await;
-    counted(&state, result)
+    generation(state, body, |s, b| async move {
+        completions::handle(s, &b).await
+    })
+    .await
 }
 
 async fn native_completion(State(state): State<Arc<AppState>>, body: Body) -> Response {
-    let bytes = match read_body(&state, body) {
-        Ok(b) => b,
-        Err(e) => return counted(&state, Err(e)),
+    generation(
+        state,
+        body,
+        |s, b| async move { native::handle(s, &b).await },
+    )
+    .await
+}
+
+/// A generating endpoint: its body read under the size limit, its answer (or error) counted.
+async fn generation<F, Fut>(state: Arc<AppState>, body: Body, handle: F) -> Response
+where
+    F: FnOnce(Arc<AppState>, Bytes) -> Fut,
+    Fut: Future<Output = Result<Response, ApiError>>,
+{
+    let result = match read_body(&state, body) {
+        Ok(bytes) => handle(state.clone(), bytes).await,
+        Err(e) => Err(e),
     };
-    let result = native::handle(state.clone(), &bytes).await;
     counted(&state, result)
 }
 

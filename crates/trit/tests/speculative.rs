@@ -26,11 +26,13 @@ fn default_model() -> std::path::PathBuf {
     common::repo_root().join("models/default/smollm2-135m-ternary-q2_0.gguf")
 }
 
-#[test]
-fn drafted_generation_equals_the_targets_own() {
+/// The target (SmolLM2 Q4_1, None with a notice when its asset is missing), its tokenizer, the
+/// draft (the default model), the end-of-sequence ids and a chat prompt.
+#[allow(clippy::type_complexity)]
+fn pair() -> Option<(Arc<Model>, Tokenizer, Arc<Model>, Vec<u32>, Vec<u32>)> {
     let Some(target_path) = common::asset("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") else {
         eprintln!("skipped: SmolLM2 Q4_1 asset missing (tools/fetch_assets.sh)");
-        return;
+        return None;
     };
     let (target, tok) = load(&target_path);
     let (draft, _) = load(&default_model());
@@ -38,6 +40,14 @@ fn drafted_generation_equals_the_targets_own() {
     let prompt = tok
         .encode("<|im_start|>user\nWrite a short story about a robot who paints.<|im_end|>\n<|im_start|>assistant\n", false)
         .unwrap();
+    Some((target, tok, draft, eos, prompt))
+}
+
+#[test]
+fn drafted_generation_equals_the_targets_own() {
+    let Some((target, tok, draft, eos, prompt)) = pair() else {
+        return;
+    };
     let sampled = SamplingParams {
         temperature: 0.8,
         top_k: 40,
@@ -129,12 +139,9 @@ fn scheduler(target: &Arc<Model>, tok: &Tokenizer, draft: Option<Draft>) -> Sche
 
 #[test]
 fn the_scheduler_drafts_for_a_lone_sequence_with_the_same_replies() {
-    let Some(target_path) = common::asset("smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") else {
-        eprintln!("skipped: SmolLM2 Q4_1 asset missing (tools/fetch_assets.sh)");
+    let Some((target, tok, draft_model, eos, prompt)) = pair() else {
         return;
     };
-    let (target, tok) = load(&target_path);
-    let (draft_model, _) = load(&default_model());
     let draft = Draft {
         model: draft_model,
         options: DraftOptions { max: 5, p_min: 0.0 },
@@ -142,10 +149,6 @@ fn the_scheduler_drafts_for_a_lone_sequence_with_the_same_replies() {
     draft.check(&target).unwrap();
     let plain = scheduler(&target, &tok, None);
     let drafted = scheduler(&target, &tok, Some(draft));
-    let eos = vec![tok.token_id("<|im_end|>").unwrap()];
-    let prompt = tok
-        .encode("<|im_start|>user\nWrite a short story about a robot who paints.<|im_end|>\n<|im_start|>assistant\n", false)
-        .unwrap();
     let sampled = SamplingParams {
         temperature: 0.8,
         top_k: 40,
