@@ -292,6 +292,7 @@ fn serve(
                     prompt: p.clone(),
                     options: opts.clone(),
                     top_logprobs: Some(*top),
+                    keep: None,
                     sink: Box::new(move |e| tx.send(e).is_ok()),
                 })
                 .unwrap();

@@ -49,6 +49,7 @@ fn submit(s: &Scheduler, prompt: &[u32], opts: &GenerateOptions) -> mpsc::Receiv
         prompt: prompt.to_vec(),
         options: opts.clone(),
         top_logprobs: None,
+        keep: None,
         sink: Box::new(move |e| tx.send(e).is_ok()),
     })
     .unwrap();

@@ -71,6 +71,8 @@ pub struct Common {
     pub ignore_eos: Option<bool>,
     /// llama.cpp's name for max_tokens; −1: until the context is full.
     pub n_predict: Option<i64>,
+    /// llama.cpp: prompt tokens a context shift keeps; −1: the whole prompt.
+    pub n_keep: Option<i64>,
     /// llama.cpp samplers this server does not have: accepted at their neutral values only.
     pub typical_p: Option<f64>,
     pub tfs_z: Option<f64>,
@@ -86,6 +88,8 @@ pub struct Job {
     pub prompt: Vec<u32>,
     pub options: GenerateOptions,
     pub top_logprobs: Option<usize>,
+    /// llama.cpp's `n_keep`: prompt tokens a context shift keeps (None: the server's `--keep`).
+    pub keep: Option<usize>,
     pub stream: bool,
     pub include_usage: bool,
 }
@@ -166,8 +170,19 @@ impl Common {
             Some(OneOrMany::One(s)) => vec![s.clone()],
             Some(OneOrMany::Many(v)) => v.clone(),
         };
+        let keep = match self.n_keep {
+            None => None,
+            Some(-1) => Some(usize::MAX),
+            Some(k) if k >= 0 => Some(usize::try_from(k).unwrap_or(usize::MAX)),
+            Some(k) => {
+                return Err(ApiError::invalid(format!(
+                    "n_keep must be -1 (the whole prompt) or at least 0, got {k}"
+                )))
+            }
+        };
         Ok(Job {
             prompt,
+            keep,
             options: GenerateOptions {
                 max_tokens,
                 sampling,

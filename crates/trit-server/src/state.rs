@@ -85,6 +85,7 @@ impl AppState {
                 prompt: job.prompt.clone(),
                 options: job.options.clone(),
                 top_logprobs: job.top_logprobs,
+                keep: job.keep,
                 sink: Box::new(move |e| tx.send(e).is_ok()),
             })
             .map_err(|e| match e {

@@ -297,6 +297,15 @@ fn with_context_shift_a_reply_runs_past_the_context() {
     let v = r.json();
     assert_eq!(v["usage"]["completion_tokens"], 150, "{v}");
     assert_eq!(v["choices"][0]["finish_reason"], "length");
+    // llama.cpp's n_keep per request (-1: the whole prompt); below -1 is refused.
+    let native = json!({"prompt": ids, "n_predict": 150, "temperature": 0, "ignore_eos": true,
+                        "n_keep": -1});
+    let r = post(shifting.addr, "/completion", &native);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["tokens_predicted"], 150);
+    let mut bad = native.clone();
+    bad["n_keep"] = json!(-2);
+    assert_eq!(post(shifting.addr, "/completion", &bad).status, 400);
 }
 
 #[test]

@@ -204,6 +204,7 @@ fn scheduler(
                     json: None,
                 },
                 top_logprobs: None,
+                keep: None,
                 sink: Box::new(move |e| {
                     if matches!(e, SeqEvent::Prompt { .. }) {
                         return true; // prompt progress, not a token

@@ -47,6 +47,7 @@ fn ttft(s: &Scheduler, prompt: &[u32]) -> (f64, usize) {
             json: None,
         },
         top_logprobs: None,
+        keep: None,
         sink: Box::new(move |e| tx.send((Instant::now(), e)).is_ok()),
     })
     .unwrap();

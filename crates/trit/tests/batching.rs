@@ -183,6 +183,7 @@ fn scheduler_decodes_together_like_alone_and_reuses_prefixes() {
             prompt: p2.clone(),
             options: greedy(200),
             top_logprobs: None,
+            keep: None,
             sink: Box::new(move |e| !matches!(e, SeqEvent::Piece { .. }) || tx.send(()).is_ok()),
         })
         .unwrap();
@@ -271,6 +272,7 @@ fn requests_with_a_common_prefix_share_kv_blocks() {
             prompt: c.clone(),
             options: greedy(6),
             top_logprobs: None,
+            keep: None,
             sink: Box::new(move |e| {
                 if matches!(e, SeqEvent::Piece { .. }) && !paused {
                     paused = true;
@@ -384,6 +386,7 @@ fn a_listener_leaving_during_the_prompt_cancels_within_a_step() {
             prompt,
             options: greedy(4),
             top_logprobs: None,
+            keep: None,
             sink: Box::new(move |e| {
                 events += 1;
                 // Gone after the admission check and the first prompt chunk's event.

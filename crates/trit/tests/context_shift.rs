@@ -196,6 +196,18 @@ fn the_scheduler_shifts_full_sequences_in_a_batch_like_generate() {
     // Again, its prompt's first block from the prefix cache the shifted sequences left.
     let (again, _) = collect(&common::submit(&s, &b, greedy(n)));
     assert_kept_windows(&model, &b, &again, n_ctx, ContextShift { keep });
+    // A request's own keep (llama.cpp's n_keep) instead of the scheduler's.
+    let (tx, rx) = std::sync::mpsc::channel();
+    s.submit(trit::engine::SeqRequest {
+        prompt: a.clone(),
+        options: greedy(n),
+        top_logprobs: None,
+        keep: Some(1),
+        sink: Box::new(move |e| tx.send(e).is_ok()),
+    })
+    .unwrap();
+    let (own, _) = collect(&rx);
+    assert_kept_windows(&model, &a, &own, n_ctx, ContextShift { keep: 1 });
     // A keep larger than the prompt is capped at the prompt.
     let s2 = shifting_scheduler(&model, &tok, n_ctx, 1000);
     let (capped, _) = collect(&common::submit(&s2, &b, greedy(n)));

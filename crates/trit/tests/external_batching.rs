@@ -439,6 +439,7 @@ fn submit_top(
             prompt: prompt.to_vec(),
             options,
             top_logprobs: Some(top),
+            keep: None,
             sink: Box::new(move |e| tx.send(e).is_ok()),
         })
         .unwrap();

@@ -44,6 +44,7 @@ fn run(s: &Scheduler, prompt: &[u32], max_tokens: usize) -> (Vec<u32>, SeqSummar
         prompt: prompt.to_vec(),
         options: greedy(max_tokens),
         top_logprobs: None,
+        keep: None,
         sink: Box::new(move |e| tx.send(e).is_ok()),
     })
     .unwrap();

@@ -366,6 +366,7 @@ fn a_request_arriving_during_a_loop_joins_and_a_leaving_listener_ends_its_loop()
             prompt: a.clone(),
             options: greedy(60),
             top_logprobs: None,
+            keep: None,
             sink: Box::new(move |e| {
                 pieces += matches!(e, SeqEvent::Piece { .. }) as usize;
                 let _ = tx.send(e);

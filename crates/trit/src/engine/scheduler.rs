@@ -115,6 +115,9 @@ pub struct SeqRequest {
     pub options: GenerateOptions,
     /// Report log-probabilities with this many alternatives per token.
     pub top_logprobs: Option<usize>,
+    /// Context shift: the prompt tokens this request keeps (llama.cpp's `n_keep`; capped at
+    /// the prompt). None: the scheduler's [`SchedulerConfig::context_shift`] keep.
+    pub keep: Option<usize>,
     /// Receives the events of the sequence; returning false (listener gone) cancels it.
     pub sink: Box<dyn FnMut(SeqEvent) -> bool + Send>,
 }
@@ -472,7 +475,7 @@ impl Worker {
             }) {
                 continue; // the listener left while the request was queued
             }
-            let shift = self.shift_for(&req.prompt, &cache);
+            let shift = self.shift_for(&req, &cache);
             self.reserved_blocks += quota;
             self.publish(|st| {
                 st.prompt_tokens_cached_total += common as u64;

@@ -195,6 +195,7 @@ pub fn submit(
         prompt: prompt.to_vec(),
         options: opts,
         top_logprobs: None,
+        keep: None,
         sink: Box::new(move |e| tx.send(e).is_ok()),
     })
     .unwrap();

@@ -7,16 +7,16 @@
 //! cut keeps its blocks before `keep` (shared prefix blocks stay shared); a hybrid's recurrent
 //! state cannot be cut back, so it restarts and reads the whole window.
 
-use super::{ContextShift, KvCache, Running, Worker};
+use super::{ContextShift, KvCache, Running, SeqRequest, Worker};
 
 impl Worker {
-    /// The shift a new sequence of `prompt` gets: the configured one with `keep` capped at the
-    /// prompt, where it can free room and the cache can be cut back (not a device backend's
-    /// recurrent slot, whose state lives on the device).
-    pub(super) fn shift_for(&self, prompt: &[u32], cache: &KvCache) -> Option<ContextShift> {
+    /// The shift a new sequence gets: the configured one, with the request's own keep if it
+    /// gives one, capped at the prompt — where it can free room and the cache can be cut back
+    /// (not a device backend's recurrent slot, whose state lives on the device).
+    pub(super) fn shift_for(&self, req: &SeqRequest, cache: &KvCache) -> Option<ContextShift> {
         let s = self.context_shift?;
         let shift = ContextShift {
-            keep: s.keep.min(prompt.len()),
+            keep: req.keep.unwrap_or(s.keep).min(req.prompt.len()),
         };
         let device_state = cache.has_recurrent() && cache.device_slot().is_some();
         (shift.frees_room(self.n_ctx) && !device_state).then_some(shift)
