@@ -10,6 +10,7 @@
 use super::generate::{check_context, GenerateOptions, Generation};
 use super::sequence::Decoding;
 use super::session::Session;
+use crate::model::Model;
 use crate::sample::sampler::argmax;
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
@@ -34,14 +35,20 @@ impl DraftStats {
 
 /// Checks that `draft` can propose tokens for `target`.
 pub fn check_draft(target: &Session, draft: &Session) -> Result<()> {
-    let (t, d) = (target.model().config(), draft.model().config());
+    check_draft_models(target.model(), draft.model())
+}
+
+/// Checks that `draft` can propose tokens for `target`: the same vocabulary, attention-only
+/// models (`run`'s sessions and the server's scheduler both ask).
+pub fn check_draft_models(target: &Model, draft: &Model) -> Result<()> {
+    let (t, d) = (target.config(), draft.config());
     if t.vocab != d.vocab {
         return Err(Error::InvalidArgument(format!(
             "the draft model's vocabulary ({} tokens) differs from the target's ({})",
             d.vocab, t.vocab
         )));
     }
-    if target.is_recurrent() || draft.is_recurrent() {
+    if t.hybrid.is_some() || d.hybrid.is_some() {
         return Err(Error::InvalidArgument(
             "speculative decoding needs attention-only models (a hybrid's recurrent state \
              cannot be cut back after a rejected draft)"

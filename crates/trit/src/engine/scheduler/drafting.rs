@@ -10,11 +10,10 @@
 //! cannot be cut back after a rejected draft.
 
 use super::{Running, SeqEvent, Worker};
-use crate::engine::speculative::{draft_tokens, DraftOptions};
+use crate::engine::speculative::{check_draft_models, draft_tokens, DraftOptions};
 use crate::engine::Session;
 use crate::model::kv_cache::BLOCK_TOKENS;
 use crate::model::{Logits, Model};
-use crate::sample::RowLogits;
 use crate::Error;
 use std::sync::Arc;
 use std::time::Instant;
@@ -41,20 +40,7 @@ impl Draft {
     /// Whether this draft can propose tokens for `target` in the scheduler: the same
     /// vocabulary, attention-only models, a target on the CPU.
     pub fn check(&self, target: &Model) -> crate::Result<()> {
-        let (t, d) = (target.config(), self.model.config());
-        if t.vocab != d.vocab {
-            return Err(Error::InvalidArgument(format!(
-                "the draft model's vocabulary ({} tokens) differs from the model's ({})",
-                d.vocab, t.vocab
-            )));
-        }
-        if t.hybrid.is_some() || d.hybrid.is_some() {
-            return Err(Error::InvalidArgument(
-                "speculative decoding needs attention-only models (a hybrid's recurrent state \
-                 cannot be cut back after a rejected draft)"
-                    .into(),
-            ));
-        }
+        check_draft_models(target, &self.model)?;
         if !target.shares_prefixes() {
             return Err(Error::InvalidArgument(
                 "speculative decoding in the server runs on the CPU (a GPU model keeps its \
@@ -149,7 +135,11 @@ impl Worker {
     /// The sampler over the scored rows of `feed` (the pending token, then the drafts): the
     /// sequence keeps the fed tokens up to the first row whose pick differs from the draft
     /// after it (or that finishes), and that pick is its next token.
-    fn walk_rows(&mut self, feed: &[u32], rows: Vec<f32>) -> (Option<super::FinishReason>, Tally) {
+    fn walk_rows(
+        &mut self,
+        feed: &[u32],
+        mut rows: Vec<f32>,
+    ) -> (Option<super::FinishReason>, Tally) {
         let vocab = self.model.config().vocab;
         let (tokenizer, n_ctx) = (&self.tokenizer, self.n_ctx);
         let r: &mut Running = &mut self.running[0];
@@ -161,9 +151,10 @@ impl Worker {
         let mut finish = None;
         let mut kept = feed.len();
         for i in 0..feed.len() {
-            let row = RowLogits::Full(rows[i * vocab..(i + 1) * vocab].to_vec());
+            // The sampler works on the row in place (no copy), as generate_speculative's.
+            let row = &mut rows[i * vocab..(i + 1) * vocab];
             let limit = r.limit(n_ctx);
-            let mut step = r.decoding.step_row(row, tokenizer, base + i + 1, limit);
+            let mut step = r.decoding.step(row, tokenizer, base + i + 1, limit);
             tally.predicted += step.token.is_some() as u64;
             let listening = (r.req.sink)(SeqEvent::Piece {
                 token: step.token,
