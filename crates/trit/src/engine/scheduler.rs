@@ -58,7 +58,7 @@ pub use drafting::Draft;
 use super::block_pool::{common_prefix, BlockPool, BlockStats};
 use super::generate::{ContextShift, FinishReason, GenerateOptions};
 use super::parked_slots::{ParkedSlots, MIN_REUSE};
-use super::sequence::{Decoding, TokenLogprob};
+use super::sequence::{Decoding, Step, TokenLogprob};
 use crate::model::kv_cache::{BlockSource, BLOCK_TOKENS};
 use crate::model::recurrent::RecurrentState;
 use crate::model::{BatchSeq, KvCache, Logits, Model};
@@ -637,19 +637,12 @@ impl Worker {
                 // Read: the row holds the pending token's logits.
             }
             let limit = r.limit(self.n_ctx);
-            let mut step = r
+            let step = r
                 .decoding
                 .step_row(row, &self.tokenizer, r.tokens.len(), limit);
             predicted += step.token.is_some() as u64;
-            let listening = (r.req.sink)(SeqEvent::Piece {
-                token: step.token,
-                text: std::mem::take(&mut step.text),
-                logprob: step.logprob.take(),
-            });
-            if !listening && step.finish.is_none() {
-                cancelled += 1;
-                step = r.decoding.cancel(&self.tokenizer);
-            }
+            let (step, gone) = deliver(&mut *r.req.sink, &mut r.decoding, step, &self.tokenizer);
+            cancelled += gone as u64;
             r.next = step.token;
             if let Some(finish) = step.finish {
                 finished.push((i, finish));
@@ -738,6 +731,25 @@ impl Worker {
             st.kv_blocks = blocks;
         }
     }
+}
+
+/// Hands a sampled step to its sequence's listener. A listener that has gone cancels the
+/// sequence: the step returned then finishes it, and the flag says so.
+fn deliver(
+    sink: &mut (dyn FnMut(SeqEvent) -> bool + Send),
+    decoding: &mut Decoding,
+    mut step: Step,
+    tokenizer: &Tokenizer,
+) -> (Step, bool) {
+    let listening = sink(SeqEvent::Piece {
+        token: step.token,
+        text: std::mem::take(&mut step.text),
+        logprob: step.logprob.take(),
+    });
+    if !listening && step.finish.is_none() {
+        return (decoding.cancel(tokenizer), true);
+    }
+    (step, false)
 }
 
 fn finish_sequence(

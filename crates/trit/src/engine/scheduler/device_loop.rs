@@ -4,7 +4,7 @@
 //! client of `trit serve` decodes at `trit run`'s speed. A request arriving meanwhile ends the
 //! loop at the next token, and the sequences then share batched steps as usual.
 
-use super::{Running, SeqEvent, Worker};
+use super::{deliver, Running, Worker};
 use crate::Error;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -64,18 +64,10 @@ impl Worker {
                 .decode_on_device(first, cache, steps, &pick, &eos, &mut |t, drew| {
                     offered.push(t);
                     // The cache then holds `first` and the tokens offered before `t`.
-                    let mut step =
-                        decoding.step_token(t, drew, tokenizer, base + offered.len(), limit);
+                    let step = decoding.step_token(t, drew, tokenizer, base + offered.len(), limit);
                     tally.predicted += step.token.is_some() as u64;
-                    let listening = (req.sink)(SeqEvent::Piece {
-                        token: step.token,
-                        text: std::mem::take(&mut step.text),
-                        logprob: step.logprob.take(),
-                    });
-                    if !listening && step.finish.is_none() {
-                        tally.cancelled += 1;
-                        step = decoding.cancel(tokenizer);
-                    }
+                    let (step, gone) = deliver(&mut *req.sink, decoding, step, tokenizer);
+                    tally.cancelled += gone as u64;
                     if step.finish.is_some() {
                         finish = step.finish;
                         return false;

@@ -9,7 +9,7 @@
 //! the batch shares). Attention-only models on the CPU: a recurrent state or a device slot
 //! cannot be cut back after a rejected draft.
 
-use super::{Running, SeqEvent, Worker};
+use super::{deliver, Running, Worker};
 use crate::engine::speculative::{check_draft_models, draft_tokens, DraftOptions};
 use crate::engine::Session;
 use crate::model::kv_cache::BLOCK_TOKENS;
@@ -154,17 +154,10 @@ impl Worker {
             // The sampler works on the row in place (no copy), as generate_speculative's.
             let row = &mut rows[i * vocab..(i + 1) * vocab];
             let limit = r.limit(n_ctx);
-            let mut step = r.decoding.step(row, tokenizer, base + i + 1, limit);
+            let step = r.decoding.step(row, tokenizer, base + i + 1, limit);
             tally.predicted += step.token.is_some() as u64;
-            let listening = (r.req.sink)(SeqEvent::Piece {
-                token: step.token,
-                text: std::mem::take(&mut step.text),
-                logprob: step.logprob.take(),
-            });
-            if !listening && step.finish.is_none() {
-                tally.cancelled += 1;
-                step = r.decoding.cancel(tokenizer);
-            }
+            let (step, gone) = deliver(&mut *r.req.sink, &mut r.decoding, step, tokenizer);
+            tally.cancelled += gone as u64;
             let drafted_next = feed.get(i + 1).copied();
             if step.finish.is_none() && step.token.is_some() && step.token == drafted_next {
                 tally.accepted += 1;
