@@ -634,6 +634,10 @@ impl CudaModel {
                 // The rows are contiguous, so their blocks are one flat vector.
                 launch::quantize_vec(g, p(&b.att), n * nq, xq, xm)?;
             }
+            if let Some(w) = &blk.attn_sub_norm {
+                let dense = blk.o.is_dense();
+                launch::sub_norm_quant(g, p(&b.att), p(w), c.norm_eps, nq, (xq, xm), nt, dense)?;
+            }
             let att_in = Input {
                 f32: p(&b.att),
                 q: xq,
@@ -647,7 +651,11 @@ impl CudaModel {
                 q: xq,
                 meta: xm,
             };
-            launch::silu_mul_quant(g, p(&b.gu), c.ffn, h_out, nt)?;
+            launch::glu_quant(g, p(&b.gu), c.ffn, c.ffn_act, h_out, nt)?;
+            if let Some(w) = &blk.ffn_sub_norm {
+                let dense = blk.down.is_dense();
+                launch::sub_norm_quant(g, p(&b.h), p(w), c.norm_eps, c.ffn, (xq, xm), nt, dense)?;
+            }
             let h_in = Input {
                 f32: p(&b.h),
                 q: xq,

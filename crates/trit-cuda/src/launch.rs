@@ -4,6 +4,7 @@
 
 use crate::device::{ptr, Arg, Gpu};
 use crate::weights::{DevMatrix, DevScales};
+use trit::format::config::Activation;
 use trit::Result;
 
 /// Embedding rows of the tokens at `toks[step..step + rows]` into `out` (row after row).
@@ -107,6 +108,28 @@ pub(crate) fn rms_norm_quant(
     )
 }
 
+/// BitNet's sub-norm: RMSNorm of `rows` rows of `n` values at `x` with weights `w`, in place
+/// (`f32_needed`: also the normalized f32 values, for a dense matrix or rows the vectorized
+/// kernel does not take), quantized to int8 at `q`/`meta` for the next projection.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sub_norm_quant(
+    g: &Gpu,
+    x: u64,
+    w: u64,
+    eps: f32,
+    n: usize,
+    (q, meta): (u64, u64),
+    rows: u32,
+    f32_needed: bool,
+) -> Result<()> {
+    let f32 = if f32_needed || !norm_can_skip_f32(n) {
+        x
+    } else {
+        0
+    };
+    rms_norm_quant(g, x, w, eps, n, QuantOut { f32, q, meta }, rows)
+}
+
 /// Threads per row of the norm kernels: 1024 while the rows fit on the GPU at once that way
 /// (a decode step's few rows; one 1024-thread block per multiprocessor), else 256 for the
 /// vectorized kernel (a prefill's 512 rows then all fit, each thread with several loads in
@@ -129,30 +152,37 @@ pub(crate) fn quantize_vec(g: &Gpu, x: u64, n: usize, q: u64, meta: u64) -> Resu
     )
 }
 
-/// SwiGLU of `rows` rows of stacked gate‖up (`ffn` each) into `out` (f32 + int8).
-pub(crate) fn silu_mul_quant(g: &Gpu, gu: u64, ffn: usize, out: QuantOut, rows: u32) -> Result<()> {
+/// The gated product of `rows` rows of stacked gate‖up (`ffn` each) into `out` (f32 + int8):
+/// `act(gate) ⊙ up` for the model's MLP activation (SwiGLU, or BitNet's relu²).
+pub(crate) fn glu_quant(
+    g: &Gpu,
+    gu: u64,
+    ffn: usize,
+    act: Activation,
+    out: QuantOut,
+    rows: u32,
+) -> Result<()> {
+    let args = [
+        Arg::Ptr(gu),
+        Arg::I32(ffn as i32),
+        Arg::I32(glu_act_code(act)),
+        Arg::Ptr(out.f32),
+        Arg::Ptr(out.q),
+        Arg::Ptr(out.meta),
+    ];
     if ffn.is_multiple_of(64) {
-        // Four values per lane (`silu_mul_quant_v4`), 256 lanes per block.
-        let args = [
-            Arg::Ptr(gu),
-            Arg::I32(ffn as i32),
-            Arg::Ptr(out.f32),
-            Arg::Ptr(out.q),
-            Arg::Ptr(out.meta),
-        ];
+        // Four values per lane (`glu_quant_v4`), 256 lanes per block.
         let grid = ((ffn / 4).div_ceil(256) as u32, rows);
-        return g.launch("silu_mul_quant_v4", grid, 256, &args);
+        return g.launch("glu_quant_v4", grid, 256, &args);
     }
-    g.launch(
-        "silu_mul_quant",
-        (ffn.div_ceil(64).div_ceil(4) as u32, rows),
-        128,
-        &[
-            Arg::Ptr(gu),
-            Arg::I32(ffn as i32),
-            Arg::Ptr(out.f32),
-            Arg::Ptr(out.q),
-            Arg::Ptr(out.meta),
-        ],
-    )
+    let grid = (ffn.div_ceil(64).div_ceil(4) as u32, rows);
+    g.launch("glu_quant", grid, 128, &args)
+}
+
+/// The kernels' number for an activation (`glu_act` in common.cuh).
+fn glu_act_code(act: Activation) -> i32 {
+    match act {
+        Activation::Silu => 0,
+        Activation::ReluSq => 1,
+    }
 }

@@ -117,14 +117,6 @@ pub struct CudaModel {
 /// Loads `files` onto the GPU as a `Model` that sessions, generation and the benchmark drive
 /// like the CPU one.
 pub fn load_model(files: &ModelFiles, opts: &CudaOptions) -> Result<Model> {
-    // The GPU decode chain has no sub-norms and only SwiGLU: it would compute another network.
-    if files.config.bitnet {
-        return Err(Error::Unsupported(
-            "BitNet b1.58 on the GPU (its sub-norms and relu² MLP have no CUDA kernels yet; \
-             run it on the CPU)"
-                .into(),
-        ));
-    }
     if files.config.arch == trit::format::config::Arch::Qwen35 {
         let m = crate::hybrid::CudaHybrid::load(files, opts)?;
         return Ok(Model::from_external(Box::new(m)));
@@ -190,10 +182,15 @@ impl CudaModel {
             )));
         }
         // The environment overrides the option (benchmarks switch it without a rebuild).
-        let fused = match std::env::var("TRIT_CUDA_FUSED") {
+        let mut fused = match std::env::var("TRIT_CUDA_FUSED") {
             Ok(v) => FusedSet::parse(&v)?,
             Err(_) => opts.fused,
         };
+        // BitNet's MLP (relu², a sub-norm before down) and its sub-norm before o run as separate
+        // launches: the fused gate‖up's epilogue, the persistent MLP and attention + o compute
+        // SwiGLU without sub-norms.
+        let plain_blocks = !cfg.bitnet;
+        fused.gate_up &= plain_blocks;
         let gpu = Gpu::open(opts.device)?;
         let w = weights::load(&gpu, &cfg, files.weights.as_ref())?;
         let n_splits = opts.ctx.div_ceil(ATT_CHUNK).min(opts.att_splits);
@@ -209,8 +206,8 @@ impl CudaModel {
             max_split: opts.max_split,
             use_graph: opts.graph,
             fused,
-            persist_mlp: opts.persist_mlp,
-            attention_o: opts.attention_o,
+            persist_mlp: opts.persist_mlp && plain_blocks,
+            attention_o: opts.attention_o && plain_blocks,
             attention_o_max: opts.attention_o_max,
             stream_down: opts.stream_down,
             greedy_loop: opts.greedy_loop,
@@ -463,6 +460,9 @@ impl CudaModel {
             if !fused_quant && nq.is_multiple_of(64) {
                 launch::quantize_vec(g, p(&b.att), nq, xq, xm)?;
             }
+            if let Some(w) = &blk.attn_sub_norm {
+                launch::sub_norm_quant(g, p(&b.att), p(w), c.norm_eps, nq, (xq, xm), 1, true)?;
+            }
             if self.persist_mlp && nq.is_multiple_of(64) && self.mlp_persist(st, blk)? {
                 continue;
             }
@@ -492,7 +492,12 @@ impl CudaModel {
                         q: xq,
                         meta: xm,
                     };
-                    launch::silu_mul_quant(g, p(&b.gu), c.ffn, h_out, 1)?;
+                    launch::glu_quant(g, p(&b.gu), c.ffn, c.ffn_act, h_out, 1)?;
+                    if let Some(w) = &blk.ffn_sub_norm {
+                        // f32 too: a fused down reads h itself.
+                        let h = p(&b.h);
+                        launch::sub_norm_quant(g, h, p(w), c.norm_eps, c.ffn, (xq, xm), 1, true)?;
+                    }
                     true
                 }
             };

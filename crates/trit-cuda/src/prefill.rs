@@ -241,6 +241,10 @@ impl CudaModel {
                 // The chunk's rows are contiguous, so its blocks are one flat vector.
                 launch::quantize_vec(g, p(&pb.att), n * nq, xq, xm)?;
             }
+            if let Some(w) = &blk.attn_sub_norm {
+                let dense = blk.o.is_dense();
+                launch::sub_norm_quant(g, p(&pb.att), p(w), c.norm_eps, nq, (xq, xm), nt, dense)?;
+            }
             let att_in = Input {
                 f32: p(&pb.att),
                 q: xq,
@@ -251,8 +255,10 @@ impl CudaModel {
             self.matmul(st, &blk.gate_up, &normed, n, p(&pb.gu), false)?;
             // Ternary down projections read only the int8 blocks: the f32 copy (ffn values per
             // token) is written only for a dense one.
+            // A sub-norm reads h itself.
+            let sub = blk.ffn_sub_norm.as_ref();
             let h_out = launch::QuantOut {
-                f32: if blk.down.is_dense() || !c.ffn.is_multiple_of(64) {
+                f32: if blk.down.is_dense() || !c.ffn.is_multiple_of(64) || sub.is_some() {
                     p(&pb.h)
                 } else {
                     0
@@ -260,7 +266,11 @@ impl CudaModel {
                 q: xq,
                 meta: xm,
             };
-            launch::silu_mul_quant(g, p(&pb.gu), c.ffn, h_out, nt)?;
+            launch::glu_quant(g, p(&pb.gu), c.ffn, c.ffn_act, h_out, nt)?;
+            if let Some(w) = sub {
+                let dense = blk.down.is_dense();
+                launch::sub_norm_quant(g, p(&pb.h), p(w), c.norm_eps, c.ffn, (xq, xm), nt, dense)?;
+            }
             let h_in = Input {
                 f32: p(&pb.h),
                 q: xq,

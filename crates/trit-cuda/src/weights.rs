@@ -9,7 +9,8 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use trit::format::config::{Arch, ModelConfig};
 use trit::format::{Dtype, TensorData, TensorView, WeightSource};
 use trit::kernels::Linear;
-use trit::model::weights::{require, to_linear, vector};
+use trit::model::weights::{require, tensor_scale, to_linear_scaled, vector};
+use trit::quant::bitnet::Scaled;
 use trit::quant::float::HalfKind;
 use trit::quant::{GgmlTernary, MlxTernary, TernaryRows};
 use trit::{Error, Result};
@@ -97,7 +98,11 @@ pub struct DevBlock {
     pub q_norm: Option<CudaSlice<f32>>,
     pub k_norm: Option<CudaSlice<f32>>,
     pub o: DevMatrix,
+    /// BitNet: RMSNorm of the attention output (`nq` wide) before `o`.
+    pub attn_sub_norm: Option<CudaSlice<f32>>,
     pub ffn_norm: CudaSlice<f32>,
+    /// BitNet: RMSNorm of `act(gate) ⊙ up` (`ffn` wide) before `down`.
+    pub ffn_sub_norm: Option<CudaSlice<f32>>,
     /// gate and up stacked (rows `2·ffn`).
     pub gate_up: DevMatrix,
     pub down: DevMatrix,
@@ -142,7 +147,16 @@ enum Part<'a> {
     Dense(usize, Vec<f32>),
 }
 
-fn part<'a>(view: &TensorView<'a>, rows: usize, cols: usize) -> Result<Part<'a>> {
+/// `factor`: the tensor's per-tensor scale (`tensor_scale`: BitNet's, GGUF `<name>.scale`),
+/// multiplied into every weight as the CPU loader does.
+fn part<'a>(view: &TensorView<'a>, rows: usize, cols: usize, factor: f32) -> Result<Part<'a>> {
+    let scaled = |t: Box<dyn TernaryRows + 'a>| -> Part<'a> {
+        if factor == 1.0 {
+            Part::Ternary(t)
+        } else {
+            Part::Ternary(Box::new(Scaled { inner: t, factor }))
+        }
+    };
     if view.shape != [rows, cols] {
         return Err(Error::ShapeMismatch {
             tensor: view.name.clone(),
@@ -151,9 +165,9 @@ fn part<'a>(view: &TensorView<'a>, rows: usize, cols: usize) -> Result<Part<'a>>
         });
     }
     match &view.data {
-        TensorData::Ggml { ty, bytes } if ty.reads_as_ternary() => Ok(Part::Ternary(Box::new(
-            GgmlTernary::new(*ty, bytes, rows, cols)?,
-        ))),
+        TensorData::Ggml { ty, bytes } if ty.reads_as_ternary() => {
+            Ok(scaled(Box::new(GgmlTernary::new(*ty, bytes, rows, cols)?)))
+        }
         TensorData::Mlx {
             codes,
             scales,
@@ -170,18 +184,23 @@ fn part<'a>(view: &TensorView<'a>, rows: usize, cols: usize) -> Result<Part<'a>>
             let m =
                 MlxTernary::with_bits(codes, scales, biases, half, rows, cols, *group_size, *bits)?;
             if m.check_ternary().is_ok() {
-                Ok(Part::Ternary(Box::new(m)))
+                Ok(scaled(Box::new(m)))
             } else {
-                dense_part(view, rows, cols)
+                dense_part(view, rows, cols, factor)
             }
         }
-        _ => dense_part(view, rows, cols),
+        _ => dense_part(view, rows, cols, factor),
     }
 }
 
 /// Dequantized exactly as the CPU loader does (same function).
-fn dense_part<'a>(view: &TensorView<'_>, rows: usize, cols: usize) -> Result<Part<'a>> {
-    match to_linear(view)? {
+fn dense_part<'a>(
+    view: &TensorView<'_>,
+    rows: usize,
+    cols: usize,
+    factor: f32,
+) -> Result<Part<'a>> {
+    match to_linear_scaled(view, factor)? {
         Linear::Dense(d) => {
             let mut data = vec![0f32; rows * cols];
             for (r, row) in data.chunks_exact_mut(cols.max(1)).enumerate() {
@@ -210,7 +229,7 @@ pub(crate) fn load_stacked(
     let parts = views
         .iter()
         .zip(names)
-        .map(|(v, (_, r, c))| part(v, *r, *c))
+        .map(|(v, (n, r, c))| part(v, *r, *c, tensor_scale(src, n)?))
         .collect::<Result<Vec<_>>>()?;
     let all_ternary = parts.iter().all(|p| matches!(p, Part::Ternary(_)));
     let m = if all_ternary {
@@ -279,7 +298,7 @@ pub(crate) fn norm(
     gpu.upload(&vector(src, name, n)?)
 }
 
-/// Uploads a llama or qwen3 model (the dense decoders of `trit::model::transformer`).
+/// Uploads a llama, bitnet or qwen3 model (the dense decoders of `trit::model::transformer`).
 pub fn load(gpu: &Gpu, cfg: &ModelConfig, src: &dyn WeightSource) -> Result<DevWeights> {
     let qk_norm = match cfg.arch {
         Arch::Qwen3 => true,
@@ -298,6 +317,9 @@ pub fn load(gpu: &Gpu, cfg: &ModelConfig, src: &dyn WeightSource) -> Result<DevW
     let mut blocks = Vec::with_capacity(cfg.n_layers);
     for i in 0..cfg.n_layers {
         let name = |t: &str| format!("blk.{i}.{t}.weight");
+        let sub_norm = |t: &str, n| -> Result<Option<CudaSlice<f32>>> {
+            cfg.bitnet.then(|| norm(gpu, src, &name(t), n)).transpose()
+        };
         blocks.push(DevBlock {
             attn_norm: norm(gpu, src, &name("attn_norm"), d)?,
             qkv: load_stacked(
@@ -320,7 +342,9 @@ pub fn load(gpu: &Gpu, cfg: &ModelConfig, src: &dyn WeightSource) -> Result<DevW
                 None
             },
             o: load_stacked(gpu, src, &one(&name("attn_output"), d, nq))?,
+            attn_sub_norm: sub_norm("attn_sub_norm", nq)?,
             ffn_norm: norm(gpu, src, &name("ffn_norm"), d)?,
+            ffn_sub_norm: sub_norm("ffn_sub_norm", cfg.ffn)?,
             gate_up: load_stacked(
                 gpu,
                 src,

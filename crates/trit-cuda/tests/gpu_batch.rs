@@ -108,7 +108,7 @@ fn batched_sequences_at_different_depths_match_each_alone_and_the_cpu() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    for preset in ["tiny", "tiny-llama"] {
+    for preset in ["tiny", "tiny-llama", "tiny-bitnet"] {
         let path = tiny_model(&dir.path().join(preset), preset);
         let files = trit::format::open(&path).unwrap();
         let ctx = 128;

@@ -2,7 +2,8 @@
 //! (`trit::engine::scheduler` `device_loop.rs`, `greedy.rs`): the same tokens as the
 //! scheduler stepping a twin model (the loop switched off) through batched calls, greedy and sampled, with the loop
 //! really running on the slot; a request arriving while a loop runs ends it, joins the batch,
-//! and both replies equal their solo runs.
+//! and both replies equal their solo runs; with `--context-shift` replies run past the context
+//! (alone and two at once) with the stepped twin's tokens.
 //!
 //! Needs an NVIDIA GPU, so every test is `#[ignore]`. Run on a GPU machine:
 //!     cargo test --release -p trit-cuda --test gpu_serve_loop -- --ignored --test-threads 1
@@ -12,7 +13,7 @@ use common::*;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 use trit::engine::{
-    FinishReason, GenerateOptions, Scheduler, SchedulerConfig, SeqEvent, SeqRequest,
+    ContextShift, FinishReason, GenerateOptions, Scheduler, SchedulerConfig, SeqEvent, SeqRequest,
 };
 use trit::format::ModelFiles;
 use trit::model::Model;
@@ -24,6 +25,17 @@ use trit_cuda::{CudaModel, CudaOptions};
 /// A scheduler over the GPU model; `looping`: with its device loop (else `greedy_loop` is off,
 /// so the scheduler takes batched steps — the reference).
 fn scheduler(files: &ModelFiles, looping: bool, tok: &Arc<Tokenizer>, ctx: usize) -> Scheduler {
+    scheduler_shifting(files, looping, tok, ctx, None)
+}
+
+/// The same with `trit serve --context-shift --keep N`'s setting.
+fn scheduler_shifting(
+    files: &ModelFiles,
+    looping: bool,
+    tok: &Arc<Tokenizer>,
+    ctx: usize,
+    context_shift: Option<ContextShift>,
+) -> Scheduler {
     let mut opts = CudaOptions::new(ctx);
     opts.greedy_loop = looping;
     let gpu = CudaModel::load(files, &opts).unwrap();
@@ -32,7 +44,7 @@ fn scheduler(files: &ModelFiles, looping: bool, tok: &Arc<Tokenizer>, ctx: usize
         parallel: 4,
         max_queue: 8,
         kv_cache_bytes: 64 << 20,
-        context_shift: None,
+        context_shift,
         draft: None,
     };
     Scheduler::start(
@@ -170,4 +182,38 @@ fn a_request_arriving_during_a_loop_joins_the_batch() {
     assert_eq!(got_b, want_b);
     // A's first loop, and another once B finished (A decoded alone again).
     assert!(slot_loops() >= loops + 2, "{} loops", slot_loops() - loops);
+}
+
+/// `trit serve --device cuda --context-shift`: a reply of 150 tokens in a context of 64 (four
+/// shifts), alone and beside another one. The looping model's lone reply runs device loops
+/// between the shifts; every reply equals what the twin stepping batched calls gives (one or
+/// two decoding rows run the single step's kernels on their slots, kept windows are read again
+/// through the prompt path), and the two at once equal their solo runs.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn replies_shift_past_the_context_like_the_stepped_twin() {
+    if gpu_missing() {
+        return;
+    }
+    let ctx = 64;
+    let (files, tok, prompts) = setup();
+    let shift = || Some(ContextShift { keep: 4 });
+    let (a, b) = (options(150, 0.0, 0), options(150, 0.8, 5));
+    let stepped = scheduler_shifting(&files, false, &tok, ctx, shift());
+    let want_a = reply(&submit(&stepped, &prompts[0], &a), |_| {});
+    let want_b = reply(&submit(&stepped, &prompts[1], &b), |_| {});
+    drop(stepped);
+    for (tokens, finish) in [&want_a, &want_b] {
+        assert_eq!((tokens.len(), *finish), (150, FinishReason::Length));
+    }
+    let looping = scheduler_shifting(&files, true, &tok, ctx, shift());
+    let loops = slot_loops();
+    assert_eq!(reply(&submit(&looping, &prompts[0], &a), |_| {}), want_a);
+    assert!(slot_loops() >= loops + 2, "{} loops", slot_loops() - loops);
+    let (rx_a, rx_b) = (
+        submit(&looping, &prompts[0], &a),
+        submit(&looping, &prompts[1], &b),
+    );
+    assert_eq!(reply(&rx_a, |_| {}), want_a);
+    assert_eq!(reply(&rx_b, |_| {}), want_b);
 }

@@ -1,5 +1,5 @@
 //! GPU logits against the CPU engine's on the generated test models (every ternary format, MLX,
-//! dense f16, llama and qwen3, tied and untied heads, YaRN) and on the repository's default
+//! dense f16, llama, qwen3 and bitnet, tied and untied heads, YaRN) and on the repository's default
 //! model; greedy tokens equal for a short run. The CPU path is the reference: it is itself
 //! tested against mlx-lm and llama.cpp (crates/trit/tests).
 //!
@@ -30,13 +30,16 @@ fn generated_models_match_the_cpu_in_every_format() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&str, &[&str]); 3] = [
+    let cases: [(&str, &[&str]); 4] = [
         (
             "tiny",
             &["q2_0", "pq2_0", "ptq1_0", "tq1_0", "tq2_0", "mlx", "f16"],
         ),
         ("tiny-untied-yarn", &["q2_0", "tq2_0"]),
         ("tiny-llama", &["q2_0", "tq1_0"]),
+        // BitNet b1.58: sub-norms before o and down, relu², per-tensor scales (the HF folder's
+        // weight_scale, GGUF <name>.scale).
+        ("tiny-bitnet", &["hf", "tq2_0"]),
     ];
     for (preset, formats) in cases {
         let p = Preset::by_name(preset).unwrap();
@@ -447,6 +450,7 @@ fn prefill_matches_the_cpu_at_several_prompt_lengths() {
     for (preset, formats) in [
         ("tiny", &["q2_0", "f16"][..]),
         ("tiny-llama", &["tq1_0"][..]),
+        ("tiny-bitnet", &["hf"][..]),
     ] {
         let p = Preset::by_name(preset).unwrap();
         let out = dir.path().join(preset);

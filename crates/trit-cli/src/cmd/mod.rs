@@ -145,10 +145,6 @@ pub fn load_model(
 
 #[cfg(feature = "cuda")]
 fn cuda_model(files: &ModelFiles, n_ctx: usize) -> Result<Model> {
-    if files.config.bitnet {
-        // The GPU loader knows the llama/qwen3 blocks, not BitNet's sub-norms and relu² MLP.
-        bail!("--device cuda: bitnet models run on the CPU only for now (use --device cpu)");
-    }
     let opts = trit_cuda::CudaOptions::new(n_ctx);
     Ok(trit_cuda::load_model(files, &opts)?)
 }

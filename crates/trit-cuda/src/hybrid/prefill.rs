@@ -224,7 +224,7 @@ impl CudaHybrid {
                     q: ptr(&pb.xq, s),
                     meta: p(&pb.xm),
                 };
-                launch::silu_mul_quant(g, p(&pb.gu), c.ffn, h_out, n as u32)?
+                launch::glu_quant(g, p(&pb.gu), c.ffn, c.ffn_act, h_out, n as u32)?
             }
         }
         gemm(&layer.down, p(&pb.x), true)

@@ -351,7 +351,7 @@ impl CudaHybrid {
                         q: ptr(&b.xq, &g.stream),
                         meta: Self::p(st, &b.xm),
                     };
-                    launch::silu_mul_quant(g, gu, ffn, out, 1)?;
+                    launch::glu_quant(g, gu, ffn, self.config.ffn_act, out, 1)?;
                     Self::ready(st, h)
                 }
             }

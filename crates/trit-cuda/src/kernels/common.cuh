@@ -103,6 +103,16 @@ __device__ __forceinline__ void quant_block_warp(float a, float b, i8* q, float2
 // SwiGLU of one gate/up pair (the CPU's silu(g)·u).
 __device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
+// The gated product of one gate/up pair for the MLP's activation (launch.rs GluAct): 0 SwiGLU,
+// 1 relu(g)²·u (BitNet b1.58; the CPU's gated_product).
+__device__ __forceinline__ float glu_act(float g, float u, int act) {
+    if (act == 1) {
+        const float r = fmaxf(g, 0.0f);
+        return r * r * u;
+    }
+    return silu_mul(g, u);
+}
+
 // Quantizes a 64-value block held as one float4 by each of 16 consecutive lanes (the vectorized
 // norm kernels' layout), exactly like quant_block_warp: every lane of the 16 gets its four
 // codes back and the block's (d, d·Σq) in `meta`. All 32 lanes of the warp must call it.

@@ -46,9 +46,11 @@ extern "C" __global__ void embed_dense(const float* w, int cols, const int* toks
 }
 
 // xn = RMSNorm(x) · w; then, when d is a multiple of 64, its int8 blocks. One thread block per
-// row: a prefill launches gridDim.y = T rows of d values each.
-extern "C" __global__ void rms_norm_quant(const float* __restrict__ x, const float* __restrict__ w,
-                                          float eps, int d, float* __restrict__ xn, i8* q,
+// row: a prefill launches gridDim.y = T rows of d values each. xn may be x (BitNet's sub-norms
+// normalize the attention output and h in place): each value is read before the thread that
+// read it writes it, so x and xn are not `__restrict__`.
+extern "C" __global__ void rms_norm_quant(const float* x, const float* __restrict__ w,
+                                          float eps, int d, float* xn, i8* q,
                                           float2* meta) {
     __shared__ float scratch[32];
     pdl_launch_dependents();
@@ -75,11 +77,10 @@ extern "C" __global__ void rms_norm_quant(const float* __restrict__ x, const flo
 // blockDim.x a multiple of 32 with d / blockDim.x ≤ 32): one reduction, no re-read; a
 // 64-value block is 16 consecutive threads. One row takes 1024 threads; many rows (a
 // prefill) take 256 each, so the whole prompt's rows fit on the GPU at once and each thread
-// has several loads in flight.
+// has several loads in flight. xn may be x (all of a row is in registers before any write).
 #define NORM_V4_MAX 8
-extern "C" __global__ void rms_norm_quant_v4(const float* __restrict__ x,
-                                             const float* __restrict__ w, float eps, int d,
-                                             float* __restrict__ xn, i8* q, float2* meta) {
+extern "C" __global__ void rms_norm_quant_v4(const float* x, const float* __restrict__ w,
+                                             float eps, int d, float* xn, i8* q, float2* meta) {
     __shared__ float scratch[32];
     pdl_launch_dependents();
     pdl_wait();
@@ -130,10 +131,10 @@ extern "C" __global__ void quantize_vec(const float* __restrict__ x, int n, i8* 
     quant_block_warp(v[lane], v[lane + 32], q + b * QBLOCK, meta + b);
 }
 
-// h = silu(gate) · up for gu = [gate (ffn) | up (ffn)], plus its int8 blocks when ffn is a
-// multiple of 64. One warp per 64 values.
-extern "C" __global__ void silu_mul_quant(const float* __restrict__ gu, int ffn,
-                                          float* __restrict__ h, i8* q, float2* meta) {
+// h = act(gate) · up for gu = [gate (ffn) | up (ffn)] (glu_act: SwiGLU or relu²), plus its
+// int8 blocks when ffn is a multiple of 64. One warp per 64 values.
+extern "C" __global__ void glu_quant(const float* __restrict__ gu, int ffn, int act,
+                                     float* __restrict__ h, i8* q, float2* meta) {
     pdl_launch_dependents();
     pdl_wait();
     // Row blockIdx.y of a prefill's T rows (ffn a multiple of 64 there).
@@ -145,8 +146,8 @@ extern "C" __global__ void silu_mul_quant(const float* __restrict__ gu, int ffn,
     const int lane = threadIdx.x & 31;
     const int i0 = b * QBLOCK + lane, i1 = i0 + 32;
     if (b * QBLOCK >= ffn) return;
-    const float a = i0 < ffn ? silu_mul(gu[i0], gu[ffn + i0]) : 0.0f;
-    const float c = i1 < ffn ? silu_mul(gu[i1], gu[ffn + i1]) : 0.0f;
+    const float a = i0 < ffn ? glu_act(gu[i0], gu[ffn + i0], act) : 0.0f;
+    const float c = i1 < ffn ? glu_act(gu[i1], gu[ffn + i1], act) : 0.0f;
     if (h != nullptr && i0 < ffn) h[i0] = a;
     if (h != nullptr && i1 < ffn) h[i1] = c;
     if (ffn % QBLOCK == 0) quant_block_warp(a, c, q + b * QBLOCK, meta + b);
@@ -155,8 +156,8 @@ extern "C" __global__ void silu_mul_quant(const float* __restrict__ gu, int ffn,
 // The same for ffn a multiple of 64, four values per lane (float4 loads of gate and up): a
 // 64-value block is 16 consecutive lanes (quant_block_float4, the same codes as
 // quant_block_warp). Block (x, y): values 1024x .. 1024x + 1023 of row y.
-extern "C" __global__ void silu_mul_quant_v4(const float* __restrict__ gu, int ffn,
-                                             float* __restrict__ h, i8* q, float2* meta) {
+extern "C" __global__ void glu_quant_v4(const float* __restrict__ gu, int ffn, int act,
+                                        float* __restrict__ h, i8* q, float2* meta) {
     pdl_launch_dependents();
     pdl_wait();
     gu += (size_t)blockIdx.y * 2 * ffn;
@@ -168,8 +169,8 @@ extern "C" __global__ void silu_mul_quant_v4(const float* __restrict__ gu, int f
     const bool in = c * 4 < ffn;
     const float4 g = in ? ((const float4*)gu)[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const float4 u = in ? ((const float4*)(gu + ffn))[c] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const float4 o = make_float4(silu_mul(g.x, u.x), silu_mul(g.y, u.y), silu_mul(g.z, u.z),
-                                 silu_mul(g.w, u.w));
+    const float4 o = make_float4(glu_act(g.x, u.x, act), glu_act(g.y, u.y, act),
+                                 glu_act(g.z, u.z, act), glu_act(g.w, u.w, act));
     float2 bm;
     const char4 packed = quant_block_float4(o, bm);
     if (!in) return;

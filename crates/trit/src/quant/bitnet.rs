@@ -74,13 +74,13 @@ pub fn ternarize_absmean(w: &[f32]) -> (Vec<u8>, f32) {
 }
 
 /// A ternary matrix with every scale multiplied by one per-tensor factor (BitNet's
-/// `weight_scale`, GGUF `<name>.scale`).
-pub struct Scaled<'a> {
-    pub inner: &'a dyn TernaryRows,
+/// `weight_scale`, GGUF `<name>.scale`). `T` is a borrowed or boxed `TernaryRows`.
+pub struct Scaled<T> {
+    pub inner: T,
     pub factor: f32,
 }
 
-impl TernaryRows for Scaled<'_> {
+impl<T: TernaryRows> TernaryRows for Scaled<T> {
     fn rows(&self) -> usize {
         self.inner.rows()
     }

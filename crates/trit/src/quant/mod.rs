@@ -203,3 +203,28 @@ pub trait TernaryRows: Sync {
     /// per 64 columns (formats with larger groups repeat their scale).
     fn row(&self, r: usize, codes: &mut [u8], scales: &mut [f32]);
 }
+
+/// Borrowed and boxed rows read like the rows themselves (`bitnet::Scaled` wraps either).
+impl<T: TernaryRows + ?Sized> TernaryRows for &T {
+    fn rows(&self) -> usize {
+        (**self).rows()
+    }
+    fn cols(&self) -> usize {
+        (**self).cols()
+    }
+    fn row(&self, r: usize, codes: &mut [u8], scales: &mut [f32]) {
+        (**self).row(r, codes, scales)
+    }
+}
+
+impl<T: TernaryRows + ?Sized> TernaryRows for Box<T> {
+    fn rows(&self) -> usize {
+        (**self).rows()
+    }
+    fn cols(&self) -> usize {
+        (**self).cols()
+    }
+    fn row(&self, r: usize, codes: &mut [u8], scales: &mut [f32]) {
+        (**self).row(r, codes, scales)
+    }
+}
