@@ -7,6 +7,7 @@ use crate::weights::{DevMatrix, DevScales};
 use cudarc::driver::{CudaSlice, CudaStream};
 use trit::{Error, Result};
 
+pub mod dense;
 mod once;
 pub(crate) use once::OneShot;
 pub use once::{
@@ -157,19 +158,9 @@ pub fn launch_matrix_gemv(
             let args = m.ternary_args(s).expect("a ternary matrix");
             launch_ternary(gpu, &args, x.q, x.meta, y, accumulate, r, max_split)
         }
-        DevMatrix::Dense { rows, cols, w } => gpu.launch(
-            "dense_gemv",
-            (rows.div_ceil(4) as u32, 1),
-            128,
-            &[
-                Arg::Ptr(ptr(w, s)),
-                Arg::I32(*rows as i32),
-                Arg::I32(*cols as i32),
-                Arg::Ptr(x.f32),
-                Arg::Ptr(y),
-                Arg::I32(accumulate as i32),
-            ],
-        ),
+        DevMatrix::Dense { .. } | DevMatrix::Half { .. } => {
+            dense::launch_dense(gpu, m, x.f32, 1, y, accumulate)
+        }
     }
 }
 

@@ -8,7 +8,7 @@
 
 use crate::device::Gpu;
 use crate::rotation::DevRotations;
-use crate::weights::{load_stacked, norm, DevMatrix};
+use crate::weights::{load_stacked, load_stacked_f32, norm, DevMatrix};
 use cudarc::driver::CudaSlice;
 use trit::format::config::{HybridConfig, ModelConfig};
 use trit::format::rotation::RotationSpec;
@@ -146,7 +146,7 @@ pub fn load(
             n_lin += 1;
             DevMixer::Linear(Box::new(DevDeltaNet {
                 qkvz: load_stacked(gpu, src, &[(w("attn_qkv"), cd, d), (w("attn_gate"), vw, d)])?,
-                ab: load_stacked(gpu, src, &[(w("ssm_alpha"), hv, d), (w("ssm_beta"), hv, d)])?,
+                ab: load_stacked_f32(gpu, src, &[(w("ssm_alpha"), hv, d), (w("ssm_beta"), hv, d)])?,
                 conv: gpu.upload(&conv)?,
                 dt_bias: norm(gpu, src, &format!("blk.{i}.ssm_dt.bias"), hv)?,
                 a_neg: gpu.upload(&a_neg)?,

@@ -5,6 +5,7 @@
 use crate::device::{ptr, Arg, Gpu};
 use crate::weights::{DevMatrix, DevScales};
 use trit::format::config::Activation;
+use trit::quant::float::HalfKind;
 use trit::Result;
 
 /// Embedding rows of the tokens at `toks[step..step + rows]` into `out` (row after row).
@@ -17,6 +18,16 @@ pub(crate) fn embed(
     rows: u32,
 ) -> Result<()> {
     let s = &g.stream;
+    let embed_dense = |g: &Gpu, kernel: &str, w: u64, cols: usize| {
+        let args = [
+            Arg::Ptr(w),
+            Arg::I32(cols as i32),
+            Arg::Ptr(toks),
+            Arg::Ptr(step),
+            Arg::Ptr(out),
+        ];
+        g.launch(kernel, (cols.div_ceil(256) as u32, rows), 256, &args)
+    };
     match m {
         DevMatrix::Ternary {
             cols,
@@ -42,18 +53,14 @@ pub(crate) fn embed(
                 ],
             )
         }
-        DevMatrix::Dense { cols, w, .. } => g.launch(
-            "embed_dense",
-            (cols.div_ceil(256) as u32, rows),
-            256,
-            &[
-                Arg::Ptr(ptr(w, s)),
-                Arg::I32(*cols as i32),
-                Arg::Ptr(toks),
-                Arg::Ptr(step),
-                Arg::Ptr(out),
-            ],
-        ),
+        DevMatrix::Dense { w, cols, .. } => embed_dense(g, "embed_dense", ptr(w, s), *cols),
+        DevMatrix::Half { w, cols, kind, .. } => {
+            let k = match kind {
+                HalfKind::F16 => "embed_dense_f16",
+                HalfKind::BF16 => "embed_dense_bf16",
+            };
+            embed_dense(g, k, ptr(w, s), *cols)
+        }
     }
 }
 

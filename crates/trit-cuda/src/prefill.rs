@@ -92,18 +92,10 @@ impl CudaModel {
                 let args = m.ternary_args(s).expect("a ternary matrix");
                 launch_ternary_gemm(&st.gpu, &args, ntok, inp.q, inp.meta, y, accumulate)
             }
-            // Dense matrices (f16/f32 checkpoints) keep the exact f32 path: one product per
-            // token, rows of the chunk addressed by offset.
-            DevMatrix::Dense { rows, cols, .. } => {
-                for t in 0..ntok {
-                    let row_in = Input {
-                        f32: inp.f32 + (t * cols * 4) as u64,
-                        q: 0,
-                        meta: 0,
-                    };
-                    self.gemv(st, m, &row_in, y + (t * rows * 4) as u64, accumulate)?;
-                }
-                Ok(())
+            // Dense matrices (f32/f16/bf16 checkpoints) keep the exact f32 path, each weight
+            // read once per 8 rows.
+            DevMatrix::Dense { .. } | DevMatrix::Half { .. } => {
+                crate::gemv::dense::launch_dense(&st.gpu, m, inp.f32, ntok, y, accumulate)
             }
         }
     }

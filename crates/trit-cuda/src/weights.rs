@@ -8,7 +8,7 @@ use crate::repack::{self, PackedScales, PackedTernary};
 use cudarc::driver::{CudaSlice, CudaStream};
 use trit::format::config::{Arch, ModelConfig};
 use trit::format::{Dtype, TensorData, TensorView, WeightSource};
-use trit::kernels::Linear;
+use trit::kernels::{DenseMatrix, Linear};
 use trit::model::weights::{require, tensor_scale, to_linear_scaled, vector};
 use trit::quant::bitnet::Scaled;
 use trit::quant::float::HalfKind;
@@ -33,12 +33,20 @@ pub enum DevMatrix {
         cols: usize,
         w: CudaSlice<f32>,
     },
+    /// f16/bf16 values kept at 2 bytes (BitNet's tied 128k-row bf16 embedding and head: half
+    /// the bytes per token of f32), widened in the kernels.
+    Half {
+        rows: usize,
+        cols: usize,
+        w: CudaSlice<u16>,
+        kind: HalfKind,
+    },
 }
 
 impl DevMatrix {
-    /// A dense (f16/f32) matrix: its products read f32 activations, not int8 blocks.
+    /// A dense (f16/bf16/f32) matrix: its products read f32 activations, not int8 blocks.
     pub(crate) fn is_dense(&self) -> bool {
-        matches!(self, DevMatrix::Dense { .. })
+        matches!(self, DevMatrix::Dense { .. } | DevMatrix::Half { .. })
     }
 
     /// The kernel arguments of a ternary matrix (`None` for a dense one).
@@ -50,7 +58,7 @@ impl DevMatrix {
                 codes,
                 scales,
             } => Some(TernaryArgs::new(*rows, *cols, codes, scales, s)),
-            DevMatrix::Dense { .. } => None,
+            DevMatrix::Dense { .. } | DevMatrix::Half { .. } => None,
         }
     }
 }
@@ -58,13 +66,17 @@ impl DevMatrix {
 impl DevMatrix {
     pub fn rows(&self) -> usize {
         match self {
-            DevMatrix::Ternary { rows, .. } | DevMatrix::Dense { rows, .. } => *rows,
+            DevMatrix::Ternary { rows, .. }
+            | DevMatrix::Dense { rows, .. }
+            | DevMatrix::Half { rows, .. } => *rows,
         }
     }
 
     pub fn cols(&self) -> usize {
         match self {
-            DevMatrix::Ternary { cols, .. } | DevMatrix::Dense { cols, .. } => *cols,
+            DevMatrix::Ternary { cols, .. }
+            | DevMatrix::Dense { cols, .. }
+            | DevMatrix::Half { cols, .. } => *cols,
         }
     }
 
@@ -86,6 +98,7 @@ impl DevMatrix {
                     }
             }
             DevMatrix::Dense { rows, cols, .. } => rows * cols * 4,
+            DevMatrix::Half { rows, cols, .. } => rows * cols * 2,
         }
     }
 }
@@ -141,10 +154,10 @@ impl DevWeights {
     }
 }
 
-/// A tensor as rows for the packer: ternary, or dense f32 (row-major).
+/// A tensor as rows for the packer: ternary, or dense (f32, or f16/bf16 kept at 2 bytes).
 enum Part<'a> {
     Ternary(Box<dyn TernaryRows + 'a>),
-    Dense(usize, Vec<f32>),
+    Dense(DenseMatrix),
 }
 
 /// `factor`: the tensor's per-tensor scale (`tensor_scale`: BitNet's, GGUF `<name>.scale`),
@@ -201,13 +214,12 @@ fn dense_part<'a>(
     factor: f32,
 ) -> Result<Part<'a>> {
     match to_linear_scaled(view, factor)? {
-        Linear::Dense(d) => {
-            let mut data = vec![0f32; rows * cols];
-            for (r, row) in data.chunks_exact_mut(cols.max(1)).enumerate() {
-                d.dequantize_row(r, row);
-            }
-            Ok(Part::Dense(rows, data))
-        }
+        Linear::Dense(d) if d.rows() == rows && d.cols() == cols => Ok(Part::Dense(d)),
+        Linear::Dense(_) => Err(Error::ShapeMismatch {
+            tensor: view.name.clone(),
+            found: view.shape.clone(),
+            expected: vec![rows, cols],
+        }),
         Linear::Ternary(_) => Err(Error::Unsupported(format!(
             "tensor '{}': unexpected ternary layout",
             view.name
@@ -216,11 +228,31 @@ fn dense_part<'a>(
 }
 
 /// Loads tensors `names` (each `rows × cols`, one `cols`) as one stacked device matrix:
-/// ternary when all are, else dense f32 (ternary parts dequantized).
+/// ternary when all are, f16/bf16 when all are of one of those, else dense f32 (ternary parts
+/// dequantized).
 pub(crate) fn load_stacked(
     gpu: &Gpu,
     src: &dyn WeightSource,
     names: &[(String, usize, usize)],
+) -> Result<DevMatrix> {
+    load_stacked_as(gpu, src, names, true)
+}
+
+/// [`load_stacked`] with half-precision parts widened to f32 (the hybrid's a/b rows, which its
+/// DeltaNet kernels read as f32).
+pub(crate) fn load_stacked_f32(
+    gpu: &Gpu,
+    src: &dyn WeightSource,
+    names: &[(String, usize, usize)],
+) -> Result<DevMatrix> {
+    load_stacked_as(gpu, src, names, false)
+}
+
+fn load_stacked_as(
+    gpu: &Gpu,
+    src: &dyn WeightSource,
+    names: &[(String, usize, usize)],
+    keep_half: bool,
 ) -> Result<DevMatrix> {
     let views = names
         .iter()
@@ -241,26 +273,35 @@ pub(crate) fn load_stacked(
             })
             .collect();
         upload_ternary(gpu, &repack::pack(&rows)?)?
+    } else if let Some((bits, kind)) = half_parts(&parts).filter(|_| keep_half) {
+        DevMatrix::Half {
+            rows: parts.iter().map(part_rows).sum(),
+            cols: names[0].2,
+            w: gpu.upload(&bits)?,
+            kind,
+        }
     } else {
         let cols = names[0].2;
         let mut data = Vec::new();
         let mut rows = 0;
+        let mut row = vec![0f32; cols];
         for p in &parts {
             match p {
-                Part::Dense(r, d) => {
-                    data.extend_from_slice(d);
-                    rows += r;
+                Part::Dense(d) => {
+                    for r in 0..d.rows() {
+                        d.dequantize_row(r, &mut row);
+                        data.extend_from_slice(&row);
+                    }
                 }
                 Part::Ternary(t) => {
                     let packed = repack::pack(&[t.as_ref()])?;
-                    let mut row = vec![0f32; cols];
                     for r in 0..packed.rows {
                         packed.dequantize_row(r, &mut row);
                         data.extend_from_slice(&row);
                     }
-                    rows += packed.rows;
                 }
             }
+            rows += part_rows(p);
         }
         DevMatrix::Dense {
             rows,
@@ -274,6 +315,29 @@ pub(crate) fn load_stacked(
         src.release(n);
     }
     Ok(m)
+}
+
+fn part_rows(p: &Part<'_>) -> usize {
+    match p {
+        Part::Ternary(t) => t.rows(),
+        Part::Dense(d) => d.rows(),
+    }
+}
+
+/// The parts' f16/bf16 values stacked, when every part is half precision of one kind.
+fn half_parts(parts: &[Part<'_>]) -> Option<(Vec<u16>, HalfKind)> {
+    let mut out = Vec::new();
+    let mut kind = None;
+    for p in parts {
+        let Part::Dense(d) = p else { return None };
+        let (bits, k) = d.half_bits()?;
+        if kind.is_some_and(|was| was != k) {
+            return None;
+        }
+        kind = Some(k);
+        out.extend_from_slice(bits);
+    }
+    Some((out, kind?))
 }
 
 fn upload_ternary(gpu: &Gpu, p: &PackedTernary) -> Result<DevMatrix> {

@@ -544,6 +544,89 @@ fn gemm_kernel_matches_its_cpu_emulation_on_ragged_shapes() {
     }
 }
 
+/// The dense kernels (f32, f16, bf16 rows: BitNet's bf16 embedding and head, f16 checkpoints,
+/// dequantized Q8_0/Q4_x matrices) against an f64 reference: widths that are and are not a
+/// multiple of 8 (the vector and the scalar loop), 1 to 17 tokens (partial 8-token tiles), rows
+/// not a multiple of the 4 per block. A value the kernel skips stays NaN and fails.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn dense_kernels_match_an_f64_reference_for_every_kind() {
+    use trit::quant::float::HalfKind;
+    use trit_cuda::weights::DevMatrix;
+    if gpu_missing() {
+        return;
+    }
+    let gpu = trit_cuda::device::Gpu::open(0).unwrap();
+    let values = |n: usize, seed: u64| -> Vec<f32> {
+        prompt(n, 20001, seed)
+            .iter()
+            .map(|&v| v as f32 / 10000.0 - 1.0)
+            .collect()
+    };
+    for (i, (rows, cols, ntok)) in [(37, 2560, 1), (130, 264, 9), (5, 70, 17), (64, 8, 3)]
+        .into_iter()
+        .enumerate()
+    {
+        let (w, x) = (
+            values(rows * cols, 7 + i as u64),
+            values(cols * ntok, 70 + i as u64),
+        );
+        for kind in [None, Some(HalfKind::F16), Some(HalfKind::BF16)] {
+            // The weights as the kernel sees them (rounded to the kind), and its matrix.
+            let (seen, m): (Vec<f32>, DevMatrix) = match kind {
+                None => (
+                    w.clone(),
+                    DevMatrix::Dense {
+                        rows,
+                        cols,
+                        w: gpu.upload(&w).unwrap(),
+                    },
+                ),
+                Some(k) => {
+                    let bits: Vec<u16> = w
+                        .iter()
+                        .map(|&v| match k {
+                            HalfKind::F16 => half::f16::from_f32(v).to_bits(),
+                            HalfKind::BF16 => half::bf16::from_f32(v).to_bits(),
+                        })
+                        .collect();
+                    let seen = bits
+                        .iter()
+                        .map(|&b| match k {
+                            HalfKind::F16 => half::f16::from_bits(b).to_f32(),
+                            HalfKind::BF16 => half::bf16::from_bits(b).to_f32(),
+                        })
+                        .collect();
+                    let w = gpu.upload(&bits).unwrap();
+                    (
+                        seen,
+                        DevMatrix::Half {
+                            rows,
+                            cols,
+                            w,
+                            kind: k,
+                        },
+                    )
+                }
+            };
+            let got = trit_cuda::gemv::dense::dense_rows_once(&gpu, &m, &x).unwrap();
+            assert_eq!(got.len(), rows * ntok);
+            for t in 0..ntok {
+                for r in 0..rows {
+                    let (wr, xt) = (&seen[r * cols..][..cols], &x[t * cols..][..cols]);
+                    let want: f64 = wr.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    let size: f64 = wr.iter().zip(xt).map(|(&a, &b)| (a * b).abs() as f64).sum();
+                    let g = got[t * rows + r] as f64;
+                    assert!(
+                        (g - want).abs() <= 1e-5 * (1.0 + size),
+                        "{kind:?} {rows}x{cols} token {t} row {r}: {g} against {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// The prefill attention kernel (tensor cores, f16 inputs) against an f64 causal softmax
 /// attention, for every key-tile size (hd 64 and 128: 32-key tiles; 160 and 256:
 /// 16-key tiles), GQA, queries that start after earlier cache entries (a second chunk) and

@@ -565,7 +565,9 @@ impl CudaHybrid {
                     meta,
                 }
             }
-            (Some(_), DevMatrix::Dense { .. }) => Self::ready(st, p(&b.xn)),
+            (Some(_), DevMatrix::Dense { .. } | DevMatrix::Half { .. }) => {
+                Self::ready(st, p(&b.xn))
+            }
             (None, _) => input,
         };
         self.project(st, &m.qkvz, input, p(&b.proj), false, false)?;

@@ -249,3 +249,34 @@ __device__ __forceinline__ void hr_transform(float* buf, int n, int block) {
         __syncthreads();
     }
 }
+
+// ---- Dense matrices of kind KIND: 0 f32, 1 f16, 2 bf16 (gemv.cu dense_rows, embed_dense*).
+__device__ __forceinline__ float bf2f(half_bits h) { return __uint_as_float((unsigned)h << 16); }
+
+// The value at index i of a dense matrix of kind KIND.
+template <int KIND>
+__device__ __forceinline__ float dense_at(const void* w, size_t i) {
+    if (KIND == 0) return __ldg((const float*)w + i);
+    const half_bits h = __ldg((const half_bits*)w + i);
+    return KIND == 1 ? h2f(h) : bf2f(h);
+}
+
+// Eight values from index i (a multiple of 8): two 16-byte loads of f32, one of halves.
+template <int KIND>
+__device__ __forceinline__ void dense_at8(const void* w, size_t i, float (&v)[8]) {
+    if (KIND == 0) {
+        const float4 a = __ldg((const float4*)((const float*)w + i));
+        const float4 b = __ldg((const float4*)((const float*)w + i + 4));
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
+        v[7] = b.w;
+        return;
+    }
+    const uint4 q = __ldg((const uint4*)((const half_bits*)w + i));
+    const unsigned u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const half_bits lo = (half_bits)(u[k] & 0xffffu), hi = (half_bits)(u[k] >> 16);
+        v[2 * k] = KIND == 1 ? h2f(lo) : bf2f(lo);
+        v[2 * k + 1] = KIND == 1 ? h2f(hi) : bf2f(hi);
+    }
+}

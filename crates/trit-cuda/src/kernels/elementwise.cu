@@ -35,15 +35,20 @@ extern "C" __global__ void embed_ternary_f32(const unsigned* codes, const float*
     embed_ternary<float>(codes, scales, nb, toks, step, x);
 }
 
-extern "C" __global__ void embed_dense(const float* w, int cols, const int* toks,
-                                       const int* step, float* x) {
-    pdl_launch_dependents();
-    pdl_wait();
-    const int tok = toks[step[0] + blockIdx.y];
-    x += (size_t)blockIdx.y * cols;
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c < cols) x[c] = w[(size_t)tok * cols + c];
-}
+// The embedding row of each token of a dense matrix of kind KIND (launch.rs embed).
+#define EMBED_DENSE(NAME, KIND)                                                                 \
+    extern "C" __global__ void NAME(const void* w, int cols, const int* toks, const int* step,  \
+                                    float* x) {                                                  \
+        pdl_launch_dependents();                                                                 \
+        pdl_wait();                                                                              \
+        const int tok = toks[step[0] + blockIdx.y];                                              \
+        x += (size_t)blockIdx.y * cols;                                                          \
+        const int c = blockIdx.x * blockDim.x + threadIdx.x;                                     \
+        if (c < cols) x[c] = dense_at<KIND>(w, (size_t)tok * cols + c);                          \
+    }
+EMBED_DENSE(embed_dense, 0)
+EMBED_DENSE(embed_dense_f16, 1)
+EMBED_DENSE(embed_dense_bf16, 2)
 
 // xn = RMSNorm(x) · w; then, when d is a multiple of 64, its int8 blocks. One thread block per
 // row: a prefill launches gridDim.y = T rows of d values each. xn may be x (BitNet's sub-norms

@@ -77,6 +77,15 @@ impl DenseMatrix {
         }
     }
 
+    /// The stored f16/bf16 bit patterns (row-major), or `None` for an f32 matrix: a GPU
+    /// backend uploads them at 2 bytes a value.
+    pub fn half_bits(&self) -> Option<(&[u16], HalfKind)> {
+        match &self.data {
+            Store::F32(_) => None,
+            Store::Half(bits, kind) => Some((bits, *kind)),
+        }
+    }
+
     /// Row `r` as f32 (`out.len() == cols`), e.g. for embedding lookups.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let at = r * self.cols..(r + 1) * self.cols;
