@@ -158,6 +158,18 @@ any_object = client.chat.completions.create(model=model, messages=describe, max_
 if any_object.choices[0].finish_reason == "stop":
     check(isinstance(json.loads(any_object.choices[0].message.content), dict), "json_object")
 
+# Embeddings: the client asks for base64 by default and decodes it; floats on request.
+texts = ["The capital of France is Paris.", "Ternary weights take three values."]
+emb = client.embeddings.create(model=model, input=texts)
+check([d.index for d in emb.data] == [0, 1], "embedding indices")
+vecs = [d.embedding for d in emb.data]
+check(all(abs(sum(x * x for x in v) - 1) < 1e-4 for v in vecs), "unit vectors")
+plain = client.embeddings.create(model=model, input=texts, encoding_format="float")
+check(all(max(abs(a - b) for a, b in zip(v, w)) < 1e-6
+          for v, w in zip(vecs, [d.embedding for d in plain.data])), "base64 = float")
+check(emb.usage.prompt_tokens == emb.usage.total_tokens > 0, f"usage {emb.usage}")
+check(sum(a * b for a, b in zip(*vecs)) < 0.99, "different texts, different vectors")
+
 # Errors, as the client raises them.
 try:
     client.chat.completions.create(model=model, messages=[

@@ -147,6 +147,34 @@ fn context_shift_lets_a_reply_run_past_the_context() {
     common::assert_refused(&["serve", "--context-shift", "--keep", "-2"], "-2");
 }
 
+/// `--pooling`: `/v1/embeddings` pools as asked (the last token's state differs from the mean;
+/// the vectors themselves are checked against llama.cpp in trit-server's tests); an unknown
+/// kind is refused by the command line.
+#[test]
+fn pooling_chooses_how_embeddings_are_made() {
+    let body = r#"{"input": "Ternary weights take three values."}"#;
+    let vector = |args: &[&str]| -> Vec<f64> {
+        let (server, addr) = start(args);
+        let reply = request(&addr, "POST /v1/embeddings", body);
+        drop(server);
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+        let json: serde_json::Value =
+            serde_json::from_str(&reply[reply.find("\r\n\r\n").unwrap() + 4..]).unwrap();
+        json["data"][0]["embedding"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect()
+    };
+    let (mean, last) = (vector(&[]), vector(&["--pooling", "last"]));
+    assert_eq!(mean.len(), last.len());
+    let dot: f64 = mean.iter().zip(&last).map(|(a, b)| a * b).sum();
+    assert!(dot < 0.95, "mean and last pooling agree: {dot}");
+    assert_eq!(vector(&["--pooling", "mean"]), mean);
+    common::assert_refused(&["serve", "--pooling", "max"], "max");
+}
+
 /// `--model-draft`: the default model drafting for itself serves the reply it serves alone.
 #[test]
 fn a_draft_model_serves_the_same_reply() {

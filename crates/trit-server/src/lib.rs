@@ -7,6 +7,7 @@
 
 pub mod chat;
 pub mod completions;
+pub mod embeddings;
 pub mod error;
 pub mod metrics;
 pub mod native;
@@ -48,7 +49,7 @@ impl AppState {
     ) -> std::io::Result<Arc<Self>> {
         let tokenizer = Arc::new(tokenizer);
         let scheduler = Scheduler::start(
-            model,
+            model.clone(),
             tokenizer.clone(),
             SchedulerConfig {
                 n_ctx: config.n_ctx,
@@ -64,6 +65,7 @@ impl AppState {
             tokenizer,
             template,
             scheduler,
+            model,
             metrics: Default::default(),
             started: stream::unix_now(),
             token_table: Default::default(),
@@ -80,6 +82,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/completion", post(native_completion))
         .route("/v1/completions", post(completions))
         .route("/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .route("/models", get(models))
         .route("/health", get(health))
@@ -155,6 +159,13 @@ where
         Err(e) => Err(e),
     };
     counted(&state, result)
+}
+
+async fn embeddings(State(state): State<Arc<AppState>>, body: Body) -> Response {
+    generation(state, body, |s, b| async move {
+        embeddings::handle(s, &b).await
+    })
+    .await
 }
 
 async fn tokenize(State(state): State<Arc<AppState>>, body: Body) -> Response {

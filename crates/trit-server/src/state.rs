@@ -40,6 +40,8 @@ pub struct ServerConfig {
     pub context_shift: Option<trit::engine::ContextShift>,
     /// Speculative decoding while one request runs alone (llama.cpp's `--model-draft`).
     pub draft: Option<trit::engine::Draft>,
+    /// How `/v1/embeddings` pools a text's hidden states (llama.cpp's `--pooling`).
+    pub pooling: trit::engine::Pooling,
 }
 
 pub struct AppState {
@@ -47,6 +49,9 @@ pub struct AppState {
     pub tokenizer: Arc<Tokenizer>,
     pub template: Option<ChatTemplate>,
     pub scheduler: Scheduler,
+    /// The scheduler's model, shared for `/v1/embeddings` (its thread pool takes one caller at
+    /// a time, so an embedding runs between the scheduler's steps).
+    pub model: Arc<trit::model::Model>,
     pub metrics: Metrics,
     /// Unix seconds at start (`created` of the model object).
     pub started: u64,

@@ -63,6 +63,11 @@ fn seeds() -> Vec<(&'static str, Value)> {
         ),
         ("/detokenize", json!({"tokens": [1, 2, 3]})),
         (
+            "/v1/embeddings",
+            json!({"input": ["Hello world", "Bye"], "encoding_format": "base64"}),
+        ),
+        ("/v1/embeddings", json!({"input": [[1, 2, 3], [4]]})),
+        (
             "/apply-template",
             json!({"messages": [{"role": "user", "content": "Hi"}],
             "add_generation_prompt": true}),

@@ -54,6 +54,14 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 0, allow_negative_numbers = true, requires = "context_shift",
           value_parser = clap::value_parser!(i64).range(-1..))]
     pub keep: i64,
+    /// How /v1/embeddings makes one vector of a text's final hidden states: mean, last (the
+    /// last token's) or cls (the first token's); L2-normalized. llama.cpp's --pooling.
+    #[arg(long, default_value = "mean", value_parser = parse_pooling)]
+    pub pooling: trit::engine::Pooling,
+}
+
+fn parse_pooling(s: &str) -> std::result::Result<trit::engine::Pooling, String> {
+    trit::engine::Pooling::parse(s).map_err(|e| e.to_string())
 }
 
 /// Memory kept for cached prefixes beyond the running sequences' worst case, by default.
@@ -141,6 +149,7 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
             keep: usize::try_from(a.keep).unwrap_or(usize::MAX),
         }),
         draft,
+        pooling: a.pooling,
     };
     let state = AppState::new(
         config,

@@ -75,6 +75,8 @@ pub struct Options {
     pub context_shift: Option<usize>,
     /// `--model-draft` with the model itself as its draft.
     pub self_draft: bool,
+    /// `--pooling`.
+    pub pooling: trit::engine::Pooling,
 }
 
 impl Default for Options {
@@ -89,6 +91,7 @@ impl Default for Options {
             chat_template: None,
             context_shift: None,
             self_draft: false,
+            pooling: trit::engine::Pooling::Mean,
         }
     }
 }
@@ -130,6 +133,7 @@ pub fn start(opts: Options) -> TestServer {
             model: model.clone(),
             options: trit::engine::DraftOptions { max: 4, p_min: 0.0 },
         }),
+        pooling: opts.pooling,
     };
     let state = AppState::new(config, model, tokenizer, template).unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

@@ -3,6 +3,7 @@
 //! continuous-batching scheduler behind `trit serve` with its paged KV block pool.
 
 pub mod block_pool;
+pub mod embedding;
 pub mod generate;
 mod parked_slots;
 pub mod perplexity;
@@ -14,6 +15,7 @@ pub mod state_file;
 pub mod stats;
 
 pub use block_pool::{BlockPool, BlockStats};
+pub use embedding::{embed, Pooling};
 pub use generate::{
     generate, generate_shifting, ContextShift, FinishReason, GenerateOptions, Generation,
 };

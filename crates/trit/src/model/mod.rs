@@ -327,6 +327,25 @@ impl Model {
         }
     }
 
+    /// The final-normed hidden states (the LM head's input: `hidden` floats per row `which`
+    /// asks for) of `tokens` run after what `cache` holds — what embeddings pool. CPU models
+    /// only: a device model keeps them on the device.
+    pub fn hidden_states(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        which: Logits,
+    ) -> Result<Vec<f32>> {
+        match &self.net {
+            Net::Dense(n) => n.hidden_states(&self.pool, tokens, cache, which),
+            Net::Hybrid(n) => n.hidden_states(&self.pool, tokens, cache, which),
+            Net::External(_) => Err(crate::Error::Unsupported(
+                "hidden states (embeddings) of a GPU model: load the model on the CPU for them"
+                    .into(),
+            )),
+        }
+    }
+
     /// [`forward`](Self::forward) with the logits lent to `read` (see
     /// [`ExternalNet::forward_read`]): a device model skips copying the row out of its
     /// page-locked buffer.

@@ -226,6 +226,34 @@ impl Qwen35 {
         pool: &ThreadPool,
         seqs: &mut [BatchSeq<'_>],
     ) -> Result<Vec<Vec<f32>>> {
+        self.run(pool, seqs, false)
+    }
+
+    /// [`forward`](Self::forward) returning the final-normed hidden states of the rows `which`
+    /// asks for (the head's input; in a rotated model's basis, which keeps their dot products)
+    /// instead of their logits.
+    pub fn hidden_states(
+        &self,
+        pool: &ThreadPool,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        which: Logits,
+    ) -> Result<Vec<f32>> {
+        let mut seqs = [BatchSeq {
+            tokens,
+            cache,
+            logits: which,
+        }];
+        Ok(self.run(pool, &mut seqs, true)?.remove(0))
+    }
+
+    /// The layers for every sequence, then the final norm and (unless `hidden`) the head.
+    fn run(
+        &self,
+        pool: &ThreadPool,
+        seqs: &mut [BatchSeq<'_>],
+        hidden: bool,
+    ) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
         for s in seqs.iter() {
             super::check_input(s.tokens, s.cache, c.vocab)?;
@@ -297,6 +325,20 @@ impl Qwen35 {
         for (out, &r) in normed.chunks_exact_mut(d).zip(&wanted) {
             norm_rows(&x[r * d..(r + 1) * d], &self.final_norm, c.norm_eps, out);
         }
+        // Each sequence's share of the rows: its last, or all of its tokens.
+        let counts = seqs.iter().map(|s| match s.logits {
+            Logits::Last => 1,
+            Logits::All => s.tokens.len(),
+        });
+        if hidden {
+            let mut at = 0;
+            return Ok(counts
+                .map(|k| {
+                    at += k;
+                    normed[(at - k) * d..at * d].to_vec()
+                })
+                .collect());
+        }
         let mut logits = vec![0f32; m * c.vocab];
         match &self.head {
             Some(head) => Projector::new(pool, &normed, m).run(Op::MatHead, head, &mut logits),
@@ -309,11 +351,7 @@ impl Qwen35 {
         }
         let mut out = Vec::with_capacity(seqs.len());
         let mut at = 0;
-        for s in seqs.iter() {
-            let k = match s.logits {
-                Logits::Last => 1,
-                Logits::All => s.tokens.len(),
-            };
+        for k in counts {
             out.push(logits[at * c.vocab..(at + k) * c.vocab].to_vec());
             at += k;
         }

@@ -192,6 +192,35 @@ impl Transformer {
         pool: &ThreadPool,
         seqs: &mut [BatchSeq<'_>],
     ) -> Result<Vec<Vec<f32>>> {
+        self.run(pool, seqs, false)
+    }
+
+    /// [`forward`](Self::forward) returning the final-normed hidden states of the rows `which`
+    /// asks for (`hidden` floats each: the LM head's input, what embeddings pool) instead of
+    /// their logits.
+    pub fn hidden_states(
+        &self,
+        pool: &ThreadPool,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        which: Logits,
+    ) -> Result<Vec<f32>> {
+        let mut seqs = [BatchSeq {
+            tokens,
+            cache,
+            logits: which,
+        }];
+        Ok(self.run(pool, &mut seqs, true)?.pop().unwrap_or_default())
+    }
+
+    /// The layers for every sequence, then the head (or, `hidden`, only the final norm, exact
+    /// in f32) on the rows each asks for.
+    fn run(
+        &self,
+        pool: &ThreadPool,
+        seqs: &mut [BatchSeq<'_>],
+        hidden: bool,
+    ) -> Result<Vec<Vec<f32>>> {
         let c = &self.config;
         for s in seqs.iter() {
             super::check_input(s.tokens, s.cache, c.vocab)?;
@@ -379,6 +408,19 @@ impl Transformer {
         let mut rows = Vec::new();
         for r in &wanted {
             rows.extend_from_slice(&x[r.start * d..r.end * d]);
+        }
+        if hidden {
+            for row in rows.chunks_exact_mut(d) {
+                norm_in_place(row, &self.final_norm, c.norm_eps);
+            }
+            return Ok(wanted
+                .iter()
+                .scan(0, |at, r| {
+                    let part = rows[*at * d..(*at + r.len()) * d].to_vec();
+                    *at += r.len();
+                    Some(part)
+                })
+                .collect());
         }
         let m = rows.len() / d;
         let head = self.head.as_ref().unwrap_or(&self.embed);
