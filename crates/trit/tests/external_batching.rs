@@ -256,6 +256,20 @@ fn device_models_refuse_kv_cache_types_they_do_not_store() {
     assert!(err.contains("f16"), "{err}");
 }
 
+/// Embeddings need the hidden states, which a device model keeps on the device: refused with
+/// the reason (the server answers 400 with it), not computed from something else.
+#[test]
+fn device_models_refuse_hidden_states_by_name() {
+    let (files, _) = default_model();
+    let net = Arc::new(SlotNet::new(Model::load(&files, 2).unwrap(), 1, 64, true));
+    let model = Model::from_external(Box::new(Shared(net)));
+    let err = trit::engine::embed(&model, &[1, 2, 3], trit::engine::Pooling::Mean)
+        .err()
+        .expect("no hidden states from a device model")
+        .to_string();
+    assert!(err.contains("GPU model"), "{err}");
+}
+
 /// A scheduler over the stand-in device backend `net` (64 MiB of cache blocks).
 fn schedule(
     net: &Arc<SlotNet>,
