@@ -27,6 +27,8 @@ enum Command {
     Info(cmd::info::InfoArgs),
     /// Perplexity of a text file (llama-perplexity convention).
     Perplexity(cmd::perplexity::PerplexityArgs),
+    /// Sentence embeddings: pooled, normalized final hidden states (llama-embedding).
+    Embed(cmd::embed::EmbedArgs),
     /// Throughput benchmark (llama-bench's pp/tg tests and table; --format mlx for mlx_lm's).
     Bench(cmd::bench::BenchArgs),
     /// OpenAI-compatible HTTP server with continuous batching and prefix reuse.
@@ -46,6 +48,7 @@ fn main() {
         Command::Chat(a) => cmd::chat::run(a),
         Command::Info(a) => cmd::info::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),
+        Command::Embed(a) => cmd::embed::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Pull(a) => cmd::pull::run(a),

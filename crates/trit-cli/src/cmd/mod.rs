@@ -4,6 +4,7 @@ pub mod bench;
 pub mod chat;
 pub mod convert;
 pub mod doctor;
+pub mod embed;
 pub mod info;
 pub mod perplexity;
 pub mod pull;
