@@ -37,7 +37,11 @@ fn texts_of_a_file_become_llama_cpps_vectors_one_line_each() {
             .arg(&file)
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let stdout = String::from_utf8(out.stdout).unwrap();
         let rows: Vec<Vec<f64>> = stdout
             .lines()
@@ -77,5 +81,8 @@ fn json_output_is_openais_reply_and_bad_input_is_refused() {
     assert!(reply["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
     assert_refused(&["embed", ""], "empty");
     assert_refused(&["embed", "x", "--pooling", "max"], "max");
-    assert_refused(&["embed", "-c", "4", "one two three four five six seven"], "context");
+    assert_refused(
+        &["embed", "-c", "4", "one two three four five six seven"],
+        "context",
+    );
 }

@@ -264,8 +264,7 @@ fn device_models_refuse_hidden_states_by_name() {
     let net = Arc::new(SlotNet::new(Model::load(&files, 2).unwrap(), 1, 64, true));
     let model = Model::from_external(Box::new(Shared(net)));
     let err = trit::engine::embed(&model, &[1, 2, 3], trit::engine::Pooling::Mean)
-        .err()
-        .expect("no hidden states from a device model")
+        .expect_err("no hidden states from a device model")
         .to_string();
     assert!(err.contains("GPU model"), "{err}");
 }
