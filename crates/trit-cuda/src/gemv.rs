@@ -5,6 +5,7 @@ use crate::device::{cuda_err, ptr, Arg, Gpu};
 use crate::repack::{PackedScales, PackedTernary};
 use crate::weights::{DevMatrix, DevScales};
 use cudarc::driver::{CudaSlice, CudaStream};
+use trit::format::config::Activation;
 use trit::{Error, Result};
 
 pub mod dense;
@@ -217,8 +218,10 @@ pub struct FusedOpts {
     pub max_split: usize,
     /// `y += W·x` instead of `y = W·x` (not with `glu`).
     pub accumulate: bool,
-    /// `W` is gate‖up stacked: `y[i] = silu(gate_i·x)·(up_i·x)` for the `rows / 2` outputs.
+    /// `W` is gate‖up stacked: `y[i] = act(gate_i·x)·(up_i·x)` for the `rows / 2` outputs.
     pub glu: bool,
+    /// The gate's activation with `glu`: SiLU, or BitNet's relu² (`FG_RELU2`).
+    pub act: Activation,
     /// Let the next kernel start only after this one's wait for its predecessor, so that the
     /// next may read this one's input before its own wait (`FG_LATE_TRIGGER` in gemv.cu).
     pub late_trigger: bool,
@@ -341,7 +344,11 @@ fn fused_kernel_args(m: &TernaryArgs, input: FusedInput, y: u64, o: FusedOpts) -
         Arg::Ptr(meta),
         Arg::Ptr(y),
         Arg::I32((o.accumulate && !o.glu) as i32),
-        Arg::I32(o.glu as i32 | (o.late_trigger as i32) << 1),
+        Arg::I32(
+            o.glu as i32
+                | (o.late_trigger as i32) << 1
+                | ((o.glu && o.act == Activation::ReluSq) as i32) << 2,
+        ),
         Arg::Ptr(signs),
         Arg::I32(block as i32),
     ]

@@ -42,6 +42,7 @@ mod persist;
 mod prefill;
 pub mod repack;
 pub mod rotation;
+mod sub_norm;
 pub mod topk;
 pub mod weights;
 

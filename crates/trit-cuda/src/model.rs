@@ -182,15 +182,13 @@ impl CudaModel {
             )));
         }
         // The environment overrides the option (benchmarks switch it without a rebuild).
-        let mut fused = match std::env::var("TRIT_CUDA_FUSED") {
+        let fused = match std::env::var("TRIT_CUDA_FUSED") {
             Ok(v) => FusedSet::parse(&v)?,
             Err(_) => opts.fused,
         };
-        // BitNet's MLP (relu², a sub-norm before down) and its sub-norm before o run as separate
-        // launches: the fused gate‖up's epilogue, the persistent MLP and attention + o compute
-        // SwiGLU without sub-norms.
+        // BitNet's sub-norms before o and down (sub_norm.rs) are not in the persistent MLP or
+        // attention + o, which stay off for it.
         let plain_blocks = !cfg.bitnet;
-        fused.gate_up &= plain_blocks;
         let gpu = Gpu::open(opts.device)?;
         let w = weights::load(&gpu, &cfg, files.weights.as_ref())?;
         let n_splits = opts.ctx.div_ceil(ATT_CHUNK).min(opts.att_splits);
@@ -346,6 +344,7 @@ impl CudaModel {
             max_split: self.max_split,
             accumulate,
             glu,
+            act: self.config.ffn_act,
             late_trigger: false,
         };
         launch_ternary_fused(&st.gpu, m, input, y, opts)
@@ -460,9 +459,6 @@ impl CudaModel {
             if !fused_quant && nq.is_multiple_of(64) {
                 launch::quantize_vec(g, p(&b.att), nq, xq, xm)?;
             }
-            if let Some(w) = &blk.attn_sub_norm {
-                launch::sub_norm_quant(g, p(&b.att), p(w), c.norm_eps, nq, (xq, xm), 1, true)?;
-            }
             if self.persist_mlp && nq.is_multiple_of(64) && self.mlp_persist(st, blk)? {
                 continue;
             }
@@ -471,8 +467,14 @@ impl CudaModel {
                 q: xq,
                 meta: xm,
             };
-            match self.fused_args(st, &blk.o, self.fused.o, false) {
-                Some(m) if nq.is_multiple_of(64) => {
+            match (
+                &blk.attn_sub_norm,
+                self.fused_args(st, &blk.o, self.fused.o, false),
+            ) {
+                (Some(w), _) => {
+                    self.sub_normed_projection(st, &blk.o, p(&b.att), w, nq, p(&b.x))?
+                }
+                (None, Some(m)) if nq.is_multiple_of(64) => {
                     let input = FusedInput::Q { q: xq, meta: xm };
                     self.fused_gemv(st, &m, input, p(&b.x), true, false)?;
                 }
@@ -493,14 +495,13 @@ impl CudaModel {
                         meta: xm,
                     };
                     launch::glu_quant(g, p(&b.gu), c.ffn, c.ffn_act, h_out, 1)?;
-                    if let Some(w) = &blk.ffn_sub_norm {
-                        // f32 too: a fused down reads h itself.
-                        let h = p(&b.h);
-                        launch::sub_norm_quant(g, h, p(w), c.norm_eps, c.ffn, (xq, xm), 1, true)?;
-                    }
                     true
                 }
             };
+            if let Some(w) = &blk.ffn_sub_norm {
+                self.sub_normed_projection(st, &blk.down, p(&b.h), w, c.ffn, p(&b.x))?;
+                continue;
+            }
             match self.fused_args(st, &blk.down, self.fused.down, false) {
                 Some(m) => {
                     let input = FusedInput::F32 { x: p(&b.h) };

@@ -191,6 +191,7 @@ fn fused_once_with(
         max_split,
         accumulate: false,
         glu,
+        act: trit::format::config::Activation::Silu,
         late_trigger: false,
     };
     let args = c.args(m, s);

@@ -254,6 +254,7 @@ impl CudaHybrid {
                 max_split: self.max_split,
                 accumulate,
                 glu,
+                act: self.config.ffn_act,
                 late_trigger,
             };
             return launch_ternary_fused(g, &a, fi, y, opts);

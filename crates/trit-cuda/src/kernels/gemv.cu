@@ -370,6 +370,12 @@ DENSE_ROWS(dense_rows_bf16, 2)
 // after this one's griddepcontrol.wait, so everything written before this kernel (its input x
 // among it) is final wherever the next one runs — which may then read it before its own wait.
 #define FG_LATE_TRIGGER 2
+// Bit 2: gate‖up's activation is relu² (BitNet b1.58), not SiLU. The kernels turn the flags
+// into glu = 0 (no gate‖up), 1 (SwiGLU) or 2 (relu²): glu_act's code plus one.
+#define FG_RELU2 4
+__device__ __forceinline__ int fg_glu(int flags) {
+    return (flags & 1) ? ((flags & FG_RELU2) ? 2 : 1) : 0;
+}
 
 __device__ __forceinline__ int fg_chunk(int b, int j) { return 4 * b + (j ^ ((b >> 1) & 3)); }
 
@@ -433,7 +439,7 @@ __device__ __forceinline__ void fg_store_rows(float t, int g, int rows, int half
     constexpr int H = R / 2;
     const float up = __shfl_down_sync(0xffffffffu, t, H * L);  // row i + H
     const int r = g * H + i;
-    if (lane % L == 0 && i < H && r < half) y[r] = silu_mul(t, up);
+    if (lane % L == 0 && i < H && r < half) y[r] = glu_act(t, up, glu - 1);
 }
 
 // L2: read x through L2 only (ld.global.cg) — a persistent kernel's earlier phase may have left
@@ -675,7 +681,7 @@ __device__ __forceinline__ void fg_store(const float* v, int g, int rows, int ha
             up = v[i + H];
         }
     const int r = g * H + lane;
-    if (lane < H && r < half) y[r] = silu_mul(gate, up);
+    if (lane < H && r < half) y[r] = glu_act(gate, up, glu - 1);
 }
 
 // Word c of a block's 16 bytes (c a compile-time constant after unrolling).
@@ -707,7 +713,7 @@ __device__ __forceinline__ void ternary_gemv_fused(
     const float* __restrict__ x, const float* __restrict__ gamma, float eps,
     const uint4* __restrict__ q, const float2* __restrict__ meta, float* __restrict__ y,
     int accumulate, int flags) {
-    const int glu = flags & 1, late = flags & FG_LATE_TRIGGER;
+    const int glu = fg_glu(flags), late = flags & FG_LATE_TRIGGER;
     __shared__ uint4 xs[FG_MAX_COLS / 16];
     __shared__ float2 ms[FG_MAX_COLS / QBLOCK];
     __shared__ float scratch[32];

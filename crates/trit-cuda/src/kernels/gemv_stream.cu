@@ -234,8 +234,8 @@ __device__ __forceinline__ void ternary_gemv_stream(
     const float* __restrict__ x, const float* __restrict__ gamma, float eps,
     const uint4* __restrict__ q, const float2* __restrict__ meta, float* __restrict__ y,
     int accumulate, int flags, FgRot rot) {
-    // flags: bit 0 gate‖up (SwiGLU), bit 1 FG_LATE_TRIGGER.
-    const int glu = flags & 1, late = flags & FG_LATE_TRIGGER;
+    // flags: bit 0 gate‖up, bit 1 FG_LATE_TRIGGER, bit 2 FG_RELU2.
+    const int glu = fg_glu(flags), late = flags & FG_LATE_TRIGGER;
     if (!late) pdl_launch_dependents();
     StreamWarp<R> w = stream_begin<R, SPLIT, S>(codes, scales, rows, nb, glu, stream_ring_at(nb));
     const FgGamma gr = fg_gamma(mode, nb, gamma);
