@@ -498,6 +498,22 @@ impl Model {
     }
 }
 
+/// One sequence through a batched pass `run` (an architecture's forward or hidden-state pass):
+/// its rows, or nothing when `run` returned no sequence.
+fn one_sequence(
+    tokens: &[u32],
+    cache: &mut KvCache,
+    which: Logits,
+    run: impl FnOnce(&mut [BatchSeq<'_>]) -> Result<Vec<Vec<f32>>>,
+) -> Result<Vec<f32>> {
+    let mut seqs = [BatchSeq {
+        tokens,
+        cache,
+        logits: which,
+    }];
+    Ok(run(&mut seqs)?.pop().unwrap_or_default())
+}
+
 /// Refuses an input no forward pass can run: no tokens, no room left in the cache, or ids outside
 /// the vocabulary. Shared by every architecture so the errors read the same.
 pub fn check_input(tokens: &[u32], cache: &KvCache, vocab: usize) -> Result<()> {

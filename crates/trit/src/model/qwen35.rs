@@ -210,12 +210,7 @@ impl Qwen35 {
         cache: &mut KvCache,
         which: Logits,
     ) -> Result<Vec<f32>> {
-        let mut seqs = [BatchSeq {
-            tokens,
-            cache,
-            logits: which,
-        }];
-        Ok(self.forward_batch(pool, &mut seqs)?.remove(0))
+        super::one_sequence(tokens, cache, which, |s| self.run(pool, s, false))
     }
 
     /// Several sequences in one pass (as `Transformer::forward_batch`): their rows stacked
@@ -239,12 +234,7 @@ impl Qwen35 {
         cache: &mut KvCache,
         which: Logits,
     ) -> Result<Vec<f32>> {
-        let mut seqs = [BatchSeq {
-            tokens,
-            cache,
-            logits: which,
-        }];
-        Ok(self.run(pool, &mut seqs, true)?.remove(0))
+        super::one_sequence(tokens, cache, which, |s| self.run(pool, s, true))
     }
 
     /// The layers for every sequence, then the final norm and (unless `hidden`) the head.

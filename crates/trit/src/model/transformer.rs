@@ -174,13 +174,7 @@ impl Transformer {
         cache: &mut KvCache,
         which: Logits,
     ) -> Result<Vec<f32>> {
-        let mut seqs = [BatchSeq {
-            tokens,
-            cache,
-            logits: which,
-        }];
-        let mut out = self.forward_batch(pool, &mut seqs)?;
-        Ok(out.pop().unwrap_or_default())
+        super::one_sequence(tokens, cache, which, |s| self.run(pool, s, false))
     }
 
     /// Runs several sequences in one pass, each after what its own cache holds. The rows of
@@ -205,12 +199,7 @@ impl Transformer {
         cache: &mut KvCache,
         which: Logits,
     ) -> Result<Vec<f32>> {
-        let mut seqs = [BatchSeq {
-            tokens,
-            cache,
-            logits: which,
-        }];
-        Ok(self.run(pool, &mut seqs, true)?.pop().unwrap_or_default())
+        super::one_sequence(tokens, cache, which, |s| self.run(pool, s, true))
     }
 
     /// The layers for every sequence, then the head (or, `hidden`, only the final norm, exact
