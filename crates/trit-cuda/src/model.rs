@@ -743,6 +743,10 @@ impl ExternalNet for CudaModel {
         true
     }
 
+    fn hidden_states(&self, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
+        self.hidden_states_gpu(tokens, which)
+    }
+
     fn weight_bytes(&self) -> usize {
         self.weight_bytes
     }

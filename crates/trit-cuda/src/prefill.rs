@@ -15,7 +15,7 @@ use crate::model::{CudaModel, Input, State};
 use crate::weights::DevMatrix;
 use cudarc::driver::{CudaSlice, PinnedHostSlice};
 use trit::format::config::{ModelConfig, RopeStyle};
-use trit::model::Logits;
+use trit::model::{KvCache, Logits};
 use trit::Result;
 
 /// Where a prefill writes keys and values: per layer, the f16 key and value cache of one
@@ -117,6 +117,69 @@ impl CudaModel {
             ctx: self.ctx,
         };
         self.prefill_into(st, tokens, pos0, which, &kv)
+    }
+
+    /// The final-normed hidden states (`hidden` floats per row `which` asks for) of `tokens` as
+    /// a sequence of their own from position 0: the prompt path in chunks, keys and values in
+    /// scratch memory freed afterwards, the final norm on each chunk's rows in f32 (what
+    /// embeddings pool; `ExternalNet::hidden_states`). The single sequence's position counter
+    /// is re-uploaded by its next step.
+    pub(crate) fn hidden_states_gpu(&self, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
+        let c = &self.config;
+        trit::model::check_input(tokens, &KvCache::new(c.n_layers, 0, self.ctx), c.vocab)?;
+        let mut guard = self
+            .state
+            .lock()
+            .map_err(|_| trit::Error::Unsupported("CUDA: an earlier step panicked".into()))?;
+        let st: &mut State = &mut guard;
+        if !self.use_prefill(st, 2) {
+            return Err(trit::Error::Unsupported(
+                "hidden states on this GPU need its prompt path (int8 tensor cores, compute \
+                 capability 8.0+)"
+                    .into(),
+            ));
+        }
+        let n = tokens.len();
+        let per_layer = c.n_kv_heads * c.head_dim * n;
+        let scratch = |_| st.gpu.zeros::<u16>(per_layer);
+        let k = (0..c.n_layers).map(scratch).collect::<Result<Vec<_>>>()?;
+        let v = (0..c.n_layers).map(scratch).collect::<Result<Vec<_>>>()?;
+        let s = st.gpu.stream.clone();
+        let kv = KvTarget {
+            k: k.iter().map(|b| ptr(b, &s)).collect(),
+            v: v.iter().map(|b| ptr(b, &s)).collect(),
+            ctx: n,
+        };
+        self.upload_inputs(st, tokens, 0)?;
+        if st.prefill.is_none() {
+            let chunk = self.prefill_chunk.min(self.ctx).max(1);
+            st.prefill = Some(PrefillBuffers::new(&st.gpu, c, chunk)?);
+        }
+        let chunk = st.prefill.as_ref().map_or(1, |p| p.chunk);
+        let d = c.hidden;
+        let mut out = Vec::new();
+        let mut done = 0;
+        while done < n {
+            let m = chunk.min(n - done);
+            self.prefill_chunk(st, done, m, &kv)?;
+            done += m;
+            // The rows wanted of this chunk: all, or the sequence's last.
+            let rows = match which {
+                Logits::All => 0..m,
+                Logits::Last if done == n => m - 1..m,
+                Logits::Last => continue,
+            };
+            let pb = st.prefill.as_ref().expect("allocated above");
+            let x = ptr(&pb.x, &s) + (rows.start * d * 4) as u64;
+            self.norm_rows(st, &st.w.final_norm, x, rows.len(), true)?;
+            let normed = pb.xn.slice(0..rows.len() * d);
+            out.extend(
+                s.clone_dtoh(&normed)
+                    .map_err(|e| crate::device::cuda_err("reading hidden states", e))?,
+            );
+        }
+        st.device_pos = None;
+        Ok(out)
     }
 
     /// `prefill_locked` with keys and values going to `kv`.

@@ -544,6 +544,47 @@ fn gemm_kernel_matches_its_cpu_emulation_on_ragged_shapes() {
     }
 }
 
+/// Embeddings on the GPU (`ExternalNet::hidden_states`: the prompt path on scratch keys and
+/// values, the final norm in f32) are the CPU's for each pooling, across prompt chunks (16
+/// tokens each here), and a sequence decoding on the GPU goes on with the logits it has
+/// without one in between.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn hidden_states_match_the_cpu_and_leave_the_sequence_alone() {
+    use trit::engine::{embed, Pooling};
+    if gpu_missing() {
+        return;
+    }
+    let files = trit::format::open(&default_model_path()).unwrap();
+    let vocab = files.config.vocab;
+    let cpu = Model::load(&files, 2).unwrap();
+    let mut opts = CudaOptions::new(256);
+    opts.prefill_chunk = 16;
+    let gpu = load_model(&files, &opts).unwrap();
+    let toks = prompt(40, vocab, 9);
+    for pooling in [Pooling::Mean, Pooling::Last, Pooling::Cls] {
+        let (g, c) = (
+            embed(&gpu, &toks, pooling).unwrap(),
+            embed(&cpu, &toks, pooling).unwrap(),
+        );
+        let dot: f64 = g.iter().zip(&c).map(|(a, b)| *a as f64 * *b as f64).sum();
+        eprintln!("{pooling:?}: cosine {dot:.6}");
+        assert!(dot > 0.999, "{pooling:?}: cosine {dot}");
+    }
+    let (a, next) = (prompt(8, vocab, 3), prompt(2, vocab, 4));
+    let run = |between: bool| -> Vec<f32> {
+        let mut cache = gpu.new_cache(64);
+        gpu.forward(&a, &mut cache, Logits::Last).unwrap();
+        gpu.forward(&next[..1], &mut cache, Logits::Last).unwrap();
+        if between {
+            embed(&gpu, &toks, Pooling::Mean).unwrap();
+        }
+        gpu.forward(&next[1..], &mut cache, Logits::Last).unwrap()
+    };
+    let (plain, interrupted) = (run(false), run(true));
+    assert!(rel_err(&interrupted, &plain) < 1e-6);
+}
+
 /// The dense kernels (f32, f16, bf16 rows: BitNet's bf16 embedding and head, f16 checkpoints,
 /// dequantized Q8_0/Q4_x matrices) against an f64 reference: widths that are and are not a
 /// multiple of 8 (the vector and the scalar loop), 1 to 17 tokens (partial 8-token tiles), rows

@@ -93,6 +93,17 @@ pub trait ExternalNet: Send + Sync {
     fn weight_bytes(&self) -> usize;
     fn bytes_per_token(&self) -> usize;
 
+    /// The final-normed hidden states (`hidden` floats per row `which` asks for) of `tokens` as
+    /// a sequence of their own from position 0, on scratch keys/values — what embeddings pool.
+    /// By default: not offered.
+    fn hidden_states(&self, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
+        let _ = (tokens, which);
+        Err(crate::Error::Unsupported(
+            "hidden states (embeddings) of this GPU model: load the model on the CPU for them"
+                .into(),
+        ))
+    }
+
     /// Sequences one `forward_batch` call may carry (and that may own slots at once).
     fn max_sequences(&self) -> usize {
         1
@@ -328,8 +339,9 @@ impl Model {
     }
 
     /// The final-normed hidden states (the LM head's input: `hidden` floats per row `which`
-    /// asks for) of `tokens` run after what `cache` holds — what embeddings pool. CPU models
-    /// only: a device model keeps them on the device.
+    /// asks for) of `tokens` run after what `cache` holds — what embeddings pool. A device
+    /// model runs them as a sequence of their own (`cache` empty; it stays so) where its
+    /// backend offers it ([`ExternalNet::hidden_states`]).
     pub fn hidden_states(
         &self,
         tokens: &[u32],
@@ -339,10 +351,10 @@ impl Model {
         match &self.net {
             Net::Dense(n) => n.hidden_states(&self.pool, tokens, cache, which),
             Net::Hybrid(n) => n.hidden_states(&self.pool, tokens, cache, which),
-            Net::External(_) => Err(crate::Error::Unsupported(
-                "hidden states (embeddings) of a GPU model: load the model on the CPU for them"
-                    .into(),
+            Net::External(_) if !cache.is_empty() => Err(crate::Error::InvalidArgument(
+                "hidden states on a device model start from an empty cache".into(),
             )),
+            Net::External(n) => n.hidden_states(tokens, which),
         }
     }
 
