@@ -170,6 +170,35 @@ check(all(max(abs(a - b) for a, b in zip(v, w)) < 1e-6
 check(emb.usage.prompt_tokens == emb.usage.total_tokens > 0, f"usage {emb.usage}")
 check(sum(a * b for a, b in zip(*vecs)) < 0.99, "different texts, different vectors")
 
+# The Responses API: whole, streamed as events, and through the client's stream helper (which
+# rebuilds the response from the events).
+resp = client.responses.create(model=model, instructions="Be brief.",
+                               input="What is the capital of France?", max_output_tokens=8,
+                               temperature=0)
+check(resp.object == "response" and resp.status in ("completed", "incomplete"), f"{resp}")
+check(len(resp.output_text) > 0, "response output_text")
+check(resp.usage.input_tokens > 0 and resp.usage.output_tokens > 0, f"usage {resp.usage}")
+events = list(client.responses.create(model=model, input="Once upon a time",
+                                      max_output_tokens=8, temperature=0, stream=True))
+deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+check(events[-1].type in ("response.completed", "response.incomplete"), events[-1].type)
+check(events[-1].response.output_text == deltas and deltas, "streamed text adds up")
+# The helper wants `response.completed` (a reply cut by max_output_tokens ends with
+# `response.incomplete`, as OpenAI's does): a JSON schema makes the reply end by itself.
+num = {"type": "json_schema", "name": "num", "strict": True, "schema": {
+    "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+    "additionalProperties": False}}
+plain = client.responses.create(model=model, input="A number:", max_output_tokens=40,
+                                temperature=0, text={"format": num})
+with client.responses.stream(model=model, input="A number:", max_output_tokens=40,
+                             temperature=0, text={"format": num}) as stream:
+    kinds = [event.type for event in stream]
+    final = stream.get_final_response()
+check(final.status == "completed" and final.output_text == plain.output_text,
+      "the client's stream helper rebuilds the reply")
+check(isinstance(json.loads(final.output_text)["n"], int), final.output_text)
+check(kinds[0] == "response.created" and kinds[-1] == "response.completed", f"{kinds}")
+
 # Errors, as the client raises them.
 try:
     client.chat.completions.create(model=model, messages=[

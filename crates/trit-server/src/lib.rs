@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod native;
 pub mod props;
 pub mod request;
+pub mod responses;
 pub mod state;
 pub mod stream;
 pub mod tokenize;
@@ -82,6 +83,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/completion", post(native_completion))
         .route("/v1/completions", post(completions))
         .route("/completions", post(completions))
+        .route("/v1/responses", post(responses))
+        .route("/responses", post(responses))
         .route("/v1/embeddings", post(embeddings))
         .route("/embeddings", post(embeddings))
         .route("/v1/models", get(models))
@@ -159,6 +162,15 @@ where
         Err(e) => Err(e),
     };
     counted(&state, result)
+}
+
+async fn responses(State(state): State<Arc<AppState>>, body: Body) -> Response {
+    generation(
+        state,
+        body,
+        |s, b| async move { responses::handle(s, &b).await },
+    )
+    .await
 }
 
 async fn embeddings(State(state): State<Arc<AppState>>, body: Body) -> Response {

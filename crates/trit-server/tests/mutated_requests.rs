@@ -68,6 +68,16 @@ fn seeds() -> Vec<(&'static str, Value)> {
         ),
         ("/v1/embeddings", json!({"input": [[1, 2, 3], [4]]})),
         (
+            "/v1/responses",
+            json!({"instructions": "Be brief.", "input": [{"role": "user", "content":
+            [{"type": "input_text", "text": "Hi"}]}], "max_output_tokens": 3, "temperature": 0.5,
+            "text": {"format": {"type": "text"}}, "stream": true}),
+        ),
+        (
+            "/v1/responses",
+            json!({"input": "Hi", "max_output_tokens": 3, "top_p": 0.9, "metadata": {"a": "b"}}),
+        ),
+        (
             "/apply-template",
             json!({"messages": [{"role": "user", "content": "Hi"}],
             "add_generation_prompt": true}),

@@ -1,0 +1,268 @@
+//! `POST /v1/responses` (OpenAI's Responses API) on the default model: the reply is what
+//! `/v1/chat/completions` gives for the same messages (same prompt through the template, greedy),
+//! in the Responses shape; its stream is the API's event sequence and adds up to the same
+//! text; a template that opens a thinking block gives a `reasoning` item; JSON formats decode;
+//! what a stateless server without tools cannot do is refused.
+
+mod common;
+use common::*;
+use serde_json::{json, Value};
+
+/// `output_text` of a response's message item(s).
+fn output_text(resp: &Value) -> String {
+    resp["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["type"] == "message")
+        .flat_map(|i| i["content"].as_array().unwrap().iter())
+        .map(|p| p["text"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn chat_reply(server: &TestServer, messages: Value, max: u32) -> Value {
+    let r = post(
+        server.addr,
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": max, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+#[test]
+fn a_response_is_the_chat_reply_in_the_responses_shape() {
+    let server = start(Options::default());
+    let chat = chat_reply(
+        &server,
+        json!([{"role": "system", "content": "Be brief."},
+               {"role": "user", "content": "What is the capital of France?"}]),
+        12,
+    );
+    let r = post(
+        server.addr,
+        "/v1/responses",
+        &json!({"model": "default", "instructions": "Be brief.",
+                "input": "What is the capital of France?", "max_output_tokens": 12,
+                "temperature": 0, "metadata": {"k": "v"}}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let resp = r.json();
+    assert_eq!(resp["object"], "response");
+    assert!(resp["id"].as_str().unwrap().starts_with("resp_"));
+    assert_eq!(output_text(&resp), chat["choices"][0]["message"]["content"]);
+    assert_eq!(
+        resp["usage"]["input_tokens"],
+        chat["usage"]["prompt_tokens"]
+    );
+    assert_eq!(
+        resp["usage"]["output_tokens"],
+        chat["usage"]["completion_tokens"]
+    );
+    assert_eq!(resp["metadata"]["k"], "v");
+    let finish = chat["choices"][0]["finish_reason"].as_str().unwrap();
+    match finish {
+        "length" => {
+            assert_eq!(resp["status"], "incomplete");
+            assert_eq!(resp["incomplete_details"]["reason"], "max_output_tokens");
+        }
+        _ => assert_eq!(resp["status"], "completed"),
+    }
+    let item = &resp["output"][0];
+    assert_eq!(
+        (item["type"].as_str(), item["role"].as_str()),
+        (Some("message"), Some("assistant"))
+    );
+    assert_eq!(item["content"][0]["type"], "output_text");
+
+    // Message items with text parts (a developer message is a system one) = chat's messages.
+    let chat = chat_reply(
+        &server,
+        json!([{"role": "system", "content": "Answer in French."},
+               {"role": "user", "content": "Hello"},
+               {"role": "assistant", "content": "Bonjour"},
+               {"role": "user", "content": "Thanks"}]),
+        8,
+    );
+    let resp = post(
+        server.addr,
+        "/v1/responses",
+        &json!({"temperature": 0, "max_output_tokens": 8, "input": [
+            {"role": "developer", "content": "Answer in French."},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hello"}]},
+            {"type": "message", "role": "assistant",
+             "content": [{"type": "output_text", "text": "Bonjour"}]},
+            {"role": "user", "content": "Thanks"}]}),
+    )
+    .json();
+    assert_eq!(output_text(&resp), chat["choices"][0]["message"]["content"]);
+}
+
+#[test]
+fn the_stream_is_the_apis_event_sequence_and_adds_up_to_the_reply() {
+    let server = start(Options::default());
+    let body = json!({"input": "Once upon a time", "max_output_tokens": 10, "temperature": 0});
+    let whole = post(server.addr, "/v1/responses", &body).json();
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let r = post(server.addr, "/v1/responses", &streamed);
+    assert_eq!(r.status, 200);
+    let events = r.events();
+    assert!(
+        !events.contains(&json!("[DONE]")),
+        "no [DONE] in the Responses stream"
+    );
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e["sequence_number"], i, "{e}");
+    }
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    let deltas = kinds
+        .iter()
+        .filter(|k| **k == "response.output_text.delta")
+        .count();
+    let mut want = vec![
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ];
+    want.extend(std::iter::repeat_n("response.output_text.delta", deltas));
+    want.extend([
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+    ]);
+    want.push(if whole["status"] == "incomplete" {
+        "response.incomplete"
+    } else {
+        "response.completed"
+    });
+    assert_eq!(kinds, want);
+    assert!(deltas > 0);
+    let text: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, output_text(&whole));
+    let last = &events.last().unwrap()["response"];
+    assert_eq!(output_text(last), text);
+    assert_eq!(
+        last["usage"]["output_tokens"],
+        whole["usage"]["output_tokens"]
+    );
+    let done = events
+        .iter()
+        .find(|e| e["type"] == "response.output_text.done")
+        .unwrap();
+    assert_eq!(done["text"], text);
+}
+
+/// A template whose generation prompt opens `<think>` (as Qwen3's does): what the model writes
+/// is reasoning until `</think>`, which the random default model never closes — so the whole
+/// reply is a `reasoning` item and the message is empty, whole and streamed.
+#[test]
+fn a_thinking_block_becomes_a_reasoning_item() {
+    let template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n\
+                    {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n\
+                    {% endif %}";
+    let server = start(Options {
+        chat_template: Some(template.into()),
+        ..Options::default()
+    });
+    let body = json!({"input": "Hi", "max_output_tokens": 6, "temperature": 0});
+    let resp = post(server.addr, "/v1/responses", &body).json();
+    let out = resp["output"].as_array().unwrap();
+    assert_eq!(out.len(), 2, "{resp}");
+    assert_eq!(out[0]["type"], "reasoning");
+    let thought = out[0]["content"][0]["text"].as_str().unwrap();
+    assert!(!thought.is_empty());
+    assert_eq!(output_text(&resp), "");
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let events = post(server.addr, "/v1/responses", &streamed).events();
+    let text: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.reasoning_text.delta")
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, thought);
+    let added: Vec<&str> = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_item.added")
+        .map(|e| e["item"]["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(added, ["reasoning", "message"]);
+}
+
+#[test]
+fn a_json_schema_format_gives_a_document_of_that_schema() {
+    let server = start(Options::default());
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}},
+                        "required": ["n"], "additionalProperties": false});
+    let resp = post(
+        server.addr,
+        "/v1/responses",
+        &json!({"input": "A number:", "max_output_tokens": 40,
+                "text": {"format": {"type": "json_schema", "name": "num", "schema": schema}}}),
+    )
+    .json();
+    assert_eq!(resp["status"], "completed", "{resp}");
+    let doc: Value = serde_json::from_str(&output_text(&resp)).unwrap();
+    assert!(doc["n"].is_i64(), "{doc}");
+    assert_eq!(resp["text"]["format"]["type"], "json_schema");
+}
+
+#[test]
+fn what_a_stateless_server_without_tools_cannot_do_is_refused() {
+    let server = start(Options::default());
+    let refused = |body: Value, status: u16, words: &str| {
+        let r = post(server.addr, "/v1/responses", &body);
+        assert_eq!(r.status, status, "{body}: {}", r.text());
+        let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(msg.contains(words), "{body}: {msg}");
+    };
+    let tool = json!({"type": "function", "name": "f", "parameters": {"type": "object"}});
+    refused(
+        json!({"input": "x", "tools": [tool]}),
+        400,
+        "chat/completions",
+    );
+    refused(
+        json!({"input": "x", "previous_response_id": "resp_1"}),
+        400,
+        "stores no",
+    );
+    refused(json!({"input": 5}), 400, "input");
+    refused(json!({"input": []}), 400, "input");
+    refused(
+        json!({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}),
+        400,
+        "function_call_output",
+    );
+    refused(
+        json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
+        400,
+        "text parts",
+    );
+    refused(
+        json!({"input": "x", "text": {"format": {"type": "grammar"}}}),
+        400,
+        "text.format",
+    );
+    refused(
+        json!({"input": "x", "model": "other"}),
+        404,
+        "does not exist",
+    );
+    refused(
+        json!({"input": "x", "top_logprobs": 3}),
+        400,
+        "top_logprobs",
+    );
+    refused(
+        json!({"input": [{"role": "wizard", "content": "x"}]}),
+        400,
+        "role",
+    );
+}
