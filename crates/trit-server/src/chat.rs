@@ -3,7 +3,7 @@
 //! when tools were offered, `tool_calls`.
 
 use crate::error::ApiError;
-use crate::request::{decode, Common};
+use crate::request::{decode, Common, Job};
 use crate::state::{token_bytes, token_text, AppState};
 use crate::stream::{collect, new_id, sse_response, timings, unix_now, usage, ChunkFormatter};
 use crate::tool_stream::{ToolCallStream, ToolDelta};
@@ -17,20 +17,106 @@ use trit::engine::{SeqSummary, TokenLogprob};
 use trit::sample::JsonSchema;
 use trit::tokenizer::Tokenizer;
 
-#[derive(Deserialize, Debug)]
-struct ChatFields {
-    messages: Vec<Value>,
-    tools: Option<Vec<Value>>,
-    tool_choice: Option<Value>,
-    chat_template_kwargs: Option<Map<String, Value>>,
+#[derive(Deserialize, Debug, Default)]
+pub(crate) struct ChatFields {
+    pub(crate) messages: Vec<Value>,
+    pub(crate) tools: Option<Vec<Value>>,
+    pub(crate) tool_choice: Option<Value>,
+    pub(crate) chat_template_kwargs: Option<Map<String, Value>>,
     #[serde(default)]
-    logprobs: bool,
-    top_logprobs: Option<i64>,
+    pub(crate) logprobs: bool,
+    pub(crate) top_logprobs: Option<i64>,
+}
+
+/// A chat request made into a job: the prompt through the template (tools, forced calls and
+/// thinking switches applied), and what formatting its reply needs.
+pub(crate) struct Prepared {
+    pub(crate) job: Job,
+    /// The template's generation prompt opened a thinking block.
+    pub(crate) starts_in_reasoning: bool,
+    /// The request's tools (the reply is scanned for calls) and their string parameters.
+    pub(crate) tools: bool,
+    pub(crate) types: ParamTypes,
+    pub(crate) top_logprobs: Option<usize>,
 }
 
 pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
     let common: Common = decode(body)?;
     let fields: ChatFields = decode(body)?;
+    let Prepared {
+        job,
+        starts_in_reasoning,
+        tools,
+        types,
+        top_logprobs,
+    } = prepare(&state, &common, fields)?;
+    let started = state.start(&job).await?;
+    let ctx = ReplyContext {
+        model_id: state.config.model_id.clone(),
+        tokenizer: state.tokenizer.clone(),
+        id: new_id("chatcmpl-"),
+        created: unix_now(),
+        tools,
+        logprobs: top_logprobs.is_some(),
+    };
+    if job.stream {
+        let chunks = ChatChunks {
+            reasoning: ReasoningStream::new(starts_in_reasoning),
+            tool_stream: ctx.tools.then(|| ToolCallStream::new(types)),
+            include_usage: job.include_usage,
+            pending_logprobs: Vec::new(),
+            ctx,
+        };
+        return Ok(sse_response(started, chunks));
+    }
+    let c = collect(started).await?;
+    let split = split_reasoning(&c.text, starts_in_reasoning);
+    let (content, calls) = if ctx.tools {
+        parse_tool_calls(&split.content, &types)
+    } else {
+        (split.content, Vec::new())
+    };
+    let mut message = json!({"role": "assistant", "content": content});
+    if content.is_empty() && !calls.is_empty() {
+        message["content"] = Value::Null;
+    }
+    if let Some(r) = split.reasoning {
+        message["reasoning_content"] = json!(r);
+    }
+    if !calls.is_empty() {
+        message["tool_calls"] = json!(calls
+            .iter()
+            .map(|c| c.to_json(&new_id("call_"), None))
+            .collect::<Vec<_>>());
+    }
+    let logprobs = match ctx.logprobs {
+        true => ctx.logprobs_json(&c.logprobs),
+        false => Value::Null,
+    };
+    Ok(axum::Json(json!({
+        "id": ctx.id,
+        "object": "chat.completion",
+        "created": ctx.created,
+        "model": state.config.model_id,
+        "choices": [{
+            "index": 0,
+            "message": message,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason(&c.summary, calls.len()),
+        }],
+        "usage": usage(&c.summary),
+        "timings": timings(&c.summary),
+    }))
+    .into_response())
+}
+
+/// Validates a chat request and builds its job (shared by `/v1/chat/completions` and
+/// `/v1/responses`).
+pub(crate) fn prepare(
+    state: &AppState,
+    common: &Common,
+    fields: ChatFields,
+) -> Result<Prepared, ApiError> {
     let messages = normalize_messages(&fields.messages)?;
     let (tools, forced) = tool_choice(fields.tools.as_ref(), fields.tool_choice.as_ref())?;
     let top_logprobs = logprobs_request(fields.logprobs, fields.top_logprobs)?;
@@ -85,66 +171,14 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
         .tokenizer
         .encode(&text, false)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
-    let job = common.job(&state, prompt, top_logprobs, forced)?;
-    let started = state.start(&job).await?;
-    let ctx = ReplyContext {
-        model_id: state.config.model_id.clone(),
-        tokenizer: state.tokenizer.clone(),
-        id: new_id("chatcmpl-"),
-        created: unix_now(),
+    let job = common.job(state, prompt, top_logprobs, forced)?;
+    Ok(Prepared {
+        job,
+        starts_in_reasoning,
         tools: tools.is_some(),
-        logprobs: top_logprobs.is_some(),
-    };
-    let types = tools.map_or_else(ParamTypes::default, |t| ParamTypes::from_tools(t));
-    if job.stream {
-        let chunks = ChatChunks {
-            reasoning: ReasoningStream::new(starts_in_reasoning),
-            tool_stream: ctx.tools.then(|| ToolCallStream::new(types)),
-            include_usage: job.include_usage,
-            pending_logprobs: Vec::new(),
-            ctx,
-        };
-        return Ok(sse_response(started, chunks));
-    }
-    let c = collect(started).await?;
-    let split = split_reasoning(&c.text, starts_in_reasoning);
-    let (content, calls) = if ctx.tools {
-        parse_tool_calls(&split.content, &types)
-    } else {
-        (split.content, Vec::new())
-    };
-    let mut message = json!({"role": "assistant", "content": content});
-    if content.is_empty() && !calls.is_empty() {
-        message["content"] = Value::Null;
-    }
-    if let Some(r) = split.reasoning {
-        message["reasoning_content"] = json!(r);
-    }
-    if !calls.is_empty() {
-        message["tool_calls"] = json!(calls
-            .iter()
-            .map(|c| c.to_json(&new_id("call_"), None))
-            .collect::<Vec<_>>());
-    }
-    let logprobs = match ctx.logprobs {
-        true => ctx.logprobs_json(&c.logprobs),
-        false => Value::Null,
-    };
-    Ok(axum::Json(json!({
-        "id": ctx.id,
-        "object": "chat.completion",
-        "created": ctx.created,
-        "model": state.config.model_id,
-        "choices": [{
-            "index": 0,
-            "message": message,
-            "logprobs": logprobs,
-            "finish_reason": finish_reason(&c.summary, calls.len()),
-        }],
-        "usage": usage(&c.summary),
-        "timings": timings(&c.summary),
-    }))
-    .into_response())
+        types: tools.map_or_else(ParamTypes::default, |t| ParamTypes::from_tools(t)),
+        top_logprobs,
+    })
 }
 
 /// `logprobs: true` (+ optional `top_logprobs` 0..=20) → how many alternatives to report.
