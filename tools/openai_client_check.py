@@ -199,6 +199,29 @@ check(final.status == "completed" and final.output_text == plain.output_text,
 check(isinstance(json.loads(final.output_text)["n"], int), final.output_text)
 check(kinds[0] == "response.created" and kinds[-1] == "response.completed", f"{kinds}")
 
+# A forced function tool on the Responses API: a function_call item, whole and through the
+# stream helper (which checks the call's item ids and argument deltas as it rebuilds it).
+weather = {"type": "function", "name": "get_weather", "description": "Weather now",
+           "strict": True, "parameters": {"type": "object", "properties": {
+               "city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["c", "f"]}},
+               "required": ["city", "unit"], "additionalProperties": False}}
+forced_fn = {"type": "function", "name": "get_weather"}
+fc = client.responses.create(model=model, input="Weather in Paris?", tools=[weather],
+                             tool_choice=forced_fn, max_output_tokens=120, temperature=0)
+calls = [o for o in fc.output if o.type == "function_call"]
+check(len(calls) == 1 and calls[0].name == "get_weather", f"{fc.output}")
+check(json.loads(calls[0].arguments)["unit"] in ("c", "f"), calls[0].arguments)
+with client.responses.stream(model=model, input="Weather in Paris?", tools=[weather],
+                             tool_choice=forced_fn, max_output_tokens=120,
+                             temperature=0) as stream:
+    for _ in stream:
+        pass
+    final = stream.get_final_response()
+streamed_calls = [o for o in final.output if o.type == "function_call"]
+check(len(streamed_calls) == 1
+      and json.loads(streamed_calls[0].arguments) == json.loads(calls[0].arguments),
+      f"{final.output}")
+
 # Errors, as the client raises them.
 try:
     client.chat.completions.create(model=model, messages=[

@@ -5,17 +5,22 @@
 //! `output_text` parts) and `instructions` (a system message first) go through the chat
 //! template like `/v1/chat/completions`; `max_output_tokens`, `temperature`, `top_p`, `text.format`
 //! (text, json_object, json_schema) and chat's sampling extensions (`top_k`, `min_p`, `seed`,
-//! `stop`, penalties) apply. The reply is a `reasoning` item (a Qwen3 thinking block) when the
-//! model thought, then one `message` item with its `output_text`; `status` is `incomplete` with
-//! reason `max_output_tokens` when the budget or the context ended it. Streamed as the API's
-//! events (`response.created` … `response.output_text.delta` … `response.completed`), each
-//! with its `sequence_number`. Function tools are refused with a pointer to chat completions.
+//! `stop`, penalties) apply. Function tools (`tools`, `tool_choice`; earlier calls and their
+//! results as `function_call` / `function_call_output` input items) run through chat's
+//! preparation (`chat::prepare`: the template's tools, forced calls) and parsing. The reply is a
+//! `reasoning` item (a Qwen3 thinking block) when the model thought, its `message` item with its
+//! `output_text`, and a `function_call` item per call; `status` is `incomplete` with reason
+//! `max_output_tokens` when the budget or the context ended it. Streamed as the API's events
+//! (`response.created` … `response.output_text.delta` / `response.function_call_arguments.delta`
+//! … `response.completed`), each with its `sequence_number`.
 
-use crate::chat::normalize_messages;
+use crate::chat::{prepare, ChatFields, Prepared};
 use crate::error::ApiError;
 use crate::request::{decode, Common, OneOrMany};
 use crate::state::AppState;
 use crate::stream::{collect, new_id, sse_response, unix_now, ChunkFormatter};
+use crate::tool_stream::{ToolCallStream, ToolDelta};
+use crate::tools::parse_tool_calls;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -35,6 +40,7 @@ struct ResponsesRequest {
     stream: bool,
     text: Option<Value>,
     tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
     previous_response_id: Option<String>,
     conversation: Option<Value>,
     #[serde(default)]
@@ -60,11 +66,6 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
              whole conversation as input items",
         ));
     }
-    if r.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::invalid(
-            "tools on /v1/responses are not supported yet; use /v1/chat/completions for tool calls",
-        ));
-    }
     if r.background {
         return Err(ApiError::invalid("background responses are not supported"));
     }
@@ -73,17 +74,11 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
             "top_logprobs on /v1/responses is not supported; use /v1/chat/completions",
         ));
     }
-    let Some(template) = &state.template else {
-        return Err(ApiError::invalid(
-            "this model has no chat template; use /v1/completions with a raw prompt",
-        ));
-    };
     let mut messages = Vec::new();
     if let Some(i) = &r.instructions {
         messages.push(json!({"role": "system", "content": i}));
     }
     messages.extend(input_messages(&r.input)?);
-    let messages = normalize_messages(&messages)?;
     let common = Common {
         model: r.model.clone(),
         max_tokens: r.max_output_tokens,
@@ -100,20 +95,19 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
         response_format: response_format(r.text.as_ref())?,
         ..Common::default()
     };
-    // A JSON document starts the reply: no thinking block before it (as chat does).
-    let mut kwargs = Map::new();
-    if common.wants_json() {
-        kwargs.insert("enable_thinking".into(), Value::Bool(false));
-    }
-    let text = template
-        .render(&messages, true, None, &kwargs)
-        .map_err(|e| ApiError::invalid(e.to_string()))?;
-    let starts_in_reasoning = text.trim_end().ends_with("<think>");
-    let prompt = state
-        .tokenizer
-        .encode(&text, false)
-        .map_err(|e| ApiError::invalid(e.to_string()))?;
-    let job = common.job(&state, prompt, None, None)?;
+    let fields = ChatFields {
+        messages,
+        tools: chat_tools(r.tools.as_deref())?,
+        tool_choice: chat_tool_choice(r.tool_choice.as_ref()),
+        ..ChatFields::default()
+    };
+    let Prepared {
+        job,
+        starts_in_reasoning,
+        tools,
+        types,
+        ..
+    } = prepare(&state, &common, fields)?;
     let started = state.start(&job).await?;
     let shell = Shell {
         id: new_id("resp_"),
@@ -126,6 +120,7 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
         let events = ResponseEvents {
             shell,
             reasoning: ReasoningStream::new(starts_in_reasoning),
+            tool_stream: tools.then(|| ToolCallStream::new(types)),
             open: None,
             items: Vec::new(),
             sequence: 0,
@@ -134,11 +129,28 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
     }
     let c = collect(started).await?;
     let split = split_reasoning(&c.text, starts_in_reasoning);
+    let (content, calls) = if tools {
+        parse_tool_calls(&split.content, &types)
+    } else {
+        (split.content, Vec::new())
+    };
     let mut output = Vec::new();
     if let Some(r) = split.reasoning {
         output.push(reasoning_item(&new_id("rs_"), &r, "completed"));
     }
-    output.push(message_item(&new_id("msg_"), &split.content, "completed"));
+    if !content.is_empty() || calls.is_empty() {
+        output.push(message_item(&new_id("msg_"), &content, "completed"));
+    }
+    for call in &calls {
+        let (id, call_id) = (new_id("fc_"), new_id("call_"));
+        output.push(function_call_item(
+            &id,
+            &call_id,
+            &call.name,
+            &call.arguments,
+            "completed",
+        ));
+    }
     Ok(axum::Json(finished(shell, output, &c.summary)).into_response())
 }
 
@@ -162,10 +174,36 @@ fn input_messages(input: &Value) -> Result<Vec<Value>, ApiError> {
                 .get("type")
                 .and_then(Value::as_str)
                 .unwrap_or("message");
-            if kind != "message" {
-                return Err(ApiError::invalid(format!(
-                    "input[{i}]: items of type '{kind}' are not supported (messages only)"
-                )));
+            let text = |key: &str| -> Result<String, ApiError> {
+                match item.get(key) {
+                    Some(Value::String(s)) => Ok(s.clone()),
+                    _ => Err(ApiError::invalid(format!(
+                        "input[{i}].{key} must be a string"
+                    ))),
+                }
+            };
+            match kind {
+                "message" => {}
+                // The model's earlier call and its result: chat's assistant tool call and tool
+                // message.
+                "function_call" => {
+                    return Ok(
+                        json!({"role": "assistant", "content": null, "tool_calls": [{
+                            "id": text("call_id")?, "type": "function",
+                            "function": {"name": text("name")?, "arguments": text("arguments")?},
+                        }]}),
+                    )
+                }
+                "function_call_output" => {
+                    return Ok(json!({"role": "tool", "tool_call_id": text("call_id")?,
+                                     "content": text("output")?}))
+                }
+                _ => {
+                    return Err(ApiError::invalid(format!(
+                        "input[{i}]: items of type '{kind}' are not supported (messages, \
+                         function_call and function_call_output)"
+                    )))
+                }
             }
             let role = item.get("role").cloned().unwrap_or(Value::Null);
             let content = match item.get("content") {
@@ -220,6 +258,45 @@ fn response_format(text: Option<&Value>) -> Result<Option<Value>, ApiError> {
     }
 }
 
+/// Responses' function tools (`{type, name, description, parameters}`) as chat's
+/// (`{type, function: {...}}`); other tool types (web search, files…) are refused.
+fn chat_tools(tools: Option<&[Value]>) -> Result<Option<Vec<Value>>, ApiError> {
+    let Some(tools) = tools.filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    tools
+        .iter()
+        .map(|t| match t.get("type").and_then(Value::as_str) {
+            Some("function") => {
+                let mut f = t.as_object().cloned().unwrap_or_default();
+                f.remove("type");
+                f.remove("strict");
+                Ok(json!({"type": "function", "function": f}))
+            }
+            other => Err(ApiError::invalid(format!(
+                "tools: only function tools are supported (got {})",
+                other.unwrap_or("no type")
+            ))),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+/// Responses' `tool_choice` (`auto`, `none`, `required`, `{type: function, name}`) as chat's.
+fn chat_tool_choice(choice: Option<&Value>) -> Option<Value> {
+    match choice {
+        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
+            Some(json!({"type": "function", "function": {"name": o.get("name")}}))
+        }
+        other => other.cloned(),
+    }
+}
+
+fn function_call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str) -> Value {
+    json!({"type": "function_call", "id": id, "call_id": call_id, "name": name,
+           "arguments": arguments, "status": status})
+}
+
 /// The response object's fields known before the reply (`output` empty, `in_progress`).
 struct Shell<'a> {
     id: String,
@@ -252,8 +329,8 @@ impl Shell<'_> {
             "store": false,
             "temperature": r.temperature,
             "text": {"format": format},
-            "tool_choice": "auto",
-            "tools": [],
+            "tool_choice": r.tool_choice.clone().unwrap_or(json!("auto")),
+            "tools": r.tools.clone().unwrap_or_default(),
             "top_p": r.top_p,
             "truncation": "disabled",
             "usage": null,
@@ -304,18 +381,27 @@ fn reasoning_item(id: &str, text: &str, status: &str) -> Value {
     json!({"type": "reasoning", "id": id, "status": status, "summary": [], "content": content})
 }
 
-/// The output item being streamed: its kind, id and text so far.
+/// What kind of output item is being streamed.
+#[derive(Clone, PartialEq)]
+enum Kind {
+    Reasoning,
+    Message,
+    Call { call_id: String, name: String },
+}
+
+/// The output item being streamed: its kind, id and text (a call's arguments) so far.
 struct OpenItem {
-    part: ReplyPart,
+    kind: Kind,
     id: String,
     text: String,
 }
 
 /// Streaming: the response's events, items opened and closed as the reply moves from thinking
-/// to its message.
+/// to its message and its function calls (`ToolCallStream`, as chat streams them).
 struct ResponseEvents {
     shell: Value,
     reasoning: ReasoningStream,
+    tool_stream: Option<ToolCallStream>,
     open: Option<OpenItem>,
     items: Vec<Value>,
     sequence: u64,
@@ -329,16 +415,21 @@ impl ResponseEvents {
         fields
     }
 
-    fn open(&mut self, part: ReplyPart) -> Vec<Value> {
-        let (id, item) = match part {
-            ReplyPart::Reasoning => {
+    fn open(&mut self, kind: Kind) -> Vec<Value> {
+        let (id, item) = match &kind {
+            Kind::Reasoning => {
                 let id = new_id("rs_");
                 let item = reasoning_item(&id, "", "in_progress");
                 (id, item)
             }
-            ReplyPart::Content => {
+            Kind::Message => {
                 let id = new_id("msg_");
                 let item = message_item(&id, "", "in_progress");
+                (id, item)
+            }
+            Kind::Call { call_id, name } => {
+                let id = new_id("fc_");
+                let item = function_call_item(&id, call_id, name, "", "in_progress");
                 (id, item)
             }
         };
@@ -347,7 +438,7 @@ impl ResponseEvents {
             "response.output_item.added",
             json!({"output_index": index, "item": item}),
         )];
-        if part == ReplyPart::Content {
+        if kind == Kind::Message {
             out.push(self.event(
                 "response.content_part.added",
                 json!({"item_id": id, "output_index": index, "content_index": 0,
@@ -355,7 +446,7 @@ impl ResponseEvents {
             ));
         }
         self.open = Some(OpenItem {
-            part,
+            kind,
             id,
             text: String::new(),
         });
@@ -368,28 +459,34 @@ impl ResponseEvents {
         };
         let index = self.items.len();
         let (id, text) = (&item.id, &item.text);
+        let at = json!({"item_id": id, "output_index": index});
+        let with = |mut v: Value, extra: Value| {
+            if let (Some(v), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+                v.extend(e.clone());
+            }
+            v
+        };
         let mut out = Vec::new();
-        let done = match item.part {
-            ReplyPart::Reasoning => {
-                out.push(self.event(
-                    "response.reasoning_text.done",
-                    json!({"item_id": id, "output_index": index, "content_index": 0,
-                           "text": text}),
-                ));
+        let done = match &item.kind {
+            Kind::Reasoning => {
+                let f = with(at, json!({"content_index": 0, "text": text}));
+                out.push(self.event("response.reasoning_text.done", f));
                 reasoning_item(id, text, "completed")
             }
-            ReplyPart::Content => {
-                out.push(self.event(
-                    "response.output_text.done",
-                    json!({"item_id": id, "output_index": index, "content_index": 0,
-                           "text": text, "logprobs": []}),
-                ));
-                out.push(self.event(
-                    "response.content_part.done",
-                    json!({"item_id": id, "output_index": index, "content_index": 0,
-                           "part": text_part(text)}),
-                ));
+            Kind::Message => {
+                let f = with(
+                    at.clone(),
+                    json!({"content_index": 0, "text": text, "logprobs": []}),
+                );
+                out.push(self.event("response.output_text.done", f));
+                let f = with(at, json!({"content_index": 0, "part": text_part(text)}));
+                out.push(self.event("response.content_part.done", f));
                 message_item(id, text, "completed")
+            }
+            Kind::Call { call_id, name } => {
+                let f = with(at, json!({"name": name, "arguments": text}));
+                out.push(self.event("response.function_call_arguments.done", f));
+                function_call_item(id, call_id, name, text, "completed")
             }
         };
         out.push(self.event(
@@ -400,29 +497,88 @@ impl ResponseEvents {
         out
     }
 
+    /// `text` added to an item of `kind`, opening it (and closing the one before) if needed.
+    fn push_text(&mut self, kind: Kind, text: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        if text.is_empty() {
+            return out;
+        }
+        let same = match (&self.open, &kind) {
+            (Some(o), Kind::Call { .. }) => matches!(o.kind, Kind::Call { .. }),
+            (Some(o), k) => &o.kind == k,
+            (None, _) => false,
+        };
+        if !same {
+            out.extend(self.close());
+            out.extend(self.open(kind.clone()));
+        }
+        let index = self.items.len();
+        let open = self.open.as_mut().expect("opened above");
+        open.text.push_str(text);
+        let id = open.id.clone();
+        let (name, extra) = match kind {
+            Kind::Reasoning => ("response.reasoning_text.delta", json!({"content_index": 0})),
+            Kind::Message => (
+                "response.output_text.delta",
+                json!({"content_index": 0, "logprobs": []}),
+            ),
+            Kind::Call { .. } => ("response.function_call_arguments.delta", json!({})),
+        };
+        let mut f = json!({"item_id": id, "output_index": index, "delta": text});
+        if let (Some(f), Some(e)) = (f.as_object_mut(), extra.as_object()) {
+            f.extend(e.clone());
+        }
+        out.push(self.event(name, f));
+        out
+    }
+
+    /// One of the tool-call stream's deltas: content text, or a call (a new one when it names
+    /// its function) and its argument fragments.
+    fn tool_delta(&mut self, d: ToolDelta) -> Vec<Value> {
+        match d {
+            ToolDelta::Content(t) => self.push_text(Kind::Message, &t),
+            ToolDelta::Call(v) => {
+                let mut out = Vec::new();
+                let f = &v["function"];
+                if let Some(name) = f["name"].as_str() {
+                    out.extend(self.close());
+                    let call_id = v["id"]
+                        .as_str()
+                        .map_or_else(|| new_id("call_"), str::to_string);
+                    out.extend(self.open(Kind::Call {
+                        call_id,
+                        name: name.to_string(),
+                    }));
+                }
+                if let Some(args) = f["arguments"].as_str() {
+                    let kind = match &self.open {
+                        Some(
+                            o @ OpenItem {
+                                kind: Kind::Call { .. },
+                                ..
+                            },
+                        ) => o.kind.clone(),
+                        _ => return out,
+                    };
+                    out.extend(self.push_text(kind, args));
+                }
+                out
+            }
+        }
+    }
+
     fn parts(&mut self, parts: Vec<(ReplyPart, String)>) -> Vec<Value> {
         let mut out = Vec::new();
         for (part, text) in parts {
-            if text.is_empty() {
-                continue;
+            match (part, self.tool_stream.as_mut()) {
+                (ReplyPart::Reasoning, _) => out.extend(self.push_text(Kind::Reasoning, &text)),
+                (ReplyPart::Content, Some(t)) => {
+                    for d in t.push(&text) {
+                        out.extend(self.tool_delta(d));
+                    }
+                }
+                (ReplyPart::Content, None) => out.extend(self.push_text(Kind::Message, &text)),
             }
-            if self.open.as_ref().map(|o| o.part) != Some(part) {
-                out.extend(self.close());
-                out.extend(self.open(part));
-            }
-            let index = self.items.len();
-            let open = self.open.as_mut().expect("opened above");
-            open.text.push_str(&text);
-            let id = open.id.clone();
-            let kind = match part {
-                ReplyPart::Reasoning => "response.reasoning_text.delta",
-                ReplyPart::Content => "response.output_text.delta",
-            };
-            out.push(self.event(
-                kind,
-                json!({"item_id": id, "output_index": index, "content_index": 0,
-                       "delta": text, "logprobs": []}),
-            ));
         }
         out
     }
@@ -445,12 +601,21 @@ impl ChunkFormatter for ResponseEvents {
     fn done(&mut self, summary: &SeqSummary) -> Vec<Value> {
         let tail = self.reasoning.finish();
         let mut out = self.parts(tail.into_iter().collect());
-        // Every response has its message, empty if the model wrote nothing after thinking.
-        if self.open.as_ref().map(|o| o.part) != Some(ReplyPart::Content) {
-            out.extend(self.close());
-            out.extend(self.open(ReplyPart::Content));
+        if let Some(mut t) = self.tool_stream.take() {
+            for d in t.finish() {
+                out.extend(self.tool_delta(d));
+            }
         }
         out.extend(self.close());
+        // A reply without a message or a call still has its (empty) message.
+        if !self
+            .items
+            .iter()
+            .any(|i| i["type"] == "message" || i["type"] == "function_call")
+        {
+            out.extend(self.open(Kind::Message));
+            out.extend(self.close());
+        }
         let response = finished(self.shell.clone(), std::mem::take(&mut self.items), summary);
         let kind = if response["status"] == "incomplete" {
             "response.incomplete"

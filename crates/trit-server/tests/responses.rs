@@ -2,7 +2,8 @@
 //! `/v1/chat/completions` gives for the same messages (same prompt through the template, greedy),
 //! in the Responses shape; its stream is the API's event sequence and adds up to the same
 //! text; a template that opens a thinking block gives a `reasoning` item; JSON formats decode;
-//! what a stateless server without tools cannot do is refused.
+//! a forced function tool gives a `function_call` item (whole and streamed) and a call's
+//! result goes back in as input items; what a stateless server cannot do is refused.
 
 mod common;
 use common::*;
@@ -215,7 +216,7 @@ fn a_json_schema_format_gives_a_document_of_that_schema() {
 }
 
 #[test]
-fn what_a_stateless_server_without_tools_cannot_do_is_refused() {
+fn what_a_stateless_server_cannot_do_is_refused() {
     let server = start(Options::default());
     let refused = |body: Value, status: u16, words: &str| {
         let r = post(server.addr, "/v1/responses", &body);
@@ -223,11 +224,11 @@ fn what_a_stateless_server_without_tools_cannot_do_is_refused() {
         let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
         assert!(msg.contains(words), "{body}: {msg}");
     };
-    let tool = json!({"type": "function", "name": "f", "parameters": {"type": "object"}});
+    let web = json!({"type": "web_search"});
     refused(
-        json!({"input": "x", "tools": [tool]}),
+        json!({"input": "x", "tools": [web]}),
         400,
-        "chat/completions",
+        "only function tools",
     );
     refused(
         json!({"input": "x", "previous_response_id": "resp_1"}),
@@ -237,9 +238,14 @@ fn what_a_stateless_server_without_tools_cannot_do_is_refused() {
     refused(json!({"input": 5}), 400, "input");
     refused(json!({"input": []}), 400, "input");
     refused(
-        json!({"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]}),
+        json!({"input": [{"type": "function_call_output", "call_id": "c", "output": 1}]}),
         400,
-        "function_call_output",
+        "input[0].output",
+    );
+    refused(
+        json!({"input": [{"type": "file_search_call"}]}),
+        400,
+        "file_search_call",
     );
     refused(
         json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
@@ -265,5 +271,102 @@ fn what_a_stateless_server_without_tools_cannot_do_is_refused() {
         json!({"input": [{"role": "wizard", "content": "x"}]}),
         400,
         "role",
+    );
+}
+
+/// A function tool forced by `tool_choice`: a `function_call` item whose arguments fit the
+/// tool's parameters, whole and streamed (argument deltas adding up to the same call); the call
+/// and its output sent back as input items answer as chat does with the same assistant tool
+/// call and tool message.
+#[test]
+fn a_forced_function_tool_becomes_a_function_call_item() {
+    let server = start(Options::default());
+    let weather = json!({"type": "function", "name": "get_weather", "description": "Weather now",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city", "unit"], "additionalProperties": false}});
+    let body = |stream: bool| {
+        json!({"input": "Weather in Paris?", "tools": [weather],
+               "tool_choice": {"type": "function", "name": "get_weather"},
+               "max_output_tokens": 120, "temperature": 0, "stream": stream})
+    };
+    let resp = post(server.addr, "/v1/responses", &body(false)).json();
+    let calls: Vec<&Value> = resp["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["type"] == "function_call")
+        .collect();
+    assert_eq!(calls.len(), 1, "{resp}");
+    let call = calls[0];
+    assert_eq!(call["name"], "get_weather");
+    assert!(call["call_id"].as_str().unwrap().starts_with("call_"));
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(
+        args["city"].is_string() && (args["unit"] == "c" || args["unit"] == "f"),
+        "{args}"
+    );
+    assert_eq!(resp["tools"][0]["name"], "get_weather");
+
+    let events = post(server.addr, "/v1/responses", &body(true)).events();
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e["sequence_number"], i, "{e}");
+    }
+    let streamed: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.function_call_arguments.delta")
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    // As chat streams a call: the arguments' JSON text as the model wrote it (the whole reply
+    // re-serializes it), so the two parse to the same value.
+    let streamed_args: Value = serde_json::from_str(&streamed).unwrap();
+    assert_eq!(streamed_args, args);
+    let done = events
+        .iter()
+        .find(|e| e["type"] == "response.function_call_arguments.done")
+        .unwrap();
+    assert_eq!(done["name"], "get_weather");
+    assert_eq!(done["arguments"].as_str(), Some(streamed.as_str()));
+    let last = &events.last().unwrap()["response"];
+    let n_calls = last["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["type"] == "function_call")
+        .count();
+    assert_eq!(n_calls, 1, "{last}");
+
+    // The call and its result as input items = chat's assistant tool call + tool message.
+    let args = r#"{"city": "Paris", "unit": "c"}"#;
+    let chat = post(
+        server.addr,
+        "/v1/chat/completions",
+        &json!({"messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1",
+              "type": "function", "function": {"name": "get_weather", "arguments": args}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}],
+            "max_tokens": 10, "temperature": 0}),
+    )
+    .json();
+    let resp = post(
+        server.addr,
+        "/v1/responses",
+        &json!({"input": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+             "arguments": args},
+            {"type": "function_call_output", "call_id": "call_1", "output": "18 C, sunny"}],
+            "max_output_tokens": 10, "temperature": 0}),
+    )
+    .json();
+    assert_eq!(
+        output_text(&resp),
+        chat["choices"][0]["message"]["content"],
+        "{resp}"
+    );
+    assert_eq!(
+        resp["usage"]["input_tokens"],
+        chat["usage"]["prompt_tokens"]
     );
 }
