@@ -151,11 +151,7 @@ impl CudaModel {
             ctx: n,
         };
         self.upload_inputs(st, tokens, 0)?;
-        if st.prefill.is_none() {
-            let chunk = self.prefill_chunk.min(self.ctx).max(1);
-            st.prefill = Some(PrefillBuffers::new(&st.gpu, c, chunk)?);
-        }
-        let chunk = st.prefill.as_ref().map_or(1, |p| p.chunk);
+        let chunk = self.prefill_buffers(st)?;
         let d = c.hidden;
         let mut out = Vec::new();
         let mut done = 0;
@@ -182,6 +178,16 @@ impl CudaModel {
         Ok(out)
     }
 
+    /// The chunk buffers, made on first use; returns the chunk's token count.
+    fn prefill_buffers(&self, st: &mut State) -> Result<usize> {
+        if st.prefill.is_none() {
+            // At 512 tokens (the default) about 100 MB of activations for the 8B shape.
+            let chunk = self.prefill_chunk.min(self.ctx).max(1);
+            st.prefill = Some(PrefillBuffers::new(&st.gpu, &self.config, chunk)?);
+        }
+        Ok(st.prefill.as_ref().map_or(1, |p| p.chunk))
+    }
+
     /// `prefill_locked` with keys and values going to `kv`.
     pub(crate) fn prefill_into(
         &self,
@@ -191,12 +197,7 @@ impl CudaModel {
         which: Logits,
         kv: &KvTarget,
     ) -> Result<Vec<f32>> {
-        if st.prefill.is_none() {
-            // At 512 tokens (the default) about 100 MB of activations for the 8B shape.
-            let chunk = self.prefill_chunk.min(self.ctx).max(1);
-            st.prefill = Some(PrefillBuffers::new(&st.gpu, &self.config, chunk)?);
-        }
-        let chunk = st.prefill.as_ref().map_or(1, |p| p.chunk);
+        let chunk = self.prefill_buffers(st)?;
         let mut out = Vec::new();
         let mut done = 0;
         while done < tokens.len() {
