@@ -845,3 +845,65 @@ fn attention_o_steps_are_reproducible_and_differ_from_the_separate_kernels() {
         "the attention + o kernel did not run: logits bit-equal to the separate kernels'"
     );
 }
+
+/// q‖k‖v and the attention in one kernel (`CudaOptions::qkv_attention`) against the CPU: heads
+/// of 64 (tiny: 2 q heads per kv head, QK-norm; tiny-llama: no QK-norm, adjacent rotation) and
+/// of 128 (a tiny model with the 8B's 4 q heads per kv head), each owner block attending all of
+/// its kv head's q heads or one, the cached rows staged in shared memory or read from the
+/// cache (with and without an L2 prefetch); decode steps from 40 cached positions, and from 120 across
+/// the kernel's last position (127) into the separate kernels. The kernel really runs: its
+/// logits differ in some bit from the separate kernels', and two runs agree bit for bit.
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn qkv_attention_kernel_matches_the_cpu() {
+    if gpu_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let q2 = OutFormat::parse("q2_0").unwrap();
+    let mut wide = Preset::by_name("tiny").unwrap();
+    wide.name = "tiny-hd128";
+    (wide.n_heads, wide.n_kv_heads, wide.head_dim) = (8, 2, 128);
+    for p in [
+        Preset::by_name("tiny").unwrap(),
+        Preset::by_name("tiny-llama").unwrap(),
+        wide,
+    ] {
+        let out = dir.path().join(p.name);
+        generate(&p, 6, &out, &[q2], &TokenizerAssets::Placeholder).unwrap();
+        let path = out.join("model-q2_0.gguf");
+        for (heads, stage) in [(0, 1), (1, 1), (1, 0), (0, 2)] {
+            let mut opts = CudaOptions::new(160);
+            opts.qkv_attention = true;
+            opts.qkv_attention_heads = heads;
+            opts.qkv_attention_stage = stage;
+            for (len, steps) in [(40, 8), (120, 12)] {
+                let errs = compare_with(&path, &prompt(len, p.vocab, 5), steps, &opts);
+                check(
+                    &format!(
+                        "{} q‖k‖v + attention, {heads} heads per owner, {len}",
+                        p.name
+                    ),
+                    errs,
+                );
+            }
+        }
+        let files = trit::format::open(&path).unwrap();
+        let run = |on: bool| -> Vec<Vec<f32>> {
+            let mut opts = CudaOptions::new(128);
+            opts.qkv_attention = on;
+            greedy_rows(&files, &opts, prompt(20, p.vocab, 7), 6)
+        };
+        let (a, b, apart) = (run(true), run(true), run(false));
+        assert!(
+            a == b,
+            "{}: two runs with the q‖k‖v + attention kernel differ",
+            p.name
+        );
+        assert!(
+            a[1..].iter().zip(&apart[1..]).any(|(x, y)| x != y),
+            "{}: the q‖k‖v + attention kernel did not run",
+            p.name
+        );
+    }
+}
