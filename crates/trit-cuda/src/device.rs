@@ -43,8 +43,6 @@ pub const SOURCES: &[(&str, &str)] = &[
     ),
     // The decode step's attention + o in one kernel at short contexts (`attention_o.rs`).
     ("attention_o.cu", include_str!("kernels/attention_o.cu")),
-    // After gemv_stream.cu and attention.cu: their streaming GEMV and rotation.
-    ("qkv_attention.cu", include_str!("kernels/qkv_attention.cu")),
 ];
 
 /// Kernels the decode step and the batched prefill launch (all must exist in the compiled
@@ -211,8 +209,6 @@ pub const KERNELS: &[&str] = &[
     "ternary_gemm_small_wide_f32",
     "ternary_gemm_small_ring_f16",
     "ternary_gemm_small_ring_f32",
-    "qkv_attend_f16",
-    "qkv_attend_f32",
 ];
 
 /// Kernels (name prefixes) that take dynamic shared memory beyond the default 48 KB.
@@ -220,7 +216,6 @@ const DYNAMIC_SMEM_KERNELS: &[&str] = &[
     "ternary_gemv_stream_",
     "mlp_persist_",
     "ternary_gemm_small_ring_",
-    "qkv_attend_",
 ];
 /// Bytes of the opt-in shared memory left for those kernels' static arrays (the streaming
 /// GEMV's are at most 1,152: its scratch and the split reduction of 32 warps × 8 rows).

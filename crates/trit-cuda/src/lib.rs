@@ -40,7 +40,6 @@ pub mod model;
 mod options;
 mod persist;
 mod prefill;
-mod qkv_attention;
 pub mod repack;
 pub mod rotation;
 mod sub_norm;

@@ -17,8 +17,7 @@ use crate::graph::{alloc_host_logits, copy_to_pinned, StepGraph};
 use crate::launch;
 pub use crate::options::{CudaOptions, FusedSet};
 use crate::prefill::PrefillBuffers;
-use crate::qkv_attention::QKV_ATT_MAX_POS;
-use crate::weights::{self, DevBlock, DevMatrix, DevWeights};
+use crate::weights::{self, DevMatrix, DevWeights};
 use cudarc::driver::{CudaSlice, PinnedHostSlice};
 use std::sync::Mutex;
 use trit::format::config::{ModelConfig, RopeStyle};
@@ -38,8 +37,6 @@ pub(crate) enum StepKind {
     Chain = 0,
     /// Attention + o in one kernel (`CudaModel::short_step`).
     Short = 1,
-    /// q‖k‖v and attention in one kernel (`qkv_attention.rs`).
-    QkvAttention = 2,
 }
 
 /// Device buffers of one decode step, and the KV cache.
@@ -51,13 +48,13 @@ pub(crate) struct Buffers {
     pub(crate) xq: CudaSlice<i8>,
     pub(crate) xm: CudaSlice<f32>,
     pub(crate) qkv: CudaSlice<f32>,
-    pub(crate) att: CudaSlice<f32>,
+    att: CudaSlice<f32>,
     gu: CudaSlice<f32>,
     pub(crate) h: CudaSlice<f32>,
     part_o: CudaSlice<f32>,
     part_ml: CudaSlice<f32>,
     /// Per head: splits of the current step done (the last one merges; reset to 0 by it).
-    pub(crate) counters: CudaSlice<u32>,
+    counters: CudaSlice<u32>,
     /// Barrier counter of the persistent MLP kernel (`persist.rs`).
     pub(crate) persist: CudaSlice<u32>,
     /// The attention + o kernel's pending sum per residual row (fixed point; zero between
@@ -78,7 +75,7 @@ pub(crate) struct State {
     /// Chunk activations of the batched prefill, allocated on the first prompt.
     pub(crate) prefill: Option<PrefillBuffers>,
     /// Decode steps captured on first use, at `2·kind + with_head` (`StepKind`).
-    graphs: [Option<StepGraph>; 6],
+    graphs: [Option<StepGraph>; 4],
     /// The device counter's value when known (None after an error or a batched call).
     pub(crate) device_pos: Option<usize>,
     /// Slots and row buffers of the batched path (`batch.rs`), made on its first use.
@@ -109,10 +106,6 @@ pub struct CudaModel {
     pub(crate) stream_down: bool,
     /// `CudaOptions::greedy_loop`.
     pub(crate) greedy_loop: bool,
-    /// `CudaOptions::qkv_attention`: the q heads per attending block (0: all of a kv head's).
-    pub(crate) qkv_attention: Option<usize>,
-    /// `CudaOptions::qkv_attention_stage`.
-    pub(crate) qkv_attention_stage: u32,
     weight_bytes: usize,
     bytes_per_token: usize,
     device_name: String,
@@ -216,8 +209,6 @@ impl CudaModel {
             attention_o_max: opts.attention_o_max,
             stream_down: opts.stream_down,
             greedy_loop: opts.greedy_loop,
-            qkv_attention: opts.qkv_attention.then_some(opts.qkv_attention_heads),
-            qkv_attention_stage: opts.qkv_attention_stage,
             weight_bytes,
             bytes_per_token,
             device_name: gpu.name.clone(),
@@ -280,8 +271,7 @@ impl Buffers {
             h: gpu.zeros(c.ffn)?,
             part_o: gpu.zeros(c.n_heads * n_splits * hd)?,
             part_ml: gpu.zeros(2 * c.n_heads * n_splits)?,
-            // The attention kernel's per head, then qkv_attend's two per kv head.
-            counters: gpu.zeros(c.n_heads + 2 * c.n_kv_heads)?,
+            counters: gpu.zeros(c.n_heads)?,
             persist: gpu.zeros(1)?,
             pend: gpu.zeros(d)?,
             logits: gpu.zeros(c.vocab)?,
@@ -419,27 +409,55 @@ impl CudaModel {
             q: xq,
             meta: xm,
         };
+        let scale = 1.0 / (hd as f32).sqrt();
         let normed_x = |gamma: &CudaSlice<f32>| FusedInput::Norm {
             x: p(&b.x),
             gamma: p(gamma),
             eps: c.norm_eps,
         };
         for (li, blk) in st.w.blocks.iter().enumerate() {
-            let attended =
-                kind == StepKind::QkvAttention && self.qkv_attention_layer(st, blk, li, kv)?;
-            if !attended {
-                if let Some(m) = self.fused_args(st, &blk.qkv, self.fused.qkv, false) {
-                    self.fused_gemv(st, &m, normed_x(&blk.attn_norm), p(&b.qkv), false, false)?;
-                } else {
-                    norm(&blk.attn_norm, p(&b.x))?;
-                    self.gemv(st, &blk.qkv, &normed, p(&b.qkv), false)?;
-                }
+            if let Some(m) = self.fused_args(st, &blk.qkv, self.fused.qkv, false) {
+                self.fused_gemv(st, &m, normed_x(&blk.attn_norm), p(&b.qkv), false, false)?;
+            } else {
+                norm(&blk.attn_norm, p(&b.x))?;
+                self.gemv(st, &blk.qkv, &normed, p(&b.qkv), false)?;
             }
+            let opt = |v: &Option<CudaSlice<f32>>| v.as_ref().map_or(0, p);
             if short && self.attention_o_layer(st, blk, li, kv)? {
                 continue;
             }
-            if !attended {
-                self.attend(st, blk, li, kv)?;
+            let fused_quant = hd.is_multiple_of(64);
+            g.launch(
+                attn_decode_kernel(hd),
+                (c.n_heads as u32, self.n_splits as u32),
+                256,
+                &[
+                    Arg::Ptr(p(&b.qkv)),
+                    Arg::Ptr(opt(&blk.q_norm)),
+                    Arg::Ptr(opt(&blk.k_norm)),
+                    Arg::F32(c.norm_eps),
+                    Arg::Ptr(p(&b.cos_sin)),
+                    Arg::Ptr(step),
+                    Arg::I32(c.n_heads as i32),
+                    Arg::I32(c.n_kv_heads as i32),
+                    Arg::I32(hd as i32),
+                    Arg::I32((c.rope_style == RopeStyle::Adjacent) as i32),
+                    Arg::Ptr(kv[li].0),
+                    Arg::Ptr(kv[li].1),
+                    Arg::I32(self.ctx as i32),
+                    Arg::F32(scale),
+                    Arg::Ptr(p(&b.part_o)),
+                    Arg::Ptr(p(&b.part_ml)),
+                    Arg::Ptr(ptr(&b.counters, s)),
+                    Arg::Ptr(p(&b.att)),
+                    Arg::Ptr(xq),
+                    Arg::Ptr(xm),
+                    Arg::I32(fused_quant as i32),
+                    Arg::I32(self.att_min_chunk as i32),
+                ],
+            )?;
+            if !fused_quant && nq.is_multiple_of(64) {
+                launch::quantize_vec(g, p(&b.att), nq, xq, xm)?;
             }
             if self.persist_mlp && nq.is_multiple_of(64) && self.mlp_persist(st, blk)? {
                 continue;
@@ -520,53 +538,6 @@ impl CudaModel {
         Ok(())
     }
 
-    /// The separate attention kernel of layer `li` (flash-decoding splits over the cache),
-    /// and the int8 blocks of its output where it does not write them itself.
-    fn attend(&self, st: &State, blk: &DevBlock, li: usize, kv: &[(u64, u64)]) -> Result<()> {
-        let c = &self.config;
-        let (g, b, s) = (&st.gpu, &st.b, &st.gpu.stream);
-        let p = |x: &CudaSlice<f32>| ptr(x, s);
-        let opt = |v: &Option<CudaSlice<f32>>| v.as_ref().map_or(0, p);
-        let (hd, nq) = (c.head_dim, c.n_heads * c.head_dim);
-        let (xq, xm) = (ptr(&b.xq, s), p(&b.xm));
-        let scale = 1.0 / (hd as f32).sqrt();
-        let step = ptr(&b.step, s);
-        let fused_quant = hd.is_multiple_of(64);
-        g.launch(
-            attn_decode_kernel(hd),
-            (c.n_heads as u32, self.n_splits as u32),
-            256,
-            &[
-                Arg::Ptr(p(&b.qkv)),
-                Arg::Ptr(opt(&blk.q_norm)),
-                Arg::Ptr(opt(&blk.k_norm)),
-                Arg::F32(c.norm_eps),
-                Arg::Ptr(p(&b.cos_sin)),
-                Arg::Ptr(step),
-                Arg::I32(c.n_heads as i32),
-                Arg::I32(c.n_kv_heads as i32),
-                Arg::I32(hd as i32),
-                Arg::I32((c.rope_style == RopeStyle::Adjacent) as i32),
-                Arg::Ptr(kv[li].0),
-                Arg::Ptr(kv[li].1),
-                Arg::I32(self.ctx as i32),
-                Arg::F32(scale),
-                Arg::Ptr(p(&b.part_o)),
-                Arg::Ptr(p(&b.part_ml)),
-                Arg::Ptr(ptr(&b.counters, s)),
-                Arg::Ptr(p(&b.att)),
-                Arg::Ptr(xq),
-                Arg::Ptr(xm),
-                Arg::I32(fused_quant as i32),
-                Arg::I32(self.att_min_chunk as i32),
-            ],
-        )?;
-        if !fused_quant && nq.is_multiple_of(64) {
-            launch::quantize_vec(g, p(&b.att), nq, xq, xm)?;
-        }
-        Ok(())
-    }
-
     pub(crate) fn capture(
         &self,
         st: &State,
@@ -589,8 +560,6 @@ impl CudaModel {
     pub(crate) fn step_kind(&self, pos: usize) -> StepKind {
         if self.short_step(pos) {
             StepKind::Short
-        } else if self.qkv_attention.is_some() && pos < QKV_ATT_MAX_POS {
-            StepKind::QkvAttention
         } else {
             StepKind::Chain
         }

@@ -82,16 +82,6 @@ pub struct CudaOptions {
     /// against 887 for the host's loop, 1.7B 1,840–1,851 against 1,742–1,760; sampled 8B 864
     /// against 839–849.
     pub greedy_loop: bool,
-    /// A dense decode step's q‖k‖v and attention as one kernel at positions below 128
-    /// (`qkv_attention.rs`; `TRIT_CUDA_QKV_ATT=1`): the attention's launch leaves the chain.
-    pub qkv_attention: bool,
-    /// q heads each attending block of that kernel takes (`TRIT_CUDA_QKV_ATT_HEADS=N`; 0: all
-    /// of its kv head's).
-    pub qkv_attention_heads: usize,
-    /// Where that kernel's attending blocks read the cached keys/values
-    /// (`TRIT_CUDA_QKV_ATT_STAGE`): 1 copied into shared memory before the wait, 0 from the
-    /// cache after an L2 prefetch before the wait, 2 from the cache.
-    pub qkv_attention_stage: u32,
 }
 
 /// Which matrices of the decode step take the fused GEMV.
@@ -204,14 +194,6 @@ impl CudaOptions {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(ATT_O_MAX),
             greedy_loop: env("TRIT_CUDA_GREEDY").is_none_or(|v| v != "0"),
-            qkv_attention: env("TRIT_CUDA_QKV_ATT").is_some_and(|v| v == "1"),
-            qkv_attention_heads: env("TRIT_CUDA_QKV_ATT_HEADS")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
-            qkv_attention_stage: env("TRIT_CUDA_QKV_ATT_STAGE")
-                .and_then(|v| v.parse().ok())
-                .filter(|s| *s <= 2)
-                .unwrap_or(1),
         }
     }
 }

@@ -97,20 +97,12 @@ __device__ __forceinline__ int stream_ring_at(int nb) { return 4 * nb + (nb + 1)
 // grid takes groups t, t + (all teams), ...; warp `sub` of a team takes lane-steps sub,
 // sub + SPLIT, ... of each (a step past the row's end is an empty item, so all warps of a team
 // agree on the count).
-// Which matrix row group a warp's planned group g stands for. FlatGroups: group g itself (rows
-// g·R …) — every kernel but qkv_attend (qkv_attention.cu), whose blocks each take the rows of
-// one kv head through a map of their own. Empty, so it costs the flat kernels nothing.
-struct FlatGroups {
-    __device__ __forceinline__ int at(int g) const { return g; }
-};
-
-template <int R, typename Map = FlatGroups>
+template <int R>
 struct StreamWarp {
     int g0, per, stride, mine;  // first group, lane-steps per group, group stride, items
-    int gi, ji;                 // the next (planned) item to request
+    int gi, ji;                 // the next item to request
     RowBases<R> ri, r0;         // rows of group gi and of group g0
     uint4* ring;
-    Map map;
 
     // Requests the next item (group gi, lane-step sub + SPLIT·ji) into ring slot `s`.
     template <int SPLIT, typename S>
@@ -122,7 +114,7 @@ struct StreamWarp {
         if (++ji == per) {
             ji = 0;
             gi += stride;
-            ri.set(map.at(gi), rows, rows / 2, glu, nb);
+            ri.set(gi, rows, rows / 2, glu, nb);
         }
     }
 };
@@ -132,27 +124,26 @@ struct StreamWarp {
 // run before the input exists: before griddepcontrol.wait, or — in a persistent kernel —
 // before the grid barrier that ends the previous phase. Every round commits one group, empty
 // or not, so "all but the newest ST − 1 groups have landed" always means "the current item
-// has". The warp's block is block `block` of `blocks` sharing `groups` planned row groups
-// (`map` says which matrix groups they are). `slots`: the ring's slots per warp (ST, or fewer
-// where no warp has more items than that: slot n % ST is then slot n).
-template <int R, int SPLIT, typename S, typename Map>
-__device__ __forceinline__ StreamWarp<R, Map> stream_begin_mapped(
-    const uint4* __restrict__ codes, const S* __restrict__ scales, int rows, int nb, int glu,
-    int ring_at, Map map, int groups, int block, int blocks, int slots = STREAM_STAGES) {
+// has".
+template <int R, int SPLIT, typename S>
+__device__ __forceinline__ StreamWarp<R> stream_begin(const uint4* __restrict__ codes,
+                                                      const S* __restrict__ scales, int rows,
+                                                      int nb, int glu, int ring_at) {
     constexpr int ST = STREAM_STAGES;
     extern __shared__ uint4 dyn[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int team = warp / SPLIT, sub = warp % SPLIT, teams = warps / SPLIT;
-    StreamWarp<R, Map> w;
-    w.map = map;
-    w.ring = dyn + ring_at + warp * slots * StreamSlot<R>::CHUNKS;
+    const int half = rows / 2;
+    const int groups = glu ? (half + R / 2 - 1) / (R / 2) : (rows + R - 1) / R;
+    StreamWarp<R> w;
+    w.ring = dyn + ring_at + warp * ST * StreamSlot<R>::CHUNKS;
     w.per = ((nb + 31) / 32 + SPLIT - 1) / SPLIT;
-    w.stride = blocks * teams;
-    w.g0 = block * teams + team;
+    w.stride = gridDim.x * teams;
+    w.g0 = blockIdx.x * teams + team;
     w.mine = w.g0 < groups ? ((groups - 1 - w.g0) / w.stride + 1) * w.per : 0;
     w.gi = w.g0;
     w.ji = 0;
-    w.ri.set(map.at(w.gi), rows, rows / 2, glu, nb);
+    w.ri.set(w.gi, rows, half, glu, nb);
     w.r0 = w.ri;
 #pragma unroll
     for (int n = 0; n < ST - 1; n++) {
@@ -162,25 +153,12 @@ __device__ __forceinline__ StreamWarp<R, Map> stream_begin_mapped(
     return w;
 }
 
-// stream_begin_mapped for the whole matrix over the grid: team t takes groups t, t + (all
-// teams), ...
-template <int R, int SPLIT, typename S>
-__device__ __forceinline__ StreamWarp<R> stream_begin(const uint4* __restrict__ codes,
-                                                      const S* __restrict__ scales, int rows,
-                                                      int nb, int glu, int ring_at) {
-    const int half = rows / 2;
-    const int groups = glu ? (half + R / 2 - 1) / (R / 2) : (rows + R - 1) / R;
-    return stream_begin_mapped<R, SPLIT, S>(codes, scales, rows, nb, glu, ring_at, FlatGroups{},
-                                            groups, blockIdx.x, gridDim.x);
-}
-
 // The rest once the input exists: every block builds the int8 input (fg_prologue), then each
 // warp computes its items, requesting one more per item. L2: x and the residual are read
 // through L2 (a persistent caller's other blocks wrote them in its previous phase).
-template <int R, int SPLIT, typename S, bool L2, bool ROT = false, bool PEND = false,
-          typename Map = FlatGroups>
+template <int R, int SPLIT, typename S, bool L2, bool ROT = false, bool PEND = false>
 __device__ __forceinline__ void stream_finish(
-    StreamWarp<R, Map>& w, const uint4* __restrict__ codes, const S* __restrict__ scales, int rows,
+    StreamWarp<R>& w, const uint4* __restrict__ codes, const S* __restrict__ scales, int rows,
     int nb, int mode, const float* __restrict__ x, const FgGamma& gr,
     const float* __restrict__ gamma, float eps,
     const uint4* __restrict__ q, const float2* __restrict__ meta, float* __restrict__ y,
@@ -238,11 +216,10 @@ __device__ __forceinline__ void stream_finish(
 #pragma unroll
             for (int i = 0; i < R; i++) acc[i] = 0.0f;
             t = team_sum_rows<R, SPLIT>(t, red, warp, team, lane);
-            if (sub == 0)
-                fg_store_rows<R, L2>(t, w.map.at(g), rows, half, glu, y, accumulate, lane);
+            if (sub == 0) fg_store_rows<R, L2>(t, g, rows, half, glu, y, accumulate, lane);
             j = 0;
             g += w.stride;
-            rc.set(w.map.at(g), rows, half, glu, nb);
+            rc.set(g, rows, half, glu, nb);
 #pragma unroll
             for (int i = 0; i < R; i++) odd[i] = (rc.at[i] + lane) & 1;
         }
