@@ -178,6 +178,21 @@ resp = client.responses.create(model=model, instructions="Be brief.",
 check(resp.object == "response" and resp.status in ("completed", "incomplete"), f"{resp}")
 check(len(resp.output_text) > 0, "response output_text")
 check(resp.usage.input_tokens > 0 and resp.usage.output_tokens > 0, f"usage {resp.usage}")
+# Stored responses: continued with previous_response_id, read back and deleted by id.
+follow = client.responses.create(model=model, instructions="Be brief.", input="And of Germany?",
+                                 previous_response_id=resp.id, max_output_tokens=8,
+                                 temperature=0)
+check(follow.previous_response_id == resp.id, f"{follow}")
+check(follow.usage.input_tokens > resp.usage.input_tokens + resp.usage.output_tokens,
+      "the stored conversation is part of the prompt")
+got = client.responses.retrieve(follow.id)
+check(got.id == follow.id and got.output_text == follow.output_text, f"{got}")
+client.responses.delete(follow.id)
+try:
+    client.responses.retrieve(follow.id)
+    check(False, "a deleted response must be gone")
+except openai.NotFoundError as e:
+    check(e.status_code == 404, "deleted response status")
 events = list(client.responses.create(model=model, input="Once upon a time",
                                       max_output_tokens=8, temperature=0, stream=True))
 deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")

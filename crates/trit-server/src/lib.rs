@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod native;
 pub mod props;
 pub mod request;
+pub mod response_store;
 pub mod responses;
 pub mod state;
 pub mod stream;
@@ -70,6 +71,7 @@ impl AppState {
             metrics: Default::default(),
             started: stream::unix_now(),
             token_table: Default::default(),
+            responses: Default::default(),
         }))
     }
 }
@@ -85,6 +87,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/completions", post(completions))
         .route("/v1/responses", post(responses))
         .route("/responses", post(responses))
+        .route(
+            "/v1/responses/{id}",
+            get(response_store::get_response).delete(response_store::delete_response),
+        )
+        .route(
+            "/responses/{id}",
+            get(response_store::get_response).delete(response_store::delete_response),
+        )
         .route("/v1/embeddings", post(embeddings))
         .route("/embeddings", post(embeddings))
         .route("/v1/models", get(models))

@@ -1,7 +1,8 @@
 //! OpenAI's Responses API, `POST /v1/responses` — what OpenAI's SDKs now recommend over chat
-//! completions (llama.cpp's server does not have it yet: ggml-org/llama.cpp#19138). Stateless:
-//! `store` is accepted and nothing is stored, so `previous_response_id` and `conversation` are
-//! refused. `input` (a string, or message items whose content is a string or `input_text` /
+//! completions (llama.cpp's server does not have it yet: ggml-org/llama.cpp#19138). Responses
+//! are stored in memory unless `store: false` (`response_store.rs`), so `previous_response_id`
+//! continues a conversation and `GET`/`DELETE /v1/responses/{id}` work; `conversation` objects
+//! are refused. `input` (a string, or message items whose content is a string or `input_text` /
 //! `output_text` parts) and `instructions` (a system message first) go through the chat
 //! template like `/v1/chat/completions`; `max_output_tokens`, `temperature`, `top_p`, `text.format`
 //! (text, json_object, json_schema) and chat's sampling extensions (`top_k`, `min_p`, `seed`,
@@ -17,6 +18,7 @@
 use crate::chat::{prepare, ChatFields, Prepared};
 use crate::error::ApiError;
 use crate::request::{decode, Common, OneOrMany};
+use crate::response_store::{reply_messages, Stored};
 use crate::state::AppState;
 use crate::stream::{collect, new_id, sse_response, unix_now, ChunkFormatter};
 use crate::tool_stream::{ToolCallStream, ToolDelta};
@@ -43,6 +45,7 @@ struct ResponsesRequest {
     tool_choice: Option<Value>,
     previous_response_id: Option<String>,
     conversation: Option<Value>,
+    store: Option<bool>,
     #[serde(default)]
     background: bool,
     top_logprobs: Option<i64>,
@@ -60,10 +63,10 @@ struct ResponsesRequest {
 
 pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
     let r: ResponsesRequest = decode(body)?;
-    if r.previous_response_id.is_some() || r.conversation.is_some() {
+    if r.conversation.is_some() {
         return Err(ApiError::invalid(
-            "previous_response_id / conversation: this server stores no responses; send the \
-             whole conversation as input items",
+            "conversation objects are not supported; continue with previous_response_id or send \
+             the conversation as input items",
         ));
     }
     if r.background {
@@ -74,11 +77,17 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
             "top_logprobs on /v1/responses is not supported; use /v1/chat/completions",
         ));
     }
+    // This request's instructions only (OpenAI does not carry earlier ones over), then the
+    // stored conversation, then the new input.
     let mut messages = Vec::new();
     if let Some(i) = &r.instructions {
         messages.push(json!({"role": "system", "content": i}));
     }
-    messages.extend(input_messages(&r.input)?);
+    if let Some(prev) = &r.previous_response_id {
+        messages.extend(state.responses.conversation(prev)?);
+    }
+    let input = input_messages(&r.input)?;
+    messages.extend(input.iter().cloned());
     let common = Common {
         model: r.model.clone(),
         max_tokens: r.max_output_tokens,
@@ -109,16 +118,24 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
         ..
     } = prepare(&state, &common, fields)?;
     let started = state.start(&job).await?;
+    let id = new_id("resp_");
     let shell = Shell {
-        id: new_id("resp_"),
+        id: id.clone(),
         created_at: unix_now(),
         model: state.config.model_id.clone(),
         request: &r,
     }
     .json();
+    let save = r.store.unwrap_or(true).then(|| Save {
+        state: state.clone(),
+        id,
+        previous: r.previous_response_id.clone(),
+        input,
+    });
     if job.stream {
         let events = ResponseEvents {
             shell,
+            save,
             reasoning: ReasoningStream::new(starts_in_reasoning),
             tool_stream: tools.then(|| ToolCallStream::new(types)),
             open: None,
@@ -151,7 +168,30 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
             "completed",
         ));
     }
-    Ok(axum::Json(finished(shell, output, &c.summary)).into_response())
+    let response = finished(shell, output, &c.summary);
+    if let Some(s) = save {
+        s.keep(&response);
+    }
+    Ok(axum::Json(response).into_response())
+}
+
+/// What storing a finished response needs (`store` unset or true).
+struct Save {
+    state: Arc<AppState>,
+    id: String,
+    previous: Option<String>,
+    /// This request's input as chat messages.
+    input: Vec<Value>,
+}
+
+impl Save {
+    fn keep(self, response: &Value) {
+        let mut messages = self.input;
+        let output = response["output"].as_array().map_or(&[][..], Vec::as_slice);
+        messages.extend(reply_messages(output));
+        let stored = Stored::new(response.clone(), self.previous, messages);
+        self.state.responses.put(self.id, stored);
+    }
 }
 
 /// The input as chat messages: a string is one user message; items are `{role, content}`
@@ -324,9 +364,9 @@ impl Shell<'_> {
             "model": self.model,
             "output": [],
             "parallel_tool_calls": true,
-            "previous_response_id": null,
+            "previous_response_id": r.previous_response_id,
             "reasoning": {"effort": null, "summary": null},
-            "store": false,
+            "store": r.store.unwrap_or(true),
             "temperature": r.temperature,
             "text": {"format": format},
             "tool_choice": r.tool_choice.clone().unwrap_or(json!("auto")),
@@ -400,6 +440,8 @@ struct OpenItem {
 /// to its message and its function calls (`ToolCallStream`, as chat streams them).
 struct ResponseEvents {
     shell: Value,
+    /// Stores the response once it is done (`store` unset or true).
+    save: Option<Save>,
     reasoning: ReasoningStream,
     tool_stream: Option<ToolCallStream>,
     open: Option<OpenItem>,
@@ -617,6 +659,9 @@ impl ChunkFormatter for ResponseEvents {
             out.extend(self.close());
         }
         let response = finished(self.shell.clone(), std::mem::take(&mut self.items), summary);
+        if let Some(s) = self.save.take() {
+            s.keep(&response);
+        }
         let kind = if response["status"] == "incomplete" {
             "response.incomplete"
         } else {

@@ -57,6 +57,8 @@ pub struct AppState {
     pub started: u64,
     /// Every token's bytes for constrained decoding, made on the first request that asks.
     pub token_table: OnceLock<Arc<TokenTable>>,
+    /// `/v1/responses`' stored responses (`previous_response_id`, `GET`/`DELETE` by id).
+    pub responses: crate::response_store::ResponseStore,
 }
 
 /// A submitted job whose first event (other than prompt progress) has arrived (so an error before the first token can

@@ -3,7 +3,9 @@
 //! in the Responses shape; its stream is the API's event sequence and adds up to the same
 //! text; a template that opens a thinking block gives a `reasoning` item; JSON formats decode;
 //! a forced function tool gives a `function_call` item (whole and streamed) and a call's
-//! result goes back in as input items; what a stateless server cannot do is refused.
+//! result goes back in as input items; stored responses continue a conversation with
+//! `previous_response_id` exactly as chat does with the whole history, and are read and deleted
+//! by id; what the server cannot do is refused.
 
 mod common;
 use common::*;
@@ -216,7 +218,7 @@ fn a_json_schema_format_gives_a_document_of_that_schema() {
 }
 
 #[test]
-fn what_a_stateless_server_cannot_do_is_refused() {
+fn what_the_server_cannot_do_is_refused() {
     let server = start(Options::default());
     let refused = |body: Value, status: u16, words: &str| {
         let r = post(server.addr, "/v1/responses", &body);
@@ -232,8 +234,13 @@ fn what_a_stateless_server_cannot_do_is_refused() {
     );
     refused(
         json!({"input": "x", "previous_response_id": "resp_1"}),
+        404,
+        "no stored response 'resp_1'",
+    );
+    refused(
+        json!({"input": "x", "conversation": "conv_1"}),
         400,
-        "stores no",
+        "conversation",
     );
     refused(json!({"input": 5}), 400, "input");
     refused(json!({"input": []}), 400, "input");
@@ -369,4 +376,99 @@ fn a_forced_function_tool_becomes_a_function_call_item() {
         resp["usage"]["input_tokens"],
         chat["usage"]["prompt_tokens"]
     );
+}
+
+/// Stored responses: a turn sent with `previous_response_id` replies as chat completions does
+/// with the whole conversation (earlier input and reply included, this turn's instructions
+/// only), its prompt mostly found in the prefix cache; streamed turns are stored too; `GET`
+/// returns a response as it was, `DELETE` removes it, and a chain whose link is gone, or a
+/// response sent with `store: false`, cannot be continued.
+#[test]
+fn stored_responses_continue_a_conversation() {
+    let server = start(Options::default());
+    let ask = |body: Value| -> Value {
+        let r = post(server.addr, "/v1/responses", &body);
+        assert_eq!(r.status, 200, "{body}: {}", r.text());
+        r.json()
+    };
+    let first = ask(
+        json!({"input": "My name is Ada.", "instructions": "Be brief.",
+                           "max_output_tokens": 8, "temperature": 0}),
+    );
+    assert_eq!(first["store"], true);
+    let id1 = first["id"].as_str().unwrap();
+    let second = ask(
+        json!({"input": "What is my name?", "previous_response_id": id1,
+                            "instructions": "Answer in English.", "max_output_tokens": 8,
+                            "temperature": 0}),
+    );
+    assert_eq!(second["previous_response_id"], id1);
+    let chat = chat_reply(
+        &server,
+        json!([{"role": "system", "content": "Answer in English."},
+               {"role": "user", "content": "My name is Ada."},
+               {"role": "assistant", "content": output_text(&first)},
+               {"role": "user", "content": "What is my name?"}]),
+        8,
+    );
+    assert_eq!(
+        output_text(&second),
+        chat["choices"][0]["message"]["content"]
+    );
+    assert_eq!(
+        second["usage"]["input_tokens"],
+        chat["usage"]["prompt_tokens"]
+    );
+
+    // A third turn, streamed: stored as its final event shows it, and continued in turn.
+    let r = post(
+        server.addr,
+        "/v1/responses",
+        &json!({"input": "And again?", "previous_response_id": second["id"],
+                "max_output_tokens": 6, "temperature": 0, "stream": true}),
+    );
+    assert_eq!(r.status, 200);
+    let third = r.events().last().unwrap()["response"].clone();
+    let id3 = third["id"].as_str().unwrap();
+    let got = get(server.addr, &format!("/v1/responses/{id3}"));
+    assert_eq!(got.status, 200);
+    assert_eq!(got.json(), third);
+    let fourth = ask(json!({"input": "Thanks.", "previous_response_id": id3,
+                            "max_output_tokens": 4, "temperature": 0}));
+    let cached = fourth["usage"]["input_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached > 0,
+        "the conversation's prefix was not reused: {fourth}"
+    );
+
+    // Deleted: gone by id, and the chain through it cannot be continued.
+    let del = request_raw(
+        server.addr,
+        "DELETE",
+        &format!("/v1/responses/{id1}"),
+        b"",
+        Some(API_KEY),
+    );
+    assert_eq!(del.status, 200, "{}", del.text());
+    assert_eq!(del.json()["deleted"], true);
+    assert_eq!(
+        get(server.addr, &format!("/v1/responses/{id1}")).status,
+        404
+    );
+    let r = post(
+        server.addr,
+        "/v1/responses",
+        &json!({"input": "x", "previous_response_id": id3, "max_output_tokens": 2}),
+    );
+    assert_eq!(r.status, 404, "{}", r.text());
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains(id1) && msg.contains("earlier"), "{msg}");
+
+    // store: false keeps nothing.
+    let unstored = ask(json!({"input": "x", "store": false, "max_output_tokens": 2}));
+    assert_eq!(unstored["store"], false);
+    let id = unstored["id"].as_str().unwrap();
+    assert_eq!(get(server.addr, &format!("/v1/responses/{id}")).status, 404);
 }

@@ -1,0 +1,311 @@
+//! Stored responses of `POST /v1/responses` (OpenAI's default `store: true`): a later request
+//! continues a conversation with `previous_response_id` instead of resending it, and
+//! `GET` / `DELETE /v1/responses/{id}` read and remove one. Each entry keeps its response object
+//! and the chat messages it added — its input messages and its reply — linked to the response
+//! before it; a conversation is rebuilt by walking the links, so a long chain costs memory
+//! once per turn, not once per turn per turn. The KV prefix cache then finds most of the
+//! rebuilt prompt already computed.
+//!
+//! Memory only (like llama.cpp's slots, nothing survives a restart), bounded by
+//! [`MAX_RESPONSES`] and [`MAX_BYTES`]: the least recently used entries go first, and a chain
+//! whose older link went is refused by name rather than continued without it.
+
+use crate::error::ApiError;
+use crate::state::AppState;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+/// Responses kept at most.
+pub const MAX_RESPONSES: usize = 1024;
+/// Bytes kept at most (their JSON's length).
+pub const MAX_BYTES: usize = 64 << 20;
+/// Links followed at most when rebuilding a conversation.
+const MAX_CHAIN: usize = 10_000;
+
+/// One stored response.
+pub struct Stored {
+    /// The response object as it was returned.
+    pub response: Value,
+    /// The response this one continued.
+    pub previous: Option<String>,
+    /// The chat messages this turn added: its input, then its reply.
+    pub messages: Vec<Value>,
+    bytes: usize,
+}
+
+impl Stored {
+    pub fn new(response: Value, previous: Option<String>, messages: Vec<Value>) -> Stored {
+        let bytes = response.to_string().len()
+            + messages.iter().map(|m| m.to_string().len()).sum::<usize>();
+        Stored {
+            response,
+            previous,
+            messages,
+            bytes,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    map: HashMap<String, Arc<Stored>>,
+    /// Ids, least recently used first.
+    order: VecDeque<String>,
+    bytes: usize,
+}
+
+impl Inner {
+    fn touch(&mut self, id: &str) {
+        if let Some(i) = self.order.iter().position(|x| x == id) {
+            let id = self.order.remove(i).expect("found above");
+            self.order.push_back(id);
+        }
+    }
+
+    fn remove(&mut self, id: &str) -> bool {
+        let Some(s) = self.map.remove(id) else {
+            return false;
+        };
+        self.bytes -= s.bytes;
+        self.order.retain(|x| x != id);
+        true
+    }
+}
+
+/// The server's stored responses.
+pub struct ResponseStore {
+    inner: Mutex<Inner>,
+    max_responses: usize,
+    max_bytes: usize,
+}
+
+impl Default for ResponseStore {
+    fn default() -> Self {
+        ResponseStore::new(MAX_RESPONSES, MAX_BYTES)
+    }
+}
+
+impl ResponseStore {
+    pub fn new(max_responses: usize, max_bytes: usize) -> ResponseStore {
+        ResponseStore {
+            inner: Mutex::default(),
+            max_responses,
+            max_bytes,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `stored` under `id`, dropping the least recently used entries beyond the bounds
+    /// (one larger than the byte bound alone is not kept).
+    pub fn put(&self, id: String, stored: Stored) {
+        if stored.bytes > self.max_bytes {
+            return;
+        }
+        let mut inner = self.lock();
+        inner.remove(&id);
+        while inner.map.len() >= self.max_responses || inner.bytes + stored.bytes > self.max_bytes {
+            let Some(oldest) = inner.order.front().cloned() else {
+                break;
+            };
+            inner.remove(&oldest);
+        }
+        inner.bytes += stored.bytes;
+        inner.order.push_back(id.clone());
+        inner.map.insert(id, Arc::new(stored));
+    }
+
+    /// The response `id` (marked as used).
+    pub fn get(&self, id: &str) -> Option<Arc<Stored>> {
+        let mut inner = self.lock();
+        let s = inner.map.get(id).cloned()?;
+        inner.touch(id);
+        Some(s)
+    }
+
+    pub fn delete(&self, id: &str) -> bool {
+        self.lock().remove(id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The chat messages of the conversation that ends with response `id`, oldest first; each
+    /// link is marked as used. Err names the link that is missing (never stored, deleted, or
+    /// dropped for room).
+    pub fn conversation(&self, id: &str) -> Result<Vec<Value>, ApiError> {
+        let mut turns = Vec::new();
+        let mut at = Some(id.to_string());
+        while let Some(id) = at {
+            if turns.len() >= MAX_CHAIN {
+                return Err(ApiError::invalid(format!(
+                    "previous_response_id: the conversation is longer than {MAX_CHAIN} responses"
+                )));
+            }
+            let s = self
+                .get(&id)
+                .ok_or_else(|| missing(&id, turns.is_empty()))?;
+            at = s.previous.clone();
+            turns.push(s);
+        }
+        Ok(turns
+            .iter()
+            .rev()
+            .flat_map(|s| s.messages.iter().cloned())
+            .collect())
+    }
+}
+
+fn missing(id: &str, asked: bool) -> ApiError {
+    if asked {
+        ApiError::not_found(format!(
+            "previous_response_id: no stored response '{id}' (never stored, deleted, or dropped \
+             for room; this server keeps at most {MAX_RESPONSES} in memory)"
+        ))
+    } else {
+        ApiError::not_found(format!(
+            "previous_response_id: an earlier response of this conversation, '{id}', is no \
+             longer stored (deleted, or dropped for room); send the conversation as input items"
+        ))
+    }
+}
+
+/// A response's output items as the chat messages that continue its conversation: the
+/// message's text and the function calls as one assistant message (reasoning is left out,
+/// as the chat templates leave earlier turns' thinking out).
+pub fn reply_messages(output: &[Value]) -> Vec<Value> {
+    let mut content = String::new();
+    let mut calls = Vec::new();
+    for item in output {
+        match item["type"].as_str() {
+            Some("message") => {
+                for part in item["content"].as_array().into_iter().flatten() {
+                    content.push_str(part["text"].as_str().unwrap_or(""));
+                }
+            }
+            Some("function_call") => calls.push(json!({
+                "id": item["call_id"], "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]},
+            })),
+            _ => {}
+        }
+    }
+    let mut message = json!({"role": "assistant", "content": content});
+    if !calls.is_empty() {
+        message["tool_calls"] = Value::Array(calls);
+        if content.is_empty() {
+            message["content"] = Value::Null;
+        }
+    }
+    vec![message]
+}
+
+/// `GET /v1/responses/{id}`.
+pub async fn get_response(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    match state.responses.get(&id) {
+        Some(s) => axum::Json(s.response.clone()).into_response(),
+        None => ApiError::not_found(format!("no stored response '{id}'")).into_response(),
+    }
+}
+
+/// `DELETE /v1/responses/{id}`.
+pub async fn delete_response(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Response {
+    if state.responses.delete(&id) {
+        axum::Json(json!({"id": id, "object": "response", "deleted": true})).into_response()
+    } else {
+        ApiError::not_found(format!("no stored response '{id}'")).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turn(previous: Option<&str>, text: &str) -> Stored {
+        Stored::new(
+            json!({"id": text}),
+            previous.map(str::to_string),
+            vec![json!({"role": "user", "content": text})],
+        )
+    }
+
+    #[test]
+    fn conversations_follow_the_links_oldest_first() {
+        let store = ResponseStore::default();
+        store.put("a".into(), turn(None, "one"));
+        store.put("b".into(), turn(Some("a"), "two"));
+        store.put("c".into(), turn(Some("b"), "three"));
+        let texts: Vec<String> = store
+            .conversation("c")
+            .unwrap()
+            .iter()
+            .map(|m| m["content"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(texts, ["one", "two", "three"]);
+        assert_eq!(store.conversation("b").unwrap().len(), 2);
+        // A missing start, and a missing older link, are refused by name.
+        let e = store.conversation("zz").unwrap_err().body().to_string();
+        assert!(e.contains("'zz'"), "{e}");
+        assert!(store.delete("a"));
+        assert!(!store.delete("a"));
+        let e = store.conversation("c").unwrap_err().body().to_string();
+        assert!(e.contains("'a'") && e.contains("earlier"), "{e}");
+    }
+
+    #[test]
+    fn the_least_recently_used_go_first_within_both_bounds() {
+        let store = ResponseStore::new(2, MAX_BYTES);
+        store.put("a".into(), turn(None, "one"));
+        store.put("b".into(), turn(None, "two"));
+        assert!(store.get("a").is_some()); // a is now newer than b
+        store.put("c".into(), turn(None, "three"));
+        assert!(store.get("b").is_none());
+        assert!(store.get("a").is_some() && store.get("c").is_some());
+        assert_eq!(store.len(), 2);
+
+        let one = turn(None, "x").bytes;
+        let store = ResponseStore::new(100, 2 * one);
+        for id in ["p", "q", "r"] {
+            store.put(id.into(), turn(None, "x"));
+        }
+        assert_eq!(store.len(), 2);
+        assert!(store.get("p").is_none());
+        // An entry larger than the whole bound is not kept (and evicts nothing).
+        store.put("big".into(), turn(None, &"y".repeat(4 * one)));
+        assert!(store.get("big").is_none());
+        assert_eq!(store.len(), 2);
+    }
+
+    #[test]
+    fn replies_become_one_assistant_message_without_the_reasoning() {
+        let output = [
+            json!({"type": "reasoning", "content": [{"type": "reasoning_text", "text": "hm"}]}),
+            json!({"type": "message", "content": [{"type": "output_text", "text": "Hi"}]}),
+        ];
+        assert_eq!(
+            reply_messages(&output),
+            [json!({"role": "assistant", "content": "Hi"})]
+        );
+        let output = [
+            json!({"type": "function_call", "call_id": "call_1", "name": "f",
+                             "arguments": "{}"}),
+        ];
+        let m = &reply_messages(&output)[0];
+        assert_eq!(m["content"], Value::Null);
+        assert_eq!(m["tool_calls"][0]["id"], "call_1");
+        assert_eq!(m["tool_calls"][0]["function"]["name"], "f");
+    }
+}
