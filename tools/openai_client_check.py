@@ -187,6 +187,9 @@ check(follow.usage.input_tokens > resp.usage.input_tokens + resp.usage.output_to
       "the stored conversation is part of the prompt")
 got = client.responses.retrieve(follow.id)
 check(got.id == follow.id and got.output_text == follow.output_text, f"{got}")
+items = client.responses.input_items.list(follow.id)
+check(len(items.data) == 1 and items.data[0].content[0].text == "And of Germany?",
+      f"input items {items}")
 client.responses.delete(follow.id)
 try:
     client.responses.retrieve(follow.id)

@@ -95,6 +95,14 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/responses/{id}",
             get(response_store::get_response).delete(response_store::delete_response),
         )
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(response_store::input_items),
+        )
+        .route(
+            "/responses/{id}/input_items",
+            get(response_store::input_items),
+        )
         .route("/v1/embeddings", post(embeddings))
         .route("/embeddings", post(embeddings))
         .route("/v1/models", get(models))

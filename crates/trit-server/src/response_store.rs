@@ -12,7 +12,7 @@
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
@@ -33,17 +33,25 @@ pub struct Stored {
     pub previous: Option<String>,
     /// The chat messages this turn added: its input, then its reply.
     pub messages: Vec<Value>,
+    /// Its input as the API's items, in request order.
+    pub input_items: Vec<Value>,
     bytes: usize,
 }
 
 impl Stored {
-    pub fn new(response: Value, previous: Option<String>, messages: Vec<Value>) -> Stored {
-        let bytes = response.to_string().len()
-            + messages.iter().map(|m| m.to_string().len()).sum::<usize>();
+    pub fn new(
+        response: Value,
+        previous: Option<String>,
+        messages: Vec<Value>,
+        input_items: Vec<Value>,
+    ) -> Stored {
+        let size = |v: &[Value]| v.iter().map(|m| m.to_string().len()).sum::<usize>();
+        let bytes = response.to_string().len() + size(&messages) + size(&input_items);
         Stored {
             response,
             previous,
             messages,
+            input_items,
             bytes,
         }
     }
@@ -218,6 +226,71 @@ pub async fn get_response(State(state): State<Arc<AppState>>, Path(id): Path<Str
     }
 }
 
+/// `GET /v1/responses/{id}/input_items`'s query (OpenAI's: newest first unless `order=asc`,
+/// 20 items unless `limit` says 1–100, from after the item `after`).
+#[derive(serde::Deserialize)]
+pub struct ItemsQuery {
+    order: Option<String>,
+    limit: Option<usize>,
+    after: Option<String>,
+}
+
+/// `GET /v1/responses/{id}/input_items`: the response's input items, a page at a time.
+pub async fn input_items(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    Query(q): Query<ItemsQuery>,
+) -> Response {
+    match (state.responses.get(&id), items_page(&q)) {
+        (Some(s), Ok((asc, limit))) => {
+            axum::Json(page(&s.input_items, asc, limit, q.after.as_deref())).into_response()
+        }
+        (None, _) => ApiError::not_found(format!("no stored response '{id}'")).into_response(),
+        (_, Err(e)) => e.into_response(),
+    }
+}
+
+fn items_page(q: &ItemsQuery) -> Result<(bool, usize), ApiError> {
+    let asc = match q.order.as_deref() {
+        None | Some("desc") => false,
+        Some("asc") => true,
+        Some(o) => {
+            return Err(ApiError::invalid(format!(
+                "order must be asc or desc, not {o:?}"
+            )))
+        }
+    };
+    let limit = q.limit.unwrap_or(20);
+    if !(1..=100).contains(&limit) {
+        return Err(ApiError::invalid("limit must be between 1 and 100"));
+    }
+    Ok((asc, limit))
+}
+
+/// A list page of `items` (request order) in the asked order, starting after item `after`.
+fn page(items: &[Value], asc: bool, limit: usize, after: Option<&str>) -> Value {
+    let ordered: Vec<&Value> = if asc {
+        items.iter().collect()
+    } else {
+        items.iter().rev().collect()
+    };
+    let start = after
+        .and_then(|a| ordered.iter().position(|i| i["id"] == a))
+        .map_or(0, |i| i + 1);
+    let data: Vec<Value> = ordered[start..]
+        .iter()
+        .take(limit)
+        .map(|v| (*v).clone())
+        .collect();
+    json!({
+        "object": "list",
+        "first_id": data.first().map(|i| i["id"].clone()),
+        "last_id": data.last().map(|i| i["id"].clone()),
+        "has_more": start + data.len() < ordered.len(),
+        "data": data,
+    })
+}
+
 /// `DELETE /v1/responses/{id}`.
 pub async fn delete_response(
     State(state): State<Arc<AppState>>,
@@ -239,6 +312,7 @@ mod tests {
             json!({"id": text}),
             previous.map(str::to_string),
             vec![json!({"role": "user", "content": text})],
+            Vec::new(),
         )
     }
 
@@ -287,6 +361,47 @@ mod tests {
         store.put("big".into(), turn(None, &"y".repeat(4 * one)));
         assert!(store.get("big").is_none());
         assert_eq!(store.len(), 2);
+    }
+
+    #[test]
+    fn input_items_page_newest_first_or_in_order_after_an_id() {
+        let items: Vec<Value> = ["a", "b", "c"].iter().map(|i| json!({"id": i})).collect();
+        let ids = |v: &Value| -> Vec<String> {
+            v["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["id"].as_str().unwrap().to_string())
+                .collect()
+        };
+        let p = page(&items, false, 20, None);
+        assert_eq!(ids(&p), ["c", "b", "a"]);
+        assert_eq!(
+            (p["first_id"].clone(), p["has_more"].clone()),
+            (json!("c"), json!(false))
+        );
+        let p = page(&items, true, 2, None);
+        assert_eq!(ids(&p), ["a", "b"]);
+        assert_eq!(
+            (p["last_id"].clone(), p["has_more"].clone()),
+            (json!("b"), json!(true))
+        );
+        let p = page(&items, true, 2, Some("b"));
+        assert_eq!(ids(&p), ["c"]);
+        assert_eq!(p["has_more"], false);
+        assert_eq!(ids(&page(&items, false, 5, Some("b"))), ["a"]);
+        let bad = ItemsQuery {
+            order: Some("up".into()),
+            limit: None,
+            after: None,
+        };
+        assert!(items_page(&bad).is_err());
+        let bad = ItemsQuery {
+            order: None,
+            limit: Some(0),
+            after: None,
+        };
+        assert!(items_page(&bad).is_err());
     }
 
     #[test]

@@ -131,6 +131,7 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
         id,
         previous: r.previous_response_id.clone(),
         input,
+        items: input_items(&r.input),
     });
     if job.stream {
         let events = ResponseEvents {
@@ -182,6 +183,8 @@ struct Save {
     previous: Option<String>,
     /// This request's input as chat messages.
     input: Vec<Value>,
+    /// And as the API's items (`GET /v1/responses/{id}/input_items`).
+    items: Vec<Value>,
 }
 
 impl Save {
@@ -189,8 +192,39 @@ impl Save {
         let mut messages = self.input;
         let output = response["output"].as_array().map_or(&[][..], Vec::as_slice);
         messages.extend(reply_messages(output));
-        let stored = Stored::new(response.clone(), self.previous, messages);
+        let stored = Stored::new(response.clone(), self.previous, messages, self.items);
         self.state.responses.put(self.id, stored);
+    }
+}
+
+/// The (already validated) input as the API lists it: a string as a user message item, every
+/// item with an id (`msg_…` for messages, `fco_…` for call outputs) where it had none.
+fn input_items(input: &Value) -> Vec<Value> {
+    match input {
+        Value::String(s) => vec![json!({
+            "type": "message", "id": new_id("msg_"), "role": "user", "status": "completed",
+            "content": [{"type": "input_text", "text": s}],
+        })],
+        Value::Array(items) => items
+            .iter()
+            .map(|item| {
+                let mut item = item.clone();
+                if item.get("id").is_none() {
+                    let kind = item.get("type").and_then(Value::as_str).map(str::to_string);
+                    let prefix = match kind.as_deref() {
+                        Some("function_call") => "fc_",
+                        Some("function_call_output") => "fco_",
+                        _ => "msg_",
+                    };
+                    item["id"] = json!(new_id(prefix));
+                    if kind.is_none() {
+                        item["type"] = json!("message");
+                    }
+                }
+                item
+            })
+            .collect(),
+        _ => Vec::new(),
     }
 }
 

@@ -420,6 +420,23 @@ fn stored_responses_continue_a_conversation() {
         chat["usage"]["prompt_tokens"]
     );
 
+    // Its input, as the API lists it (a string is a user message item).
+    let items = get(
+        server.addr,
+        &format!(
+            "/v1/responses/{}/input_items",
+            second["id"].as_str().unwrap()
+        ),
+    );
+    assert_eq!(items.status, 200, "{}", items.text());
+    let items = items.json();
+    assert_eq!(items["object"], "list");
+    let data = items["data"].as_array().unwrap();
+    assert_eq!(data.len(), 1, "{items}");
+    assert_eq!(data[0]["role"], "user");
+    assert_eq!(data[0]["content"][0]["text"], "What is my name?");
+    assert_eq!(items["first_id"], data[0]["id"]);
+
     // A third turn, streamed: stored as its final event shows it, and continued in turn.
     let r = post(
         server.addr,
