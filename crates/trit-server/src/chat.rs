@@ -23,6 +23,10 @@ pub(crate) struct ChatFields {
     pub(crate) tools: Option<Vec<Value>>,
     pub(crate) tool_choice: Option<Value>,
     pub(crate) chat_template_kwargs: Option<Map<String, Value>>,
+    /// OpenAI's `reasoning_effort` (the Responses API's `reasoning.effort`): `none` / `minimal`
+    /// turn a hybrid-thinking template's thinking off, `low` / `medium` / `high` leave it on
+    /// (`enable_thinking`, unless `chat_template_kwargs` set it).
+    pub(crate) reasoning_effort: Option<String>,
     #[serde(default)]
     pub(crate) logprobs: bool,
     pub(crate) top_logprobs: Option<i64>,
@@ -139,6 +143,16 @@ pub(crate) fn prepare(
         None => None,
     };
     let mut kwargs = fields.chat_template_kwargs.unwrap_or_default();
+    let thinking = match fields.reasoning_effort.as_deref() {
+        None => None,
+        Some("none" | "minimal") => Some(false),
+        Some("low" | "medium" | "high") => Some(true),
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "reasoning effort must be none, minimal, low, medium or high, not {other:?}"
+            )))
+        }
+    };
     if common.wants_json() && tools.is_some() {
         return Err(ApiError::invalid(
             "response_format json_object/json_schema together with tools is not supported",
@@ -155,6 +169,9 @@ pub(crate) fn prepare(
             ));
         }
         kwargs.insert("enable_thinking".into(), Value::Bool(false));
+    } else if let Some(t) = thinking {
+        // A hint, so a constrained reply (which must start at once) ignores it.
+        kwargs.entry("enable_thinking").or_insert(Value::Bool(t));
     }
     let tools_json = tools.map(|t| Value::Array(t.clone()));
     let text = template

@@ -50,6 +50,8 @@ struct ResponsesRequest {
     background: bool,
     top_logprobs: Option<i64>,
     metadata: Option<Map<String, Value>>,
+    /// `{effort, summary}`: the effort switches thinking as chat's `reasoning_effort` does.
+    reasoning: Option<Value>,
     // Chat's sampling extensions (llama.cpp clients send them everywhere).
     top_k: Option<i64>,
     min_p: Option<f32>,
@@ -108,6 +110,7 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
         messages,
         tools: chat_tools(r.tools.as_deref())?,
         tool_choice: chat_tool_choice(r.tool_choice.as_ref()),
+        reasoning_effort: reasoning_effort(r.reasoning.as_ref())?,
         ..ChatFields::default()
     };
     let Prepared {
@@ -310,6 +313,15 @@ fn input_messages(input: &Value) -> Result<Vec<Value>, ApiError> {
         .collect()
 }
 
+/// `reasoning.effort` (a string, or null for none given).
+fn reasoning_effort(reasoning: Option<&Value>) -> Result<Option<String>, ApiError> {
+    match reasoning.map(|r| &r["effort"]) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(e)) => Ok(Some(e.clone())),
+        Some(_) => Err(ApiError::invalid("reasoning.effort must be a string")),
+    }
+}
+
 /// `text.format` as chat's `response_format` (None for plain text).
 fn response_format(text: Option<&Value>) -> Result<Option<Value>, ApiError> {
     let Some(format) = text.and_then(|t| t.get("format")) else {
@@ -399,7 +411,10 @@ impl Shell<'_> {
             "output": [],
             "parallel_tool_calls": true,
             "previous_response_id": r.previous_response_id,
-            "reasoning": {"effort": null, "summary": null},
+            "reasoning": {
+                "effort": r.reasoning.as_ref().map_or(Value::Null, |v| v["effort"].clone()),
+                "summary": null,
+            },
             "store": r.store.unwrap_or(true),
             "temperature": r.temperature,
             "text": {"format": format},

@@ -428,6 +428,30 @@ fn enable_thinking_false_reaches_the_qwen3_template() {
     // "<think>\n\n</think>\n\n" adds a few tokens to the prompt.
     let (on, off) = (prompt_tokens(true), prompt_tokens(false));
     assert!(off > on && off - on <= 6, "thinking on {on}, off {off}");
+    // OpenAI's reasoning effort switches it the same way (chat's `reasoning_effort`, the
+    // Responses API's `reasoning.effort`); an explicit kwarg wins.
+    let tokens = |path: &str, body: Value| {
+        let r = post(server.addr, path, &body);
+        assert_eq!(r.status, 200, "{body}: {}", r.text());
+        let u = &r.json()["usage"];
+        u["prompt_tokens"]
+            .as_u64()
+            .or(u["input_tokens"].as_u64())
+            .unwrap()
+    };
+    let chat = |effort: &str| {
+        json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
+               "reasoning_effort": effort})
+    };
+    assert_eq!(tokens("/v1/chat/completions", chat("minimal")), off);
+    assert_eq!(tokens("/v1/chat/completions", chat("none")), off);
+    assert_eq!(tokens("/v1/chat/completions", chat("high")), on);
+    let mut explicit = chat("minimal");
+    explicit["chat_template_kwargs"] = json!({"enable_thinking": true});
+    assert_eq!(tokens("/v1/chat/completions", explicit), on);
+    let respond = |effort: &str| json!({"input": "Hi", "max_output_tokens": 1, "reasoning": {"effort": effort}});
+    assert_eq!(tokens("/v1/responses", respond("minimal")), off);
+    assert_eq!(tokens("/v1/responses", respond("medium")), on);
 }
 
 #[test]

@@ -238,6 +238,11 @@ fn what_the_server_cannot_do_is_refused() {
         "no stored response 'resp_1'",
     );
     refused(
+        json!({"input": "x", "reasoning": {"effort": "extreme"}}),
+        400,
+        "reasoning effort",
+    );
+    refused(
         json!({"input": "x", "conversation": "conv_1"}),
         400,
         "conversation",
