@@ -201,7 +201,7 @@ impl Save {
 }
 
 /// The (already validated) input as the API lists it: a string as a user message item, every
-/// item with an id (`msg_…` for messages, `fco_…` for call outputs) where it had none.
+/// item with a type (`message` where it had none) and an id (`msg_…`, `fc_…`, `fco_…`).
 fn input_items(input: &Value) -> Vec<Value> {
     match input {
         Value::String(s) => vec![json!({
@@ -212,17 +212,16 @@ fn input_items(input: &Value) -> Vec<Value> {
             .iter()
             .map(|item| {
                 let mut item = item.clone();
+                if item.get("type").is_none() {
+                    item["type"] = json!("message");
+                }
                 if item.get("id").is_none() {
-                    let kind = item.get("type").and_then(Value::as_str).map(str::to_string);
-                    let prefix = match kind.as_deref() {
+                    let prefix = match item["type"].as_str() {
                         Some("function_call") => "fc_",
                         Some("function_call_output") => "fco_",
                         _ => "msg_",
                     };
                     item["id"] = json!(new_id(prefix));
-                    if kind.is_none() {
-                        item["type"] = json!("message");
-                    }
                 }
                 item
             })
