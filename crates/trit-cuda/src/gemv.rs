@@ -187,18 +187,6 @@ pub enum FusedInput {
         eps: f32,
         pend: u64,
     },
-    /// The decode attention's unmerged partial softmax per head and split (`part_o`: `hd`
-    /// values each, `part_ml`: their max and sum), merged and quantized in the prologue; the
-    /// splits follow from the position at `step` as the attention kernel found them
-    /// (`n_splits`, `min_chunk`). The streaming GEMV with 4 rows per warp only.
-    Parts {
-        part_o: u64,
-        part_ml: u64,
-        step: u64,
-        hd: usize,
-        n_splits: usize,
-        min_chunk: usize,
-    },
     /// As `Norm`, rotated before the quantization (Bonsai 2: times the ±1 `signs`, then the
     /// Walsh–Hadamard transform per `block` values); the streaming GEMV only.
     NormRot {
@@ -283,12 +271,10 @@ pub fn launch_ternary_fused_with(
             return launch_stream(gpu, m, input, y, o, shape);
         }
     }
-    if let FusedInput::NormRot { .. } | FusedInput::NormPend { .. } | FusedInput::Parts { .. } =
-        input
-    {
+    if let FusedInput::NormRot { .. } | FusedInput::NormPend { .. } = input {
         return Err(Error::InvalidArgument(format!(
-            "fused GEMV: a rotated, pending-sum or partial-attention input needs the streaming \
-             kernel, which cannot run the {} × {} matrix here",
+            "fused GEMV: a rotated or pending-sum input needs the streaming kernel, which cannot \
+             run the {} × {} matrix here",
             m.rows, m.cols
         )));
     }
@@ -340,22 +326,9 @@ fn fused_kernel_args(m: &TernaryArgs, input: FusedInput, y: u64, o: FusedOpts) -
             eps,
             pend,
         } => (4, x, gamma, eps, pend, 0),
-        // x the partial outputs, q their (max, sum), meta the position.
-        FusedInput::Parts {
-            part_o,
-            part_ml,
-            step,
-            ..
-        } => (5, part_o, 0, 0.0, part_ml, step),
     };
     let (signs, block) = match input {
         FusedInput::NormRot { signs, block, .. } => (signs, block),
-        FusedInput::Parts {
-            hd,
-            n_splits,
-            min_chunk,
-            ..
-        } => (0, parts_geometry(hd, n_splits, min_chunk)),
         _ => (0, 0),
     };
     [
@@ -379,13 +352,6 @@ fn fused_kernel_args(m: &TernaryArgs, input: FusedInput, y: u64, o: FusedOpts) -
         Arg::Ptr(signs),
         Arg::I32(block as i32),
     ]
-}
-
-/// The split geometry of a [`FusedInput::Parts`] input packed into the kernel's one spare int
-/// (`fg_parts` in gemv.cu): head_dim in bits 0–8, splits in 9–15, min_chunk / 32 in 16–23.
-fn parts_geometry(hd: usize, n_splits: usize, min_chunk: usize) -> usize {
-    debug_assert!(hd < 512 && n_splits < 128 && min_chunk % 32 == 0 && min_chunk / 32 < 256);
-    hd | n_splits << 9 | (min_chunk / 32) << 16
 }
 
 /// Shared-memory slots per warp of the streaming GEMV (`STREAM_STAGES` in gemv_stream.cu)
@@ -599,7 +565,6 @@ fn launch_stream(
     let rot = match input {
         FusedInput::NormRot { .. } => "rot_",
         FusedInput::NormPend { .. } => "pend_",
-        FusedInput::Parts { .. } => "parts_",
         _ => "",
     };
     let kernel = kernel_name(&format!(

@@ -10,8 +10,8 @@
 
 use crate::device::{ptr, Arg, Gpu};
 use crate::gemv::{
-    fused_fits, launch_matrix_gemv, launch_ternary_fused, stream_runs, FusedInput, FusedOpts,
-    GemvInput, TernaryArgs,
+    fused_fits, launch_matrix_gemv, launch_ternary_fused, FusedInput, FusedOpts, GemvInput,
+    TernaryArgs,
 };
 use crate::graph::{alloc_host_logits, copy_to_pinned, StepGraph};
 use crate::launch;
@@ -106,8 +106,6 @@ pub struct CudaModel {
     pub(crate) stream_down: bool,
     /// `CudaOptions::greedy_loop`.
     pub(crate) greedy_loop: bool,
-    /// `CudaOptions::merge_in_o`.
-    merge_in_o: bool,
     weight_bytes: usize,
     bytes_per_token: usize,
     device_name: String,
@@ -211,7 +209,6 @@ impl CudaModel {
             attention_o_max: opts.attention_o_max,
             stream_down: opts.stream_down,
             greedy_loop: opts.greedy_loop,
-            merge_in_o: opts.merge_in_o && plain_blocks,
             weight_bytes,
             bytes_per_token,
             device_name: gpu.name.clone(),
@@ -429,18 +426,7 @@ impl CudaModel {
             if short && self.attention_o_layer(st, blk, li, kv)? {
                 continue;
             }
-            // o over the attention's unmerged partials (CudaOptions::merge_in_o).
-            let o_parts = self
-                .merge_in_o
-                .then(|| self.fused_args(st, &blk.o, true, false))
-                .flatten()
-                .filter(|m| hd.is_multiple_of(4) && stream_runs(g, m, 4, false));
             let fused_quant = hd.is_multiple_of(64);
-            let att_out = match (&o_parts, fused_quant) {
-                (Some(_), _) => 2,
-                (None, true) => 1,
-                (None, false) => 0,
-            };
             g.launch(
                 attn_decode_kernel(hd),
                 (c.n_heads as u32, self.n_splits as u32),
@@ -466,53 +452,33 @@ impl CudaModel {
                     Arg::Ptr(p(&b.att)),
                     Arg::Ptr(xq),
                     Arg::Ptr(xm),
-                    Arg::I32(att_out),
+                    Arg::I32(fused_quant as i32),
                     Arg::I32(self.att_min_chunk as i32),
                 ],
             )?;
-            if let Some(m) = o_parts {
-                let input = FusedInput::Parts {
-                    part_o: p(&b.part_o),
-                    part_ml: p(&b.part_ml),
-                    step,
-                    hd,
-                    n_splits: self.n_splits,
-                    min_chunk: self.att_min_chunk,
-                };
-                let opts = FusedOpts {
-                    r: 4,
-                    max_split: self.max_split,
-                    accumulate: true,
-                    glu: false,
-                    act: self.config.ffn_act,
-                    late_trigger: false,
-                };
-                launch_ternary_fused(g, &m, input, p(&b.x), opts)?;
-            } else {
-                if !fused_quant && nq.is_multiple_of(64) {
-                    launch::quantize_vec(g, p(&b.att), nq, xq, xm)?;
+            if !fused_quant && nq.is_multiple_of(64) {
+                launch::quantize_vec(g, p(&b.att), nq, xq, xm)?;
+            }
+            if self.persist_mlp && nq.is_multiple_of(64) && self.mlp_persist(st, blk)? {
+                continue;
+            }
+            let att_in = Input {
+                f32: p(&b.att),
+                q: xq,
+                meta: xm,
+            };
+            match (
+                &blk.attn_sub_norm,
+                self.fused_args(st, &blk.o, self.fused.o, false),
+            ) {
+                (Some(w), _) => {
+                    self.sub_normed_projection(st, &blk.o, p(&b.att), w, nq, p(&b.x))?
                 }
-                if self.persist_mlp && nq.is_multiple_of(64) && self.mlp_persist(st, blk)? {
-                    continue;
+                (None, Some(m)) if nq.is_multiple_of(64) => {
+                    let input = FusedInput::Q { q: xq, meta: xm };
+                    self.fused_gemv(st, &m, input, p(&b.x), true, false)?;
                 }
-                let att_in = Input {
-                    f32: p(&b.att),
-                    q: xq,
-                    meta: xm,
-                };
-                match (
-                    &blk.attn_sub_norm,
-                    self.fused_args(st, &blk.o, self.fused.o, false),
-                ) {
-                    (Some(w), _) => {
-                        self.sub_normed_projection(st, &blk.o, p(&b.att), w, nq, p(&b.x))?
-                    }
-                    (None, Some(m)) if nq.is_multiple_of(64) => {
-                        let input = FusedInput::Q { q: xq, meta: xm };
-                        self.fused_gemv(st, &m, input, p(&b.x), true, false)?;
-                    }
-                    _ => self.gemv(st, &blk.o, &att_in, p(&b.x), true)?,
-                }
+                _ => self.gemv(st, &blk.o, &att_in, p(&b.x), true)?,
             }
             // h = silu(gate)·up (f32), with its int8 blocks only where the down GEMV reads them.
             let h_quantized = match self.fused_args(st, &blk.gate_up, self.fused.gate_up, true) {

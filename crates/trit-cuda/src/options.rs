@@ -82,11 +82,6 @@ pub struct CudaOptions {
     /// against 887 for the host's loop, 1.7B 1,840–1,851 against 1,742–1,760; sampled 8B 864
     /// against 839–849.
     pub greedy_loop: bool,
-    /// The dense decode attention leaves its splits' partial softmax unmerged and the o
-    /// projection merges them in its prologue (the streaming GEMV's `FG_IN_PARTS`), so the
-    /// attention's blocks need no fence, counter or merging block (`TRIT_CUDA_ATT_MERGE_O=1`).
-    /// Only where o is ternary, runs on the streaming kernel and has no BitNet sub-norm.
-    pub merge_in_o: bool,
 }
 
 /// Which matrices of the decode step take the fused GEMV.
@@ -199,7 +194,6 @@ impl CudaOptions {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(ATT_O_MAX),
             greedy_loop: env("TRIT_CUDA_GREEDY").is_none_or(|v| v != "0"),
-            merge_in_o: env("TRIT_CUDA_ATT_MERGE_O").is_some_and(|v| v == "1"),
         }
     }
 }

@@ -98,14 +98,6 @@ fn long_prompt_crosses_attention_splits_and_all_logits_match() {
         "tiny q2_0, 600-token prompt",
         compare(&path, &prompt(600, p.vocab, 2), 4, 640),
     );
-    // The same with the ten splits' partials merged in o's prologue (more than its four loads
-    // at a time).
-    let mut merged = CudaOptions::new(640);
-    merged.merge_in_o = true;
-    check(
-        "tiny q2_0, 600-token prompt, partials merged in o",
-        compare_with(&path, &prompt(600, p.vocab, 2), 4, &merged),
-    );
 
     // Logits::All: every position's logits, after a prefix already in the cache.
     let files = trit::format::open(&path).unwrap();
@@ -821,17 +813,6 @@ fn fused_and_separate_decode_kernels_match_the_cpu() {
             opts.attention_o_max = att_o;
             let errs = compare_with(&path, &prompt(40, p.vocab, 3), 8, &opts);
             check(&format!("{preset} q2_0, {name}"), errs);
-        }
-        // The attention's partials merged in o's prologue: two splits, and one.
-        for min_chunk in [32, 128] {
-            let mut opts = CudaOptions::new(128);
-            opts.merge_in_o = true;
-            opts.att_min_chunk = min_chunk;
-            let errs = compare_with(&path, &prompt(40, p.vocab, 3), 8, &opts);
-            check(
-                &format!("{preset} q2_0, partials merged in o, {min_chunk}"),
-                errs,
-            );
         }
     }
 }

@@ -164,13 +164,6 @@ __device__ __forceinline__ void load_round(const half_bits* kc, const half_bits*
     }
 }
 
-// What the decode attention writes (its `quant` argument): the f32 output (ATT_OUT_F32), also
-// its int8 blocks (ATT_OUT_Q8), or only each split's partial softmax (ATT_OUT_PARTS, even a
-// lone split's), merged by the o GEMV's FG_IN_PARTS prologue (gemv.cu).
-#define ATT_OUT_F32 0
-#define ATT_OUT_Q8 1
-#define ATT_OUT_PARTS 2
-
 // Head h's output (`o`, in shared memory, each value written by the thread that stores it)
 // to `att`, and with `quant` its int8 blocks (a warp per 64 values).
 __device__ __forceinline__ void write_head(const float* o, int h, int hd, float* att, i8* q,
@@ -340,11 +333,6 @@ __device__ __forceinline__ void merge_warps(float m, float l, const float (&acc)
 #ifndef ATT_EARLY_ROUND
 #define ATT_EARLY_ROUND 1
 #endif
-// ATT_ACQREL (default 0; -DATT_ACQREL=1 for A/B): the split merge's counter as one
-// release/acquire atomic instead of __threadfence + atomicAdd + __threadfence.
-#ifndef ATT_ACQREL
-#define ATT_ACQREL 0
-#endif
 template <int E>
 __device__ __forceinline__ void attn_decode_impl(
     const float* __restrict__ qkv, const float* q_norm, const float* k_norm, float eps,
@@ -372,8 +360,8 @@ __device__ __forceinline__ void attn_decode_impl(
     const int pos = step[0], len = pos + 1;
     // Positions per split: len spread over the grid's splits, a multiple of DEC_CHUNK, and
     // at least min_chunk (a short context in one block skips the merge through memory).
-    static_assert(DEC_CHUNK == ATT_SPLIT_ROUND, "att_chunk rounds splits to DEC_CHUNK");
-    const int chunk = att_chunk(len, n_splits, min_chunk);
+    const int chunk = max(min_chunk,
+                          ((len + n_splits - 1) / n_splits + DEC_CHUNK - 1) / DEC_CHUNK * DEC_CHUNK);
     const int used = (len + chunk - 1) / chunk;
     if (s >= used) return;
     const int start = s * chunk, end = min(start + chunk, len);
@@ -411,7 +399,7 @@ __device__ __forceinline__ void attn_decode_impl(
     attend_rounds<E>(qs, kcur, vcur, kh, vh, hd, p0, end, pos, has_current, lane, kk, vv, m, l,
                      acc);
     const float M = warps_share<DEC_WARPS>(m, l, acc, sm_m, sm_l, sm_o);
-    if (used == 1 && quant != ATT_OUT_PARTS) {
+    if (used == 1) {
         // The whole context was this block's: normalize here.
         warps_normalize<DEC_WARPS>(sm_m, sm_l, sm_o, M, tmp, hd);
         write_head(tmp, h, hd, att, q, meta, quant);
@@ -421,27 +409,8 @@ __device__ __forceinline__ void attn_decode_impl(
     for (int i = threadIdx.x; i < hd; i += blockDim.x)
         part_o[slot * hd + i] = warps_value<DEC_WARPS>(sm_m, sm_o, M, i);
     if (threadIdx.x == 0) part_ml[slot] = make_float2(M, warps_sum<DEC_WARPS>(sm_m, sm_l, M));
-    // ATT_OUT_PARTS: the next kernel (the o GEMV's FG_IN_PARTS prologue) merges the partials
-    // after its wait, which orders them before it: no fence, counter or merging block here.
-    if (quant == ATT_OUT_PARTS) return;
 
     // The last block of head h to get here merges the head's partials.
-#if ATT_ACQREL
-    // One release/acquire atomic by thread 0 after the block's barrier orders every thread's
-    // partials before it (the barrier makes them the thread's to release) in place of two
-    // full fences.
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned done;
-        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
-                     : "=r"(done)
-                     : "l"(&counters[h])
-                     : "memory");
-        is_last = done == (unsigned)(used - 1);
-    }
-    __syncthreads();
-    if (!is_last) return;
-#else
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -451,7 +420,6 @@ __device__ __forceinline__ void attn_decode_impl(
     __syncthreads();
     if (!is_last) return;
     __threadfence();
-#endif
     const size_t first = (size_t)h * n_splits;
     float MM = -INFINITY;
     for (int t = 0; t < used; t++) MM = fmaxf(MM, __ldcg(&part_ml[first + t].x));

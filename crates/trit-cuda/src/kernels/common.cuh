@@ -138,16 +138,6 @@ __device__ __forceinline__ char4 quant_block_float4(float4 o, float2& meta) {
     return make_char4((signed char)q0, (signed char)q1, (signed char)q2, (signed char)q3);
 }
 
-// Positions per split of the dense decode attention (attention.cu) for a context of `len`:
-// spread over the grid's n_splits, rounded up to ATT_SPLIT_ROUND (its positions per block
-// round), at least min_chunk. Shared with the o GEMV that merges its partials (FG_IN_PARTS),
-// which must find the same splits.
-#define ATT_SPLIT_ROUND 32
-__device__ __forceinline__ int att_chunk(int len, int n_splits, int min_chunk) {
-    const int even = (len + n_splits - 1) / n_splits;
-    return max(min_chunk, (even + ATT_SPLIT_ROUND - 1) / ATT_SPLIT_ROUND * ATT_SPLIT_ROUND);
-}
-
 // Measurement only (TRIT_CUDA_DEFINES="-DTRIT_PROBE_SKIP=N"): kernels of the kinds whose bits
 // are set in N return right after waiting for their inputs, so a decode step's time without
 // them shows what they really cost inside the captured graph (where PDL overlaps neighbours and

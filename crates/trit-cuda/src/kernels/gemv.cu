@@ -366,9 +366,6 @@ DENSE_ROWS(dense_rows_bf16, 2)
 // FG_IN_NORM of x + pend (the attention + o kernel's pending sum, attention_o.cu), the pend
 // pointer passed in the q argument.
 #define FG_IN_NORM_PEND 4
-// The decode attention's partial softmax per head and split (ATT_OUT_PARTS in attention.cu),
-// merged and quantized in the prologue: the `_parts_` streaming kernels only (FgParts).
-#define FG_IN_PARTS 5
 // Bit 1 of the fused GEMVs' flags argument (bit 0: gate‖up): the next kernel is let start only
 // after this one's griddepcontrol.wait, so everything written before this kernel (its input x
 // among it) is final wherever the next one runs — which may then read it before its own wait.
@@ -564,82 +561,6 @@ __device__ __forceinline__ void fg_prologue(int mode, int nb, const float* __res
         const bool in = c < n4;
         emit(c, in ? fg_load_xp<L2, PEND>(x4, pend, c) : zero,
              in && norm ? ((const float4*)gamma)[c] : zero);
-    }
-}
-
-// An FG_IN_PARTS input: the attention's partials (part_o: per head and split, hd unnormalized
-// output values; part_ml: their (max, sum)) and how many splits hold them, `used`, which the
-// kernel computes before its wait from the position (final there, as for the attention).
-struct FgParts {
-    const float* part_o;
-    const float2* part_ml;
-    int used, n_splits, hd;
-};
-
-// The host packs the split geometry into one int argument (gemv.rs FusedInput::Parts):
-// head_dim in bits 0–8, n_splits in bits 9–15, min_chunk / ATT_SPLIT_ROUND in bits 16–23.
-__device__ __forceinline__ FgParts fg_parts(const float* part_o, const void* part_ml,
-                                            const int* step, int packed) {
-    const int hd = packed & 511, n_splits = (packed >> 9) & 127;
-    const int min_chunk = ((packed >> 16) & 255) * ATT_SPLIT_ROUND;
-    const int len = step[0] + 1;
-    const int chunk = att_chunk(len, n_splits, min_chunk);
-    return FgParts{part_o, (const float2*)part_ml, (len + chunk - 1) / chunk, n_splits, hd};
-}
-
-// Float4 c of the attention output: its head's `used` partials merged (the attention kernel's
-// own merge: rescaled to the largest max, summed, divided by the rescaled sums), four splits'
-// loads issued together.
-__device__ __forceinline__ float4 fg_merge_parts(const FgParts& p, int c) {
-    const int q4 = p.hd / 4, h = c / q4, d4 = c - h * q4;
-    const float4* o4 = (const float4*)p.part_o;
-    const int first = h * p.n_splits;
-    float M = -INFINITY, L = 0.0f;
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int s0 = 0; s0 < p.used; s0 += 4) {
-        float2 ml[4];
-        float4 o[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const bool in = s0 + u < p.used;
-            ml[u] = in ? __ldcg(p.part_ml + first + s0 + u) : make_float2(-INFINITY, 0.0f);
-            o[u] = in ? __ldcg(o4 + (size_t)(first + s0 + u) * q4 + d4)
-                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-        float mx = M;
-#pragma unroll
-        for (int u = 0; u < 4; u++) mx = fmaxf(mx, ml[u].x);  // ml[0] is in: mx is finite
-        const float corr = expf(M - mx);
-        L *= corr;
-        acc = make_float4(acc.x * corr, acc.y * corr, acc.z * corr, acc.w * corr);
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const float e = expf(ml[u].x - mx);  // 0 past `used`
-            L += ml[u].y * e;
-            acc = make_float4(acc.x + o[u].x * e, acc.y + o[u].y * e, acc.z + o[u].z * e,
-                              acc.w + o[u].w * e);
-        }
-        M = mx;
-    }
-    return make_float4(acc.x / L, acc.y / L, acc.z / L, acc.w / L);
-}
-
-// fg_prologue for FG_IN_PARTS: the merged attention output, quantized per 64 values into xs /
-// ms. blockDim.x a multiple of 16; every trip count uniform.
-__device__ __forceinline__ void fg_prologue_parts(int nb, const FgParts& p, uint4* xs,
-                                                  float2* ms) {
-    const int t = threadIdx.x, T = blockDim.x, n4 = nb * 16;
-    for (int c0 = 0; c0 < n4; c0 += T) {
-        const int c = c0 + t;
-        const float4 v = c < n4 ? fg_merge_parts(p, c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        float2 bm;
-        const char4 packed = quant_block_float4(v, bm);
-        if (c < n4) {
-            const int b = c >> 4;
-            char4* dst = (char4*)(xs + fg_chunk(b, (c >> 2) & 3));
-            dst[c & 3] = packed;
-            if ((c & 15) == 0) ms[b] = bm;
-        }
     }
 }
 

@@ -156,15 +156,13 @@ __device__ __forceinline__ StreamWarp<R> stream_begin(const uint4* __restrict__ 
 // The rest once the input exists: every block builds the int8 input (fg_prologue), then each
 // warp computes its items, requesting one more per item. L2: x and the residual are read
 // through L2 (a persistent caller's other blocks wrote them in its previous phase).
-template <int R, int SPLIT, typename S, bool L2, bool ROT = false, bool PEND = false,
-          bool PARTS = false>
+template <int R, int SPLIT, typename S, bool L2, bool ROT = false, bool PEND = false>
 __device__ __forceinline__ void stream_finish(
     StreamWarp<R>& w, const uint4* __restrict__ codes, const S* __restrict__ scales, int rows,
     int nb, int mode, const float* __restrict__ x, const FgGamma& gr,
     const float* __restrict__ gamma, float eps,
     const uint4* __restrict__ q, const float2* __restrict__ meta, float* __restrict__ y,
-    int accumulate, int glu, FgRot rot = FgRot{nullptr, 0},
-    FgParts parts = FgParts{nullptr, nullptr, 0, 0, 0}) {
+    int accumulate, int glu, FgRot rot = FgRot{nullptr, 0}) {
     constexpr int ST = STREAM_STAGES;
     extern __shared__ uint4 dyn[];
     __shared__ float scratch[32];
@@ -174,9 +172,7 @@ __device__ __forceinline__ void stream_finish(
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int team = warp / SPLIT, sub = warp % SPLIT;
     const int half = rows / 2;
-    if (PARTS) {
-        fg_prologue_parts(nb, parts, xs, ms);
-    } else if (ROT) {
+    if (ROT) {
         // The f32 values being rotated: past the ring (host: FusedInput::extra_smem).
         const int ring_end = stream_ring_at(nb) + (blockDim.x >> 5) * ST * StreamSlot<R>::CHUNKS;
         fg_prologue_rot<L2>(nb, x, gr, gamma, eps, rot, (float*)(dyn + ring_end), xs, ms,
@@ -232,7 +228,7 @@ __device__ __forceinline__ void stream_finish(
 
 // One matrix as one kernel: the first weights are requested before griddepcontrol.wait, so
 // they load while the previous kernel finishes.
-template <int R, int SPLIT, typename S, bool ROT, bool PEND, bool PARTS>
+template <int R, int SPLIT, typename S, bool ROT, bool PEND>
 __device__ __forceinline__ void ternary_gemv_stream(
     const uint4* __restrict__ codes, const S* __restrict__ scales, int rows, int nb, int mode,
     const float* __restrict__ x, const float* __restrict__ gamma, float eps,
@@ -243,19 +239,14 @@ __device__ __forceinline__ void ternary_gemv_stream(
     if (!late) pdl_launch_dependents();
     StreamWarp<R> w = stream_begin<R, SPLIT, S>(codes, scales, rows, nb, glu, stream_ring_at(nb));
     const FgGamma gr = fg_gamma(mode, nb, gamma);
-    // FG_IN_PARTS: x the partial outputs, q their (max, sum), meta the position, rot.block the
-    // packed split geometry (fg_parts); the position is read before the wait.
-    FgParts parts = FgParts{nullptr, nullptr, 0, 0, 0};
-    if (PARTS) parts = fg_parts(x, q, (const int*)meta, rot.block);
     pdl_wait();
     if (late) pdl_launch_dependents();
 #ifdef TRIT_PROBE_SKIP
     if (TRIT_PROBE_SKIP & 8) cp_async_wait_all();  // no copy may outlive the block
 #endif
     PROBE_SKIP(8);
-    stream_finish<R, SPLIT, S, false, ROT, PEND, PARTS>(w, codes, scales, rows, nb, mode, x, gr,
-                                                        gamma, eps, q, meta, y, accumulate, glu,
-                                                        rot, parts);
+    stream_finish<R, SPLIT, S, false, ROT, PEND>(w, codes, scales, rows, nb, mode, x, gr, gamma,
+                                                 eps, q, meta, y, accumulate, glu, rot);
 }
 
 // The `_rot_` kernels take FG_IN_NORM_ROT inputs only, the `_pend_` ones FG_IN_NORM_PEND
@@ -265,18 +256,18 @@ __device__ __forceinline__ void ternary_gemv_stream(
 // multiprocessor (README, PDL). The `_rot_` kernels themselves take 80: beside one of 17
 // warps, `deltanet_step_early`'s 12 warps of 64 registers no longer fit (43,520 + 24,576 >
 // 65,536), so behind a rotated q‖k‖v‖z it starts only when the GEMV's block ends.
-#define TERNARY_GEMV_STREAM_KIND(NAME, R, SPLIT, SN, S, ROT, PEND, PARTS)                      \
+#define TERNARY_GEMV_STREAM_KIND(NAME, R, SPLIT, SN, S, ROT, PEND)                             \
     extern "C" __global__ void NAME##_r##R##_s##SPLIT##_##SN(                                  \
         const uint4* codes, const S* scales, int rows, int nb, int mode, const float* x,        \
         const float* gamma, float eps, const uint4* q, const float2* meta, float* y,            \
         int accumulate, int glu, const float* signs, int rot_block) {                          \
-        ternary_gemv_stream<R, SPLIT, S, ROT, PEND, PARTS>(codes, scales, rows, nb, mode, x,    \
-                                                           gamma, eps, q, meta, y, accumulate,  \
-                                                           glu, FgRot{signs, rot_block});       \
+        ternary_gemv_stream<R, SPLIT, S, ROT, PEND>(codes, scales, rows, nb, mode, x, gamma,    \
+                                                    eps, q, meta, y, accumulate, glu,          \
+                                                    FgRot{signs, rot_block});                  \
     }
-#define TERNARY_GEMV_STREAM(R, SPLIT, SN, S)                                           \
-    TERNARY_GEMV_STREAM_KIND(ternary_gemv_stream, R, SPLIT, SN, S, false, false, false) \
-    TERNARY_GEMV_STREAM_KIND(ternary_gemv_stream_rot, R, SPLIT, SN, S, true, false, false)
+#define TERNARY_GEMV_STREAM(R, SPLIT, SN, S)                                    \
+    TERNARY_GEMV_STREAM_KIND(ternary_gemv_stream, R, SPLIT, SN, S, false, false) \
+    TERNARY_GEMV_STREAM_KIND(ternary_gemv_stream_rot, R, SPLIT, SN, S, true, false)
 #define TERNARY_GEMV_STREAM_ALL(R, SN, S) \
     TERNARY_GEMV_STREAM(R, 1, SN, S) TERNARY_GEMV_STREAM(R, 2, SN, S) TERNARY_GEMV_STREAM(R, 4, SN, S)
 TERNARY_GEMV_STREAM_ALL(2, f16, half_bits)
@@ -288,20 +279,10 @@ TERNARY_GEMV_STREAM_ALL(8, f32, float)
 // The `_pend_` kernels for 4 rows per warp only (the default; attention_o.rs checks it): each
 // kernel kind costs NVRTC time at first start.
 #define TERNARY_GEMV_STREAM_PEND(SPLIT, SN, S) \
-    TERNARY_GEMV_STREAM_KIND(ternary_gemv_stream_pend, 4, SPLIT, SN, S, false, true, false)
+    TERNARY_GEMV_STREAM_KIND(ternary_gemv_stream_pend, 4, SPLIT, SN, S, false, true)
 TERNARY_GEMV_STREAM_PEND(1, f16, half_bits)
 TERNARY_GEMV_STREAM_PEND(2, f16, half_bits)
 TERNARY_GEMV_STREAM_PEND(4, f16, half_bits)
 TERNARY_GEMV_STREAM_PEND(1, f32, float)
 TERNARY_GEMV_STREAM_PEND(2, f32, float)
 TERNARY_GEMV_STREAM_PEND(4, f32, float)
-// The `_parts_` kernels (FG_IN_PARTS: o over the attention's unmerged partials), 4 rows per
-// warp only, as `_pend_`.
-#define TERNARY_GEMV_STREAM_PARTS(SPLIT, SN, S) \
-    TERNARY_GEMV_STREAM_KIND(ternary_gemv_stream_parts, 4, SPLIT, SN, S, false, false, true)
-TERNARY_GEMV_STREAM_PARTS(1, f16, half_bits)
-TERNARY_GEMV_STREAM_PARTS(2, f16, half_bits)
-TERNARY_GEMV_STREAM_PARTS(4, f16, half_bits)
-TERNARY_GEMV_STREAM_PARTS(1, f32, float)
-TERNARY_GEMV_STREAM_PARTS(2, f32, float)
-TERNARY_GEMV_STREAM_PARTS(4, f32, float)
