@@ -6,12 +6,15 @@ mod hub;
 
 use clap::{Parser, Subcommand};
 
+/// What `trit --help` says the binary runs on: a build with the `cuda` feature also drives
+/// NVIDIA GPUs (`--device cuda`).
+#[cfg(feature = "cuda")]
+const ABOUT: &str = "Run ternary (1.58-bit) language models on your CPU or NVIDIA GPU";
+#[cfg(not(feature = "cuda"))]
+const ABOUT: &str = "Run ternary (1.58-bit) language models on your CPU";
+
 #[derive(Parser)]
-#[command(
-    name = "trit",
-    version,
-    about = "Run ternary (1.58-bit) language models on your CPU"
-)]
+#[command(name = "trit", version, about = ABOUT)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
