@@ -196,6 +196,28 @@ try:
     check(False, "a deleted response must be gone")
 except openai.NotFoundError as e:
     check(e.status_code == 404, "deleted response status")
+# Conversations: created with an item, continued by responses sent in it, listed, deleted.
+conv = client.conversations.create(items=[{"type": "message", "role": "user",
+                                           "content": "My name is Ada."}],
+                                   metadata={"topic": "names"})
+check(conv.id.startswith("conv_") and conv.metadata == {"topic": "names"}, f"{conv}")
+turn = client.responses.create(model=model, input="What is my name?", conversation=conv.id,
+                               max_output_tokens=8, temperature=0)
+check(turn.conversation is not None and turn.conversation.id == conv.id, f"{turn}")
+listed = client.conversations.items.list(conv.id, order="asc")
+check([i.type for i in listed.data] == ["message"] * 3, f"conversation items {listed}")
+check(listed.data[0].content[0].text == "My name is Ada."
+      and listed.data[2].role == "assistant", f"conversation items {listed}")
+added = client.conversations.items.create(conv.id, items=[{"type": "message", "role": "user",
+                                                           "content": "Noted."}])
+got = client.conversations.items.retrieve(added.data[0].id, conversation_id=conv.id)
+check(got.content[0].text == "Noted.", f"{got}")
+client.conversations.delete(conv.id)
+try:
+    client.conversations.retrieve(conv.id)
+    check(False, "a deleted conversation must be gone")
+except openai.NotFoundError as e:
+    check(e.status_code == 404, "deleted conversation status")
 events = list(client.responses.create(model=model, input="Once upon a time",
                                       max_output_tokens=8, temperature=0, stream=True))
 deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")

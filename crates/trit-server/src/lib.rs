@@ -5,8 +5,10 @@
 //! [`AppState::start`], and turn its events into a JSON reply or SSE chunks (`stream`).
 //! Every failure a client can cause is a 4xx in llama.cpp's error envelope (`error`).
 
+pub mod bounded_map;
 pub mod chat;
 pub mod completions;
+pub mod conversations;
 pub mod embeddings;
 pub mod error;
 pub mod metrics;
@@ -72,6 +74,7 @@ impl AppState {
             started: stream::unix_now(),
             token_table: Default::default(),
             responses: Default::default(),
+            conversations: Default::default(),
         }))
     }
 }
@@ -114,10 +117,26 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/detokenize", post(detokenize))
         .route("/metrics", get(metrics))
         .route("/", get(ui))
+        .merge(conversation_routes("/v1"))
+        .merge(conversation_routes(""))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), require_key))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
+}
+
+/// The Conversations API's routes under `prefix` (`conversations.rs`).
+fn conversation_routes(prefix: &str) -> Router<Arc<AppState>> {
+    use conversations as c;
+    let at = |path: &str| format!("{prefix}/conversations{path}");
+    Router::new()
+        .route(&at(""), post(c::create))
+        .route(&at("/{id}"), get(c::get).post(c::update).delete(c::delete))
+        .route(&at("/{id}/items"), get(c::list_items).post(c::add_items))
+        .route(
+            &at("/{id}/items/{item_id}"),
+            get(c::get_item).delete(c::delete_item),
+        )
 }
 
 /// Serves on `listener` until `shutdown` resolves, then lets in-flight replies finish.

@@ -10,13 +10,13 @@
 //! [`MAX_RESPONSES`] and [`MAX_BYTES`]: the least recently used entries go first, and a chain
 //! whose older link went is refused by name rather than continued without it.
 
+use crate::bounded_map::{BoundedMap, Weighed};
 use crate::error::ApiError;
 use crate::state::AppState;
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Responses kept at most.
 pub const MAX_RESPONSES: usize = 1024;
@@ -26,6 +26,7 @@ pub const MAX_BYTES: usize = 64 << 20;
 const MAX_CHAIN: usize = 10_000;
 
 /// One stored response.
+#[derive(Clone)]
 pub struct Stored {
     /// The response object as it was returned.
     pub response: Value,
@@ -45,8 +46,7 @@ impl Stored {
         messages: Vec<Value>,
         input_items: Vec<Value>,
     ) -> Stored {
-        let size = |v: &[Value]| v.iter().map(|m| m.to_string().len()).sum::<usize>();
-        let bytes = response.to_string().len() + size(&messages) + size(&input_items);
+        let bytes = response.to_string().len() + json_bytes(&messages) + json_bytes(&input_items);
         Stored {
             response,
             previous,
@@ -57,37 +57,20 @@ impl Stored {
     }
 }
 
-#[derive(Default)]
-struct Inner {
-    map: HashMap<String, Arc<Stored>>,
-    /// Ids, least recently used first.
-    order: VecDeque<String>,
-    bytes: usize,
+impl Weighed for Stored {
+    fn bytes(&self) -> usize {
+        self.bytes
+    }
 }
 
-impl Inner {
-    fn touch(&mut self, id: &str) {
-        if let Some(i) = self.order.iter().position(|x| x == id) {
-            let id = self.order.remove(i).expect("found above");
-            self.order.push_back(id);
-        }
-    }
-
-    fn remove(&mut self, id: &str) -> bool {
-        let Some(s) = self.map.remove(id) else {
-            return false;
-        };
-        self.bytes -= s.bytes;
-        self.order.retain(|x| x != id);
-        true
-    }
+/// The length of `values` as JSON (what an entry weighs against a store's byte bound).
+pub fn json_bytes(values: &[Value]) -> usize {
+    values.iter().map(|m| m.to_string().len()).sum()
 }
 
 /// The server's stored responses.
 pub struct ResponseStore {
-    inner: Mutex<Inner>,
-    max_responses: usize,
-    max_bytes: usize,
+    map: BoundedMap<Stored>,
 }
 
 impl Default for ResponseStore {
@@ -99,53 +82,31 @@ impl Default for ResponseStore {
 impl ResponseStore {
     pub fn new(max_responses: usize, max_bytes: usize) -> ResponseStore {
         ResponseStore {
-            inner: Mutex::default(),
-            max_responses,
-            max_bytes,
+            map: BoundedMap::new(max_responses, max_bytes),
         }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Keeps `stored` under `id`, dropping the least recently used entries beyond the bounds
     /// (one larger than the byte bound alone is not kept).
     pub fn put(&self, id: String, stored: Stored) {
-        if stored.bytes > self.max_bytes {
-            return;
-        }
-        let mut inner = self.lock();
-        inner.remove(&id);
-        while inner.map.len() >= self.max_responses || inner.bytes + stored.bytes > self.max_bytes {
-            let Some(oldest) = inner.order.front().cloned() else {
-                break;
-            };
-            inner.remove(&oldest);
-        }
-        inner.bytes += stored.bytes;
-        inner.order.push_back(id.clone());
-        inner.map.insert(id, Arc::new(stored));
+        self.map.put(id, stored)
     }
 
     /// The response `id` (marked as used).
     pub fn get(&self, id: &str) -> Option<Arc<Stored>> {
-        let mut inner = self.lock();
-        let s = inner.map.get(id).cloned()?;
-        inner.touch(id);
-        Some(s)
+        self.map.get(id)
     }
 
     pub fn delete(&self, id: &str) -> bool {
-        self.lock().remove(id)
+        self.map.remove(id)
     }
 
     pub fn len(&self) -> usize {
-        self.lock().map.len()
+        self.map.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.map.is_empty()
     }
 
     /// The chat messages of the conversation that ends with response `id`, oldest first; each
@@ -196,11 +157,14 @@ pub fn reply_messages(output: &[Value]) -> Vec<Value> {
     let mut calls = Vec::new();
     for item in output {
         match item["type"].as_str() {
-            Some("message") => {
-                for part in item["content"].as_array().into_iter().flatten() {
-                    content.push_str(part["text"].as_str().unwrap_or(""));
+            Some("message") | None => match &item["content"] {
+                Value::String(s) => content.push_str(s),
+                parts => {
+                    for part in parts.as_array().into_iter().flatten() {
+                        content.push_str(part["text"].as_str().unwrap_or(""));
+                    }
                 }
-            }
+            },
             Some("function_call") => calls.push(json!({
                 "id": item["call_id"], "type": "function",
                 "function": {"name": item["name"], "arguments": item["arguments"]},
@@ -226,13 +190,13 @@ pub async fn get_response(State(state): State<Arc<AppState>>, Path(id): Path<Str
     }
 }
 
-/// `GET /v1/responses/{id}/input_items`'s query (OpenAI's: newest first unless `order=asc`,
+/// `GET /v1/responses/{id}/input_items`'s (and a conversation's items') query (OpenAI's: newest first unless `order=asc`,
 /// 20 items unless `limit` says 1–100, from after the item `after`).
 #[derive(serde::Deserialize)]
 pub struct ItemsQuery {
     order: Option<String>,
     limit: Option<usize>,
-    after: Option<String>,
+    pub after: Option<String>,
 }
 
 /// `GET /v1/responses/{id}/input_items`: the response's input items, a page at a time.
@@ -250,7 +214,7 @@ pub async fn input_items(
     }
 }
 
-fn items_page(q: &ItemsQuery) -> Result<(bool, usize), ApiError> {
+pub fn items_page(q: &ItemsQuery) -> Result<(bool, usize), ApiError> {
     let asc = match q.order.as_deref() {
         None | Some("desc") => false,
         Some("asc") => true,
@@ -268,7 +232,7 @@ fn items_page(q: &ItemsQuery) -> Result<(bool, usize), ApiError> {
 }
 
 /// A list page of `items` (request order) in the asked order, starting after item `after`.
-fn page(items: &[Value], asc: bool, limit: usize, after: Option<&str>) -> Value {
+pub fn page(items: &[Value], asc: bool, limit: usize, after: Option<&str>) -> Value {
     let ordered: Vec<&Value> = if asc {
         items.iter().collect()
     } else {
@@ -340,26 +304,18 @@ mod tests {
     }
 
     #[test]
-    fn the_least_recently_used_go_first_within_both_bounds() {
+    fn the_store_keeps_to_its_bounds() {
         let store = ResponseStore::new(2, MAX_BYTES);
-        store.put("a".into(), turn(None, "one"));
-        store.put("b".into(), turn(None, "two"));
-        assert!(store.get("a").is_some()); // a is now newer than b
-        store.put("c".into(), turn(None, "three"));
-        assert!(store.get("b").is_none());
-        assert!(store.get("a").is_some() && store.get("c").is_some());
+        for id in ["a", "b", "c"] {
+            store.put(id.into(), turn(None, "one"));
+        }
         assert_eq!(store.len(), 2);
-
+        assert!(store.get("a").is_none());
         let one = turn(None, "x").bytes;
         let store = ResponseStore::new(100, 2 * one);
         for id in ["p", "q", "r"] {
             store.put(id.into(), turn(None, "x"));
         }
-        assert_eq!(store.len(), 2);
-        assert!(store.get("p").is_none());
-        // An entry larger than the whole bound is not kept (and evicts nothing).
-        store.put("big".into(), turn(None, &"y".repeat(4 * one)));
-        assert!(store.get("big").is_none());
         assert_eq!(store.len(), 2);
     }
 

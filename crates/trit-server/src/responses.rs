@@ -1,8 +1,9 @@
 //! OpenAI's Responses API, `POST /v1/responses` — what OpenAI's SDKs now recommend over chat
 //! completions (llama.cpp's server does not have it yet: ggml-org/llama.cpp#19138). Responses
 //! are stored in memory unless `store: false` (`response_store.rs`), so `previous_response_id`
-//! continues a conversation and `GET`/`DELETE /v1/responses/{id}` work; `conversation` objects
-//! are refused. `input` (a string, or message items whose content is a string or `input_text` /
+//! continues a conversation and `GET`/`DELETE /v1/responses/{id}` work; `conversation` (an id
+//! from the Conversations API, `conversations.rs`) reads its items as the history and gets the
+//! turn's input and output items appended. `input` (a string, or message items whose content is a string or `input_text` /
 //! `output_text` parts) and `instructions` (a system message first) go through the chat
 //! template like `/v1/chat/completions`; `max_output_tokens`, `temperature`, `top_p`, `text.format`
 //! (text, json_object, json_schema) and chat's sampling extensions (`top_k`, `min_p`, `seed`,
@@ -65,10 +66,10 @@ struct ResponsesRequest {
 
 pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiError> {
     let r: ResponsesRequest = decode(body)?;
-    if r.conversation.is_some() {
+    let conversation = conversation_id(r.conversation.as_ref())?;
+    if conversation.is_some() && r.previous_response_id.is_some() {
         return Err(ApiError::invalid(
-            "conversation objects are not supported; continue with previous_response_id or send \
-             the conversation as input items",
+            "conversation and previous_response_id cannot be used together",
         ));
     }
     if r.background {
@@ -87,6 +88,9 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
     }
     if let Some(prev) = &r.previous_response_id {
         messages.extend(state.responses.conversation(prev)?);
+    }
+    if let Some(id) = &conversation {
+        messages.extend(state.conversations.messages(id)?);
     }
     let input = input_messages(&r.input)?;
     messages.extend(input.iter().cloned());
@@ -129,10 +133,13 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
         request: &r,
     }
     .json();
-    let save = r.store.unwrap_or(true).then(|| Save {
+    let store = r.store.unwrap_or(true);
+    let save = (store || conversation.is_some()).then(|| Save {
         state: state.clone(),
         id,
+        store,
         previous: r.previous_response_id.clone(),
+        conversation,
         input,
         items: input_items(&r.input),
     });
@@ -179,11 +186,14 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
     Ok(axum::Json(response).into_response())
 }
 
-/// What storing a finished response needs (`store` unset or true).
+/// What keeping a finished response needs: storing it (`store` unset or true) and appending
+/// its turn to its conversation (`conversation`).
 struct Save {
     state: Arc<AppState>,
     id: String,
+    store: bool,
     previous: Option<String>,
+    conversation: Option<String>,
     /// This request's input as chat messages.
     input: Vec<Value>,
     /// And as the API's items (`GET /v1/responses/{id}/input_items`).
@@ -192,17 +202,47 @@ struct Save {
 
 impl Save {
     fn keep(self, response: &Value) {
-        let mut messages = self.input;
         let output = response["output"].as_array().map_or(&[][..], Vec::as_slice);
-        messages.extend(reply_messages(output));
-        let stored = Stored::new(response.clone(), self.previous, messages, self.items);
-        self.state.responses.put(self.id, stored);
+        if let Some(conv) = &self.conversation {
+            let mut turn = self.items.clone();
+            turn.extend(output.iter().cloned());
+            // The conversation may have gone while the reply ran: the reply still stands.
+            if let Err(e) = self.state.conversations.append(conv, turn) {
+                eprintln!(
+                    "response {}: not added to conversation {conv}: {}",
+                    self.id,
+                    e.body()["message"]
+                );
+            }
+        }
+        if self.store {
+            let mut messages = self.input;
+            messages.extend(reply_messages(output));
+            let stored = Stored::new(response.clone(), self.previous, messages, self.items);
+            self.state.responses.put(self.id, stored);
+        }
+    }
+}
+
+/// `conversation`: a conversation's id, or an object with it.
+fn conversation_id(c: Option<&Value>) -> Result<Option<String>, ApiError> {
+    match c {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(id)) => Ok(Some(id.clone())),
+        Some(Value::Object(o)) => match o.get("id") {
+            Some(Value::String(id)) => Ok(Some(id.clone())),
+            _ => Err(ApiError::invalid("conversation.id must be a string")),
+        },
+        Some(_) => Err(ApiError::invalid(
+            "conversation must be a conversation id or an object with one",
+        )),
     }
 }
 
 /// The (already validated) input as the API lists it: a string as a user message item, every
-/// item with a type (`message` where it had none) and an id (`msg_…`, `fc_…`, `fco_…`).
-fn input_items(input: &Value) -> Vec<Value> {
+/// item with a type (`message` where it had none), a message's string content as a text part,
+/// and an id (`msg_…`, `fc_…`, `fco_…`).
+pub(crate) fn input_items(input: &Value) -> Vec<Value> {
     match input {
         Value::String(s) => vec![json!({
             "type": "message", "id": new_id("msg_"), "role": "user", "status": "completed",
@@ -214,6 +254,20 @@ fn input_items(input: &Value) -> Vec<Value> {
                 let mut item = item.clone();
                 if item.get("type").is_none() {
                     item["type"] = json!("message");
+                }
+                // A message's text as the API lists it: one text part.
+                if let (Some("message"), Some(Value::String(text))) =
+                    (item["type"].as_str(), item.get("content"))
+                {
+                    let kind = if item["role"] == "assistant" {
+                        "output_text"
+                    } else {
+                        "input_text"
+                    };
+                    item["content"] = json!([{"type": kind, "text": text}]);
+                }
+                if item["type"] == "message" && item.get("status").is_none() {
+                    item["status"] = json!("completed");
                 }
                 if item.get("id").is_none() {
                     let prefix = match item["type"].as_str() {
@@ -232,7 +286,7 @@ fn input_items(input: &Value) -> Vec<Value> {
 
 /// The input as chat messages: a string is one user message; items are `{role, content}`
 /// messages (with or without `type: "message"`) whose content is a string or text parts.
-fn input_messages(input: &Value) -> Result<Vec<Value>, ApiError> {
+pub(crate) fn input_messages(input: &Value) -> Result<Vec<Value>, ApiError> {
     let items = match input {
         Value::String(s) => return Ok(vec![json!({"role": "user", "content": s})]),
         Value::Array(items) if !items.is_empty() => items,
@@ -410,6 +464,10 @@ impl Shell<'_> {
             "output": [],
             "parallel_tool_calls": true,
             "previous_response_id": r.previous_response_id,
+            "conversation": conversation_id(r.conversation.as_ref())
+                .ok()
+                .flatten()
+                .map(|id| json!({"id": id})),
             "reasoning": {
                 "effort": r.reasoning.as_ref().map_or(Value::Null, |v| v["effort"].clone()),
                 "summary": null,

@@ -59,6 +59,9 @@ pub struct AppState {
     pub token_table: OnceLock<Arc<TokenTable>>,
     /// `/v1/responses`' stored responses (`previous_response_id`, `GET`/`DELETE` by id).
     pub responses: crate::response_store::ResponseStore,
+    /// The Conversations API's conversations (`conversations.rs`; `conversation` on
+    /// `/v1/responses`).
+    pub conversations: crate::conversations::ConversationStore,
 }
 
 /// A submitted job whose first event (other than prompt progress) has arrived (so an error before the first token can

@@ -78,6 +78,12 @@ fn seeds() -> Vec<(&'static str, Value)> {
             json!({"input": "Hi", "max_output_tokens": 3, "top_p": 0.9, "metadata": {"a": "b"}}),
         ),
         (
+            "/v1/conversations",
+            json!({"items": [{"type": "message", "role": "user", "content": "Hi"},
+            {"type": "function_call_output", "call_id": "c", "output": "x"}],
+            "metadata": {"a": "b"}}),
+        ),
+        (
             "/apply-template",
             json!({"messages": [{"role": "user", "content": "Hi"}],
             "add_generation_prompt": true}),

@@ -5,7 +5,8 @@
 //! a forced function tool gives a `function_call` item (whole and streamed) and a call's
 //! result goes back in as input items; stored responses continue a conversation with
 //! `previous_response_id` exactly as chat does with the whole history, and are read and deleted
-//! by id; what the server cannot do is refused.
+//! by id; conversations hold the history of the responses sent in them; what the server
+//! cannot do is refused.
 
 mod common;
 use common::*;
@@ -244,8 +245,13 @@ fn what_the_server_cannot_do_is_refused() {
     );
     refused(
         json!({"input": "x", "conversation": "conv_1"}),
+        404,
+        "no conversation 'conv_1'",
+    );
+    refused(
+        json!({"input": "x", "conversation": 5}),
         400,
-        "conversation",
+        "conversation must be",
     );
     refused(json!({"input": 5}), 400, "input");
     refused(json!({"input": []}), 400, "input");
@@ -493,4 +499,192 @@ fn stored_responses_continue_a_conversation() {
     assert_eq!(unstored["store"], false);
     let id = unstored["id"].as_str().unwrap();
     assert_eq!(get(server.addr, &format!("/v1/responses/{id}")).status, 404);
+}
+
+/// Conversations (OpenAI's Conversations API): a response sent with `conversation` replies as
+/// chat completions does with the conversation's items as history, and its turn (input, then
+/// output items) is appended; items are listed, added, read and deleted by id; the
+/// conversation's metadata is updated; a deleted conversation is gone; `conversation` with
+/// `previous_response_id` is refused.
+#[test]
+fn conversations_hold_the_history_of_responses() {
+    let server = start(Options::default());
+    let send = |method: &str, path: &str, body: Option<Value>| -> (u16, Value) {
+        let bytes = body.map(|b| b.to_string()).unwrap_or_default();
+        let r = request_raw(server.addr, method, path, bytes.as_bytes(), Some(API_KEY));
+        let v = if r.text().is_empty() {
+            Value::Null
+        } else {
+            r.json()
+        };
+        (r.status, v)
+    };
+    let (status, conv) = send(
+        "POST",
+        "/v1/conversations",
+        Some(
+            json!({"items": [{"role": "user", "content": "My name is Ada."}],
+                    "metadata": {"topic": "names"}}),
+        ),
+    );
+    assert_eq!(status, 200, "{conv}");
+    assert_eq!(conv["object"], "conversation");
+    assert_eq!(conv["metadata"]["topic"], "names");
+    let cid = conv["id"].as_str().unwrap().to_string();
+    assert!(cid.starts_with("conv_"));
+
+    // A first response in it: the item above is its history.
+    let ask = |body: Value| -> Value {
+        let r = post(server.addr, "/v1/responses", &body);
+        assert_eq!(r.status, 200, "{body}: {}", r.text());
+        r.json()
+    };
+    let first = ask(
+        json!({"input": "Hello.", "conversation": cid, "max_output_tokens": 8,
+                           "temperature": 0}),
+    );
+    assert_eq!(first["conversation"]["id"], cid.as_str());
+    let chat = chat_reply(
+        &server,
+        json!([{"role": "user", "content": "My name is Ada."},
+               {"role": "user", "content": "Hello."}]),
+        8,
+    );
+    assert_eq!(
+        output_text(&first),
+        chat["choices"][0]["message"]["content"]
+    );
+    assert_eq!(
+        first["usage"]["input_tokens"],
+        chat["usage"]["prompt_tokens"]
+    );
+
+    // A second, streamed, with the object form: the history now holds the first turn.
+    let r = post(
+        server.addr,
+        "/v1/responses",
+        &json!({"input": "What is my name?", "conversation": {"id": cid},
+                "max_output_tokens": 8, "temperature": 0, "stream": true}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let second = r.events().last().unwrap()["response"].clone();
+    let chat = chat_reply(
+        &server,
+        json!([{"role": "user", "content": "My name is Ada."},
+               {"role": "user", "content": "Hello."},
+               {"role": "assistant", "content": output_text(&first)},
+               {"role": "user", "content": "What is my name?"}]),
+        8,
+    );
+    assert_eq!(
+        output_text(&second),
+        chat["choices"][0]["message"]["content"]
+    );
+    assert_eq!(
+        second["usage"]["input_tokens"],
+        chat["usage"]["prompt_tokens"]
+    );
+
+    // Its items: the first item, then each turn's input and output, in order.
+    let (status, items) = send(
+        "GET",
+        &format!("/v1/conversations/{cid}/items?order=asc"),
+        None,
+    );
+    assert_eq!(status, 200, "{items}");
+    let data = items["data"].as_array().unwrap();
+    let texts: Vec<String> = data
+        .iter()
+        .map(|i| {
+            i["content"]
+                .as_array()
+                .map(|p| p.iter().map(|p| p["text"].as_str().unwrap_or("")).collect())
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(data.len(), 5, "{items}");
+    assert_eq!(texts[0], "My name is Ada.");
+    assert_eq!(texts[1], "Hello.");
+    assert_eq!(texts[2], output_text(&first));
+    assert_eq!(texts[3], "What is my name?");
+    assert_eq!(data[4]["role"], "assistant");
+    // Newest first by default, a page at a time.
+    let (_, page) = send(
+        "GET",
+        &format!("/v1/conversations/{cid}/items?limit=2"),
+        None,
+    );
+    assert_eq!(page["data"][0]["id"], data[4]["id"]);
+    assert_eq!(page["has_more"], true);
+
+    // Items added, read and deleted by id.
+    let (status, added) = send(
+        "POST",
+        &format!("/conversations/{cid}/items"),
+        Some(json!({"items": [{"type": "message", "role": "user",
+                               "content": [{"type": "input_text", "text": "Noted."}]}]})),
+    );
+    assert_eq!(status, 200, "{added}");
+    let item_id = added["data"][0]["id"].as_str().unwrap().to_string();
+    let (status, item) = send(
+        "GET",
+        &format!("/v1/conversations/{cid}/items/{item_id}"),
+        None,
+    );
+    assert_eq!(
+        (status, item["content"][0]["text"].clone()),
+        (200, json!("Noted."))
+    );
+    let (status, after) = send(
+        "DELETE",
+        &format!("/v1/conversations/{cid}/items/{item_id}"),
+        None,
+    );
+    assert_eq!((status, after["id"].clone()), (200, json!(cid)));
+    let (status, _) = send(
+        "GET",
+        &format!("/v1/conversations/{cid}/items/{item_id}"),
+        None,
+    );
+    assert_eq!(status, 404);
+    let (status, bad) = send(
+        "POST",
+        &format!("/v1/conversations/{cid}/items"),
+        Some(json!({"items": [{"type": "image", "url": "x"}]})),
+    );
+    assert_eq!(status, 400, "{bad}");
+
+    // Metadata replaced; the conversation read back.
+    let (status, upd) = send(
+        "POST",
+        &format!("/v1/conversations/{cid}"),
+        Some(json!({"metadata": {"topic": "greetings"}})),
+    );
+    assert_eq!(
+        (status, upd["metadata"]["topic"].clone()),
+        (200, json!("greetings"))
+    );
+    let (_, got) = send("GET", &format!("/v1/conversations/{cid}"), None);
+    assert_eq!(got, upd);
+
+    // Not with previous_response_id; deleted, it is gone and cannot be continued.
+    let r = post(
+        server.addr,
+        "/v1/responses",
+        &json!({"input": "x", "conversation": cid, "previous_response_id": first["id"]}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    let (status, del) = send("DELETE", &format!("/v1/conversations/{cid}"), None);
+    assert_eq!((status, del["deleted"].clone()), (200, json!(true)));
+    assert_eq!(
+        send("GET", &format!("/v1/conversations/{cid}"), None).0,
+        404
+    );
+    let r = post(
+        server.addr,
+        "/v1/responses",
+        &json!({"input": "x", "conversation": cid, "max_output_tokens": 2}),
+    );
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert!(r.text().contains(&cid), "{}", r.text());
 }
