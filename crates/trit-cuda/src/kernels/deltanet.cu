@@ -190,6 +190,47 @@ __device__ __forceinline__ void dn_load_rows(float (*s)[U], const float* hs, int
 // multiprocessors' carveout at its maximum, which cost 2.7 % elsewhere; with the default
 // carveout its 30 KB kept the block from starting beside the q‖k‖v‖z GEMV (−10 %).
 #define DN_HELD_DK 128
+// DN_FAST (default 1; -DDN_FAST=0 for A/B): the step's order of memory round trips and
+// reductions tightened — the gates' weights requested into L2 first and read as float4s, the
+// gates' three sums and q/k's two reduced with one barrier each, each warp's rows reduced
+// level by level together instead of one after another, the next pass's rows asked into L1.
+// Why: inside the decode graph (DN_TRACE, 27B widths) the part before the wait took ~20,000
+// cycles — longer than the q‖k‖v‖z GEMV it overlaps, so the wait found its input long ready —
+// and the recurrence ~9,300. H200 tg128, 27B: 285.0 / 287.1 against 282.5 / 283.3 tok/s
+// (BENCHMARKS "GPU, session 29"; within the first-of-a-pair spread, but never slower).
+#ifndef DN_FAST
+#define DN_FAST 1
+#endif
+
+// The block's sums of N values per thread with one barrier (`red`: N × 32 floats of shared
+// memory used by this call only); every thread gets them in v.
+template <int N>
+__device__ __forceinline__ void block_sums(float (&v)[N], float (*red)[32]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int k = 0; k < N; k++) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
+    if (lane == 0)
+#pragma unroll
+        for (int k = 0; k < N; k++) red[k][warp] = v[k];
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+        float t = 0.0f;
+        for (int w = 0; w < nw; w++) t += red[k][w];
+        v[k] = t;
+    }
+}
+
+// Measurement only (TRIT_CUDA_DEFINES="-DDN_TRACE=P"): at position P the first and last
+// block's thread 0 prints the SM cycles of each phase (start → before the wait → after it →
+// conv → q/k norms → recurrence → end).
+#ifdef DN_TRACE
+#define DN_MARK(i) (dn_tt[i] = clock64())
+#else
+#define DN_MARK(i)
+#endif
 template <int ROWS, bool HOIST, bool EARLY, bool HELD = false>
 __device__ __forceinline__ void deltanet_step_impl(
     const float* __restrict__ x, const float* __restrict__ gamma, float eps, int d,
@@ -205,6 +246,11 @@ __device__ __forceinline__ void deltanet_step_impl(
     __shared__ float os[DN_MAX_DV];
     __shared__ float scratch[32];
     __shared__ float zs[HELD ? DN_MAX_DV : 1];
+    __shared__ float red_gates[3][32], red_qk[2][32];
+#ifdef DN_TRACE
+    long long dn_tt[8];
+#endif
+    DN_MARK(0);
     pdl_launch_dependents();
     // The greedy loop's steps past an end-of-sequence token leave the state as it is (greedy.cu
     // sets `halt`; those steps' outputs are dropped). Read before the wait: only the last
@@ -267,6 +313,26 @@ __device__ __forceinline__ void deltanet_step_impl(
         g = expf(a_neg[head] * dn_softplus(sa * inv + dt_bias[head]));
         beta = dn_sigmoid(sb * inv);
     };
+    // The same sums as float4s (d a multiple of 4; rows 16-byte aligned then) and one block
+    // reduction; its weights were requested into L2 first (DN_FAST).
+    auto gates_fast = [&]() {
+        float v[3] = {0.0f, 0.0f, 0.0f};  // Σx², Σ wa·x·γ, Σ wb·x·γ
+        const float4 *x4 = (const float4*)x, *g4 = (const float4*)gamma;
+        const float4 *a4 = (const float4*)wa, *b4 = (const float4*)wb;
+#pragma unroll 2
+        for (int i = t; i < d / 4; i += T) {
+            const float4 xi = x4[i], gi = g4[i], ai = a4[i], bi = b4[i];
+            const float4 xg = make_float4(xi.x * gi.x, xi.y * gi.y, xi.z * gi.z, xi.w * gi.w);
+            v[0] += xi.x * xi.x + xi.y * xi.y + xi.z * xi.z + xi.w * xi.w;
+            v[1] += ai.x * xg.x + ai.y * xg.y + ai.z * xg.z + ai.w * xg.w;
+            v[2] += bi.x * xg.x + bi.y * xg.y + bi.z * xg.z + bi.w * xg.w;
+        }
+        block_sums<3>(v, red_gates);
+        const float inv = 1.0f / sqrtf(v[0] / (float)d + eps);
+        g = expf(a_neg[head] * dn_softplus(v[1] * inv + dt_bias[head]));
+        beta = dn_sigmoid(v[2] * inv);
+    };
+    const bool fast = DN_FAST && (d & 3) == 0;
     int pos;
     float conv_pre = 0.0f;  // HELD: thread t's channel's sum over the earlier inputs
     if (EARLY) {
@@ -274,7 +340,16 @@ __device__ __forceinline__ void deltanet_step_impl(
         // so x (and everything before it) is final here: the gates, the position and L2
         // requests for this head's state and its window slots all run while that GEMV does.
         pos = step[0];
-        gates();
+        if (fast) {
+            // Everything this part reads is requested before the gates' chain of loads and
+            // sums waits on any of it.
+            for (int i = t * 32; i < d; i += T * 32) {
+                prefetch_l2(wa + i);
+                prefetch_l2(wb + i);
+            }
+        } else {
+            gates();
+        }
         for (int i = t * 32; i < dv * dk; i += T * 32) prefetch_l2(hs + i);
         for (int j = t; j < 2 * dk + dv; j += T) {
             const int c = channel(j);
@@ -283,6 +358,7 @@ __device__ __forceinline__ void deltanet_step_impl(
                 if (p >= 0) prefetch_l2(window + (size_t)(p % kernel) * cd + c);
             }
         }
+        if (fast) gates_fast();
         if (HELD) {
             dn_load_rows<ROWS, U>(s, hs, warp * ROWS, dv, dk, lane);
             if (t < 2 * dk + dv) {
@@ -294,7 +370,9 @@ __device__ __forceinline__ void deltanet_step_impl(
                 }
             }
         }
+        DN_MARK(1);
         pdl_wait();
+        DN_MARK(2);
         if (HELD) {
             const float* z = proj + cd + (size_t)head * dv;
             if (t < dv) cp_async4_zfill(smem_addr(zs + t), z + t, 4);
@@ -338,6 +416,7 @@ __device__ __forceinline__ void deltanet_step_impl(
         *dst = acc * dn_sigmoid(acc);
     }
     __syncthreads();
+    DN_MARK(3);
 
     // 3. L2-normalized q (also × 1/√dk) and k, then the delta rule.
     float sq = 0.0f, sk = 0.0f;
@@ -345,8 +424,15 @@ __device__ __forceinline__ void deltanet_step_impl(
         sq += qs[i] * qs[i];
         sk += ks[i] * ks[i];
     }
-    sq = block_sum(sq, scratch);
-    sk = block_sum(sk, scratch);
+    if (fast) {
+        float v[2] = {sq, sk};
+        block_sums<2>(v, red_qk);
+        sq = v[0];
+        sk = v[1];
+    } else {
+        sq = block_sum(sq, scratch);
+        sk = block_sum(sk, scratch);
+    }
     const float iq = rsqrtf((float)dk) / sqrtf(sq + 1e-6f);
     const float ik = 1.0f / sqrtf(sk + 1e-6f);
     for (int i = t; i < dk; i += T) {
@@ -354,9 +440,61 @@ __device__ __forceinline__ void deltanet_step_impl(
         ks[i] *= ik;
     }
     __syncthreads();
+    DN_MARK(4);
     const int per_lane = dk / 32;
     for (int i0 = warp * ROWS; i0 < dv; i0 += nw * ROWS) {
         if (!(HOIST || HELD) || i0 != warp * ROWS) dn_load_rows<ROWS, U>(s, hs, i0, dv, dk, lane);
+        if (fast) {
+            // The next pass's rows into L1 now (they are in L2 already), so its loads do not
+            // wait a round trip: ROWS · dk floats, one 128-byte line per lane.
+            const int next = i0 + nw * ROWS, lines = ROWS * dk / 32;
+            if (next < dv && lane < lines) {
+                const int r = lane / (dk / 32), part = lane % (dk / 32);
+                if (next + r < dv)
+                    asm volatile("prefetch.global.L1 [%0];" ::"l"(hs + (size_t)(next + r) * dk +
+                                                                  32 * part));
+            }
+            // Each row's two dot products reduced level by level for all rows at once.
+            float dot_k[ROWS], dot_q[ROWS];
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+                dot_k[r] = 0.0f;
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    if (u < per_lane) {
+                        s[r][u] *= g;
+                        dot_k[r] += s[r][u] * ks[lane + 32 * u];
+                    }
+                }
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+                for (int r = 0; r < ROWS; r++) dot_k[r] += __shfl_xor_sync(0xffffffffu, dot_k[r], o);
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+                const int row = i0 + r;
+                const float delta = row < dv ? beta * (vs[row] - dot_k[r]) : 0.0f;
+                dot_q[r] = 0.0f;
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    if (u < per_lane) {
+                        s[r][u] += delta * ks[lane + 32 * u];
+                        if (row < dv) hs[(size_t)row * dk + lane + 32 * u] = s[r][u];
+                        dot_q[r] += s[r][u] * qs[lane + 32 * u];
+                    }
+                }
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+                for (int r = 0; r < ROWS; r++) dot_q[r] += __shfl_xor_sync(0xffffffffu, dot_q[r], o);
+            if (lane == 0)
+#pragma unroll
+                for (int r = 0; r < ROWS; r++)
+                    if (i0 + r < dv) os[i0 + r] = dot_q[r];
+            continue;
+        }
 #pragma unroll
         for (int r = 0; r < ROWS; r++) {
             const int row = i0 + r;
@@ -385,6 +523,7 @@ __device__ __forceinline__ void deltanet_step_impl(
     }
     if (HELD) cp_async_wait_all();  // z (each thread waits for its own copy)
     __syncthreads();
+    DN_MARK(5);
 
     // 4. Gated RMSNorm: out = RMSNorm(o)·w · SiLU(z), z the rows after the conv channels.
     float so = 0.0f;
@@ -405,6 +544,14 @@ __device__ __forceinline__ void deltanet_step_impl(
         quant_block_warp(vs[QBLOCK * j + lane], vs[QBLOCK * j + lane + 32],
                          q + (size_t)at * dv + QBLOCK * j, meta + ((size_t)at * dv) / QBLOCK + j);
     }
+#ifdef DN_TRACE
+    __syncthreads();
+    DN_MARK(6);
+    if (t == 0 && (head == 0 || head == hv - 1) && pos == DN_TRACE)
+        printf("dn_trace head %d: prewait %lld wait %lld conv %lld norms %lld recur %lld tail %lld\n",
+               head, dn_tt[1] - dn_tt[0], dn_tt[2] - dn_tt[1], dn_tt[3] - dn_tt[2],
+               dn_tt[4] - dn_tt[3], dn_tt[5] - dn_tt[4], dn_tt[6] - dn_tt[5]);
+#endif
 }
 
 #define DELTANET_STEP(NAME, ROWS, HOIST, EARLY, HELD, BOUNDS)                                     \
