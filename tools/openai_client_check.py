@@ -191,11 +191,18 @@ items = client.responses.input_items.list(follow.id)
 check(len(items.data) == 1 and items.data[0].content[0].text == "And of Germany?",
       f"input items {items}")
 client.responses.delete(follow.id)
-try:
-    client.responses.retrieve(follow.id)
-    check(False, "a deleted response must be gone")
-except openai.NotFoundError as e:
-    check(e.status_code == 404, "deleted response status")
+
+
+def gone(read, what):
+    """`read()` must fail with the API's 404 (a deleted object)."""
+    try:
+        read()
+        check(False, f"a deleted {what} must be gone")
+    except openai.NotFoundError as e:
+        check(e.status_code == 404, f"deleted {what} status")
+
+
+gone(lambda: client.responses.retrieve(follow.id), "response")
 # Conversations: created with an item, continued by responses sent in it, listed, deleted.
 conv = client.conversations.create(items=[{"type": "message", "role": "user",
                                            "content": "My name is Ada."}],
@@ -213,11 +220,7 @@ added = client.conversations.items.create(conv.id, items=[{"type": "message", "r
 got = client.conversations.items.retrieve(added.data[0].id, conversation_id=conv.id)
 check(got.content[0].text == "Noted.", f"{got}")
 client.conversations.delete(conv.id)
-try:
-    client.conversations.retrieve(conv.id)
-    check(False, "a deleted conversation must be gone")
-except openai.NotFoundError as e:
-    check(e.status_code == 404, "deleted conversation status")
+gone(lambda: client.conversations.retrieve(conv.id), "conversation")
 events = list(client.responses.create(model=model, input="Once upon a time",
                                       max_output_tokens=8, temperature=0, stream=True))
 deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")

@@ -24,6 +24,15 @@ fn output_text(resp: &Value) -> String {
         .collect()
 }
 
+/// A response's text and prompt tokens are the chat completion's.
+fn assert_same_as_chat(resp: &Value, chat: &Value) {
+    assert_eq!(output_text(resp), chat["choices"][0]["message"]["content"]);
+    assert_eq!(
+        resp["usage"]["input_tokens"],
+        chat["usage"]["prompt_tokens"]
+    );
+}
+
 fn chat_reply(server: &TestServer, messages: Value, max: u32) -> Value {
     let r = post(
         server.addr,
@@ -422,14 +431,7 @@ fn stored_responses_continue_a_conversation() {
                {"role": "user", "content": "What is my name?"}]),
         8,
     );
-    assert_eq!(
-        output_text(&second),
-        chat["choices"][0]["message"]["content"]
-    );
-    assert_eq!(
-        second["usage"]["input_tokens"],
-        chat["usage"]["prompt_tokens"]
-    );
+    assert_same_as_chat(&second, &chat);
 
     // Its input, as the API lists it (a string is a user message item).
     let items = get(
@@ -550,14 +552,7 @@ fn conversations_hold_the_history_of_responses() {
                {"role": "user", "content": "Hello."}]),
         8,
     );
-    assert_eq!(
-        output_text(&first),
-        chat["choices"][0]["message"]["content"]
-    );
-    assert_eq!(
-        first["usage"]["input_tokens"],
-        chat["usage"]["prompt_tokens"]
-    );
+    assert_same_as_chat(&first, &chat);
 
     // A second, streamed, with the object form: the history now holds the first turn.
     let r = post(
@@ -576,14 +571,7 @@ fn conversations_hold_the_history_of_responses() {
                {"role": "user", "content": "What is my name?"}]),
         8,
     );
-    assert_eq!(
-        output_text(&second),
-        chat["choices"][0]["message"]["content"]
-    );
-    assert_eq!(
-        second["usage"]["input_tokens"],
-        chat["usage"]["prompt_tokens"]
-    );
+    assert_same_as_chat(&second, &chat);
 
     // Its items: the first item, then each turn's input and output, in order.
     let (status, items) = send(

@@ -202,15 +202,22 @@ __device__ __forceinline__ void dn_load_rows(float (*s)[U], const float* hs, int
 #define DN_FAST 1
 #endif
 
+// The warp sums of N values per lane, every lane getting all N: the shuffles level by level
+// for all values, so the N chains of five dependent shuffles overlap.
+template <int N>
+__device__ __forceinline__ void warp_sums(float (&v)[N]) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int k = 0; k < N; k++) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
+}
+
 // The block's sums of N values per thread with one barrier (`red`: N × 32 floats of shared
 // memory used by this call only); every thread gets them in v.
 template <int N>
 __device__ __forceinline__ void block_sums(float (&v)[N], float (*red)[32]) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int k = 0; k < N; k++) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
+    warp_sums<N>(v);
     if (lane == 0)
 #pragma unroll
         for (int k = 0; k < N; k++) red[k][warp] = v[k];
@@ -467,10 +474,7 @@ __device__ __forceinline__ void deltanet_step_impl(
                     }
                 }
             }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-                for (int r = 0; r < ROWS; r++) dot_k[r] += __shfl_xor_sync(0xffffffffu, dot_k[r], o);
+            warp_sums<ROWS>(dot_k);
 #pragma unroll
             for (int r = 0; r < ROWS; r++) {
                 const int row = i0 + r;
@@ -485,10 +489,7 @@ __device__ __forceinline__ void deltanet_step_impl(
                     }
                 }
             }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-                for (int r = 0; r < ROWS; r++) dot_q[r] += __shfl_xor_sync(0xffffffffu, dot_q[r], o);
+            warp_sums<ROWS>(dot_q);
             if (lane == 0)
 #pragma unroll
                 for (int r = 0; r < ROWS; r++)
