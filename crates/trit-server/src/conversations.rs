@@ -166,7 +166,9 @@ struct ItemsRequest {
 /// `POST /v1/conversations`.
 pub async fn create(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let made = (|| {
-        let r: CreateRequest = decode(&body)?;
+        // No body at all is an empty conversation (the SDKs send none without arguments).
+        let empty = body.iter().all(u8::is_ascii_whitespace);
+        let r: CreateRequest = decode(if empty { b"{}" } else { &body })?;
         let c = Conversation {
             id: new_id("conv_"),
             created_at: unix_now(),
@@ -174,7 +176,9 @@ pub async fn create(State(state): State<Arc<AppState>>, body: Bytes) -> Response
             items: new_items(r.items)?,
         };
         if c.bytes() > MAX_BYTES {
-            return Err(too_large(&c.id));
+            return Err(ApiError::invalid(format!(
+                "the items are larger than this server's conversation store ({MAX_BYTES} bytes)"
+            )));
         }
         let out = c.json();
         state.conversations.map.put(c.id.clone(), c);

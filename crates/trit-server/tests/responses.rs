@@ -655,6 +655,13 @@ fn conversations_hold_the_history_of_responses() {
     let (_, got) = send("GET", &format!("/v1/conversations/{cid}"), None);
     assert_eq!(got, upd);
 
+    // A conversation made without a body starts empty.
+    let (status, bare) = send("POST", "/conversations", None);
+    assert_eq!(status, 200, "{bare}");
+    let bare_id = bare["id"].as_str().unwrap();
+    let (_, none) = send("GET", &format!("/v1/conversations/{bare_id}/items"), None);
+    assert_eq!(none["data"], json!([]), "{none}");
+
     // Not with previous_response_id; deleted, it is gone and cannot be continued.
     let r = post(
         server.addr,
