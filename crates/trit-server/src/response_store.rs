@@ -190,8 +190,8 @@ pub async fn get_response(State(state): State<Arc<AppState>>, Path(id): Path<Str
     }
 }
 
-/// `GET /v1/responses/{id}/input_items`'s (and a conversation's items') query (OpenAI's: newest first unless `order=asc`,
-/// 20 items unless `limit` says 1–100, from after the item `after`).
+/// The query of `GET /v1/responses/{id}/input_items` and of a conversation's items (OpenAI's:
+/// newest first unless `order=asc`, 20 items unless `limit` says 1–100, from after `after`).
 #[derive(serde::Deserialize)]
 pub struct ItemsQuery {
     order: Option<String>,
@@ -304,18 +304,26 @@ mod tests {
     }
 
     #[test]
-    fn the_store_keeps_to_its_bounds() {
+    fn the_least_recently_used_go_first_within_both_bounds() {
         let store = ResponseStore::new(2, MAX_BYTES);
-        for id in ["a", "b", "c"] {
-            store.put(id.into(), turn(None, "one"));
-        }
+        store.put("a".into(), turn(None, "one"));
+        store.put("b".into(), turn(None, "two"));
+        assert!(store.get("a").is_some()); // a is now newer than b
+        store.put("c".into(), turn(None, "three"));
+        assert!(store.get("b").is_none());
+        assert!(store.get("a").is_some() && store.get("c").is_some());
         assert_eq!(store.len(), 2);
-        assert!(store.get("a").is_none());
+
         let one = turn(None, "x").bytes;
         let store = ResponseStore::new(100, 2 * one);
         for id in ["p", "q", "r"] {
             store.put(id.into(), turn(None, "x"));
         }
+        assert_eq!(store.len(), 2);
+        assert!(store.get("p").is_none());
+        // An entry larger than the whole bound is not kept (and evicts nothing).
+        store.put("big".into(), turn(None, &"y".repeat(4 * one)));
+        assert!(store.get("big").is_none());
         assert_eq!(store.len(), 2);
     }
 

@@ -3,8 +3,9 @@
 //! are stored in memory unless `store: false` (`response_store.rs`), so `previous_response_id`
 //! continues a conversation and `GET`/`DELETE /v1/responses/{id}` work; `conversation` (an id
 //! from the Conversations API, `conversations.rs`) reads its items as the history and gets the
-//! turn's input and output items appended. `input` (a string, or message items whose content is a string or `input_text` /
-//! `output_text` parts) and `instructions` (a system message first) go through the chat
+//! turn's input and output items appended. `input` (a string, or message items whose content
+//! is a string or `input_text` / `output_text` parts) and `instructions` (a system message
+//! first) go through the chat
 //! template like `/v1/chat/completions`; `max_output_tokens`, `temperature`, `top_p`, `text.format`
 //! (text, json_object, json_schema) and chat's sampling extensions (`top_k`, `min_p`, `seed`,
 //! `stop`, penalties) apply. Function tools (`tools`, `tool_choice`; earlier calls and their
@@ -131,6 +132,7 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
         created_at: unix_now(),
         model: state.config.model_id.clone(),
         request: &r,
+        conversation: conversation.clone(),
     }
     .json();
     let store = r.store.unwrap_or(true);
@@ -442,6 +444,8 @@ struct Shell<'a> {
     created_at: u64,
     model: String,
     request: &'a ResponsesRequest,
+    /// The conversation's id (`conversation_id` of the request's field).
+    conversation: Option<String>,
 }
 
 impl Shell<'_> {
@@ -464,10 +468,7 @@ impl Shell<'_> {
             "output": [],
             "parallel_tool_calls": true,
             "previous_response_id": r.previous_response_id,
-            "conversation": conversation_id(r.conversation.as_ref())
-                .ok()
-                .flatten()
-                .map(|id| json!({"id": id})),
+            "conversation": self.conversation.as_ref().map(|id| json!({"id": id})),
             "reasoning": {
                 "effort": r.reasoning.as_ref().map_or(Value::Null, |v| v["effort"].clone()),
                 "summary": null,

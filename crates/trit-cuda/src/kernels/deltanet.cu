@@ -190,17 +190,13 @@ __device__ __forceinline__ void dn_load_rows(float (*s)[U], const float* hs, int
 // multiprocessors' carveout at its maximum, which cost 2.7 % elsewhere; with the default
 // carveout its 30 KB kept the block from starting beside the q‖k‖v‖z GEMV (−10 %).
 #define DN_HELD_DK 128
-// DN_FAST (default 1; -DDN_FAST=0 for A/B): the step's order of memory round trips and
-// reductions tightened — the gates' weights requested into L2 first and read as float4s, the
-// gates' three sums and q/k's two reduced with one barrier each, each warp's rows reduced
-// level by level together instead of one after another, the next pass's rows asked into L1.
-// Why: inside the decode graph (DN_TRACE, 27B widths) the part before the wait took ~20,000
-// cycles — longer than the q‖k‖v‖z GEMV it overlaps, so the wait found its input long ready —
-// and the recurrence ~9,300. H200 tg128, 27B: 285.0 / 287.1 against 282.5 / 283.3 tok/s
-// (BENCHMARKS "GPU, session 29"; within the first-of-a-pair spread, but never slower).
-#ifndef DN_FAST
-#define DN_FAST 1
-#endif
+// Session 29 (BENCHMARKS "GPU, session 29"): inside the decode graph (DN_TRACE, 27B widths)
+// the part before the wait took ~20,000 cycles — longer than the q‖k‖v‖z GEMV it overlaps, so
+// the wait found its input long ready — and the recurrence ~9,300. So the gates' weights are
+// requested into L2 before anything waits and read as float4s, the gates' three sums and
+// q/k's two take one barrier each, each warp's rows are reduced level by level together, and
+// the next pass's rows are asked into L1. H200 tg128, 27B: 285.0 / 287.1 against 282.5 / 283.3
+// tok/s for the order before (within the first-of-a-pair spread, never slower).
 
 // The warp sums of N values per lane, every lane getting all N: the shuffles level by level
 // for all values, so the N chains of five dependent shuffles overlap.
@@ -321,7 +317,7 @@ __device__ __forceinline__ void deltanet_step_impl(
         beta = dn_sigmoid(sb * inv);
     };
     // The same sums as float4s (d a multiple of 4; rows 16-byte aligned then) and one block
-    // reduction; its weights were requested into L2 first (DN_FAST).
+    // reduction; its weights were requested into L2 first.
     auto gates_fast = [&]() {
         float v[3] = {0.0f, 0.0f, 0.0f};  // Σx², Σ wa·x·γ, Σ wb·x·γ
         const float4 *x4 = (const float4*)x, *g4 = (const float4*)gamma;
@@ -339,7 +335,7 @@ __device__ __forceinline__ void deltanet_step_impl(
         g = expf(a_neg[head] * dn_softplus(v[1] * inv + dt_bias[head]));
         beta = dn_sigmoid(v[2] * inv);
     };
-    const bool fast = DN_FAST && (d & 3) == 0;
+    const bool by_float4 = (d & 3) == 0;
     int pos;
     float conv_pre = 0.0f;  // HELD: thread t's channel's sum over the earlier inputs
     if (EARLY) {
@@ -347,7 +343,7 @@ __device__ __forceinline__ void deltanet_step_impl(
         // so x (and everything before it) is final here: the gates, the position and L2
         // requests for this head's state and its window slots all run while that GEMV does.
         pos = step[0];
-        if (fast) {
+        if (by_float4) {
             // Everything this part reads is requested before the gates' chain of loads and
             // sums waits on any of it.
             for (int i = t * 32; i < d; i += T * 32) {
@@ -365,7 +361,7 @@ __device__ __forceinline__ void deltanet_step_impl(
                 if (p >= 0) prefetch_l2(window + (size_t)(p % kernel) * cd + c);
             }
         }
-        if (fast) gates_fast();
+        if (by_float4) gates_fast();
         if (HELD) {
             dn_load_rows<ROWS, U>(s, hs, warp * ROWS, dv, dk, lane);
             if (t < 2 * dk + dv) {
@@ -431,15 +427,10 @@ __device__ __forceinline__ void deltanet_step_impl(
         sq += qs[i] * qs[i];
         sk += ks[i] * ks[i];
     }
-    if (fast) {
-        float v[2] = {sq, sk};
-        block_sums<2>(v, red_qk);
-        sq = v[0];
-        sk = v[1];
-    } else {
-        sq = block_sum(sq, scratch);
-        sk = block_sum(sk, scratch);
-    }
+    float qk[2] = {sq, sk};
+    block_sums<2>(qk, red_qk);
+    sq = qk[0];
+    sk = qk[1];
     const float iq = rsqrtf((float)dk) / sqrtf(sq + 1e-6f);
     const float ik = 1.0f / sqrtf(sk + 1e-6f);
     for (int i = t; i < dk; i += T) {
@@ -451,76 +442,48 @@ __device__ __forceinline__ void deltanet_step_impl(
     const int per_lane = dk / 32;
     for (int i0 = warp * ROWS; i0 < dv; i0 += nw * ROWS) {
         if (!(HOIST || HELD) || i0 != warp * ROWS) dn_load_rows<ROWS, U>(s, hs, i0, dv, dk, lane);
-        if (fast) {
-            // The next pass's rows into L1 now (they are in L2 already), so its loads do not
-            // wait a round trip: ROWS · dk floats, one 128-byte line per lane.
-            const int next = i0 + nw * ROWS, lines = ROWS * dk / 32;
-            if (next < dv && lane < lines) {
-                const int r = lane / (dk / 32), part = lane % (dk / 32);
-                if (next + r < dv)
-                    asm volatile("prefetch.global.L1 [%0];" ::"l"(hs + (size_t)(next + r) * dk +
-                                                                  32 * part));
-            }
-            // Each row's two dot products reduced level by level for all rows at once.
-            float dot_k[ROWS], dot_q[ROWS];
-#pragma unroll
-            for (int r = 0; r < ROWS; r++) {
-                dot_k[r] = 0.0f;
-#pragma unroll
-                for (int u = 0; u < U; u++) {
-                    if (u < per_lane) {
-                        s[r][u] *= g;
-                        dot_k[r] += s[r][u] * ks[lane + 32 * u];
-                    }
-                }
-            }
-            warp_sums<ROWS>(dot_k);
-#pragma unroll
-            for (int r = 0; r < ROWS; r++) {
-                const int row = i0 + r;
-                const float delta = row < dv ? beta * (vs[row] - dot_k[r]) : 0.0f;
-                dot_q[r] = 0.0f;
-#pragma unroll
-                for (int u = 0; u < U; u++) {
-                    if (u < per_lane) {
-                        s[r][u] += delta * ks[lane + 32 * u];
-                        if (row < dv) hs[(size_t)row * dk + lane + 32 * u] = s[r][u];
-                        dot_q[r] += s[r][u] * qs[lane + 32 * u];
-                    }
-                }
-            }
-            warp_sums<ROWS>(dot_q);
-            if (lane == 0)
-#pragma unroll
-                for (int r = 0; r < ROWS; r++)
-                    if (i0 + r < dv) os[i0 + r] = dot_q[r];
-            continue;
+        // The next pass's rows into L1 now (they are in L2 already), so its loads do not
+        // wait a round trip: ROWS · dk floats, one 128-byte line per lane.
+        const int next = i0 + nw * ROWS, lines = ROWS * dk / 32;
+        if (next < dv && lane < lines) {
+            const int r = lane / (dk / 32), part = lane % (dk / 32);
+            if (next + r < dv)
+                asm volatile("prefetch.global.L1 [%0];" ::"l"(hs + (size_t)(next + r) * dk +
+                                                              32 * part));
         }
+        // Each row's two dot products reduced level by level for all rows at once.
+        float dot_k[ROWS], dot_q[ROWS];
 #pragma unroll
         for (int r = 0; r < ROWS; r++) {
-            const int row = i0 + r;
-            float dot_k = 0.0f;
+            dot_k[r] = 0.0f;
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 if (u < per_lane) {
                     s[r][u] *= g;
-                    dot_k += s[r][u] * ks[lane + 32 * u];
+                    dot_k[r] += s[r][u] * ks[lane + 32 * u];
                 }
             }
-            dot_k = warp_sum(dot_k);
-            const float delta = row < dv ? beta * (vs[row] - dot_k) : 0.0f;
-            float dot_q = 0.0f;
+        }
+        warp_sums<ROWS>(dot_k);
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            const int row = i0 + r;
+            const float delta = row < dv ? beta * (vs[row] - dot_k[r]) : 0.0f;
+            dot_q[r] = 0.0f;
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 if (u < per_lane) {
                     s[r][u] += delta * ks[lane + 32 * u];
                     if (row < dv) hs[(size_t)row * dk + lane + 32 * u] = s[r][u];
-                    dot_q += s[r][u] * qs[lane + 32 * u];
+                    dot_q[r] += s[r][u] * qs[lane + 32 * u];
                 }
             }
-            dot_q = warp_sum(dot_q);
-            if (lane == 0 && row < dv) os[row] = dot_q;
         }
+        warp_sums<ROWS>(dot_q);
+        if (lane == 0)
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+                if (i0 + r < dv) os[i0 + r] = dot_q[r];
     }
     if (HELD) cp_async_wait_all();  // z (each thread waits for its own copy)
     __syncthreads();
