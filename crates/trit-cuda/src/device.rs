@@ -196,6 +196,7 @@ pub const KERNELS: &[&str] = &[
     "deltanet_step_hoisted",
     "deltanet_step_early",
     "deltanet_step_held",
+    "deltanet_step_pair",
     "deltanet_step_slots",
     "deltanet_gates_rows",
     "deltanet_chunk",

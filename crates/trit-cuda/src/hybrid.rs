@@ -172,6 +172,8 @@ pub struct CudaHybrid {
     pub(crate) dn_early: bool,
     /// `CudaOptions::deltanet_held`: `deltanet_step_held` where the early variant runs.
     pub(crate) dn_held: bool,
+    /// `CudaOptions::deltanet_pair` on a GPU with thread block clusters (sm_90+).
+    pub(crate) dn_pair: bool,
     /// `CudaOptions::deltanet_chunk`.
     dn_chunk: bool,
     /// `CudaOptions::rotation_in_prologue`.
@@ -279,6 +281,7 @@ impl CudaHybrid {
             dn_step,
             dn_early: opts.deltanet_early,
             dn_held: opts.deltanet_held,
+            dn_pair: opts.deltanet_pair && gpu.compute_capability.0 >= 9,
             dn_chunk: opts.deltanet_chunk,
             rot_prologue: opts.rotation_in_prologue,
             max_seqs: 1,

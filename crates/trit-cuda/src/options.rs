@@ -56,6 +56,10 @@ pub struct CudaOptions {
     /// `TRIT_CUDA_DN_STEP=3` keeps `deltanet_step_early`). H200, 27B tg128: 276.1 / 273.6
     /// tok/s against 268.3 / 270.4.
     pub deltanet_held: bool,
+    /// With `deltanet_held`, on sm_90+ and for value heads a multiple of 128 wide:
+    /// `deltanet_step_pair`, two blocks per value head in a thread block cluster, each
+    /// updating half of the state rows in one pass (`TRIT_CUDA_DN_PAIR=0`: one block per head).
+    pub deltanet_pair: bool,
     /// Hybrid prompts: each chunk's DeltaNet recurrence in one kernel per layer
     /// (`deltanet_chunk`, the state in registers across the chunk's tokens) instead of one
     /// `deltanet_step` per token (`TRIT_CUDA_DN_CHUNK=0`).
@@ -187,6 +191,7 @@ impl CudaOptions {
             stream_down: env("TRIT_CUDA_STREAM_DOWN").is_some_and(|v| v == "1"),
             deltanet_early: env("TRIT_CUDA_DN_STEP").is_none_or(|v| v == "3" || v == "4"),
             deltanet_held: env("TRIT_CUDA_DN_STEP").is_none_or(|v| v == "4"),
+            deltanet_pair: env("TRIT_CUDA_DN_PAIR").is_none_or(|v| v != "0"),
             deltanet_chunk: env("TRIT_CUDA_DN_CHUNK").is_none_or(|v| v != "0"),
             rotation_in_prologue: env("TRIT_CUDA_ROT_FUSE").is_none_or(|v| v != "0"),
             attention_o: env("TRIT_CUDA_ATT_O").is_some_and(|v| v == "1"),

@@ -450,8 +450,9 @@ impl CudaHybrid {
         )
     }
 
-    /// One `deltanet_step*` launch (`kernel` with `threads` per block) for the token whose
-    /// residual, projection, position and outputs `io` points at.
+    /// One `deltanet_step*` launch (`kernel` with `threads` per block; `deltanet_step_pair`
+    /// takes two blocks per value head) for the token whose residual, projection, position and
+    /// outputs `io` points at.
     pub(super) fn launch_dn_step(
         &self,
         st: &State,
@@ -466,9 +467,10 @@ impl CudaHybrid {
         let DevMatrix::Dense { w: ab, .. } = &m.ab else {
             unreachable!("one_kernel_mixer checked: dense a/b rows")
         };
+        let per_head = if kernel == "deltanet_step_pair" { 2 } else { 1 };
         st.gpu.launch(
             kernel,
-            (hy.v_heads as u32, 1),
+            (per_head * hy.v_heads as u32, 1),
             threads,
             &[
                 Arg::Ptr(io.x),
@@ -527,7 +529,12 @@ impl CudaHybrid {
                 // × 16 warps) on one multiprocessor; 16 do not, and would wait for it to end.
                 // The held variant keeps 4 state values per lane: key heads of up to 128.
                 let name = if self.dn_held && hy.k_dim <= 128 {
-                    "deltanet_step_held"
+                    // Each block of the pair quantizes its half: whole int8 blocks.
+                    if self.dn_pair && hy.v_dim.is_multiple_of(128) {
+                        "deltanet_step_pair"
+                    } else {
+                        "deltanet_step_held"
+                    }
                 } else {
                     "deltanet_step_early"
                 };

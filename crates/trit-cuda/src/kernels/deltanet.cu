@@ -197,6 +197,13 @@ __device__ __forceinline__ void dn_load_rows(float (*s)[U], const float* hs, int
 // q/k's two take one barrier each, each warp's rows are reduced level by level together, and
 // the next pass's rows are asked into L1. H200 tg128, 27B: 285.0 / 287.1 against 282.5 / 283.3
 // tok/s for the order before (within the first-of-a-pair spread, never slower).
+// Session 30 (BENCHMARKS "GPU, session 30"): the trace split the part before the wait into the
+// requests (3.4–4.8k cycles: they wait for `step`), the gates (8.5–12k: the a/b rows from
+// DRAM), the held rows (0.3–0.9k) and the conv's earlier inputs (2.3–3.3k); the GEMV ends
+// ~17.4k cycles after this block starts. The recurrence takes both dot products from the old
+// rows in one reduction (6.7–7.0k cycles against 7.1–7.6k; 27B-4l tg128 +0.6 %). The gates'
+// sums taken after the wait (fused with q/k's) measured −2 to −4 %: the wait then finds the
+// GEMV still running for 2–7k cycles, and the sums after it cost more than that.
 
 // The warp sums of N values per lane, every lane getting all N: the shuffles level by level
 // for all values, so the N chains of five dependent shuffles overlap.
@@ -226,6 +233,34 @@ __device__ __forceinline__ void block_sums(float (&v)[N], float (*red)[32]) {
     }
 }
 
+// Thread block clusters (sm_90; the host launches the pair variant only there): the block's
+// rank in its cluster, the cluster barrier split into its arrive and wait halves, and a store
+// into the same variable of another block's shared memory.
+__device__ __forceinline__ int cluster_rank() {
+    unsigned r = 0;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+    return (int)r;
+}
+__device__ __forceinline__ void cluster_arrive() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void store_to_peer(float* var, int peer, float v) {
+#if __CUDA_ARCH__ >= 900
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(var)), "r"(peer));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
+#endif
+}
+
 // Measurement only (TRIT_CUDA_DEFINES="-DDN_TRACE=P"): at position P the first and last
 // block's thread 0 prints the SM cycles of each phase (start → before the wait → after it →
 // conv → q/k norms → recurrence → end).
@@ -234,7 +269,11 @@ __device__ __forceinline__ void block_sums(float (&v)[N], float (*red)[32]) {
 #else
 #define DN_MARK(i)
 #endif
-template <int ROWS, bool HOIST, bool EARLY, bool HELD = false>
+// PAIR (with EARLY and HELD; `deltanet_step_pair`, launched as clusters of two blocks per
+// value head): each block of the pair updates half of the head's state rows, so with 6 rows per
+// warp all of them are held in registers before the wait and the recurrence is one pass; the
+// pair exchanges the halves' sums of squares for the gated norm through shared memory.
+template <int ROWS, bool HOIST, bool EARLY, bool HELD = false, bool PAIR = false>
 __device__ __forceinline__ void deltanet_step_impl(
     const float* __restrict__ x, const float* __restrict__ gamma, float eps, int d,
     const float* __restrict__ ab_w, const float* __restrict__ proj, float* __restrict__ window,
@@ -249,9 +288,10 @@ __device__ __forceinline__ void deltanet_step_impl(
     __shared__ float os[DN_MAX_DV];
     __shared__ float scratch[32];
     __shared__ float zs[HELD ? DN_MAX_DV : 1];
-    __shared__ float red_gates[3][32], red_qk[2][32];
+    __shared__ float red_gates[3][32], red_qk[3][32];
+    __shared__ float peer_ss;  // PAIR: the other half's Σo², stored by the other block
 #ifdef DN_TRACE
-    long long dn_tt[8];
+    long long dn_tt[10];
 #endif
     DN_MARK(0);
     pdl_launch_dependents();
@@ -259,8 +299,14 @@ __device__ __forceinline__ void deltanet_step_impl(
     // sets `halt`; those steps' outputs are dropped). Read before the wait: only the last
     // kernel of a step's graph writes it, and a graph starts once the previous one has ended.
     if (halt != nullptr && *halt) return;
-    const int head = blockIdx.x, hv = gridDim.x;
+    // PAIR: the first cluster barrier's arrival now (both blocks of a pair read the same halt),
+    // its wait just before the store into the other block, which must have started by then.
+    if (PAIR) cluster_arrive();
+    const int head = PAIR ? blockIdx.x >> 1 : blockIdx.x, hv = PAIR ? gridDim.x >> 1 : gridDim.x;
     const int t = threadIdx.x, T = blockDim.x;
+    const int rank = PAIR ? cluster_rank() : 0;
+    // This block's state rows.
+    const int row_lo = PAIR ? rank * (dv / 2) : 0, row_hi = PAIR ? row_lo + dv / 2 : dv;
     const int lane = t & 31, warp = t >> 5, nw = T >> 5;
     const int kh = v_tiled ? head % hk : head / (hv / hk);
     const int kw = hk * dk, cd = 2 * kw + hv * dv;
@@ -353,7 +399,7 @@ __device__ __forceinline__ void deltanet_step_impl(
         } else {
             gates();
         }
-        for (int i = t * 32; i < dv * dk; i += T * 32) prefetch_l2(hs + i);
+        for (int i = row_lo * dk + t * 32; i < row_hi * dk; i += T * 32) prefetch_l2(hs + i);
         for (int j = t; j < 2 * dk + dv; j += T) {
             const int c = channel(j);
             for (int i = 0; i < kernel - 1; i++) {
@@ -361,9 +407,12 @@ __device__ __forceinline__ void deltanet_step_impl(
                 if (p >= 0) prefetch_l2(window + (size_t)(p % kernel) * cd + c);
             }
         }
+        DN_MARK(7);
         if (by_float4) gates_fast();
+        DN_MARK(8);
         if (HELD) {
-            dn_load_rows<ROWS, U>(s, hs, warp * ROWS, dv, dk, lane);
+            dn_load_rows<ROWS, U>(s, hs, row_lo + warp * ROWS, row_hi, dk, lane);
+            DN_MARK(9);
             if (t < 2 * dk + dv) {
                 const int c = channel(t);
                 const float* wc = conv_w + (size_t)c * kernel;
@@ -415,24 +464,24 @@ __device__ __forceinline__ void deltanet_step_impl(
         }
         const float xc = proj[c];
         acc += wc[kernel - 1] * xc;
-        if (j >= 2 * dk || owns_qk) window[(size_t)(pos % kernel) * cd + c] = xc;
+        const bool writes = j >= 2 * dk ? j - 2 * dk >= row_lo && j - 2 * dk < row_hi : owns_qk && rank == 0;
+        if (writes) window[(size_t)(pos % kernel) * cd + c] = xc;
         *dst = acc * dn_sigmoid(acc);
     }
     __syncthreads();
     DN_MARK(3);
 
     // 3. L2-normalized q (also × 1/√dk) and k, then the delta rule.
-    float sq = 0.0f, sk = 0.0f;
+    float qk[3] = {0.0f, 0.0f, 0.0f};  // Σq², Σk², Σq·k
     for (int i = t; i < dk; i += T) {
-        sq += qs[i] * qs[i];
-        sk += ks[i] * ks[i];
+        qk[0] += qs[i] * qs[i];
+        qk[1] += ks[i] * ks[i];
+        qk[2] += qs[i] * ks[i];
     }
-    float qk[2] = {sq, sk};
-    block_sums<2>(qk, red_qk);
-    sq = qk[0];
-    sk = qk[1];
-    const float iq = rsqrtf((float)dk) / sqrtf(sq + 1e-6f);
-    const float ik = 1.0f / sqrtf(sk + 1e-6f);
+    block_sums<3>(qk, red_qk);
+    const float iq = rsqrtf((float)dk) / sqrtf(qk[0] + 1e-6f);
+    const float ik = 1.0f / sqrtf(qk[1] + 1e-6f);
+    const float kq = qk[2] * iq * ik;  // k·q of the normalized vectors
     for (int i = t; i < dk; i += T) {
         qs[i] *= iq;
         ks[i] *= ik;
@@ -440,50 +489,45 @@ __device__ __forceinline__ void deltanet_step_impl(
     __syncthreads();
     DN_MARK(4);
     const int per_lane = dk / 32;
-    for (int i0 = warp * ROWS; i0 < dv; i0 += nw * ROWS) {
-        if (!(HOIST || HELD) || i0 != warp * ROWS) dn_load_rows<ROWS, U>(s, hs, i0, dv, dk, lane);
+    for (int i0 = row_lo + warp * ROWS; i0 < row_hi; i0 += nw * ROWS) {
+        if (!(HOIST || HELD) || i0 != row_lo + warp * ROWS)
+            dn_load_rows<ROWS, U>(s, hs, i0, row_hi, dk, lane);
         // The next pass's rows into L1 now (they are in L2 already), so its loads do not
         // wait a round trip: ROWS · dk floats, one 128-byte line per lane.
         const int next = i0 + nw * ROWS, lines = ROWS * dk / 32;
-        if (next < dv && lane < lines) {
+        if (next < row_hi && lane < lines) {
             const int r = lane / (dk / 32), part = lane % (dk / 32);
-            if (next + r < dv)
+            if (next + r < row_hi)
                 asm volatile("prefetch.global.L1 [%0];" ::"l"(hs + (size_t)(next + r) * dk +
                                                               32 * part));
         }
-        // Each row's two dot products reduced level by level for all rows at once.
-        float dot_k[ROWS], dot_q[ROWS];
+        // Both dot products from the old row, in one reduction: with S' = g·S + δ kᵀ,
+        // S'·k needs only S·k (δ = β(v − g·S·k)) and o = S'·q = g·(S·q) + δ (k·q).
+        float dots[2 * ROWS];  // S·k of each row, then S·q
 #pragma unroll
         for (int r = 0; r < ROWS; r++) {
-            dot_k[r] = 0.0f;
+            dots[r] = 0.0f;
+            dots[ROWS + r] = 0.0f;
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 if (u < per_lane) {
-                    s[r][u] *= g;
-                    dot_k[r] += s[r][u] * ks[lane + 32 * u];
+                    dots[r] += s[r][u] * ks[lane + 32 * u];
+                    dots[ROWS + r] += s[r][u] * qs[lane + 32 * u];
                 }
             }
         }
-        warp_sums<ROWS>(dot_k);
+        warp_sums<2 * ROWS>(dots);
 #pragma unroll
         for (int r = 0; r < ROWS; r++) {
             const int row = i0 + r;
-            const float delta = row < dv ? beta * (vs[row] - dot_k[r]) : 0.0f;
-            dot_q[r] = 0.0f;
+            const float delta = row < row_hi ? beta * (vs[row] - g * dots[r]) : 0.0f;
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                if (u < per_lane) {
-                    s[r][u] += delta * ks[lane + 32 * u];
-                    if (row < dv) hs[(size_t)row * dk + lane + 32 * u] = s[r][u];
-                    dot_q[r] += s[r][u] * qs[lane + 32 * u];
-                }
+                if (u < per_lane && row < row_hi)
+                    hs[(size_t)row * dk + lane + 32 * u] = g * s[r][u] + delta * ks[lane + 32 * u];
             }
+            if (lane == r && row < row_hi) os[row] = g * dots[ROWS + r] + delta * kq;
         }
-        warp_sums<ROWS>(dot_q);
-        if (lane == 0)
-#pragma unroll
-            for (int r = 0; r < ROWS; r++)
-                if (i0 + r < dv) os[i0 + r] = dot_q[r];
     }
     if (HELD) cp_async_wait_all();  // z (each thread waits for its own copy)
     __syncthreads();
@@ -491,12 +535,19 @@ __device__ __forceinline__ void deltanet_step_impl(
 
     // 4. Gated RMSNorm: out = RMSNorm(o)·w · SiLU(z), z the rows after the conv channels.
     float so = 0.0f;
-    for (int i = t; i < dv; i += T) so += os[i] * os[i];
+    for (int i = row_lo + t; i < row_hi; i += T) so += os[i] * os[i];
     so = block_sum(so, scratch);
+    if (PAIR) {
+        cluster_wait();  // the other block has started
+        if (t == 0) store_to_peer(&peer_ss, rank ^ 1, so);
+        cluster_arrive();
+        cluster_wait();  // and stored its half's sum into peer_ss
+        so += peer_ss;
+    }
     const float io = 1.0f / sqrtf(so / (float)dv + eps);
     const int at = regroup ? (head % hk) * (hv / hk) + head / hk : head;
     const float* z = proj + cd + (size_t)head * dv;
-    for (int i = t; i < dv; i += T) {
+    for (int i = row_lo + t; i < row_hi; i += T) {
         const float zi = HELD ? zs[i] : z[i];
         const float v = os[i] * io * norm_w[i] * (zi * dn_sigmoid(zi));
         out[(size_t)at * dv + i] = v;
@@ -504,7 +555,8 @@ __device__ __forceinline__ void deltanet_step_impl(
     }
     if (q == nullptr) return;
     __syncthreads();
-    for (int j = warp; j < dv / QBLOCK; j += nw) {
+    // (PAIR: the host launches it for dv / 2 a multiple of QBLOCK.)
+    for (int j = row_lo / QBLOCK + warp; j < row_hi / QBLOCK; j += nw) {
         quant_block_warp(vs[QBLOCK * j + lane], vs[QBLOCK * j + lane + 32],
                          q + (size_t)at * dv + QBLOCK * j, meta + ((size_t)at * dv) / QBLOCK + j);
     }
@@ -512,30 +564,39 @@ __device__ __forceinline__ void deltanet_step_impl(
     __syncthreads();
     DN_MARK(6);
     if (t == 0 && (head == 0 || head == hv - 1) && pos == DN_TRACE)
-        printf("dn_trace head %d: prewait %lld wait %lld conv %lld norms %lld recur %lld tail %lld\n",
-               head, dn_tt[1] - dn_tt[0], dn_tt[2] - dn_tt[1], dn_tt[3] - dn_tt[2],
-               dn_tt[4] - dn_tt[3], dn_tt[5] - dn_tt[4], dn_tt[6] - dn_tt[5]);
+        printf("dn_trace head %d: prewait %lld (prefetch %lld gates %lld rows %lld conv_pre %lld) "
+               "wait %lld conv %lld norms %lld recur %lld tail %lld\n",
+               head, dn_tt[1] - dn_tt[0], dn_tt[7] - dn_tt[0], dn_tt[8] - dn_tt[7],
+               dn_tt[9] - dn_tt[8], dn_tt[1] - dn_tt[9], dn_tt[2] - dn_tt[1],
+               dn_tt[3] - dn_tt[2], dn_tt[4] - dn_tt[3], dn_tt[5] - dn_tt[4],
+               dn_tt[6] - dn_tt[5]);
 #endif
 }
 
-#define DELTANET_STEP(NAME, ROWS, HOIST, EARLY, HELD, BOUNDS)                                     \
+#define DELTANET_STEP(NAME, ROWS, HOIST, EARLY, HELD, BOUNDS, PAIR)                               \
     extern "C" __global__ void BOUNDS NAME(                                                      \
         const float* x, const float* gamma, float eps, int d, const float* ab_w,                  \
         const float* proj, float* window, const float* conv_w, int kernel, const int* step,      \
         const float* a_neg, const float* dt_bias, float* state, int hk, int dk, int dv,          \
         int v_tiled, const float* norm_w, int regroup, float* out, i8* q, float2* meta,          \
         const int* halt) {                                                                        \
-        deltanet_step_impl<ROWS, HOIST, EARLY, HELD>(x, gamma, eps, d, ab_w, proj, window,       \
+        deltanet_step_impl<ROWS, HOIST, EARLY, HELD, PAIR>(x, gamma, eps, d, ab_w, proj, window,       \
                                                      conv_w, kernel, step, a_neg, dt_bias, state, \
                                                      hk, dk, dv, v_tiled, norm_w, regroup, out, q, \
                                                      meta, halt);                                 \
     }
-DELTANET_STEP(deltanet_step, 4, false, false, false, __launch_bounds__(512))
-DELTANET_STEP(deltanet_step_hoisted, 8, true, false, false, __launch_bounds__(512))
-DELTANET_STEP(deltanet_step_early, 4, false, true, false, __launch_bounds__(512))
+DELTANET_STEP(deltanet_step, 4, false, false, false, __launch_bounds__(512), false)
+DELTANET_STEP(deltanet_step_hoisted, 8, true, false, false, __launch_bounds__(512), false)
+DELTANET_STEP(deltanet_step_early, 4, false, true, false, __launch_bounds__(512), false)
 // At most 64 registers, so that 12 warps fit beside a streaming GEMV block (ptxas: 64, no
 // spills).
-DELTANET_STEP(deltanet_step_held, 4, false, true, true, __maxnreg__(64))
+DELTANET_STEP(deltanet_step_held, 4, false, true, true, __maxnreg__(64), false)
+#if __CUDA_ARCH__ >= 900
+#define DN_PAIR_BOUNDS __maxnreg__(64) __cluster_dims__(2, 1, 1)
+#else
+#define DN_PAIR_BOUNDS __maxnreg__(64)
+#endif
+DELTANET_STEP(deltanet_step_pair, 6, false, true, true, DN_PAIR_BOUNDS, true)
 
 // The batched decode step (hybrid/batch.rs): row blockIdx.y is one token of another sequence
 // (residual, projection, position and output rows at their strides); its conv window and
