@@ -288,20 +288,14 @@ __device__ __forceinline__ void deltanet_step_impl(
     __shared__ float os[DN_MAX_DV];
     __shared__ float scratch[32];
     __shared__ float zs[HELD ? DN_MAX_DV : 1];
-    __shared__ float red_gates[3][32], red_qk[3][32];
-    __shared__ float peer_ss;  // PAIR: the other half's Σo², stored by the other block
+    __shared__ float red_gates[3][32];
+    // Each warp's Σo² over its rows (PAIR: [rank][warp], both blocks' sums in each block).
+    __shared__ float red_o[2][16];
 #ifdef DN_TRACE
     long long dn_tt[10];
 #endif
     DN_MARK(0);
     pdl_launch_dependents();
-    // The greedy loop's steps past an end-of-sequence token leave the state as it is (greedy.cu
-    // sets `halt`; those steps' outputs are dropped). Read before the wait: only the last
-    // kernel of a step's graph writes it, and a graph starts once the previous one has ended.
-    if (halt != nullptr && *halt) return;
-    // PAIR: the first cluster barrier's arrival now (both blocks of a pair read the same halt),
-    // its wait just before the store into the other block, which must have started by then.
-    if (PAIR) cluster_arrive();
     const int head = PAIR ? blockIdx.x >> 1 : blockIdx.x, hv = PAIR ? gridDim.x >> 1 : gridDim.x;
     const int t = threadIdx.x, T = blockDim.x;
     const int rank = PAIR ? cluster_rank() : 0;
@@ -312,6 +306,28 @@ __device__ __forceinline__ void deltanet_step_impl(
     const int kw = hk * dk, cd = 2 * kw + hv * dv;
     const float* wa = ab_w + (size_t)head * d;
     const float* wb = ab_w + (size_t)(hv + head) * d;
+    float* hs = state + (size_t)head * dv * dk;
+    const bool by_float4 = (d & 3) == 0;
+    int pos = 0;
+    if (EARLY) {
+        // What this part reads that no position picks is requested first (harmless if the
+        // step is halted), and the position is loaded beside `halt`: one round trip for both.
+        if (by_float4) {
+            for (int i = t * 32; i < d; i += T * 32) {
+                prefetch_l2(wa + i);
+                prefetch_l2(wb + i);
+            }
+        }
+        for (int i = row_lo * dk + t * 32; i < row_hi * dk; i += T * 32) prefetch_l2(hs + i);
+        pos = step[0];
+    }
+    // The greedy loop's steps past an end-of-sequence token leave the state as it is (greedy.cu
+    // sets `halt`; those steps' outputs are dropped). Read before the wait: only the last
+    // kernel of a step's graph writes it, and a graph starts once the previous one has ended.
+    if (halt != nullptr && *halt) return;
+    // PAIR: the first cluster barrier's arrival now (both blocks of a pair read the same halt),
+    // its wait just before the stores into the other block, which must have started by then.
+    if (PAIR) cluster_arrive();
     const bool held = HOIST && d <= DN_AB_PER * T;
     float pa[HOIST ? DN_AB_PER : 1], pb[HOIST ? DN_AB_PER : 1];
     if (HOIST) {
@@ -322,7 +338,6 @@ __device__ __forceinline__ void deltanet_step_impl(
             pb[k] = held && i < d ? wb[i] : 0.0f;
         }
     }
-    float* hs = state + (size_t)head * dv * dk;
     float g = 0.0f, beta = 0.0f;
     // State values per lane and row: the host launches HELD only for heads of up to
     // DN_HELD_DK key dims (step.rs).
@@ -381,25 +396,14 @@ __device__ __forceinline__ void deltanet_step_impl(
         g = expf(a_neg[head] * dn_softplus(v[1] * inv + dt_bias[head]));
         beta = dn_sigmoid(v[2] * inv);
     };
-    const bool by_float4 = (d & 3) == 0;
-    int pos;
     float conv_pre = 0.0f;  // HELD: thread t's channel's sum over the earlier inputs
     if (EARLY) {
         // Launched by a q‖k‖v‖z GEMV that lets its dependents start only after its own wait,
         // so x (and everything before it) is final here: the gates, the position and L2
         // requests for this head's state and its window slots all run while that GEMV does.
-        pos = step[0];
-        if (by_float4) {
-            // Everything this part reads is requested before the gates' chain of loads and
-            // sums waits on any of it.
-            for (int i = t * 32; i < d; i += T * 32) {
-                prefetch_l2(wa + i);
-                prefetch_l2(wb + i);
-            }
-        } else {
-            gates();
-        }
-        for (int i = row_lo * dk + t * 32; i < row_hi * dk; i += T * 32) prefetch_l2(hs + i);
+        // Everything this part reads was requested before the gates' chain of loads and sums
+        // waits on any of it.
+        if (!by_float4) gates();
         for (int j = t; j < 2 * dk + dv; j += T) {
             const int c = channel(j);
             for (int i = 0; i < kernel - 1; i++) {
@@ -471,24 +475,25 @@ __device__ __forceinline__ void deltanet_step_impl(
     __syncthreads();
     DN_MARK(3);
 
-    // 3. L2-normalized q (also × 1/√dk) and k, then the delta rule.
+    // 3. L2-normalized q (also × 1/√dk) and k, then the delta rule. Every warp takes the
+    // norms' sums itself (no barrier after the conv's) and applies them as scalars: qs and ks
+    // stay as the conv left them.
+    const int per_lane = dk / 32;
     float qk[3] = {0.0f, 0.0f, 0.0f};  // Σq², Σk², Σq·k
-    for (int i = t; i < dk; i += T) {
-        qk[0] += qs[i] * qs[i];
-        qk[1] += ks[i] * ks[i];
-        qk[2] += qs[i] * ks[i];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        if (u < per_lane) {
+            const float qu = qs[lane + 32 * u], ku = ks[lane + 32 * u];
+            qk[0] += qu * qu;
+            qk[1] += ku * ku;
+            qk[2] += qu * ku;
+        }
     }
-    block_sums<3>(qk, red_qk);
+    warp_sums<3>(qk);
     const float iq = rsqrtf((float)dk) / sqrtf(qk[0] + 1e-6f);
     const float ik = 1.0f / sqrtf(qk[1] + 1e-6f);
     const float kq = qk[2] * iq * ik;  // k·q of the normalized vectors
-    for (int i = t; i < dk; i += T) {
-        qs[i] *= iq;
-        ks[i] *= ik;
-    }
-    __syncthreads();
     DN_MARK(4);
-    const int per_lane = dk / 32;
     for (int i0 = row_lo + warp * ROWS; i0 < row_hi; i0 += nw * ROWS) {
         if (!(HOIST || HELD) || i0 != row_lo + warp * ROWS)
             dn_load_rows<ROWS, U>(s, hs, i0, row_hi, dk, lane);
@@ -520,45 +525,60 @@ __device__ __forceinline__ void deltanet_step_impl(
 #pragma unroll
         for (int r = 0; r < ROWS; r++) {
             const int row = i0 + r;
-            const float delta = row < row_hi ? beta * (vs[row] - g * dots[r]) : 0.0f;
+            // k̂ = ik·k and q̂ = iq·q: S·k̂ = ik·(S·k), and the update δ k̂ᵀ = (δ·ik) kᵀ.
+            const float delta = row < row_hi ? beta * (vs[row] - g * ik * dots[r]) : 0.0f;
+            const float dk_row = delta * ik;
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 if (u < per_lane && row < row_hi)
-                    hs[(size_t)row * dk + lane + 32 * u] = g * s[r][u] + delta * ks[lane + 32 * u];
+                    hs[(size_t)row * dk + lane + 32 * u] = g * s[r][u] + dk_row * ks[lane + 32 * u];
             }
-            if (lane == r && row < row_hi) os[row] = g * dots[ROWS + r] + delta * kq;
+            if (lane == r && row < row_hi) os[row] = g * iq * dots[ROWS + r] + delta * kq;
         }
     }
-    if (HELD) cp_async_wait_all();  // z (each thread waits for its own copy)
-    __syncthreads();
-    DN_MARK(5);
-
     // 4. Gated RMSNorm: out = RMSNorm(o)·w · SiLU(z), z the rows after the conv channels.
-    float so = 0.0f;
-    for (int i = row_lo + t; i < row_hi; i += T) so += os[i] * os[i];
-    so = block_sum(so, scratch);
+    // Σo² from each warp's sum with one barrier (PAIR: one cluster barrier, each warp's sum
+    // also stored into the other block), which also makes os (and z) visible to every warp.
+    // (Lane r reads back the o it wrote: no register held through the recurrence.)
+    float o_part = 0.0f;
+    for (int i = row_lo + warp * ROWS + lane; lane < ROWS && i < row_hi; i += nw * ROWS)
+        o_part += os[i] * os[i];
+    o_part = warp_sum(o_part);
+    if (HELD) cp_async_wait_all();  // z (each thread waits for its own copy)
     if (PAIR) {
         cluster_wait();  // the other block has started
-        if (t == 0) store_to_peer(&peer_ss, rank ^ 1, so);
+        if (lane == 0) {
+            red_o[rank][warp] = o_part;
+            store_to_peer(&red_o[rank][warp], rank ^ 1, o_part);
+        }
         cluster_arrive();
-        cluster_wait();  // and stored its half's sum into peer_ss
-        so += peer_ss;
+        cluster_wait();
+    } else {
+        if (lane == 0) red_o[0][warp] = o_part;
+        __syncthreads();
     }
+    DN_MARK(5);
+    float so = 0.0f;
+    for (int w = 0; w < nw; w++) so += red_o[0][w] + (PAIR ? red_o[1][w] : 0.0f);
     const float io = 1.0f / sqrtf(so / (float)dv + eps);
     const int at = regroup ? (head % hk) * (hv / hk) + head / hk : head;
     const float* z = proj + cd + (size_t)head * dv;
-    for (int i = row_lo + t; i < row_hi; i += T) {
+    auto gated = [&](int i) {
         const float zi = HELD ? zs[i] : z[i];
-        const float v = os[i] * io * norm_w[i] * (zi * dn_sigmoid(zi));
-        out[(size_t)at * dv + i] = v;
-        vs[i] = v;
+        return os[i] * io * norm_w[i] * (zi * dn_sigmoid(zi));
+    };
+    if (q == nullptr) {
+        for (int i = row_lo + t; i < row_hi; i += T) out[(size_t)at * dv + i] = gated(i);
+        return;
     }
-    if (q == nullptr) return;
-    __syncthreads();
-    // (PAIR: the host launches it for dv / 2 a multiple of QBLOCK.)
+    // With int8 blocks (the host passes q only for dv, and PAIR for dv / 2, a multiple of
+    // QBLOCK) one warp per block: its two values per lane quantized from registers.
     for (int j = row_lo / QBLOCK + warp; j < row_hi / QBLOCK; j += nw) {
-        quant_block_warp(vs[QBLOCK * j + lane], vs[QBLOCK * j + lane + 32],
-                         q + (size_t)at * dv + QBLOCK * j, meta + ((size_t)at * dv) / QBLOCK + j);
+        const int i = QBLOCK * j + lane;
+        const float a = gated(i), b = gated(i + 32);
+        out[(size_t)at * dv + i] = a;
+        out[(size_t)at * dv + i + 32] = b;
+        quant_block_warp(a, b, q + (size_t)at * dv + QBLOCK * j, meta + ((size_t)at * dv) / QBLOCK + j);
     }
 #ifdef DN_TRACE
     __syncthreads();
