@@ -253,12 +253,38 @@ __device__ __forceinline__ void cluster_wait() {
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 #endif
 }
-__device__ __forceinline__ void store_to_peer(float* var, int peer, float v) {
+// A one-shot mailbox for floats from the other block: `bar` an mbarrier that completes when
+// the `bytes` have landed (`mailbox_open` before the cluster barrier that tells the other
+// block it may send; `mailbox_send` writes into the other block's `var` and completes its
+// `bar` with st.async, so the sender fences nothing: its earlier global stores need not be
+// acknowledged first, as a release of the cluster barrier would make them).
+__device__ __forceinline__ void mailbox_open(unsigned long long* bar, unsigned bytes) {
 #if __CUDA_ARCH__ >= 900
-    unsigned remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(var)), "r"(peer));
-    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
+}
+__device__ __forceinline__ void mailbox_send(float* var, unsigned long long* bar, int peer, float v) {
+#if __CUDA_ARCH__ >= 900
+    unsigned rv, rb;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rv) : "r"(smem_addr(var)), "r"(peer));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_addr(bar)), "r"(peer));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+                 ::"r"(rv), "r"(__float_as_uint(v)), "r"(rb) : "memory");
+#endif
+}
+__device__ __forceinline__ float mailbox_take(const float* var, unsigned long long* bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "wait:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n"
+        "@!done bra wait;\n"
+        "}\n" ::"r"(smem_addr(bar)) : "memory");
+#endif
+    return *(volatile const float*)var;
 }
 
 // Measurement only (TRIT_CUDA_DEFINES="-DDN_TRACE=P"): at position P the first and last
@@ -290,7 +316,9 @@ __device__ __forceinline__ void deltanet_step_impl(
     __shared__ float zs[HELD ? DN_MAX_DV : 1];
     __shared__ float red_gates[3][32];
     // Each warp's Σo² over its rows (PAIR: [rank][warp], both blocks' sums in each block).
-    __shared__ float red_o[2][16];
+    __shared__ float red_o[16];
+    __shared__ float peer_so;                // PAIR: the other block's Σo²,
+    __shared__ unsigned long long peer_bar;  // complete once it has landed
 #ifdef DN_TRACE
     long long dn_tt[10];
 #endif
@@ -325,9 +353,13 @@ __device__ __forceinline__ void deltanet_step_impl(
     // sets `halt`; those steps' outputs are dropped). Read before the wait: only the last
     // kernel of a step's graph writes it, and a graph starts once the previous one has ended.
     if (halt != nullptr && *halt) return;
-    // PAIR: the first cluster barrier's arrival now (both blocks of a pair read the same halt),
-    // its wait just before the stores into the other block, which must have started by then.
-    if (PAIR) cluster_arrive();
+    // PAIR: the mailbox for the other half's Σo² is opened and the cluster barrier's arrival
+    // made now (both blocks of a pair read the same halt); its wait comes after
+    // griddepcontrol.wait, long after the other block has arrived.
+    if (PAIR) {
+        if (t == 0) mailbox_open(&peer_bar, 4);
+        cluster_arrive();
+    }
     const bool held = HOIST && d <= DN_AB_PER * T;
     float pa[HOIST ? DN_AB_PER : 1], pb[HOIST ? DN_AB_PER : 1];
     if (HOIST) {
@@ -397,6 +429,7 @@ __device__ __forceinline__ void deltanet_step_impl(
         beta = dn_sigmoid(v[2] * inv);
     };
     float conv_pre = 0.0f;  // HELD: thread t's channel's sum over the earlier inputs
+    float win[3] = {0.0f, 0.0f, 0.0f};  // HELD: those inputs (positions before 0 stay 0)
     if (EARLY) {
         // Launched by a q‖k‖v‖z GEMV that lets its dependents start only after its own wait,
         // so x (and everything before it) is final here: the gates, the position and L2
@@ -404,7 +437,21 @@ __device__ __forceinline__ void deltanet_step_impl(
         // Everything this part reads was requested before the gates' chain of loads and sums
         // waits on any of it.
         if (!by_float4) gates();
-        for (int j = t; j < 2 * dk + dv; j += T) {
+        // HELD, conv kernels of up to 4 taps: thread t's channel's earlier inputs are loaded
+        // now, in flight beside the gates' loads, and its weights requested into L2 (8 rows
+        // of 4 taps per 128-byte line), so that the conv's sum after the gates waits for no
+        // DRAM round trip.
+        const bool win_held = HELD && kernel <= 4 && t < 2 * dk + dv;
+        if (win_held) {
+            const int c = channel(t);
+#pragma unroll
+            for (int i = 0; i < 3; i++) {
+                const int p = pos - (kernel - 1) + i;
+                if (i < kernel - 1 && p >= 0) win[i] = window[(size_t)(p % kernel) * cd + c];
+            }
+            if ((t & 7) == 0) prefetch_l2(conv_w + (size_t)c * kernel);
+        }
+        for (int j = win_held ? t + T : t; j < 2 * dk + dv; j += T) {
             const int c = channel(j);
             for (int i = 0; i < kernel - 1; i++) {
                 const int p = pos - (kernel - 1) + i;
@@ -420,14 +467,21 @@ __device__ __forceinline__ void deltanet_step_impl(
             if (t < 2 * dk + dv) {
                 const int c = channel(t);
                 const float* wc = conv_w + (size_t)c * kernel;
-                for (int i = 0; i < kernel - 1; i++) {
-                    const int p = pos - (kernel - 1) + i;
-                    if (p >= 0) conv_pre += wc[i] * window[(size_t)(p % kernel) * cd + c];
+                if (win_held) {
+#pragma unroll
+                    for (int i = 0; i < 3; i++)
+                        if (i < kernel - 1) conv_pre += wc[i] * win[i];
+                } else {
+                    for (int i = 0; i < kernel - 1; i++) {
+                        const int p = pos - (kernel - 1) + i;
+                        if (p >= 0) conv_pre += wc[i] * window[(size_t)(p % kernel) * cd + c];
+                    }
                 }
             }
         }
         DN_MARK(1);
         pdl_wait();
+        if (PAIR) cluster_wait();  // the other block has opened its mailbox
         DN_MARK(2);
         if (HELD) {
             const float* z = proj + cd + (size_t)head * dv;
@@ -537,29 +591,23 @@ __device__ __forceinline__ void deltanet_step_impl(
         }
     }
     // 4. Gated RMSNorm: out = RMSNorm(o)·w · SiLU(z), z the rows after the conv channels.
-    // Σo² from each warp's sum with one barrier (PAIR: one cluster barrier, each warp's sum
-    // also stored into the other block), which also makes os (and z) visible to every warp.
+    // Σo² from each warp's sum with one barrier, which also makes os (and z) visible to every
+    // warp (PAIR: then the halves' sums are swapped through the mailboxes).
     // (Lane r reads back the o it wrote: no register held through the recurrence.)
     float o_part = 0.0f;
     for (int i = row_lo + warp * ROWS + lane; lane < ROWS && i < row_hi; i += nw * ROWS)
         o_part += os[i] * os[i];
     o_part = warp_sum(o_part);
     if (HELD) cp_async_wait_all();  // z (each thread waits for its own copy)
+    if (lane == 0) red_o[warp] = o_part;
+    __syncthreads();
+    float so = 0.0f;
+    for (int w = 0; w < nw; w++) so += red_o[w];
     if (PAIR) {
-        cluster_wait();  // the other block has started
-        if (lane == 0) {
-            red_o[rank][warp] = o_part;
-            store_to_peer(&red_o[rank][warp], rank ^ 1, o_part);
-        }
-        cluster_arrive();
-        cluster_wait();
-    } else {
-        if (lane == 0) red_o[0][warp] = o_part;
-        __syncthreads();
+        if (t == 0) mailbox_send(&peer_so, &peer_bar, rank ^ 1, so);
+        so += mailbox_take(&peer_so, &peer_bar);
     }
     DN_MARK(5);
-    float so = 0.0f;
-    for (int w = 0; w < nw; w++) so += red_o[0][w] + (PAIR ? red_o[1][w] : 0.0f);
     const float io = 1.0f / sqrtf(so / (float)dv + eps);
     const int at = regroup ? (head % hk) * (hv / hk) + head / hk : head;
     const float* z = proj + cd + (size_t)head * dv;
