@@ -215,6 +215,45 @@ __device__ __forceinline__ void warp_sums(float (&v)[N]) {
         for (int k = 0; k < N; k++) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
 }
 
+// c ? a : b as one selp: written as C, the compiler may turn a choice between two elements
+// of a register array into a load at a computed index, which moves the array to local memory.
+__device__ __forceinline__ float select_f32(bool c, float a, float b) {
+    float r;
+    asm("{\n.reg .pred p;\nsetp.ne.u32 p, %1, 0;\nselp.f32 %0, %2, %3, p;\n}"
+        : "=f"(r)
+        : "r"((unsigned)c), "f"(a), "f"(b));
+    return r;
+}
+
+// The warp sums of N values per lane (N a power of two, 2..32), each landing in some lanes
+// only: at each of the first log2 N levels a lane keeps one half of its values and sends the
+// other, so the shuffles are N/2 + N/4 + … + 1 + (5 − log2 N) instead of 5·N. Returns this
+// lane's sum: that of value lane >> (5 − log2 N). (One template per level, so that every
+// loop has a constant count and v is indexed by constants: in registers.)
+template <int N>
+__device__ __forceinline__ void scatter_levels(float* v, int lane, int o) {
+    if constexpr (N > 1) {
+        const bool upper = lane & o;
+#pragma unroll
+        for (int k = 0; k < N / 2; k++) {
+            const float send = select_f32(upper, v[k], v[k + N / 2]);
+            const float keep = select_f32(upper, v[k + N / 2], v[k]);
+            v[k] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
+        scatter_levels<N / 2>(v, lane, o >> 1);
+    }
+}
+template <int N>
+__device__ __forceinline__ float warp_sums_scattered(float (&v)[N]) {
+    constexpr int LEVELS = N == 2 ? 1 : N == 4 ? 2 : N == 8 ? 3 : N == 16 ? 4 : 5;
+    static_assert(N == 1 << LEVELS, "N a power of two up to 32");
+    scatter_levels<N>(v, threadIdx.x & 31, 16);
+    float r = v[0];
+#pragma unroll
+    for (int l = LEVELS; l < 5; l++) r += __shfl_xor_sync(0xffffffffu, r, 16 >> l);
+    return r;
+}
+
 // The block's sums of N values per thread with one barrier (`red`: N × 32 floats of shared
 // memory used by this call only); every thread gets them in v.
 template <int N>
@@ -561,8 +600,14 @@ __device__ __forceinline__ void deltanet_step_impl(
                                                               32 * part));
         }
         // Both dot products from the old row, in one reduction: with S' = g·S + δ kᵀ,
-        // S'·k needs only S·k (δ = β(v − g·S·k)) and o = S'·q = g·(S·q) + δ (k·q).
-        float dots[2 * ROWS];  // S·k of each row, then S·q
+        // S'·k needs only S·k (δ = β(v − g·S·k)) and o = S'·q = g·(S·q) + δ (k·q). The
+        // reduction leaves each sum in a group of lanes; S·k goes to all lanes by one shuffle
+        // per row, and the lanes holding a row's S·q write its o.
+        constexpr int NV = 2 * ROWS <= 8 ? 8 : 16, SH = NV == 8 ? 2 : 1;
+        static_assert(2 * ROWS <= 16, "rows per warp");
+        float dots[NV];  // S·k of each row, then S·q, then zeros
+#pragma unroll
+        for (int r = 2 * ROWS; r < NV; r++) dots[r] = 0.0f;
 #pragma unroll
         for (int r = 0; r < ROWS; r++) {
             dots[r] = 0.0f;
@@ -575,19 +620,20 @@ __device__ __forceinline__ void deltanet_step_impl(
                 }
             }
         }
-        warp_sums<2 * ROWS>(dots);
+        const float mine = warp_sums_scattered<NV>(dots);
 #pragma unroll
         for (int r = 0; r < ROWS; r++) {
             const int row = i0 + r;
+            const float sk = __shfl_sync(0xffffffffu, mine, r << SH);
             // k̂ = ik·k and q̂ = iq·q: S·k̂ = ik·(S·k), and the update δ k̂ᵀ = (δ·ik) kᵀ.
-            const float delta = row < row_hi ? beta * (vs[row] - g * ik * dots[r]) : 0.0f;
+            const float delta = row < row_hi ? beta * (vs[row] - g * ik * sk) : 0.0f;
             const float dk_row = delta * ik;
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 if (u < per_lane && row < row_hi)
                     hs[(size_t)row * dk + lane + 32 * u] = g * s[r][u] + dk_row * ks[lane + 32 * u];
             }
-            if (lane == r && row < row_hi) os[row] = g * iq * dots[ROWS + r] + delta * kq;
+            if (lane == (ROWS + r) << SH && row < row_hi) os[row] = g * iq * mine + delta * kq;
         }
     }
     // 4. Gated RMSNorm: out = RMSNorm(o)·w · SiLU(z), z the rows after the conv channels.
