@@ -204,6 +204,15 @@ __device__ __forceinline__ void dn_load_rows(float (*s)[U], const float* hs, int
 // rows in one reduction (6.7–7.0k cycles against 7.1–7.6k; 27B-4l tg128 +0.6 %). The gates'
 // sums taken after the wait (fused with q/k's) measured −2 to −4 %: the wait then finds the
 // GEMV still running for 2–7k cycles, and the sums after it cost more than that.
+// Sessions 30–31 (BENCHMARKS "GPU, session 31"): PAIR, two blocks per value head (27B 291 against
+// 287.5 tok/s); then fewer barriers after the wait — q/k's norms summed by every warp itself,
+// Σo² from each warp's sum with one barrier, the int8 blocks quantized from registers, the
+// position loaded beside `halt` (295 against 290); the pair's Σo² swapped through st.async
+// mailboxes: a cluster barrier's release waited for the state's global stores (the tail 2.8–4.1k
+// → 1.6k cycles, tok/s equal); the recurrence's sums by halving exchange (297.5 against 292.6).
+// Measured and not kept: the pair's gates split between its blocks through a mailbox (equal:
+// the part before the wait, ~18k cycles, is set by loads queued behind the GEMV's, not by
+// their number).
 
 // The warp sums of N values per lane, every lane getting all N: the shuffles level by level
 // for all values, so the N chains of five dependent shuffles overlap.
@@ -337,7 +346,7 @@ __device__ __forceinline__ float mailbox_take(const float* var, unsigned long lo
 // PAIR (with EARLY and HELD; `deltanet_step_pair`, launched as clusters of two blocks per
 // value head): each block of the pair updates half of the head's state rows, so with 6 rows per
 // warp all of them are held in registers before the wait and the recurrence is one pass; the
-// pair exchanges the halves' sums of squares for the gated norm through shared memory.
+// pair swaps the halves' sums of squares for the gated norm through mailboxes in shared memory.
 template <int ROWS, bool HOIST, bool EARLY, bool HELD = false, bool PAIR = false>
 __device__ __forceinline__ void deltanet_step_impl(
     const float* __restrict__ x, const float* __restrict__ gamma, float eps, int d,
