@@ -648,7 +648,9 @@ __device__ __forceinline__ void deltanet_step_impl(
     // 4. Gated RMSNorm: out = RMSNorm(o)·w · SiLU(z), z the rows after the conv channels.
     // Σo² from each warp's sum with one barrier, which also makes os (and z) visible to every
     // warp (PAIR: then the halves' sums are swapped through the mailboxes).
-    // (Lane r reads back the o it wrote: no register held through the recurrence.)
+    // (Lane r reads back the o of the warp's row r, which another lane of the warp wrote —
+    // hence the warp's barrier —, so that no register is held through the recurrence.)
+    __syncwarp();
     float o_part = 0.0f;
     for (int i = row_lo + warp * ROWS + lane; lane < ROWS && i < row_hi; i += nw * ROWS)
         o_part += os[i] * os[i];
