@@ -282,8 +282,7 @@ __device__ __forceinline__ void block_sums(float (&v)[N], float (*red)[32]) {
 }
 
 // Thread block clusters (sm_90; the host launches the pair variant only there): the block's
-// rank in its cluster, the cluster barrier split into its arrive and wait halves, and a store
-// into the same variable of another block's shared memory.
+// rank in its cluster and the cluster barrier split into its arrive and wait halves.
 __device__ __forceinline__ int cluster_rank() {
     unsigned r = 0;
 #if __CUDA_ARCH__ >= 900
@@ -363,7 +362,7 @@ __device__ __forceinline__ void deltanet_step_impl(
     __shared__ float scratch[32];
     __shared__ float zs[HELD ? DN_MAX_DV : 1];
     __shared__ float red_gates[3][32];
-    // Each warp's Σo² over its rows (PAIR: [rank][warp], both blocks' sums in each block).
+    // Each warp's Σo² over its rows (up to 16 warps).
     __shared__ float red_o[16];
     __shared__ float peer_so;                // PAIR: the other block's Σo²,
     __shared__ unsigned long long peer_bar;  // complete once it has landed
@@ -713,8 +712,8 @@ __device__ __forceinline__ void deltanet_step_impl(
 DELTANET_STEP(deltanet_step, 4, false, false, false, __launch_bounds__(512), false)
 DELTANET_STEP(deltanet_step_hoisted, 8, true, false, false, __launch_bounds__(512), false)
 DELTANET_STEP(deltanet_step_early, 4, false, true, false, __launch_bounds__(512), false)
-// At most 64 registers, so that 12 warps fit beside a streaming GEMV block (ptxas: 64, no
-// spills).
+// At most 64 registers, so that 12 warps fit beside a streaming GEMV block (ptxas for sm_90:
+// 64, 8 bytes of spills; the pair 12; `scripts/ptx_regs.py deltanet.cu deltanet_step`).
 DELTANET_STEP(deltanet_step_held, 4, false, true, true, __maxnreg__(64), false)
 #if __CUDA_ARCH__ >= 900
 #define DN_PAIR_BOUNDS __maxnreg__(64) __cluster_dims__(2, 1, 1)
