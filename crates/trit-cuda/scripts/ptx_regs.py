@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Registers, spills and local-memory use of CUDA kernels without a GPU, in seconds.
 
-Compiles common.cuh + one kernel file with NVRTC (loaded through ctypes; the
+Compiles common.cuh + one kernel file (or several joined by "+", in the program's order, for
+a file that uses another's helpers: attention.cu+hybrid_attention.cu) with NVRTC (loaded through ctypes; the
 nvidia-cuda-nvrtc wheel's lib folder) and runs `ptxas -v` (the nvidia-cuda-nvcc wheel) on
 the PTX. Prints, per kernel whose name contains FILTER, ptxas's register/spill lines and the
 count of ld.local/st.local in its PTX (a register array indexed at run time lives there).
@@ -47,7 +48,8 @@ def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     name, wanted, options = sys.argv[1], sys.argv[2], sys.argv[3:]
-    source = "\n".join(open(os.path.join(KERNELS, f)).read() for f in ("common.cuh", name))
+    files = ["common.cuh"] + name.split("+")
+    source = "\n".join(open(os.path.join(KERNELS, f)).read() for f in files)
     ptx = compile_ptx(source, options)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.ptx")

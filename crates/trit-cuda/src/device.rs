@@ -191,6 +191,8 @@ pub const KERNELS: &[&str] = &[
     "hybrid_attn_decode_rows",
     "hybrid_attn_prep_slots",
     "hybrid_attn_decode_slots",
+    "hybrid_attn_step_e4",
+    "hybrid_attn_step",
     "hadamard_quant",
     "deltanet_step",
     "deltanet_step_hoisted",

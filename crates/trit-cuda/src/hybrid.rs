@@ -176,6 +176,9 @@ pub struct CudaHybrid {
     pub(crate) dn_pair: bool,
     /// `CudaOptions::deltanet_chunk`.
     dn_chunk: bool,
+    /// `hybrid_attn_step*` for this head size (`CudaOptions::hybrid_attn_step`; `None`: the
+    /// prep and decode kernels).
+    attn_step: Option<&'static str>,
     /// `CudaOptions::rotation_in_prologue`.
     rot_prologue: bool,
     /// Sequences one batched call may carry (slots): 1 where the batched step cannot run.
@@ -283,6 +286,12 @@ impl CudaHybrid {
             dn_held: opts.deltanet_held,
             dn_pair: opts.deltanet_pair && gpu.compute_capability.0 >= 9,
             dn_chunk: opts.deltanet_chunk,
+            attn_step: match cfg.head_dim {
+                _ if !opts.hybrid_attn_step => None,
+                128 => Some("hybrid_attn_step_e4"),
+                256 => Some("hybrid_attn_step"),
+                _ => None,
+            },
             rot_prologue: opts.rotation_in_prologue,
             max_seqs: 1,
             weight_bytes: w.weight_bytes(),

@@ -65,6 +65,11 @@ pub struct CudaOptions {
     /// (`deltanet_chunk`, the state in registers across the chunk's tokens) instead of one
     /// `deltanet_step` per token (`TRIT_CUDA_DN_CHUNK=0`).
     pub deltanet_chunk: bool,
+    /// Hybrids with heads of 128 or 256 dims: the decode step's gated attention as one kernel
+    /// (`hybrid_attn_step`: q/k norms, RoPE, cache append, attention, gate and the o
+    /// projection's int8 input) instead of `hybrid_attn_prep`, `hybrid_attn_decode` and a
+    /// quantize launch (`TRIT_CUDA_HA_STEP=0`).
+    pub hybrid_attn_step: bool,
     /// Bonsai 2: a rotated input of a fused projection (q‖k‖v‖z, q‖gate/k/v, gate‖up, head) is
     /// normalized and rotated in the streaming GEMV's prologue instead of by a `hadamard_quant`
     /// launch before it (`TRIT_CUDA_ROT_FUSE=0`).
@@ -194,6 +199,7 @@ impl CudaOptions {
             deltanet_held: env("TRIT_CUDA_DN_STEP").is_none_or(|v| v == "4"),
             deltanet_pair: env("TRIT_CUDA_DN_PAIR").is_none_or(|v| v != "0"),
             deltanet_chunk: env("TRIT_CUDA_DN_CHUNK").is_none_or(|v| v != "0"),
+            hybrid_attn_step: env("TRIT_CUDA_HA_STEP").is_none_or(|v| v != "0"),
             rotation_in_prologue: env("TRIT_CUDA_ROT_FUSE").is_none_or(|v| v != "0"),
             attention_o: env("TRIT_CUDA_ATT_O").is_some_and(|v| v == "1"),
             attention_o_max: env("TRIT_CUDA_ATT_O_MAX")

@@ -54,8 +54,9 @@ fn check(what: &str, errs: (f64, f64)) {
 /// as Q2_0) and MLX (grouped value heads): a 40-token
 /// prompt (longer than the conv window of 3, and than one round of the decode attention's 8
 /// warps × 4 positions) then 8 decode steps, every step's logits compared;
-/// each also with the down projection through the streaming GEMV, and with the DeltaNet step
-/// that computes its gates after its wait (the default computes them before).
+/// each also with the down projection through the streaming GEMV, with the DeltaNet step
+/// that computes its gates after its wait (the default computes them before), and with the
+/// attention in the prep and decode kernels (the default: `hybrid_attn_step`).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn tiny_qwen35_logits_match_the_cpu_in_gguf_and_mlx() {
@@ -65,22 +66,25 @@ fn tiny_qwen35_logits_match_the_cpu_in_gguf_and_mlx() {
     let dir = tempfile::tempdir().unwrap();
     let (p, paths) = tiny_models(dir.path(), 3, &["q2_0", "mlx"]);
     for path in &paths {
-        for (how, stream_down, early) in [
-            ("", false, true),
-            (", down streamed", true, true),
-            (", DeltaNet step not early", false, false),
+        for (how, stream_down, early, attn_step) in [
+            ("", false, true, true),
+            (", down streamed", true, true, true),
+            (", DeltaNet step not early", false, false, true),
+            (", attention in prep and decode kernels", false, true, false),
         ] {
             let mut opts = CudaOptions::new(64);
             opts.stream_down = stream_down;
             opts.deltanet_early = early;
+            opts.hybrid_attn_step = attn_step;
             let errs = compare_with(path, &prompt(40, p.vocab, 1), 8, &opts);
             check(&format!("tiny-qwen35 {}{how}", path.display()), errs);
         }
     }
 }
 
-/// Key and value heads of 128 dims (the 27B's: 4 state values per lane): tiny-qwen35 widened
-/// to them, Q2_0, a 40-token prompt and 8 decode steps against the CPU, with the tiny model's
+/// Key and value heads of 128 dims (the 27B's: 4 state values per lane) and attention heads of
+/// 256 (the 27B's: `hybrid_attn_step` with 8 values per lane): tiny-qwen35 widened to them,
+/// Q2_0, a 40-token prompt and 8 decode steps against the CPU, with the tiny model's
 /// tolerance — by the pair of blocks per value head (on sm_90+: 64 rows each in one pass, the
 /// gated norm's sum exchanged between them) and by one block per head (3 passes of 48 rows).
 #[test]
@@ -94,6 +98,7 @@ fn key_heads_of_128_dims_match_the_cpu() {
         name: "tiny-qwen35-dk128",
         k_dim: 128,
         v_dim: 128,
+        head_dim: 256,
         ..HybridPreset::by_name("tiny-qwen35").unwrap()
     };
     let q2 = OutFormat::parse("q2_0").unwrap();

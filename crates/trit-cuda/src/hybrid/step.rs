@@ -375,6 +375,44 @@ impl CudaHybrid {
         let rot_fuse = fuse && self.rot_fusable(st, &m.qkv, false, m.rot_in);
         let input = self.norm_input(st, attn_norm, m.rot_in, fuse, rot_fuse)?;
         self.project(st, &m.qkv, input, p(&b.proj), false, false)?;
+        if let Some(kernel) = self.attn_step {
+            // The o projection's int8 blocks come from the attention unless it is rotated.
+            let quant = m.rot_out.is_none() && hd.is_multiple_of(64);
+            let (xq, xm) = if quant {
+                (ptr(&b.xq, s), p(&b.xm))
+            } else {
+                (0, 0)
+            };
+            st.gpu.launch(
+                kernel,
+                (nh as u32, 1),
+                256, // DEC_THREADS
+                &[
+                    Arg::Ptr(p(&b.proj)),
+                    Arg::Ptr(p(&m.q_norm)),
+                    Arg::Ptr(p(&m.k_norm)),
+                    Arg::F32(c.norm_eps),
+                    Arg::Ptr(p(&b.cos_sin)),
+                    Arg::Ptr(ptr(&b.step, s)),
+                    Arg::I32(nh as i32),
+                    Arg::I32(c.n_kv_heads as i32),
+                    Arg::I32(self.hy.rotary_dim as i32),
+                    Arg::Ptr(ptr(&b.seq.k_cache[m.slot], s)),
+                    Arg::Ptr(ptr(&b.seq.v_cache[m.slot], s)),
+                    Arg::F32(1.0 / (hd as f32).sqrt()),
+                    Arg::Ptr(p(&b.mixed)),
+                    Arg::Ptr(xq),
+                    Arg::Ptr(xm),
+                    Arg::I32(quant as i32),
+                ],
+            )?;
+            let o_in = if quant {
+                Self::ready(st, p(&b.mixed))
+            } else {
+                self.vec_input(st, p(&b.mixed), nh * hd, m.rot_out)?
+            };
+            return self.project(st, &m.o, o_in, p(&b.x), true, false);
+        }
         let io = AttnIo {
             proj: p(&b.proj),
             proj_row: 0,

@@ -145,18 +145,19 @@ __device__ __forceinline__ void load_halves(const half_bits* p, float* out) {
 }
 
 // One round of a warp's cache reads: positions p0 .. p0 + DEC_U of head row `kv` (E values per
-// lane); zeros past `end` and at the current position `pos` (not in the cache yet: the caller
-// puts it in from shared memory).
+// lane; positions `stride` halves apart: head_dim in this file's layout, n_kv · head_dim in
+// the hybrid's); zeros past `end` and at the current position `pos` (not in the cache yet:
+// the caller puts it in from shared memory).
 template <int E>
-__device__ __forceinline__ void load_round(const half_bits* kc, const half_bits* vc, int hd,
+__device__ __forceinline__ void load_round(const half_bits* kc, const half_bits* vc, int stride,
                                            int p0, int end, int pos, int lane,
                                            float (&kk)[DEC_U][E], float (&vv)[DEC_U][E]) {
 #pragma unroll
     for (int u = 0; u < DEC_U; u++) {
         const int p = p0 + u;
         if (p < end && p != pos) {
-            load_halves<E>(kc + (size_t)p * hd + lane * E, kk[u]);
-            load_halves<E>(vc + (size_t)p * hd + lane * E, vv[u]);
+            load_halves<E>(kc + (size_t)p * stride + lane * E, kk[u]);
+            load_halves<E>(vc + (size_t)p * stride + lane * E, vv[u]);
         } else {
 #pragma unroll
             for (int e = 0; e < E; e++) kk[u][e] = vv[u][e] = 0.0f;
@@ -182,11 +183,12 @@ __device__ __forceinline__ void write_head(const float* o, int h, int hd, float*
 // A warp's attention over positions p0, p0 + ROUND, ... (DEC_U at a time) below `end`: the
 // running maximum m, normalizer l and unnormalized output acc (E values per lane) of q (`qs`)
 // against the cache rows of its kv head (`kh`, `vh`), the current position's k and v taken
-// from shared memory. kk / vv hold the first round's cache reads, requested by the caller.
+// from shared memory. kk / vv hold the first round's cache reads, requested by the caller;
+// cache positions are `stride` halves apart (load_round).
 template <int E>
 __device__ __forceinline__ void attend_rounds(const float* qs, const float* kcur,
                                               const float* vcur, const half_bits* kh,
-                                              const half_bits* vh, int hd, int p0, int end,
+                                              const half_bits* vh, int stride, int p0, int end,
                                               int pos, bool has_current, int lane,
                                               float (&kk)[DEC_U][E], float (&vv)[DEC_U][E],
                                               float& m, float& l, float (&acc)[E]) {
@@ -214,7 +216,7 @@ __device__ __forceinline__ void attend_rounds(const float* qs, const float* kcur
         }
         const int p1 = p0 + ROUND;
         float nk[DEC_U][E], nv[DEC_U][E];
-        if (PIPE && p1 < end) load_round<E>(kh, vh, hd, p1, end, pos, lane, nk, nv);
+        if (PIPE && p1 < end) load_round<E>(kh, vh, stride, p1, end, pos, lane, nk, nv);
         float dots[DEC_U];
 #pragma unroll
         for (int u = 0; u < DEC_U; u++) {
@@ -252,7 +254,7 @@ __device__ __forceinline__ void attend_rounds(const float* qs, const float* kcur
                     vv[u][e] = nv[u][e];
                 }
         } else {
-            load_round<E>(kh, vh, hd, p1, end, pos, lane, kk, vv);
+            load_round<E>(kh, vh, stride, p1, end, pos, lane, kk, vv);
         }
         p0 = p1;
     }
