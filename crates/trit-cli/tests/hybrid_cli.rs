@@ -91,4 +91,28 @@ fn info_run_chat_and_bench() {
         .unwrap();
     let table = ok(&bench);
     assert!(table.contains("qwen35") && table.contains("tg4"), "{table}");
+
+    // At a depth every repetition starts from a state of exactly that many tokens: the
+    // recurrent state cannot be cut back, so it is rebuilt untimed (the bench refuses to time
+    // from any other length).
+    let bench = trit()
+        .args([
+            "bench", "-p", "0", "-n", "4", "-d", "8", "-r", "2", "-t", "1", "-o", "json",
+        ])
+        .args(["-m"])
+        .arg(&gguf)
+        .output()
+        .unwrap();
+    let rows: serde_json::Value = serde_json::from_str(&ok(&bench)).unwrap();
+    let row = &rows[0];
+    assert_eq!(
+        (row["n_depth"].as_u64(), row["n_gen"].as_u64()),
+        (Some(8), Some(4)),
+        "{row}"
+    );
+    assert_eq!(
+        row["samples_ns"].as_array().map(|s| s.len()),
+        Some(2),
+        "{row}"
+    );
 }

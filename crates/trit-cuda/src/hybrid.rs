@@ -74,6 +74,10 @@ struct Buffers {
     cos_sin: CudaSlice<f32>,
     /// The single path's sequence.
     seq: SeqBufs,
+    /// `hybrid_attn_step`'s split partials (outputs, max/sum pairs) and per-head counters.
+    part_o: CudaSlice<f32>,
+    part_ml: CudaSlice<f32>,
+    counters: CudaSlice<u32>,
 }
 
 /// One sequence's state on the GPU: the single path's (`Buffers::seq`) or a batched slot's
@@ -178,7 +182,7 @@ pub struct CudaHybrid {
     dn_chunk: bool,
     /// `hybrid_attn_step*` for this head size (`CudaOptions::hybrid_attn_step`; `None`: the
     /// prep and decode kernels).
-    attn_step: Option<&'static str>,
+    attn_step: Option<step::AttnStep>,
     /// `CudaOptions::rotation_in_prologue`.
     rot_prologue: bool,
     /// Sequences one batched call may carry (slots): 1 where the batched step cannot run.
@@ -270,7 +274,9 @@ impl CudaHybrid {
             files.weights.as_ref(),
             files.rotation.as_ref(),
         )?;
-        let b = Buffers::new(&gpu, &cfg, &hy, opts.ctx)?;
+        let attn_step = step::AttnStep::new(opts, cfg.head_dim)?;
+        let splits = attn_step.map_or(1, |a| a.splits as usize);
+        let b = Buffers::new(&gpu, &cfg, &hy, opts.ctx, splits)?;
         let mut model = CudaHybrid {
             ctx: opts.ctx,
             prefill: opts.prefill,
@@ -286,12 +292,7 @@ impl CudaHybrid {
             dn_held: opts.deltanet_held,
             dn_pair: opts.deltanet_pair && gpu.compute_capability.0 >= 9,
             dn_chunk: opts.deltanet_chunk,
-            attn_step: match cfg.head_dim {
-                _ if !opts.hybrid_attn_step => None,
-                128 => Some("hybrid_attn_step_e4"),
-                256 => Some("hybrid_attn_step"),
-                _ => None,
-            },
+            attn_step,
             rot_prologue: opts.rotation_in_prologue,
             max_seqs: 1,
             weight_bytes: w.weight_bytes(),
@@ -333,7 +334,13 @@ impl CudaHybrid {
 }
 
 impl Buffers {
-    fn new(gpu: &Gpu, c: &ModelConfig, hy: &HybridConfig, ctx: usize) -> Result<Buffers> {
+    fn new(
+        gpu: &Gpu,
+        c: &ModelConfig,
+        hy: &HybridConfig,
+        ctx: usize,
+        att_splits: usize,
+    ) -> Result<Buffers> {
         let (d, hd) = (c.hidden, c.head_dim);
         let (nq, nkv) = (c.n_heads * hd, c.n_kv_heads * hd);
         let (cd, vw) = (hy.conv_dim(), hy.value_width());
@@ -372,6 +379,9 @@ impl Buffers {
             halt: gpu.zeros(1)?,
             cos_sin: gpu.upload(&cs)?,
             seq: SeqBufs::new(gpu, c, hy, ctx)?,
+            part_o: gpu.zeros(c.n_heads * att_splits * hd)?,
+            part_ml: gpu.zeros(2 * c.n_heads * att_splits)?,
+            counters: gpu.zeros(c.n_heads)?,
         })
     }
 }
@@ -387,6 +397,9 @@ fn upload_feed(st: &mut State, tokens: &[u32], start: usize) -> Result<()> {
     if st.device_pos != Some(start) {
         s.memcpy_htod(&[start as i32, 0], &mut st.b.step)
             .map_err(|e| crate::device::cuda_err("setting the position", e))?;
+        // After an error a step may have stopped between a head's splits.
+        s.memset_zeros(&mut st.b.counters)
+            .map_err(|e| crate::device::cuda_err("resetting counters", e))?;
     }
     st.device_pos = None;
     Ok(())

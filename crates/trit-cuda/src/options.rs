@@ -11,6 +11,8 @@ const ATT_MAX_SPLITS: usize = 16;
 /// merge's fence, counter and reloads cost more than the positions at short lengths).
 /// 8B tg128 (H200): 659 tok/s with 32, 650 with 128, 638 with 256.
 const ATT_MIN_CHUNK: usize = 32;
+/// Fewest positions per split of a hybrid's decode attention (`hybrid_attn_step`).
+const HA_MIN_CHUNK: usize = 128;
 /// Positions below which the decode step attends with one block per head inside the
 /// attention + o kernel (`CudaOptions::attention_o_max`).
 const ATT_O_MAX: usize = 128;
@@ -70,6 +72,10 @@ pub struct CudaOptions {
     /// projection's int8 input) instead of `hybrid_attn_prep`, `hybrid_attn_decode` and a
     /// quantize launch (`TRIT_CUDA_HA_STEP=0`).
     pub hybrid_attn_step: bool,
+    /// Fewest positions per split of `hybrid_attn_step` (a multiple of 32; up to `att_splits`
+    /// splits per head): contexts up to this long take one block per head
+    /// (`TRIT_CUDA_HA_MIN_CHUNK=N`).
+    pub hybrid_att_min_chunk: usize,
     /// Bonsai 2: a rotated input of a fused projection (q‖k‖v‖z, q‖gate/k/v, gate‖up, head) is
     /// normalized and rotated in the streaming GEMV's prologue instead of by a `hadamard_quant`
     /// launch before it (`TRIT_CUDA_ROT_FUSE=0`).
@@ -200,6 +206,9 @@ impl CudaOptions {
             deltanet_pair: env("TRIT_CUDA_DN_PAIR").is_none_or(|v| v != "0"),
             deltanet_chunk: env("TRIT_CUDA_DN_CHUNK").is_none_or(|v| v != "0"),
             hybrid_attn_step: env("TRIT_CUDA_HA_STEP").is_none_or(|v| v != "0"),
+            hybrid_att_min_chunk: env("TRIT_CUDA_HA_MIN_CHUNK")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(HA_MIN_CHUNK),
             rotation_in_prologue: env("TRIT_CUDA_ROT_FUSE").is_none_or(|v| v != "0"),
             attention_o: env("TRIT_CUDA_ATT_O").is_some_and(|v| v == "1"),
             attention_o_max: env("TRIT_CUDA_ATT_O_MAX")

@@ -56,7 +56,8 @@ fn check(what: &str, errs: (f64, f64)) {
 /// warps × 4 positions) then 8 decode steps, every step's logits compared;
 /// each also with the down projection through the streaming GEMV, with the DeltaNet step
 /// that computes its gates after its wait (the default computes them before), and with the
-/// attention in the prep and decode kernels (the default: `hybrid_attn_step`).
+/// attention in the prep and decode kernels (the default: `hybrid_attn_step`, one block per
+/// head up to 128 positions), and with it in splits of 32 positions (two, merged).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn tiny_qwen35_logits_match_the_cpu_in_gguf_and_mlx() {
@@ -66,16 +67,30 @@ fn tiny_qwen35_logits_match_the_cpu_in_gguf_and_mlx() {
     let dir = tempfile::tempdir().unwrap();
     let (p, paths) = tiny_models(dir.path(), 3, &["q2_0", "mlx"]);
     for path in &paths {
-        for (how, stream_down, early, attn_step) in [
-            ("", false, true, true),
-            (", down streamed", true, true, true),
-            (", DeltaNet step not early", false, false, true),
-            (", attention in prep and decode kernels", false, true, false),
+        for (how, stream_down, early, attn_step, min_chunk) in [
+            ("", false, true, true, 128),
+            (", down streamed", true, true, true, 128),
+            (", DeltaNet step not early", false, false, true, 128),
+            (
+                ", attention in prep and decode kernels",
+                false,
+                true,
+                false,
+                128,
+            ),
+            (
+                ", attention in splits of 32 positions",
+                false,
+                true,
+                true,
+                32,
+            ),
         ] {
             let mut opts = CudaOptions::new(64);
             opts.stream_down = stream_down;
             opts.deltanet_early = early;
             opts.hybrid_attn_step = attn_step;
+            opts.hybrid_att_min_chunk = min_chunk;
             let errs = compare_with(path, &prompt(40, p.vocab, 1), 8, &opts);
             check(&format!("tiny-qwen35 {}{how}", path.display()), errs);
         }
@@ -86,7 +101,8 @@ fn tiny_qwen35_logits_match_the_cpu_in_gguf_and_mlx() {
 /// 256 (the 27B's: `hybrid_attn_step` with 8 values per lane): tiny-qwen35 widened to them,
 /// Q2_0, a 40-token prompt and 8 decode steps against the CPU, with the tiny model's
 /// tolerance — by the pair of blocks per value head (on sm_90+: 64 rows each in one pass, the
-/// gated norm's sum exchanged between them) and by one block per head (3 passes of 48 rows).
+/// gated norm's sum exchanged between them) and by one block per head (3 passes of 48 rows);
+/// the attention also in splits of 32 positions.
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn key_heads_of_128_dims_match_the_cpu() {
@@ -104,12 +120,15 @@ fn key_heads_of_128_dims_match_the_cpu() {
     let q2 = OutFormat::parse("q2_0").unwrap();
     generate(&p, 11, dir.path(), &[q2], &TokenizerAssets::Placeholder).unwrap();
     let path = dir.path().join(q2.file_name());
-    for pair in [true, false] {
+    for (pair, min_chunk) in [(true, 128), (false, 128), (true, 32)] {
         let mut opts = CudaOptions::new(64);
         opts.deltanet_pair = pair;
+        opts.hybrid_att_min_chunk = min_chunk;
         let errs = compare_with(&path, &prompt(40, p.vocab, 2), 8, &opts);
         check(
-            &format!("tiny-qwen35 with 128-dim heads, pair {pair}"),
+            &format!(
+                "tiny-qwen35 with 128-dim heads, pair {pair}, attention splits of {min_chunk}"
+            ),
             errs,
         );
     }

@@ -397,7 +397,7 @@ impl Bench {
 
     /// One timed run of `t` on a cache holding exactly `t.n_depth` tokens.
     fn run_once(&mut self, t: &Test, cache: &mut KvCache) -> Result<u64> {
-        cache.truncate(t.n_depth);
+        self.back_to_depth(cache, t.n_depth)?;
         let start = Instant::now();
         if t.n_prompt > 0 {
             self.prefill(cache, t.n_prompt)?;
@@ -408,6 +408,25 @@ impl Bench {
             self.generate(cache, t.n_gen)?;
         }
         Ok(start.elapsed().as_nanos() as u64)
+    }
+
+    /// The cache cut back to `depth` tokens, untimed. A recurrent state (hybrids) cannot be
+    /// cut: it is cleared and the depth prefilled again, as llama-bench does for every model
+    /// (else the next step would replay the sequence, or start from an earlier state, inside
+    /// the timed run).
+    fn back_to_depth(&mut self, cache: &mut KvCache, depth: usize) -> Result<()> {
+        cache.truncate(depth);
+        if self.model.config().hybrid.is_some() && depth > 0 {
+            cache.truncate(0);
+            self.prefill(cache, depth)?;
+        }
+        if cache.len() != depth {
+            bail!(
+                "bench: the cache holds {} tokens, not the depth {depth}",
+                cache.len()
+            );
+        }
+        Ok(())
     }
 
     fn measure(

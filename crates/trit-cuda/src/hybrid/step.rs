@@ -23,6 +23,7 @@ use crate::gemv::{
 };
 use crate::hybrid_weights::{DevDeltaNet, DevFullAttention, DevMixer};
 use crate::launch::{self, QuantOut};
+use crate::options::CudaOptions;
 use crate::rotation::{launch_rotate, RotOut, RotSource};
 use crate::weights::DevMatrix;
 use cudarc::driver::CudaSlice;
@@ -68,6 +69,41 @@ pub(super) struct AttnIo {
     pub(super) gate: u64,
     pub(super) out: u64,
     pub(super) rows: usize,
+}
+
+/// The decode step's gated attention as one kernel (`CudaOptions::hybrid_attn_step`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct AttnStep {
+    kernel: &'static str,
+    /// Most splits (blocks) per head.
+    pub(super) splits: u32,
+    /// Fewest positions per split.
+    min_chunk: i32,
+}
+
+impl AttnStep {
+    /// The kernel for heads of `head_dim` (128 or 256; else `None`: the prep and decode
+    /// kernels), unless the option is off; out-of-range split settings are refused.
+    pub(super) fn new(opts: &CudaOptions, head_dim: usize) -> Result<Option<AttnStep>> {
+        let (splits, min_chunk) = (opts.att_splits, opts.hybrid_att_min_chunk);
+        if !(1..=64).contains(&splits) || min_chunk % 32 != 0 || !(32..=4096).contains(&min_chunk) {
+            return Err(trit::Error::InvalidArgument(format!(
+                "CUDA hybrid attention: splits must be 1 to 64 (got {splits}) and positions per \
+                 split a multiple of 32 from 32 to 4096 (got {min_chunk})"
+            )));
+        }
+        let kernel = match head_dim {
+            _ if !opts.hybrid_attn_step => return Ok(None),
+            128 => "hybrid_attn_step_e4",
+            256 => "hybrid_attn_step",
+            _ => return Ok(None),
+        };
+        Ok(Some(AttnStep {
+            kernel,
+            splits: splits as u32,
+            min_chunk: min_chunk as i32,
+        }))
+    }
 }
 
 /// Rows per warp of the fused GEMV when the option asks for 1 (which it does not run).
@@ -375,7 +411,7 @@ impl CudaHybrid {
         let rot_fuse = fuse && self.rot_fusable(st, &m.qkv, false, m.rot_in);
         let input = self.norm_input(st, attn_norm, m.rot_in, fuse, rot_fuse)?;
         self.project(st, &m.qkv, input, p(&b.proj), false, false)?;
-        if let Some(kernel) = self.attn_step {
+        if let Some(a) = self.attn_step {
             // The o projection's int8 blocks come from the attention unless it is rotated.
             let quant = m.rot_out.is_none() && hd.is_multiple_of(64);
             let (xq, xm) = if quant {
@@ -384,8 +420,8 @@ impl CudaHybrid {
                 (0, 0)
             };
             st.gpu.launch(
-                kernel,
-                (nh as u32, 1),
+                a.kernel,
+                (nh as u32, a.splits),
                 256, // DEC_THREADS
                 &[
                     Arg::Ptr(p(&b.proj)),
@@ -400,6 +436,10 @@ impl CudaHybrid {
                     Arg::Ptr(ptr(&b.seq.k_cache[m.slot], s)),
                     Arg::Ptr(ptr(&b.seq.v_cache[m.slot], s)),
                     Arg::F32(1.0 / (hd as f32).sqrt()),
+                    Arg::Ptr(p(&b.part_o)),
+                    Arg::Ptr(p(&b.part_ml)),
+                    Arg::Ptr(ptr(&b.counters, s)),
+                    Arg::I32(a.min_chunk),
                     Arg::Ptr(p(&b.mixed)),
                     Arg::Ptr(xq),
                     Arg::Ptr(xm),

@@ -317,6 +317,49 @@ __device__ __forceinline__ void merge_warps(float m, float l, const float (&acc)
     warps_normalize<NW>(sm_m, sm_l, sm_o, M, out, hd);
 }
 
+// Split s (of `used`, n_splits slots per head) of head h: its warps' partial softmax (shared,
+// block max M) to part_o / part_ml; the last block of the head to get here (an atomic counter
+// per head, which that block resets) merges the head's partials into `out` (hd floats, shared
+// memory, each written by the thread that will store it) and returns true; the others false.
+// The whole block calls it; `is_last` is a shared flag.
+template <int NW, int W>
+__device__ __forceinline__ bool merge_splits(const float* sm_m, const float* sm_l,
+                                             const float (*sm_o)[W], float M, int h, int s,
+                                             int n_splits, int used, int hd, float* part_o,
+                                             float2* part_ml, unsigned* counters, bool* is_last,
+                                             float* out) {
+    const size_t slot = (size_t)h * n_splits + s;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x)
+        part_o[slot * hd + i] = warps_value<NW>(sm_m, sm_o, M, i);
+    if (threadIdx.x == 0) part_ml[slot] = make_float2(M, warps_sum<NW>(sm_m, sm_l, M));
+
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned done = atomicAdd(&counters[h], 1u);
+        *is_last = done == (unsigned)(used - 1);
+    }
+    __syncthreads();
+    if (!*is_last) return false;
+    __threadfence();
+    const size_t first = (size_t)h * n_splits;
+    float MM = -INFINITY;
+    for (int t = 0; t < used; t++) MM = fmaxf(MM, __ldcg(&part_ml[first + t].x));
+    float LL = 0.0f;
+    for (int t = 0; t < used; t++) {
+        const float2 ml = __ldcg(&part_ml[first + t]);
+        LL += ml.y * expf(ml.x - MM);
+    }
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float o = 0.0f;
+        for (int t = 0; t < used; t++)
+            o += __ldcg(&part_o[(first + t) * hd + i]) * expf(__ldcg(&part_ml[first + t].x) - MM);
+        out[i] = o / LL;
+    }
+    if (threadIdx.x == 0) counters[h] = 0;
+    return true;
+}
+
 // E = head_dim / 32 values per lane. Each warp takes DEC_U consecutive positions at a time (a
 // round) and issues all their K and V loads before the first dot product, so a warp waits for
 // memory once per round, not once per position — and its first round is requested before the
@@ -407,36 +450,9 @@ __device__ __forceinline__ void attn_decode_impl(
         write_head(tmp, h, hd, att, q, meta, quant);
         return;
     }
-    const size_t slot = (size_t)h * n_splits + s;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x)
-        part_o[slot * hd + i] = warps_value<DEC_WARPS>(sm_m, sm_o, M, i);
-    if (threadIdx.x == 0) part_ml[slot] = make_float2(M, warps_sum<DEC_WARPS>(sm_m, sm_l, M));
-
-    // The last block of head h to get here merges the head's partials.
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const unsigned done = atomicAdd(&counters[h], 1u);
-        is_last = done == (unsigned)(used - 1);
-    }
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    const size_t first = (size_t)h * n_splits;
-    float MM = -INFINITY;
-    for (int t = 0; t < used; t++) MM = fmaxf(MM, __ldcg(&part_ml[first + t].x));
-    float LL = 0.0f;
-    for (int t = 0; t < used; t++) {
-        const float2 ml = __ldcg(&part_ml[first + t]);
-        LL += ml.y * expf(ml.x - MM);
-    }
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float o = 0.0f;
-        for (int t = 0; t < used; t++)
-            o += __ldcg(&part_o[(first + t) * hd + i]) * expf(__ldcg(&part_ml[first + t].x) - MM);
-        tmp[i] = o / LL;
-    }
-    if (threadIdx.x == 0) counters[h] = 0;
+    if (!merge_splits<DEC_WARPS>(sm_m, sm_l, sm_o, M, h, s, n_splits, used, hd, part_o, part_ml,
+                                 counters, &is_last, tmp))
+        return;
     write_head(tmp, h, hd, att, q, meta, quant);
 }
 

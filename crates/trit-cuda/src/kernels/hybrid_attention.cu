@@ -212,16 +212,19 @@ extern "C" __global__ void __launch_bounds__(32 * HA_WARPS) hybrid_attn_decode_s
 }
 
 // The decode step's gated attention in one kernel (what hybrid_attn_prep, hybrid_attn_decode
-// and the o projection's quantize_vec do in three): one block of DEC_WARPS warps per query
-// head normalizes and turns its q head and its kv head's k (the six blocks of a kv group each
-// compute the same k; the group's first writes k and v to the cache), attends with
-// attention.cu's rounds (each warp DEC_U consecutive positions at a time) and writes
-// sigmoid(gate) ⊙ output, with its int8 blocks when `quant` (head_dim a multiple of QBLOCK).
-// Before griddepcontrol.wait (while the q‖gate/k/v GEMV still runs) it reads the position, the
-// norm weights and each warp's first round of cached keys and values, and asks L2 for the
-// warp's later rounds: all final there (the position and the cached rows below it change only
-// between steps: attention.cu's ATT_EARLY_ROUND says why). The current position's k and v
-// come from shared memory, rounded to f16 as the cache holds them.
+// and the o projection's quantize_vec do in three). Grid (query heads, splits): as attention.cu's
+// attn_decode, the len = pos + 1 positions are cut into `used` splits of `chunk` positions (a
+// multiple of DEC_CHUNK, at least min_chunk; blocks past them exit at once), and with more than
+// one the last block of a head merges the partials (merge_splits). Each block of DEC_WARPS warps
+// normalizes and turns its q head and its kv head's k (every block of a kv group computes the
+// same k; the group's first, in the split holding the position, writes k and v to the cache),
+// attends with attention.cu's rounds (each warp DEC_U consecutive positions at a time) and
+// writes sigmoid(gate) ⊙ output, with its int8 blocks when `quant` (head_dim a multiple of
+// QBLOCK). Before griddepcontrol.wait (while the q‖gate/k/v GEMV still runs) it reads the
+// position, the norm weights and each warp's first round of cached keys and values, and asks
+// L2 for the warp's later rounds: all final there (the position and the cached rows below it
+// change only between steps: attention.cu's ATT_EARLY_ROUND says why). The current position's
+// k and v come from shared memory, rounded to f16 as the cache holds them.
 // HA_PREFETCH (default 1; -DHA_PREFETCH=0 for A/B): the L2 requests of the later rounds.
 #ifndef HA_PREFETCH
 #define HA_PREFETCH 1
@@ -231,31 +234,40 @@ __device__ __forceinline__ void hybrid_attn_step_impl(
     const float* __restrict__ proj, const float* __restrict__ q_norm,
     const float* __restrict__ k_norm, float eps, const float2* __restrict__ cos_sin,
     const int* step, int nh, int nkv, int rot, half_bits* kc, half_bits* vc, float scale,
+    float* part_o, float2* part_ml, unsigned* counters, int min_chunk,
     float* __restrict__ out, i8* q8, float2* meta, int quant) {
     constexpr int HD = 32 * E;
     __shared__ float2 scratch2[32];
     __shared__ float qt[HD], kt[HD], qs[HD], kcur[HD], vcur[HD];
     __shared__ float sm_m[DEC_WARPS], sm_l[DEC_WARPS];
     __shared__ float sm_o[DEC_WARPS][HD];
+    __shared__ bool is_last;
     pdl_launch_dependents();
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const int h = blockIdx.x, group = nh / nkv, kvh = h / group;
+    const int s = blockIdx.y, n_splits = gridDim.y;
     const bool mine = t < HD;
     const float qn = mine ? q_norm[t] : 0.0f, kn = mine ? k_norm[t] : 0.0f;
     const int pos = step[0], len = pos + 1, stride = nkv * HD;
+    const int chunk = max(min_chunk,
+                          ((len + n_splits - 1) / n_splits + DEC_CHUNK - 1) / DEC_CHUNK * DEC_CHUNK);
+    const int used = (len + chunk - 1) / chunk;
+    if (s >= used) return;
+    const int start = s * chunk, end = min(start + chunk, len);
     const half_bits* kh = kc + (size_t)kvh * HD;
     const half_bits* vh = vc + (size_t)kvh * HD;
-    const int p0 = warp * DEC_U;
+    const int p0 = start + warp * DEC_U;
     float kk[DEC_U][E], vv[DEC_U][E];
-    if (p0 < len) load_round<E>(kh, vh, stride, p0, len, pos, lane, kk, vv);
+    if (p0 < end) load_round<E>(kh, vh, stride, p0, end, pos, lane, kk, vv);
 #if HA_PREFETCH
     // A round is DEC_U rows of keys and DEC_U of values, HD halves (LINES cache lines) each.
     constexpr int LINES = HD * 2 / 128 > 0 ? HD * 2 / 128 : 1;
-    for (int r0 = p0 + DEC_CHUNK; r0 < pos; r0 += DEC_CHUNK)
+    const int cached_end = min(end, pos);
+    for (int r0 = p0 + DEC_CHUNK; r0 < cached_end; r0 += DEC_CHUNK)
         for (int i = lane; i < DEC_U * 2 * LINES; i += 32) {
             const int p = r0 + i / (2 * LINES);
             const half_bits* row = ((i / LINES) & 1) ? vh : kh;
-            if (p < pos) prefetch_l2(row + (size_t)p * stride + (i % LINES) * 64);
+            if (p < cached_end) prefetch_l2(row + (size_t)p * stride + (i % LINES) * 64);
         }
 #endif
     pdl_wait();
@@ -282,6 +294,7 @@ __device__ __forceinline__ void hybrid_attn_step_impl(
         kt[t] = b;
     }
     __syncthreads();
+    const bool has_current = end == len;
     if (mine) {
         // NeoX pairs (i, i + rot/2) over the first `rot` dims; the rest pass through.
         if (t < rot) {
@@ -294,7 +307,7 @@ __device__ __forceinline__ void hybrid_attn_step_impl(
         qs[t] = a * scale;
         kcur[t] = h2f(k16);
         vcur[t] = h2f(v16);
-        if (h % group == 0) {
+        if (has_current && h % group == 0) {
             const size_t at = (size_t)pos * stride + (size_t)kvh * HD + t;
             kc[at] = k16;
             vc[at] = v16;
@@ -303,12 +316,19 @@ __device__ __forceinline__ void hybrid_attn_step_impl(
     __syncthreads();
 
     float m, l, acc[E];
-    attend_rounds<E>(qs, kcur, vcur, kh, vh, stride, p0, len, pos, true, lane, kk, vv, m, l,
-                     acc);
+    attend_rounds<E>(qs, kcur, vcur, kh, vh, stride, p0, end, pos, has_current, lane, kk, vv, m,
+                     l, acc);
     const float M = warps_share<DEC_WARPS>(m, l, acc, sm_m, sm_l, sm_o);
-    const float L = warps_sum<DEC_WARPS>(sm_m, sm_l, M);
-    // qt is free again (its last reads were before the barrier in warps_share).
-    if (mine) qt[t] = warps_value<DEC_WARPS>(sm_m, sm_o, M, t) / L / (1.0f + expf(-gate));
+    // qt is free again (its last reads were before the barrier in warps_share); each value is
+    // written and then read by thread t.
+    if (used == 1) {
+        const float L = warps_sum<DEC_WARPS>(sm_m, sm_l, M);
+        if (mine) qt[t] = warps_value<DEC_WARPS>(sm_m, sm_o, M, t) / L;
+    } else if (!merge_splits<DEC_WARPS>(sm_m, sm_l, sm_o, M, h, s, n_splits, used, HD, part_o,
+                                        part_ml, counters, &is_last, qt)) {
+        return;
+    }
+    if (mine) qt[t] /= 1.0f + expf(-gate);
     write_head(qt, h, HD, out, q8, meta, quant);
 }
 
@@ -318,9 +338,11 @@ __device__ __forceinline__ void hybrid_attn_step_impl(
         const float* __restrict__ proj, const float* __restrict__ q_norm,                      \
         const float* __restrict__ k_norm, float eps, const float2* __restrict__ cos_sin,       \
         const int* step, int nh, int nkv, int rot, half_bits* kc, half_bits* vc, float scale,  \
+        float* part_o, float2* part_ml, unsigned* counters, int min_chunk,                     \
         float* __restrict__ out, i8* q8, float2* meta, int quant) {                            \
         hybrid_attn_step_impl<E>(proj, q_norm, k_norm, eps, cos_sin, step, nh, nkv, rot, kc,   \
-                                 vc, scale, out, q8, meta, quant);                             \
+                                 vc, scale, part_o, part_ml, counters, min_chunk, out, q8,     \
+                                 meta, quant);                                                 \
     }
 HYBRID_ATTN_STEP(hybrid_attn_step_e4, 4)
 HYBRID_ATTN_STEP(hybrid_attn_step, 8)
