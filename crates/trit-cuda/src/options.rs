@@ -11,8 +11,10 @@ const ATT_MAX_SPLITS: usize = 16;
 /// merge's fence, counter and reloads cost more than the positions at short lengths).
 /// 8B tg128 (H200): 659 tok/s with 32, 650 with 128, 638 with 256.
 const ATT_MIN_CHUNK: usize = 32;
-/// Fewest positions per split of a hybrid's decode attention (`hybrid_attn_step`).
-const HA_MIN_CHUNK: usize = 128;
+/// Fewest positions per split of a hybrid's decode attention (`hybrid_attn_step`). H200, 27B
+/// tg32 (`-d D`), 64 against 128: 300.0 / 295.5 tok/s at depth 256, 290.3 / 292.4 at 1,024,
+/// 255.5 / 255.8 at 4,096; tg128 from an empty cache 303.6, 301.7 / 303.6, 302.6.
+const HA_MIN_CHUNK: usize = 64;
 /// Positions below which the decode step attends with one block per head inside the
 /// attention + o kernel (`CudaOptions::attention_o_max`).
 const ATT_O_MAX: usize = 128;

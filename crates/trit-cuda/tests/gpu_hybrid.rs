@@ -57,7 +57,7 @@ fn check(what: &str, errs: (f64, f64)) {
 /// each also with the down projection through the streaming GEMV, with the DeltaNet step
 /// that computes its gates after its wait (the default computes them before), and with the
 /// attention in the prep and decode kernels (the default: `hybrid_attn_step`, one block per
-/// head up to 128 positions), and with it in splits of 32 positions (two, merged).
+/// head up to 64 positions), and with it in splits of 32 positions (two, merged).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn tiny_qwen35_logits_match_the_cpu_in_gguf_and_mlx() {
@@ -68,15 +68,15 @@ fn tiny_qwen35_logits_match_the_cpu_in_gguf_and_mlx() {
     let (p, paths) = tiny_models(dir.path(), 3, &["q2_0", "mlx"]);
     for path in &paths {
         for (how, stream_down, early, attn_step, min_chunk) in [
-            ("", false, true, true, 128),
-            (", down streamed", true, true, true, 128),
-            (", DeltaNet step not early", false, false, true, 128),
+            ("", false, true, true, 64),
+            (", down streamed", true, true, true, 64),
+            (", DeltaNet step not early", false, false, true, 64),
             (
                 ", attention in prep and decode kernels",
                 false,
                 true,
                 false,
-                128,
+                64,
             ),
             (
                 ", attention in splits of 32 positions",
@@ -120,7 +120,7 @@ fn key_heads_of_128_dims_match_the_cpu() {
     let q2 = OutFormat::parse("q2_0").unwrap();
     generate(&p, 11, dir.path(), &[q2], &TokenizerAssets::Placeholder).unwrap();
     let path = dir.path().join(q2.file_name());
-    for (pair, min_chunk) in [(true, 128), (false, 128), (true, 32)] {
+    for (pair, min_chunk) in [(true, 64), (false, 64), (true, 32)] {
         let mut opts = CudaOptions::new(64);
         opts.deltanet_pair = pair;
         opts.hybrid_att_min_chunk = min_chunk;

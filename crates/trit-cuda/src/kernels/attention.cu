@@ -165,6 +165,23 @@ __device__ __forceinline__ void load_round(const half_bits* kc, const half_bits*
     }
 }
 
+// L2 requests for a warp's later rounds (positions p0 + DEC_CHUNK, p0 + 2·DEC_CHUNK, … below
+// `end`, DEC_U at a time; rows `stride` halves apart, E values per lane) of keys and values, so
+// those rounds wait for L2 instead of memory. Issued before the kernel's wait, like the first
+// round's loads.
+template <int E>
+__device__ __forceinline__ void prefetch_rounds(const half_bits* kh, const half_bits* vh,
+                                                int stride, int p0, int end, int lane) {
+    // A row is 32·E halves: LINES cache lines of 128 bytes (one line when shorter).
+    constexpr int LINES = E * 64 / 128 > 0 ? E * 64 / 128 : 1;
+    for (int r0 = p0 + DEC_CHUNK; r0 < end; r0 += DEC_CHUNK)
+        for (int i = lane; i < DEC_U * 2 * LINES; i += 32) {
+            const int p = r0 + i / (2 * LINES);
+            const half_bits* row = ((i / LINES) & 1) ? vh : kh;
+            if (p < end) prefetch_l2(row + (size_t)p * stride + (i % LINES) * 64);
+        }
+}
+
 // Head h's output (`o`, in shared memory, each value written by the thread that stores it)
 // to `att`, and with `quant` its int8 blocks (a warp per 64 values).
 __device__ __forceinline__ void write_head(const float* o, int h, int hd, float* att, i8* q,
@@ -378,6 +395,13 @@ __device__ __forceinline__ bool merge_splits(const float* sm_m, const float* sm_
 #ifndef ATT_EARLY_ROUND
 #define ATT_EARLY_ROUND 1
 #endif
+// ATT_PREFETCH (default 1; -DATT_PREFETCH=0 for A/B): with the first round, L2 requests for
+// the split's later rounds (prefetch_rounds). A split holds one round up to 512 positions (16
+// splits of 32); beyond, H200 8B tg32 from depth 2,048 512–514 tok/s against 479–484 without,
+// from 8,192 293–294 against 256–257.
+#ifndef ATT_PREFETCH
+#define ATT_PREFETCH 1
+#endif
 template <int E>
 __device__ __forceinline__ void attn_decode_impl(
     const float* __restrict__ qkv, const float* q_norm, const float* k_norm, float eps,
@@ -423,6 +447,9 @@ __device__ __forceinline__ void attn_decode_impl(
     int p0 = start + warp * DEC_U;
     float kk[DEC_U][E], vv[DEC_U][E];
     if (p0 < end) load_round<E>(kh, vh, hd, p0, end, pos, lane, kk, vv);
+#if ATT_PREFETCH
+    prefetch_rounds<E>(kh, vh, hd, p0, min(end, pos), lane);
+#endif
 #if ATT_EARLY_ROUND
     pdl_wait();
     PROBE_SKIP(1);

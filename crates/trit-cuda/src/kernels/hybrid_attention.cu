@@ -260,15 +260,7 @@ __device__ __forceinline__ void hybrid_attn_step_impl(
     float kk[DEC_U][E], vv[DEC_U][E];
     if (p0 < end) load_round<E>(kh, vh, stride, p0, end, pos, lane, kk, vv);
 #if HA_PREFETCH
-    // A round is DEC_U rows of keys and DEC_U of values, HD halves (LINES cache lines) each.
-    constexpr int LINES = HD * 2 / 128 > 0 ? HD * 2 / 128 : 1;
-    const int cached_end = min(end, pos);
-    for (int r0 = p0 + DEC_CHUNK; r0 < cached_end; r0 += DEC_CHUNK)
-        for (int i = lane; i < DEC_U * 2 * LINES; i += 32) {
-            const int p = r0 + i / (2 * LINES);
-            const half_bits* row = ((i / LINES) & 1) ? vh : kh;
-            if (p < cached_end) prefetch_l2(row + (size_t)p * stride + (i % LINES) * 64);
-        }
+    prefetch_rounds<E>(kh, vh, stride, p0, min(end, pos), lane);
 #endif
     pdl_wait();
 
