@@ -88,7 +88,7 @@ pub(crate) struct SeqBufs {
     /// as a shifted window.
     conv_window: Vec<CudaSlice<f32>>,
     ssm: Vec<CudaSlice<f32>>,
-    /// Per full-attention layer `[kv_head][ctx][head_dim]` f16.
+    /// Per full-attention layer `[position][kv_head][head_dim]` f16.
     k_cache: Vec<CudaSlice<u16>>,
     v_cache: Vec<CudaSlice<u16>>,
 }
@@ -601,6 +601,10 @@ impl CudaHybrid {
 impl ExternalNet for CudaHybrid {
     fn config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    fn hidden_states(&self, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
+        self.hidden_states_gpu(tokens, which)
     }
 
     fn forward(&self, tokens: &[u32], cache: &mut KvCache, which: Logits) -> Result<Vec<f32>> {

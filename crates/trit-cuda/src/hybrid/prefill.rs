@@ -13,7 +13,7 @@
 //! five-kernel DeltaNet) keep the token-by-token path.
 
 use super::step::{AttnIo, DnStepIo};
-use super::{CudaHybrid, State};
+use super::{upload_feed, CudaHybrid, SeqBufs, State};
 use crate::device::{ptr, Arg, Gpu};
 use crate::gemm::launch_ternary_gemm;
 use crate::hybrid_weights::{DevDeltaNet, DevFullAttention, DevHybridLayer, DevMixer};
@@ -22,6 +22,7 @@ use crate::rotation::{launch_rotate_rows, RotOut, RotSource};
 use crate::weights::DevMatrix;
 use cudarc::driver::{CudaSlice, CudaStream};
 use trit::format::config::{HybridConfig, ModelConfig};
+use trit::model::{KvCache, Logits};
 use trit::Result;
 
 /// Activations of one chunk, token after token.
@@ -130,6 +131,67 @@ impl CudaHybrid {
         s.memcpy_htod(&[(start + n) as i32, 0], &mut st.b.step)
             .map_err(|e| crate::device::cuda_err("setting the position", e))?;
         self.enqueue_head(st)
+    }
+
+    /// The final-normed hidden state of every token of `tokens` (or of the last), run as a
+    /// sequence of their own from position 0 on a scratch state (a fresh `SeqBufs` swapped in
+    /// for the single path's, which stays as it was): what embeddings pool
+    /// (`ExternalNet::hidden_states`).
+    pub(super) fn hidden_states_gpu(&self, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
+        let c = &self.config;
+        trit::model::check_input(tokens, &KvCache::new(c.n_layers, 0, self.ctx), c.vocab)?;
+        let mut guard = self.state.lock().map_err(|_| crate::model::poisoned())?;
+        let st: &mut State = &mut guard;
+        if !self.use_prefill(st, 2) {
+            return Err(trit::Error::Unsupported(
+                "hidden states of this hybrid on this GPU need its prompt path (int8 tensor \
+                 cores, compute capability 8.0+, ternary projections)"
+                    .into(),
+            ));
+        }
+        let mut scratch = SeqBufs::new(&st.gpu, c, &self.hy, tokens.len())?;
+        std::mem::swap(&mut st.b.seq, &mut scratch);
+        let out = self.hidden_on_swapped(st, tokens, which);
+        std::mem::swap(&mut st.b.seq, &mut scratch);
+        // The position counter now says where the scratch sequence ended.
+        st.device_pos = None;
+        st.gpu.sync()?;
+        out
+    }
+
+    fn hidden_on_swapped(&self, st: &mut State, tokens: &[u32], which: Logits) -> Result<Vec<f32>> {
+        let (n, d) = (tokens.len(), self.config.hidden);
+        upload_feed(st, tokens, 0)?;
+        let chunk = self.ensure_rows(st)?.min(self.prompt_chunk());
+        let s = st.gpu.stream.clone();
+        let mut out = Vec::with_capacity(if which == Logits::All { n * d } else { d });
+        let mut done = 0;
+        while done < n {
+            let m = chunk.min(n - done);
+            self.prefill_chunk(st, done, m)?;
+            done += m;
+            // The rows wanted of this chunk: all, or the sequence's last.
+            let rows = match which {
+                Logits::All => 0..m,
+                Logits::Last if done == n => m - 1..m,
+                Logits::Last => continue,
+            };
+            let pb = st.prefill.as_ref().expect("allocated by ensure_rows");
+            let normed = QuantOut {
+                f32: ptr(&pb.xn, &s),
+                q: ptr(&pb.xq, &s),
+                meta: ptr(&pb.xm, &s),
+            };
+            let x = ptr(&pb.x, &s) + (rows.start * d * 4) as u64;
+            let gamma = ptr(&st.w.final_norm, &s);
+            let eps = self.config.norm_eps;
+            launch::rms_norm_quant(&st.gpu, x, gamma, eps, d, normed, rows.len() as u32)?;
+            out.extend(
+                s.clone_dtoh(&pb.xn.slice(0..rows.len() * d))
+                    .map_err(|e| crate::device::cuda_err("reading hidden states", e))?,
+            );
+        }
+        Ok(out)
     }
 
     /// The chunk activations (made on first use; at 512 tokens, the default, ~150 MB for the
