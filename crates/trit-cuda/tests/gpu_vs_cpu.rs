@@ -571,18 +571,7 @@ fn hidden_states_match_the_cpu_and_leave_the_sequence_alone() {
         eprintln!("{pooling:?}: cosine {dot:.6}");
         assert!(dot > 0.999, "{pooling:?}: cosine {dot}");
     }
-    let (a, next) = (prompt(8, vocab, 3), prompt(2, vocab, 4));
-    let run = |between: bool| -> Vec<f32> {
-        let mut cache = gpu.new_cache(64);
-        gpu.forward(&a, &mut cache, Logits::Last).unwrap();
-        gpu.forward(&next[..1], &mut cache, Logits::Last).unwrap();
-        if between {
-            embed(&gpu, &toks, Pooling::Mean).unwrap();
-        }
-        gpu.forward(&next[1..], &mut cache, Logits::Last).unwrap()
-    };
-    let (plain, interrupted) = (run(false), run(true));
-    assert!(rel_err(&interrupted, &plain) < 1e-6);
+    embedding_leaves_the_sequence_alone(&gpu, &toks, "the default model");
 }
 
 /// The dense kernels (f32, f16, bf16 rows: BitNet's bf16 embedding and head, f16 checkpoints,

@@ -232,3 +232,23 @@ pub fn greedy_rows(
         })
         .collect()
 }
+
+/// Asserts that an embedding computed between two decode steps leaves a device model's running
+/// sequence alone: 8 prompt tokens and one step, then the next step's logits equal (within
+/// 1e-6) with and without an embedding of `toks` in between.
+pub fn embedding_leaves_the_sequence_alone(model: &Model, toks: &[u32], what: &str) {
+    use trit::engine::{embed, Pooling};
+    let vocab = model.config().vocab;
+    let (a, next) = (prompt(8, vocab, 3), prompt(2, vocab, 4));
+    let run = |between: bool| -> Vec<f32> {
+        let mut cache = model.new_cache(64);
+        model.forward(&a, &mut cache, Logits::Last).unwrap();
+        model.forward(&next[..1], &mut cache, Logits::Last).unwrap();
+        if between {
+            embed(model, toks, Pooling::Mean).unwrap();
+        }
+        model.forward(&next[1..], &mut cache, Logits::Last).unwrap()
+    };
+    let (plain, interrupted) = (run(false), run(true));
+    assert!(rel_err(&interrupted, &plain) < 1e-6, "{what}");
+}
