@@ -193,6 +193,8 @@ pub const KERNELS: &[&str] = &[
     "hybrid_attn_decode_slots",
     "hybrid_attn_step_e4",
     "hybrid_attn_step",
+    "hybrid_attn_step_e4_slots",
+    "hybrid_attn_step_slots",
     "hadamard_quant",
     "deltanet_step",
     "deltanet_step_hoisted",

@@ -78,6 +78,10 @@ pub struct CudaOptions {
     /// splits per head): contexts up to this long take one block per head
     /// (`TRIT_CUDA_HA_MIN_CHUNK=N`).
     pub hybrid_att_min_chunk: usize,
+    /// With `hybrid_attn_step`, the batched step's rows through `hybrid_attn_step*_slots` too
+    /// (one block per head and row) instead of the prep and decode kernels
+    /// (`TRIT_CUDA_HA_SLOTS=1`). Off: written in session 32, not yet run on a GPU.
+    pub hybrid_attn_slots: bool,
     /// Bonsai 2: a rotated input of a fused projection (q‖k‖v‖z, q‖gate/k/v, gate‖up, head) is
     /// normalized and rotated in the streaming GEMV's prologue instead of by a `hadamard_quant`
     /// launch before it (`TRIT_CUDA_ROT_FUSE=0`).
@@ -208,6 +212,7 @@ impl CudaOptions {
             deltanet_pair: env("TRIT_CUDA_DN_PAIR").is_none_or(|v| v != "0"),
             deltanet_chunk: env("TRIT_CUDA_DN_CHUNK").is_none_or(|v| v != "0"),
             hybrid_attn_step: env("TRIT_CUDA_HA_STEP").is_none_or(|v| v != "0"),
+            hybrid_attn_slots: env("TRIT_CUDA_HA_SLOTS").is_some_and(|v| v == "1"),
             hybrid_att_min_chunk: env("TRIT_CUDA_HA_MIN_CHUNK")
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(HA_MIN_CHUNK),

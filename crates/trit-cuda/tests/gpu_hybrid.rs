@@ -510,7 +510,9 @@ struct Feeds {
 /// The server's continuous batching on the hybrid: four sequences in one call (prompts of 40,
 /// 23 and 9 tokens and a one-token one, which joins the batched step at position 0), then
 /// steps of four rows (the batched GEMM step; the LM head as one GEMM over the rows, or with
-/// TRIT_CUDA_HEAD_PER_ROW=1 one GEMV per row), two of two rows (the single step on each
+/// TRIT_CUDA_HEAD_PER_ROW=1 one GEMV per row; with one GEMM, the attention of the rows by
+/// `hybrid_attn_step*_slots`, with one GEMV per row by its prep and decode kernels), two of two
+/// rows (the single step on each
 /// row's slot), and a sequence that ends while a new one takes its slot (its state zeroed).
 /// Every call's logits must be those of the same sequence run alone through the single path,
 /// within the CPU int8 path's error against the f32 reference; a continuation the slot's state
@@ -529,9 +531,13 @@ fn batched_sequences_match_each_alone() {
         std::env::set_var("TRIT_CUDA_HEAD_PER_ROW", if head_rows { "1" } else { "0" });
         let files = trit::format::open(path).unwrap();
         let vocab = files.config.vocab;
-        let what = format!("{} (head per row: {head_rows})", path.display());
+        let what = format!(
+            "{} (head per row, and the rows' attention by prep + decode: {head_rows})",
+            path.display()
+        );
         let mut opts = CudaOptions::new(96);
         opts.prefill_chunk = 16;
+        opts.hybrid_attn_slots = !head_rows;
         let (_, cpu_int8_err) = compare_with(path, &prompt(40, vocab, 23), 2, &opts);
         let batched = load_model(&files, &opts).unwrap();
         assert!(

@@ -75,6 +75,9 @@ pub(super) struct AttnIo {
 #[derive(Clone, Copy, Debug)]
 pub(super) struct AttnStep {
     kernel: &'static str,
+    /// The batched step's variant (`hybrid_attn_step*_slots`: one block per head and row),
+    /// where `CudaOptions::hybrid_attn_slots` asks for it.
+    pub(super) slots_kernel: Option<&'static str>,
     /// Most splits (blocks) per head.
     pub(super) splits: u32,
     /// Fewest positions per split.
@@ -92,14 +95,15 @@ impl AttnStep {
                  split a multiple of 32 from 32 to 4096 (got {min_chunk})"
             )));
         }
-        let kernel = match head_dim {
+        let (kernel, slots_kernel) = match head_dim {
             _ if !opts.hybrid_attn_step => return Ok(None),
-            128 => "hybrid_attn_step_e4",
-            256 => "hybrid_attn_step",
+            128 => ("hybrid_attn_step_e4", "hybrid_attn_step_e4_slots"),
+            256 => ("hybrid_attn_step", "hybrid_attn_step_slots"),
             _ => return Ok(None),
         };
         Ok(Some(AttnStep {
             kernel,
+            slots_kernel: opts.hybrid_attn_slots.then_some(slots_kernel),
             splits: splits as u32,
             min_chunk: min_chunk as i32,
         }))

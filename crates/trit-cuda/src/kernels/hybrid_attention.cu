@@ -229,7 +229,9 @@ extern "C" __global__ void __launch_bounds__(32 * HA_WARPS) hybrid_attn_decode_s
 #ifndef HA_PREFETCH
 #define HA_PREFETCH 1
 #endif
-template <int E>
+// SLOTS (the batched step's rows, hybrid_attn_step_slots): block row y is a token of another
+// sequence (the caller offsets the pointers), attended by one block per head (no splits).
+template <int E, bool SLOTS>
 __device__ __forceinline__ void hybrid_attn_step_impl(
     const float* __restrict__ proj, const float* __restrict__ q_norm,
     const float* __restrict__ k_norm, float eps, const float2* __restrict__ cos_sin,
@@ -245,7 +247,7 @@ __device__ __forceinline__ void hybrid_attn_step_impl(
     pdl_launch_dependents();
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const int h = blockIdx.x, group = nh / nkv, kvh = h / group;
-    const int s = blockIdx.y, n_splits = gridDim.y;
+    const int s = SLOTS ? 0 : blockIdx.y, n_splits = SLOTS ? 1 : gridDim.y;
     const bool mine = t < HD;
     const float qn = mine ? q_norm[t] : 0.0f, kn = mine ? k_norm[t] : 0.0f;
     const int pos = step[0], len = pos + 1, stride = nkv * HD;
@@ -332,9 +334,29 @@ __device__ __forceinline__ void hybrid_attn_step_impl(
         const int* step, int nh, int nkv, int rot, half_bits* kc, half_bits* vc, float scale,  \
         float* part_o, float2* part_ml, unsigned* counters, int min_chunk,                     \
         float* __restrict__ out, i8* q8, float2* meta, int quant) {                            \
-        hybrid_attn_step_impl<E>(proj, q_norm, k_norm, eps, cos_sin, step, nh, nkv, rot, kc,   \
-                                 vc, scale, part_o, part_ml, counters, min_chunk, out, q8,     \
-                                 meta, quant);                                                 \
+        hybrid_attn_step_impl<E, false>(proj, q_norm, k_norm, eps, cos_sin, step, nh, nkv, rot, \
+                                        kc, vc, scale, part_o, part_ml, counters, min_chunk,  \
+                                        out, q8, meta, quant);                                \
     }
 HYBRID_ATTN_STEP(hybrid_attn_step_e4, 4)
 HYBRID_ATTN_STEP(hybrid_attn_step, 8)
+
+// The batched decode step's rows (hybrid/batch.rs; what hybrid_attn_prep_slots and
+// hybrid_attn_decode_slots do in two): grid (query heads, rows), row y the token whose
+// q‖gate/k/v row is proj + y·proj_row, at position pos[y], in slot row_slot[y]'s caches; its
+// output row out + y·nh·head_dim (quantized by the caller).
+#define HYBRID_ATTN_STEP_SLOTS(NAME, E)                                                        \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS) NAME(                            \
+        const float* __restrict__ proj, const float* __restrict__ q_norm,                      \
+        const float* __restrict__ k_norm, float eps, const float2* __restrict__ cos_sin,       \
+        const int* pos, int nh, int nkv, int rot, const unsigned long long* tab, int stride,   \
+        int at, const int* row_slot, float scale, float* __restrict__ out, int proj_row) {     \
+        const int y = blockIdx.y;                                                              \
+        const unsigned long long* e = ha_slot_entry(tab, stride, at, row_slot);                \
+        hybrid_attn_step_impl<E, true>(proj + (size_t)y * proj_row, q_norm, k_norm, eps,       \
+                                       cos_sin, pos + y, nh, nkv, rot, (half_bits*)e[0],       \
+                                       (half_bits*)e[1], scale, nullptr, nullptr, nullptr, 0,  \
+                                       out + (size_t)y * nh * 32 * E, nullptr, nullptr, 0);    \
+    }
+HYBRID_ATTN_STEP_SLOTS(hybrid_attn_step_e4_slots, 4)
+HYBRID_ATTN_STEP_SLOTS(hybrid_attn_step_slots, 8)
