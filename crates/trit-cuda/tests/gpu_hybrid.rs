@@ -102,7 +102,8 @@ fn tiny_qwen35_logits_match_the_cpu_in_gguf_and_mlx() {
 /// Q2_0, a 40-token prompt and 8 decode steps against the CPU, with the tiny model's
 /// tolerance — by the pair of blocks per value head (on sm_90+: 64 rows each in one pass, the
 /// gated norm's sum exchanged between them) and by one block per head (3 passes of 48 rows);
-/// the attention also in splits of 32 positions.
+/// the attention also in splits of 32 positions, and after a 200-token prompt (several splits
+/// of several rounds; added in session 32 after its last device run).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn key_heads_of_128_dims_match_the_cpu() {
@@ -120,14 +121,22 @@ fn key_heads_of_128_dims_match_the_cpu() {
     let q2 = OutFormat::parse("q2_0").unwrap();
     generate(&p, 11, dir.path(), &[q2], &TokenizerAssets::Placeholder).unwrap();
     let path = dir.path().join(q2.file_name());
-    for (pair, min_chunk) in [(true, 64), (false, 64), (true, 32)] {
-        let mut opts = CudaOptions::new(64);
+    // (pair, positions per attention split, prompt length): the 200-token prompt's steps take
+    // 4 splits of 64 positions, 2 rounds of 32 each.
+    for (pair, min_chunk, n) in [
+        (true, 64, 40),
+        (false, 64, 40),
+        (true, 32, 40),
+        (true, 64, 200),
+    ] {
+        let mut opts = CudaOptions::new(256);
         opts.deltanet_pair = pair;
         opts.hybrid_att_min_chunk = min_chunk;
-        let errs = compare_with(&path, &prompt(40, p.vocab, 2), 8, &opts);
+        let errs = compare_with(&path, &prompt(n, p.vocab, 2), 8, &opts);
         check(
             &format!(
-                "tiny-qwen35 with 128-dim heads, pair {pair}, attention splits of {min_chunk}"
+                "tiny-qwen35 with 128-dim heads, pair {pair}, attention splits of {min_chunk}, \
+                 {n}-token prompt"
             ),
             errs,
         );
