@@ -361,8 +361,7 @@ impl CudaHybrid {
         let pb = st.prefill.as_ref().expect("made by ensure_rows");
         let batch = st.batch.as_ref().expect("created by forward_batch_rows");
         let p = |x: &CudaSlice<f32>| ptr(x, s);
-        let (nq, nh, nkv, hd) = (c.n_heads * c.head_dim, c.n_heads, c.n_kv_heads, c.head_dim);
-        let qkv_row = 2 * nq + 2 * nkv * hd;
+        let nq = c.n_heads * c.head_dim;
         let (vw, dn_row) = (hy.value_width(), hy.conv_dim() + hy.value_width());
         let (pos, tab, row_slot) = (ptr(&pb.pos, s), ptr(&batch.tab, s), ptr(&batch.row_slot, s));
         let stride = Arg::I32(batch.stride as i32);
@@ -420,33 +419,7 @@ impl CudaHybrid {
                     self.rows_gemm(st, &m.qkv, n, p(&pb.proj), false)?;
                     t.mark(st, "GEMM q/k/v/z")?;
                     let at = Arg::I32((2 * (hy.n_linear() + m.slot)) as i32);
-                    if let Some(kernel) = self.attn_step.and_then(|a| a.slots_kernel) {
-                        g.launch(
-                            kernel,
-                            (nh as u32, n as u32),
-                            256, // DEC_THREADS
-                            &[
-                                Arg::Ptr(p(&pb.proj)),
-                                Arg::Ptr(p(&m.q_norm)),
-                                Arg::Ptr(p(&m.k_norm)),
-                                Arg::F32(c.norm_eps),
-                                Arg::Ptr(p(&st.b.cos_sin)),
-                                Arg::Ptr(pos),
-                                Arg::I32(nh as i32),
-                                Arg::I32(nkv as i32),
-                                Arg::I32(hy.rotary_dim as i32),
-                                Arg::Ptr(tab),
-                                stride,
-                                at,
-                                Arg::Ptr(row_slot),
-                                Arg::F32(1.0 / (hd as f32).sqrt()),
-                                Arg::Ptr(p(&pb.mixed)),
-                                Arg::I32(qkv_row as i32),
-                            ],
-                        )?;
-                    } else {
-                        self.attention_slots(st, m, n, at)?;
-                    }
+                    self.attention_slots(st, m, n, at)?;
                     t.mark(st, "attention")?;
                     self.quantize_rows(st, p(&pb.mixed), nq, m.rot_out, n)?;
                     t.mark(st, "norms")?;
@@ -471,41 +444,53 @@ impl CudaHybrid {
         t.mark(st, "head")
     }
 
-    /// `hybrid_attn_prep_slots` + `hybrid_attn_decode_slots` for the step's `n` rows (unless
-    /// `CudaOptions::hybrid_attn_slots` runs `hybrid_attn_step*_slots`); `at`: the layer's
-    /// caches' place in the slot table.
+    /// The gated attention of the step's `n` rows: `hybrid_attn_step*_slots` where
+    /// `CudaOptions::hybrid_attn_slots` asks for it, else `hybrid_attn_prep_slots` +
+    /// `hybrid_attn_decode_slots`; `at`: the layer's caches' place in the slot table.
     fn attention_slots(&self, st: &State, m: &DevFullAttention, n: usize, at: Arg) -> Result<()> {
         let (c, hy, g, s) = (&self.config, &self.hy, &st.gpu, &st.gpu.stream);
         let pb = st.prefill.as_ref().expect("made by ensure_rows");
         let batch = st.batch.as_ref().expect("created by forward_batch_rows");
         let p = |x: &CudaSlice<f32>| ptr(x, s);
         let (nq, nh, nkv, hd) = (c.n_heads * c.head_dim, c.n_heads, c.n_kv_heads, c.head_dim);
-        let qkv_row = 2 * nq + 2 * nkv * hd;
+        let qkv_row = Arg::I32((2 * nq + 2 * nkv * hd) as i32);
         let (pos, tab, row_slot) = (ptr(&pb.pos, s), ptr(&batch.tab, s), ptr(&batch.row_slot, s));
-        let stride = Arg::I32(batch.stride as i32);
+        let (stride, rot) = (
+            Arg::I32(batch.stride as i32),
+            Arg::I32(hy.rotary_dim as i32),
+        );
+        let scale = Arg::F32(1.0 / (hd as f32).sqrt());
+        // What both variants read first: the rows, the norms, the positions, the head counts.
+        let first = [
+            Arg::Ptr(p(&pb.proj)),
+            Arg::Ptr(p(&m.q_norm)),
+            Arg::Ptr(p(&m.k_norm)),
+            Arg::F32(c.norm_eps),
+            Arg::Ptr(p(&st.b.cos_sin)),
+            Arg::Ptr(pos),
+            Arg::I32(nh as i32),
+            Arg::I32(nkv as i32),
+        ];
+        if let Some(kernel) = self.attn_step.and_then(|a| a.slots_kernel) {
+            let rest = [rot, Arg::Ptr(tab), stride, at, Arg::Ptr(row_slot), scale];
+            let args = [&first[..], &rest, &[Arg::Ptr(p(&pb.mixed)), qkv_row]].concat();
+            // DEC_THREADS per block.
+            return g.launch(kernel, (nh as u32, n as u32), 256, &args);
+        }
+        let rest = [
+            Arg::I32(hd as i32),
+            rot,
+            Arg::Ptr(tab),
+            stride,
+            at,
+            Arg::Ptr(row_slot),
+        ];
+        let out = [Arg::Ptr(p(&pb.q)), Arg::Ptr(p(&pb.gate)), qkv_row];
         g.launch(
             "hybrid_attn_prep_slots",
             ((nh + nkv) as u32, n as u32),
             hd as u32,
-            &[
-                Arg::Ptr(p(&pb.proj)),
-                Arg::Ptr(p(&m.q_norm)),
-                Arg::Ptr(p(&m.k_norm)),
-                Arg::F32(c.norm_eps),
-                Arg::Ptr(p(&st.b.cos_sin)),
-                Arg::Ptr(pos),
-                Arg::I32(nh as i32),
-                Arg::I32(nkv as i32),
-                Arg::I32(hd as i32),
-                Arg::I32(hy.rotary_dim as i32),
-                Arg::Ptr(tab),
-                stride,
-                at,
-                Arg::Ptr(row_slot),
-                Arg::Ptr(p(&pb.q)),
-                Arg::Ptr(p(&pb.gate)),
-                Arg::I32(qkv_row as i32),
-            ],
+            &[&first[..], &rest, &out].concat(),
         )?;
         g.launch(
             "hybrid_attn_decode_slots",
@@ -522,7 +507,7 @@ impl CudaHybrid {
                 Arg::I32(nh as i32),
                 Arg::I32(nkv as i32),
                 Arg::I32(hd as i32),
-                Arg::F32(1.0 / (hd as f32).sqrt()),
+                scale,
                 Arg::Ptr(p(&pb.mixed)),
             ],
         )?;
