@@ -185,6 +185,8 @@ pub const KERNELS: &[&str] = &[
     "deltanet_conv_silu",
     "deltanet_recur",
     "deltanet_gated_norm",
+    "attn_decode_cl_e2",
+    "attn_decode_cl_e4",
     "hybrid_attn_prep",
     "hybrid_attn_decode",
     "hybrid_attn_prep_rows",

@@ -95,6 +95,8 @@ pub struct CudaModel {
     pub(crate) prefill_chunk: usize,
     n_splits: usize,
     att_min_chunk: usize,
+    /// The decode attention's kernel (`attn_decode*`, or `CudaOptions::att_cluster`'s).
+    att_kernel: &'static str,
     pub(crate) rows_per_warp: Option<usize>,
     pub(crate) max_split: usize,
     pub(crate) use_graph: bool,
@@ -200,6 +202,20 @@ impl CudaModel {
             prefill_chunk: opts.prefill_chunk,
             n_splits,
             att_min_chunk: opts.att_min_chunk,
+            att_kernel: match cfg.head_dim {
+                64 | 128
+                    if opts.att_cluster
+                        && gpu.compute_capability.0 >= 9
+                        && n_splits.is_multiple_of(ATT_CLUSTER) =>
+                {
+                    if cfg.head_dim == 64 {
+                        "attn_decode_cl_e2"
+                    } else {
+                        "attn_decode_cl_e4"
+                    }
+                }
+                hd => attn_decode_kernel(hd),
+            },
             rows_per_warp: opts.rows_per_warp,
             max_split: opts.max_split,
             use_graph: opts.graph,
@@ -428,7 +444,7 @@ impl CudaModel {
             }
             let fused_quant = hd.is_multiple_of(64);
             g.launch(
-                attn_decode_kernel(hd),
+                self.att_kernel,
                 (c.n_heads as u32, self.n_splits as u32),
                 256,
                 &[
@@ -650,6 +666,9 @@ impl CudaModel {
 
 /// The decode attention kernel for `hd`-wide heads (a multiple of 32 up to 256, checked at
 /// load): `hd / 32` values per lane.
+/// Splits per thread block cluster of `attn_decode_cl_*` (ATT_CL in attention.cu).
+const ATT_CLUSTER: usize = 4;
+
 fn attn_decode_kernel(hd: usize) -> &'static str {
     const NAMES: [&str; 8] = [
         "attn_decode_e1",

@@ -98,6 +98,11 @@ pub struct CudaOptions {
     /// (`TRIT_CUDA_ATT_O_MAX=N`): one block per head attends the whole context, which longer
     /// contexts outgrow.
     pub attention_o_max: usize,
+    /// Dense decode attention with heads of 64 or 128 on sm_90+: the splits of a head merged
+    /// inside a thread block cluster of 4 through shared-memory mailboxes when 2 to 4 cover the
+    /// context (`attn_decode_cl_*`, `TRIT_CUDA_ATT_CLUSTER=1`). Off: written in session 32,
+    /// not yet run on a GPU.
+    pub att_cluster: bool,
     /// Generation picks each token on the GPU (argmax, or the sampler's rule on the top-k
     /// candidates) and feeds it to the next step without the host (`greedy.rs`;
     /// `TRIT_CUDA_GREEDY=0` leaves every pick to the host). H200 tg128 greedy: 8B 907–913 tok/s
@@ -222,6 +227,7 @@ impl CudaOptions {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(ATT_O_MAX),
             greedy_loop: env("TRIT_CUDA_GREEDY").is_none_or(|v| v != "0"),
+            att_cluster: env("TRIT_CUDA_ATT_CLUSTER").is_some_and(|v| v == "1"),
         }
     }
 }

@@ -744,11 +744,13 @@ fn prefill_attention_kernels_match_an_f64_reference() {
 /// Every way the decode step can run its matrices (all through the fused GEMV, none, and the
 /// default mix; attention and o in one kernel or apart, and switching between them mid-run)
 /// against the CPU: a 40-token prompt, then decode steps across two attention splits of 32
-/// positions (the merge through memory), on qwen3 (QK-norm) and llama; and the separate
-/// attention with 128 positions per split (one block per head normalizes alone).
+/// positions (the merge through memory, or on sm_90+ through a cluster's shared memory), on
+/// qwen3 (QK-norm) and llama; and the separate attention with 128 positions per split (one
+/// block per head normalizes alone).
 #[test]
 #[ignore = "needs an NVIDIA GPU"]
 fn fused_and_separate_decode_kernels_match_the_cpu() {
+    const CLUSTER: &str = "attention splits merged in a cluster";
     if gpu_missing() {
         return;
     }
@@ -792,6 +794,8 @@ fn fused_and_separate_decode_kernels_match_the_cpu() {
             ),
             ("persistent o + gate‖up + down", default, 32, true, false, 0),
             ("down streamed over int8", default, 32, false, true, 0),
+            // sm_90+: the two splits merged through the cluster's mailboxes.
+            (CLUSTER, default, 32, false, false, 0),
         ] {
             let mut opts = CudaOptions::new(128);
             opts.fused = set;
@@ -800,6 +804,7 @@ fn fused_and_separate_decode_kernels_match_the_cpu() {
             opts.stream_down = stream_down;
             opts.attention_o = att_o > 0;
             opts.attention_o_max = att_o;
+            opts.att_cluster = name == CLUSTER;
             let errs = compare_with(&path, &prompt(40, p.vocab, 3), 8, &opts);
             check(&format!("{preset} q2_0, {name}"), errs);
         }

@@ -402,7 +402,46 @@ __device__ __forceinline__ bool merge_splits(const float* sm_m, const float* sm_
 #ifndef ATT_PREFETCH
 #define ATT_PREFETCH 1
 #endif
-template <int E>
+// Splits per thread block cluster of the cluster-merge kernels (attn_decode_cl_*, sm_90+).
+#define ATT_CL 4
+
+// The cluster merge of attn_decode_cl_* (CL): when 2 to ATT_CL splits cover the context, all
+// of them are blocks of the head's first cluster; each split but the first sends its partial
+// (block max M, sum, M-scaled values) into the first's mailbox (st.async onto its mbarrier,
+// opened with (used − 1)·(hd + 2)·4 bytes before the kernel's wait) and exits, and the first
+// merges them with its own into `out` (shared; each value written by the thread that stores
+// it) — no global partials, fences or counter (merge_splits). Returns true in that block.
+template <int NW, int W>
+__device__ __forceinline__ bool cluster_merge(const float* sm_m, const float* sm_l,
+                                              const float (*sm_o)[W], float M, int s, int used,
+                                              int hd, float (*cl_o)[MAX_HD], float2* cl_ml,
+                                              unsigned long long* bar, float* out) {
+    if (s != 0) {
+        cluster_wait();  // the first split's mailbox is open
+        for (int i = threadIdx.x; i < hd; i += blockDim.x)
+            mailbox_send(&cl_o[s - 1][i], bar, 0, warps_value<NW>(sm_m, sm_o, M, i));
+        if (threadIdx.x == 0) {
+            mailbox_send(&cl_ml[s - 1].x, bar, 0, M);
+            mailbox_send(&cl_ml[s - 1].y, bar, 0, warps_sum<NW>(sm_m, sm_l, M));
+        }
+        return false;
+    }
+    const float own = warps_sum<NW>(sm_m, sm_l, M);
+    mailbox_wait(bar);
+    float MM = M;
+    for (int r = 0; r < used - 1; r++) MM = fmaxf(MM, cl_ml[r].x);
+    const float c0 = expf(M - MM);
+    float LL = own * c0;
+    for (int r = 0; r < used - 1; r++) LL += cl_ml[r].y * expf(cl_ml[r].x - MM);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float o = warps_value<NW>(sm_m, sm_o, M, i) * c0;
+        for (int r = 0; r < used - 1; r++) o += cl_o[r][i] * expf(cl_ml[r].x - MM);
+        out[i] = o / LL;
+    }
+    return true;
+}
+
+template <int E, bool CL = false>
 __device__ __forceinline__ void attn_decode_impl(
     const float* __restrict__ qkv, const float* q_norm, const float* k_norm, float eps,
     const float2* __restrict__ cos_sin, const int* step, int n_heads, int n_kv, int hd,
@@ -415,6 +454,10 @@ __device__ __forceinline__ void attn_decode_impl(
     __shared__ float sm_m[DEC_WARPS], sm_l[DEC_WARPS];
     __shared__ float sm_o[DEC_WARPS][MAX_HD];
     __shared__ bool is_last;
+    // CL: the mailbox of the head's first split (cluster_merge).
+    __shared__ unsigned long long cl_bar;
+    __shared__ float cl_o[CL ? ATT_CL - 1 : 1][MAX_HD];
+    __shared__ float2 cl_ml[CL ? ATT_CL - 1 : 1];
     static_assert(MAX_HD <= DEC_THREADS, "norm_rope_qk takes one element per thread");
     pdl_launch_dependents();
     // Weights: loaded before the wait, off the chain that follows it.
@@ -432,6 +475,16 @@ __device__ __forceinline__ void attn_decode_impl(
     const int chunk = max(min_chunk,
                           ((len + n_splits - 1) / n_splits + DEC_CHUNK - 1) / DEC_CHUNK * DEC_CHUNK);
     const int used = (len + chunk - 1) / chunk;
+    // CL with 2..ATT_CL splits: they are the first cluster's blocks (s < ATT_CL); the first
+    // opens its mailbox, and every block of that cluster arrives on the cluster barrier that
+    // tells the others it is open.
+    const bool cl_merge = CL && used > 1 && used <= ATT_CL;
+    if (cl_merge && s < ATT_CL) {
+        if (s == 0 && threadIdx.x == 0)
+            mailbox_open(&cl_bar, (unsigned)((used - 1) * (hd + 2) * 4));
+        __syncwarp();
+        cluster_arrive();
+    }
     if (s >= used) return;
     const int start = s * chunk, end = min(start + chunk, len);
     const int group = n_heads / n_kv, kvh = h / group;
@@ -477,9 +530,13 @@ __device__ __forceinline__ void attn_decode_impl(
         write_head(tmp, h, hd, att, q, meta, quant);
         return;
     }
-    if (!merge_splits<DEC_WARPS>(sm_m, sm_l, sm_o, M, h, s, n_splits, used, hd, part_o, part_ml,
-                                 counters, &is_last, tmp))
+    if (cl_merge) {
+        if (!cluster_merge<DEC_WARPS>(sm_m, sm_l, sm_o, M, s, used, hd, cl_o, cl_ml, &cl_bar, tmp))
+            return;
+    } else if (!merge_splits<DEC_WARPS>(sm_m, sm_l, sm_o, M, h, s, n_splits, used, hd, part_o,
+                                        part_ml, counters, &is_last, tmp)) {
         return;
+    }
     write_head(tmp, h, hd, att, q, meta, quant);
 }
 
@@ -502,3 +559,23 @@ ATTN_DECODE(attn_decode_e5, 5)
 ATTN_DECODE(attn_decode_e6, 6)
 ATTN_DECODE(attn_decode_e7, 7)
 ATTN_DECODE(attn_decode, 8)
+
+// attn_decode_cl_e2 / _e4 (head_dim 64, 128): the cluster merge (ATT_CL splits per cluster;
+// the host launches them on sm_90+ with a multiple of ATT_CL splits, TRIT_CUDA_ATT_CLUSTER=1).
+#if __CUDA_ARCH__ >= 900
+#define ATT_CL_DIMS __cluster_dims__(1, ATT_CL, 1)
+#else
+#define ATT_CL_DIMS
+#endif
+#define ATTN_DECODE_CL(NAME, E)                                                                 \
+    extern "C" __global__ void __launch_bounds__(DEC_THREADS) ATT_CL_DIMS NAME(                 \
+        const float* qkv, const float* q_norm, const float* k_norm, float eps,                  \
+        const float2* cos_sin, const int* step, int n_heads, int n_kv, int hd, int adjacent,    \
+        half_bits* kc, half_bits* vc, int ctx, float scale, float* part_o, float2* part_ml,     \
+        unsigned* counters, float* att, i8* q, float2* meta, int quant, int min_chunk) {        \
+        attn_decode_impl<E, true>(qkv, q_norm, k_norm, eps, cos_sin, step, n_heads, n_kv, hd,  \
+                                  adjacent, kc, vc, ctx, scale, part_o, part_ml, counters,     \
+                                  att, q, meta, quant, min_chunk);                             \
+    }
+ATTN_DECODE_CL(attn_decode_cl_e2, 2)
+ATTN_DECODE_CL(attn_decode_cl_e4, 4)

@@ -281,58 +281,6 @@ __device__ __forceinline__ void block_sums(float (&v)[N], float (*red)[32]) {
     }
 }
 
-// Thread block clusters (sm_90; the host launches the pair variant only there): the block's
-// rank in its cluster and the cluster barrier split into its arrive and wait halves.
-__device__ __forceinline__ int cluster_rank() {
-    unsigned r = 0;
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-#endif
-    return (int)r;
-}
-__device__ __forceinline__ void cluster_arrive() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-// A one-shot mailbox for floats from the other block: `bar` an mbarrier that completes when
-// the `bytes` have landed (`mailbox_open` before the cluster barrier that tells the other
-// block it may send; `mailbox_send` writes into the other block's `var` and completes its
-// `bar` with st.async, so the sender fences nothing: its earlier global stores need not be
-// acknowledged first, as a release of the cluster barrier would make them).
-__device__ __forceinline__ void mailbox_open(unsigned long long* bar, unsigned bytes) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void mailbox_send(float* var, unsigned long long* bar, int peer, float v) {
-#if __CUDA_ARCH__ >= 900
-    unsigned rv, rb;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rv) : "r"(smem_addr(var)), "r"(peer));
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_addr(bar)), "r"(peer));
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
-                 ::"r"(rv), "r"(__float_as_uint(v)), "r"(rb) : "memory");
-#endif
-}
-__device__ __forceinline__ float mailbox_take(const float* var, unsigned long long* bar) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        "wait:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n"
-        "@!done bra wait;\n"
-        "}\n" ::"r"(smem_addr(bar)) : "memory");
-#endif
-    return *(volatile const float*)var;
-}
 
 // Measurement only (TRIT_CUDA_DEFINES="-DDN_TRACE=P"): at position P the first and last
 // block's thread 0 prints the SM cycles of each phase (start → before the wait → after it →
