@@ -203,3 +203,32 @@ fn npl_prints_the_batched_bench_table() {
     );
     assert_clear_error(&[m, "--npl", "2", "-o", "json"], "markdown");
 }
+
+/// `--format mlx` prints mlx_lm.benchmark's lines: the warmup, the settings, one line per trial
+/// and the averages, each with its four fields.
+#[test]
+fn mlx_format_prints_mlx_lm_benchmark_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, _) = tiny_model(dir.path());
+    let out = trit()
+        .args([
+            "bench", "--format", "mlx", "-p", "8", "-g", "4", "-n", "2", "-t", "1",
+        ])
+        .arg(&model)
+        .output()
+        .unwrap();
+    let text = ok_stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 5, "{text}");
+    assert_eq!(lines[0], "Running warmup..", "{text}");
+    assert_eq!(
+        lines[1], "Timing with prompt_tokens=8, generation_tokens=4, batch_size=1.",
+        "{text}"
+    );
+    for (line, prefix) in lines[2..].iter().zip(["Trial 1:", "Trial 2:", "Averages:"]) {
+        assert!(line.starts_with(prefix), "{text}");
+        for field in ["prompt_tps=", "generation_tps=", "peak_memory="] {
+            assert!(line.contains(field), "{line}");
+        }
+    }
+}
