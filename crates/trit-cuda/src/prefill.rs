@@ -159,11 +159,8 @@ impl CudaModel {
             let m = chunk.min(n - done);
             self.prefill_chunk(st, done, m, &kv)?;
             done += m;
-            // The rows wanted of this chunk: all, or the sequence's last.
-            let rows = match which {
-                Logits::All => 0..m,
-                Logits::Last if done == n => m - 1..m,
-                Logits::Last => continue,
+            let Some(rows) = chunk_rows_wanted(which, m, done, n) else {
+                continue;
             };
             let pb = st.prefill.as_ref().expect("allocated above");
             let x = ptr(&pb.x, &s) + (rows.start * d * 4) as u64;
@@ -416,5 +413,42 @@ impl CudaModel {
             t0 += g;
         }
         Ok(())
+    }
+}
+
+/// The rows of a prompt chunk whose hidden states `which` asks for: the chunk's `m` tokens end
+/// at token `done` of `n`; all of them, or the sequence's last (none before the last chunk).
+pub(crate) fn chunk_rows_wanted(
+    which: Logits,
+    m: usize,
+    done: usize,
+    n: usize,
+) -> Option<std::ops::Range<usize>> {
+    match which {
+        Logits::All => Some(0..m),
+        Logits::Last if done == n => Some(m - 1..m),
+        Logits::Last => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_rows_wanted;
+    use trit::model::Logits;
+
+    #[test]
+    fn chunks_give_every_row_or_only_the_sequences_last() {
+        // 40 tokens in chunks of 16: 16, 16, 8.
+        let chunks = [(16, 16), (16, 32), (8, 40)];
+        let all: Vec<_> = chunks
+            .iter()
+            .map(|&(m, done)| chunk_rows_wanted(Logits::All, m, done, 40))
+            .collect();
+        assert_eq!(all, vec![Some(0..16), Some(0..16), Some(0..8)]);
+        let last: Vec<_> = chunks
+            .iter()
+            .map(|&(m, done)| chunk_rows_wanted(Logits::Last, m, done, 40))
+            .collect();
+        assert_eq!(last, vec![None, None, Some(7..8)]);
     }
 }

@@ -416,10 +416,11 @@ impl Bench {
     /// (else the next step would replay the sequence, or start from an earlier state, inside
     /// the timed run).
     fn back_to_depth(&mut self, cache: &mut KvCache, depth: usize) -> Result<()> {
-        cache.truncate(depth);
         if self.model.config().hybrid.is_some() && depth > 0 {
             cache.truncate(0);
             self.prefill(cache, depth)?;
+        } else {
+            cache.truncate(depth);
         }
         if cache.len() != depth {
             bail!(

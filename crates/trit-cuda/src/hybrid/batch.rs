@@ -460,17 +460,7 @@ impl CudaHybrid {
             Arg::I32(hy.rotary_dim as i32),
         );
         let scale = Arg::F32(1.0 / (hd as f32).sqrt());
-        // What both variants read first: the rows, the norms, the positions, the head counts.
-        let first = [
-            Arg::Ptr(p(&pb.proj)),
-            Arg::Ptr(p(&m.q_norm)),
-            Arg::Ptr(p(&m.k_norm)),
-            Arg::F32(c.norm_eps),
-            Arg::Ptr(p(&st.b.cos_sin)),
-            Arg::Ptr(pos),
-            Arg::I32(nh as i32),
-            Arg::I32(nkv as i32),
-        ];
+        let first = self.attn_lead_args(st, m, p(&pb.proj), pos);
         if let Some(kernel) = self.attn_step.and_then(|a| a.slots_kernel) {
             let rest = [rot, Arg::Ptr(tab), stride, at, Arg::Ptr(row_slot), scale];
             let args = [&first[..], &rest, &[Arg::Ptr(p(&pb.mixed)), qkv_row]].concat();

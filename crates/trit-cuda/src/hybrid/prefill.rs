@@ -170,11 +170,8 @@ impl CudaHybrid {
             let m = chunk.min(n - done);
             self.prefill_chunk(st, done, m)?;
             done += m;
-            // The rows wanted of this chunk: all, or the sequence's last.
-            let rows = match which {
-                Logits::All => 0..m,
-                Logits::Last if done == n => m - 1..m,
-                Logits::Last => continue,
+            let Some(rows) = crate::prefill::chunk_rows_wanted(which, m, done, n) else {
+                continue;
             };
             let pb = st.prefill.as_ref().expect("allocated by ensure_rows");
             let normed = QuantOut {

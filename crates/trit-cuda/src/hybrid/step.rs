@@ -428,27 +428,23 @@ impl CudaHybrid {
                 (nh as u32, a.splits),
                 256, // DEC_THREADS
                 &[
-                    Arg::Ptr(p(&b.proj)),
-                    Arg::Ptr(p(&m.q_norm)),
-                    Arg::Ptr(p(&m.k_norm)),
-                    Arg::F32(c.norm_eps),
-                    Arg::Ptr(p(&b.cos_sin)),
-                    Arg::Ptr(ptr(&b.step, s)),
-                    Arg::I32(nh as i32),
-                    Arg::I32(c.n_kv_heads as i32),
-                    Arg::I32(self.hy.rotary_dim as i32),
-                    Arg::Ptr(ptr(&b.seq.k_cache[m.slot], s)),
-                    Arg::Ptr(ptr(&b.seq.v_cache[m.slot], s)),
-                    Arg::F32(1.0 / (hd as f32).sqrt()),
-                    Arg::Ptr(p(&b.part_o)),
-                    Arg::Ptr(p(&b.part_ml)),
-                    Arg::Ptr(ptr(&b.counters, s)),
-                    Arg::I32(a.min_chunk),
-                    Arg::Ptr(p(&b.mixed)),
-                    Arg::Ptr(xq),
-                    Arg::Ptr(xm),
-                    Arg::I32(quant as i32),
-                ],
+                    &self.attn_lead_args(st, m, p(&b.proj), ptr(&b.step, s))[..],
+                    &[
+                        Arg::I32(self.hy.rotary_dim as i32),
+                        Arg::Ptr(ptr(&b.seq.k_cache[m.slot], s)),
+                        Arg::Ptr(ptr(&b.seq.v_cache[m.slot], s)),
+                        Arg::F32(1.0 / (hd as f32).sqrt()),
+                        Arg::Ptr(p(&b.part_o)),
+                        Arg::Ptr(p(&b.part_ml)),
+                        Arg::Ptr(ptr(&b.counters, s)),
+                        Arg::I32(a.min_chunk),
+                        Arg::Ptr(p(&b.mixed)),
+                        Arg::Ptr(xq),
+                        Arg::Ptr(xm),
+                        Arg::I32(quant as i32),
+                    ],
+                ]
+                .concat(),
             )?;
             let o_in = if quant {
                 Self::ready(st, p(&b.mixed))
@@ -471,6 +467,28 @@ impl CudaHybrid {
         self.project(st, &m.o, o_in, p(&b.x), true, false)
     }
 
+    /// The arguments every gated-attention kernel takes first: the q‖gate/k/v rows at `proj`,
+    /// the layer's q/k norms and ε, the cos/sin table, the positions at `pos`, the head counts.
+    pub(super) fn attn_lead_args(
+        &self,
+        st: &State,
+        m: &DevFullAttention,
+        proj: u64,
+        pos: u64,
+    ) -> [Arg; 8] {
+        let c = &self.config;
+        [
+            Arg::Ptr(proj),
+            Arg::Ptr(Self::p(st, &m.q_norm)),
+            Arg::Ptr(Self::p(st, &m.k_norm)),
+            Arg::F32(c.norm_eps),
+            Arg::Ptr(Self::p(st, &st.b.cos_sin)),
+            Arg::Ptr(pos),
+            Arg::I32(c.n_heads as i32),
+            Arg::I32(c.n_kv_heads as i32),
+        ]
+    }
+
     /// The gated attention of `io.rows` consecutive tokens: `hybrid_attn_prep` (q/gate of each
     /// token's q‖gate/k/v row, its key and value appended at its position), then
     /// `hybrid_attn_decode` of each token over the positions up to its own.
@@ -481,9 +499,8 @@ impl CudaHybrid {
         m: &DevFullAttention,
         io: AttnIo,
     ) -> Result<()> {
-        let (c, hy, b, s) = (&self.config, &self.hy, &st.b, &st.gpu.stream);
+        let (c, hy, s) = (&self.config, &self.hy, &st.gpu.stream);
         let (hd, nh, nkv) = (c.head_dim, c.n_heads, c.n_kv_heads);
-        let p = |x: &CudaSlice<f32>| Self::p(st, x);
         let (kc, vc) = (ptr(&seq.k_cache[m.slot], s), ptr(&seq.v_cache[m.slot], s));
         let rows = io.rows as u32;
         let (prep, attend) = if rows > 1 {
@@ -496,22 +513,18 @@ impl CudaHybrid {
             ((nh + nkv) as u32, rows),
             hd as u32,
             &[
-                Arg::Ptr(io.proj),
-                Arg::Ptr(p(&m.q_norm)),
-                Arg::Ptr(p(&m.k_norm)),
-                Arg::F32(c.norm_eps),
-                Arg::Ptr(p(&b.cos_sin)),
-                Arg::Ptr(io.step),
-                Arg::I32(nh as i32),
-                Arg::I32(nkv as i32),
-                Arg::I32(hd as i32),
-                Arg::I32(hy.rotary_dim as i32),
-                Arg::Ptr(kc),
-                Arg::Ptr(vc),
-                Arg::Ptr(io.q),
-                Arg::Ptr(io.gate),
-                Arg::I32(io.proj_row as i32),
-            ],
+                &self.attn_lead_args(st, m, io.proj, io.step)[..],
+                &[
+                    Arg::I32(hd as i32),
+                    Arg::I32(hy.rotary_dim as i32),
+                    Arg::Ptr(kc),
+                    Arg::Ptr(vc),
+                    Arg::Ptr(io.q),
+                    Arg::Ptr(io.gate),
+                    Arg::I32(io.proj_row as i32),
+                ],
+            ]
+            .concat(),
         )?;
         st.gpu.launch(
             attend,
