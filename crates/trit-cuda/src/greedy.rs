@@ -491,8 +491,11 @@ impl crate::model::CudaModel {
             &st.b.toks,
             rule,
         );
-        // The chain: the attention + o kernel's steps differ by position (refused above).
-        let kind = StepKind::Chain;
+        // The chain (the attention + o kernel's steps differ by position: refused above), its
+        // attention grid wide enough for the loop's last position.
+        let kind = StepKind::Chain {
+            splits: self.att_grid(pos0 + max_steps),
+        };
         let enqueue = || self.enqueue_layers(st, true, &kv, kind);
         let args = LoopArgs {
             first,

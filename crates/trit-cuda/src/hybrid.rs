@@ -550,7 +550,8 @@ impl CudaHybrid {
                         &st.gpu,
                         self.use_graph,
                         &pick,
-                        (StepKind::Chain, None),
+                        // One kind: the hybrid's step graph does not vary with the position.
+                        (StepKind::Chain { splits: 0 }, None),
                         &enqueue,
                     )
                 },

@@ -27,6 +27,7 @@ mod attention_o;
 mod batch;
 pub mod batch_gemm;
 mod batch_rows;
+mod decode_attention;
 pub mod device;
 pub mod flash;
 pub mod gemm;

@@ -8,6 +8,7 @@
 //! launches). Two graphs are captured: with and without the LM head
 //! (prompt tokens whose logits nobody reads skip it).
 
+use crate::decode_attention::{self, ATT_CHUNK, ATT_CLUSTER};
 use crate::device::{ptr, Arg, Gpu};
 use crate::gemv::{
     fused_fits, launch_matrix_gemv, launch_ternary_fused, FusedInput, FusedOpts, GemvInput,
@@ -19,6 +20,7 @@ pub use crate::options::{CudaOptions, FusedSet};
 use crate::prefill::PrefillBuffers;
 use crate::weights::{self, DevMatrix, DevWeights};
 use cudarc::driver::{CudaSlice, PinnedHostSlice};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use trit::format::config::{ModelConfig, RopeStyle};
 use trit::format::ModelFiles;
@@ -27,16 +29,14 @@ use trit::model::{ExternalNet, KvCache, Logits, Model};
 use trit::sample::RowLogits;
 use trit::{Error, Result};
 
-/// Flash-decoding splits are multiples of this many positions (`DEC_CHUNK` in attention.cu).
-const ATT_CHUNK: usize = 32;
-
 /// Which kernels a decode step takes (captured graphs are kept per kind).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum StepKind {
-    /// The kernel chain (`enqueue_layers`).
-    Chain = 0,
+    /// The kernel chain (`enqueue_layers`), its attention launched with `splits` blocks per
+    /// head (`CudaModel::att_grid`).
+    Chain { splits: usize },
     /// Attention + o in one kernel (`CudaModel::short_step`).
-    Short = 1,
+    Short,
 }
 
 /// Device buffers of one decode step, and the KV cache.
@@ -74,8 +74,8 @@ pub(crate) struct State {
     pub(crate) b: Buffers,
     /// Chunk activations of the batched prefill, allocated on the first prompt.
     pub(crate) prefill: Option<PrefillBuffers>,
-    /// Decode steps captured on first use, at `2·kind + with_head` (`StepKind`).
-    graphs: [Option<StepGraph>; 4],
+    /// Decode steps captured on first use, per kind and whether they end with the LM head.
+    graphs: HashMap<(StepKind, bool), StepGraph>,
     /// The device counter's value when known (None after an error or a batched call).
     pub(crate) device_pos: Option<usize>,
     /// Slots and row buffers of the batched path (`batch.rs`), made on its first use.
@@ -95,8 +95,11 @@ pub struct CudaModel {
     pub(crate) prefill_chunk: usize,
     n_splits: usize,
     att_min_chunk: usize,
-    /// The decode attention's kernel (`attn_decode*`, or `CudaOptions::att_cluster`'s).
+    /// The decode attention's kernel (`attn_decode*`).
     att_kernel: &'static str,
+    /// Where `CudaOptions::att_cluster` applies: the cluster-merge kernel, which steps of
+    /// `ATT_CLUSTER` blocks per head take instead (`decode_attention::kernel`).
+    att_cluster_kernel: Option<&'static str>,
     pub(crate) rows_per_warp: Option<usize>,
     pub(crate) max_split: usize,
     pub(crate) use_graph: bool,
@@ -202,20 +205,12 @@ impl CudaModel {
             prefill_chunk: opts.prefill_chunk,
             n_splits,
             att_min_chunk: opts.att_min_chunk,
-            att_kernel: match cfg.head_dim {
-                64 | 128
-                    if opts.att_cluster
-                        && gpu.compute_capability.0 >= 9
-                        && n_splits.is_multiple_of(ATT_CLUSTER) =>
-                {
-                    if cfg.head_dim == 64 {
-                        "attn_decode_cl_e2"
-                    } else {
-                        "attn_decode_cl_e4"
-                    }
-                }
-                hd => attn_decode_kernel(hd),
-            },
+            att_kernel: decode_attention::kernel(cfg.head_dim, false),
+            att_cluster_kernel: (opts.att_cluster
+                && matches!(cfg.head_dim, 64 | 128)
+                && gpu.compute_capability.0 >= 9
+                && n_splits >= ATT_CLUSTER)
+                .then(|| decode_attention::kernel(cfg.head_dim, true)),
             rows_per_warp: opts.rows_per_warp,
             max_split: opts.max_split,
             use_graph: opts.graph,
@@ -401,7 +396,10 @@ impl CudaModel {
         kv: &[(u64, u64)],
         kind: StepKind,
     ) -> Result<()> {
-        let short = kind == StepKind::Short;
+        let (short, att_splits) = match kind {
+            StepKind::Short => (true, self.n_splits),
+            StepKind::Chain { splits } => (false, splits),
+        };
         let c = &self.config;
         let (g, b, s) = (&st.gpu, &st.b, &st.gpu.stream);
         let p = |x: &CudaSlice<f32>| ptr(x, s);
@@ -444,8 +442,11 @@ impl CudaModel {
             }
             let fused_quant = hd.is_multiple_of(64);
             g.launch(
-                self.att_kernel,
-                (c.n_heads as u32, self.n_splits as u32),
+                match self.att_cluster_kernel {
+                    Some(k) if att_splits == ATT_CLUSTER => k,
+                    _ => self.att_kernel,
+                },
+                (c.n_heads as u32, att_splits as u32),
                 256,
                 &[
                     Arg::Ptr(p(&b.qkv)),
@@ -577,8 +578,16 @@ impl CudaModel {
         if self.short_step(pos) {
             StepKind::Short
         } else {
-            StepKind::Chain
+            StepKind::Chain {
+                splits: self.att_grid(pos + 1),
+            }
         }
+    }
+
+    /// Blocks per head of the decode attention for steps whose context reaches at most `len`
+    /// positions (`decode_attention::grid`).
+    pub(crate) fn att_grid(&self, len: usize) -> usize {
+        decode_attention::grid(len, self.att_min_chunk, self.n_splits)
     }
 
     /// Runs the decode step of the token at `pos` (the device counter's value).
@@ -588,14 +597,12 @@ impl CudaModel {
         if !self.use_graph {
             return self.enqueue_step(st, with_head, &kv, kind);
         }
-        let at = 2 * kind as usize + with_head as usize;
-        if st.graphs[at].is_none() {
-            st.graphs[at] = Some(self.capture(st, with_head, &kv, kind)?);
+        let key = (kind, with_head);
+        if !st.graphs.contains_key(&key) {
+            let graph = self.capture(st, with_head, &kv, kind)?;
+            st.graphs.insert(key, graph);
         }
-        st.graphs[at]
-            .as_ref()
-            .expect("captured above")
-            .launch("decode")
+        st.graphs[&key].launch("decode")
     }
 
     /// Runs `tokens` from `pos0` and lends the logits `which` asks for to `read`: the last
@@ -662,25 +669,6 @@ impl CudaModel {
         let b = &mut st.b;
         Ok(copy_to_pinned(&st.gpu, &b.logits, &mut b.host_logits)?.to_vec())
     }
-}
-
-/// The decode attention kernel for `hd`-wide heads (a multiple of 32 up to 256, checked at
-/// load): `hd / 32` values per lane.
-/// Splits per thread block cluster of `attn_decode_cl_*` (ATT_CL in attention.cu).
-const ATT_CLUSTER: usize = 4;
-
-fn attn_decode_kernel(hd: usize) -> &'static str {
-    const NAMES: [&str; 8] = [
-        "attn_decode_e1",
-        "attn_decode_e2",
-        "attn_decode_e3",
-        "attn_decode_e4",
-        "attn_decode_e5",
-        "attn_decode_e6",
-        "attn_decode_e7",
-        "attn_decode",
-    ];
-    NAMES[(hd / 32).clamp(1, 8) - 1]
 }
 
 /// Rows per warp of the ternary GEMV when not forced: 4. Measured on the H200, 8B shape,

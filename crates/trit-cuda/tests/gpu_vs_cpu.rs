@@ -839,3 +839,34 @@ fn attention_o_steps_are_reproducible_and_differ_from_the_separate_kernels() {
         "the attention + o kernel did not run: logits bit-equal to the separate kernels'"
     );
 }
+
+/// Steps of up to 128 positions merge a head's splits inside a thread block cluster (sm_90+),
+/// longer ones through global memory; both merges round alike, so a step's logits do not depend
+/// on which kernel its grid took (the device loop's grid covers its last position, host steps
+/// take each position's own: `gpu_greedy` compares their tokens and caches bit for bit).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn cluster_and_global_split_merges_give_the_same_bits() {
+    if gpu_missing() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = Preset::by_name("tiny").unwrap();
+    let q2 = OutFormat::parse("q2_0").unwrap();
+    generate(&p, 9, dir.path(), &[q2], &TokenizerAssets::Placeholder).unwrap();
+    let files = trit::format::open(&dir.path().join("model-q2_0.gguf")).unwrap();
+    let run = |cluster: bool| -> Vec<Vec<f32>> {
+        let mut opts = CudaOptions::new(256);
+        opts.att_cluster = cluster;
+        // From 40 positions (two splits) across 64 (three) and 96 (four).
+        greedy_rows(&files, &opts, prompt(40, p.vocab, 11), 64)
+    };
+    let (cluster, global) = (run(true), run(false));
+    assert_eq!(cluster.len(), global.len());
+    for (i, (a, b)) in cluster.iter().zip(&global).enumerate() {
+        assert!(
+            a == b,
+            "row {i}: the cluster merge's logits differ from the global merge's"
+        );
+    }
+}

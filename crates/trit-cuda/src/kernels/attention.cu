@@ -29,9 +29,9 @@
 #define DEC_U 4
 #define DEC_CHUNK (DEC_WARPS * DEC_U)
 
-// Rotation of pair element t of a head (NEOX halves or adjacent pairs) from the normalized
-// values in `src`.
-__device__ __forceinline__ float rope_at(const float* src, const float2* cs, int t, int hd,
+// Rotation of pair element t (< rot, the rotated dims of a head) by NEOX halves or adjacent
+// pairs, from the normalized values in `src`.
+__device__ __forceinline__ float rope_at(const float* src, const float2* cs, int t, int rot,
                                          int adjacent) {
     int i, partner;
     bool first;
@@ -40,7 +40,7 @@ __device__ __forceinline__ float rope_at(const float* src, const float2* cs, int
         first = (t % 2) == 0;
         partner = first ? t + 1 : t - 1;
     } else {
-        const int half = hd / 2;
+        const int half = rot / 2;
         first = t < half;
         i = first ? t : t - half;
         partner = first ? t + half : t - half;
@@ -72,10 +72,39 @@ __device__ void norm_rope(const float* src, const float* norm, float eps, const 
     __syncthreads();
 }
 
-// norm_rope of the q head and, when `ksrc` is set, the k head in one pass, with the v head
-// (`vsrc`, copied to `vdst`) loaded alongside: one block reduction for both sums of squares and
-// one rotation loop (the decode kernel's chain of barriers and dependent loads is most of its
-// time at short contexts).
+// The q and k values a / b of thread t (element t of a head of hd, zeros past it) RMS-normalized
+// with one block reduction for both sums of squares (when norm_q / norm_k; weights wq / wk loaded
+// before the kernel's wait) and rotated over their first `rot` dims (NEOX halves or adjacent
+// pairs; the rest pass through), in place. qt / kt: shared staging for the rotation's partners.
+// Every thread of the block calls it (the decode kernels' chain of barriers and dependent loads
+// is most of their time at short contexts: one reduction, two barriers).
+__device__ __forceinline__ void norm_rope_pair(float& a, float& b, bool norm_q, bool norm_k,
+                                               float wq, float wk, float eps, const float2* cs,
+                                               int hd, int rot, int adjacent, float* qt,
+                                               float* kt, float2* scratch2) {
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    const float sq = warp_sum(a * a), sk = warp_sum(b * b);
+    if (lane == 0) scratch2[warp] = make_float2(sq, sk);
+    __syncthreads();
+    const int nw = (blockDim.x + 31) >> 5;
+    float2 ss = lane < nw ? scratch2[lane] : make_float2(0.0f, 0.0f);
+    ss.x = warp_sum(ss.x);
+    ss.y = warp_sum(ss.y);
+    if (norm_q) a *= 1.0f / sqrtf(ss.x / (float)hd + eps) * wq;
+    if (norm_k) b *= 1.0f / sqrtf(ss.y / (float)hd + eps) * wk;
+    if (t < hd) {
+        qt[t] = a;
+        kt[t] = b;
+    }
+    __syncthreads();
+    if (t < rot) {
+        a = rope_at(qt, cs, t, rot, adjacent);
+        b = rope_at(kt, cs, t, rot, adjacent);
+    }
+}
+
+// norm_rope_pair of the q head and, when `ksrc` is set, the k head, from and into shared
+// memory (q scaled by `scale`), with the v head (`vsrc`, copied to `vdst`) loaded alongside.
 // One element per thread (hd ≤ blockDim.x); its norm weights qn / kn were loaded before the
 // kernel's wait (`q_norm` / `k_norm` only say whether there are any).
 __device__ void norm_rope_qk(const float* qsrc, const float* ksrc, const float* vsrc,
@@ -84,37 +113,19 @@ __device__ void norm_rope_qk(const float* qsrc, const float* ksrc, const float* 
                              float* qt, float* kt, float* qdst, float* kdst, float* vdst,
                              float2* scratch2) {
     const int i = threadIdx.x;
-    float sq = 0.0f, sk = 0.0f;
+    float a = 0.0f, b = 0.0f;
     if (i < hd) {
-        const float a = qsrc[i];
-        qt[i] = a;
-        sq = a * a;
+        a = qsrc[i];
         if (ksrc != nullptr) {
-            const float b = ksrc[i];
-            kt[i] = b;
-            sk = b * b;
+            b = ksrc[i];
             vdst[i] = vsrc[i];
         }
     }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    sq = warp_sum(sq);
-    sk = warp_sum(sk);
-    if (lane == 0) scratch2[warp] = make_float2(sq, sk);
-    __syncthreads();
-    const int nw = (blockDim.x + 31) >> 5;
-    float2 t = lane < nw ? scratch2[lane] : make_float2(0.0f, 0.0f);
-    t.x = warp_sum(t.x);
-    t.y = warp_sum(t.y);
-    const float inv_q = q_norm != nullptr ? 1.0f / sqrtf(t.x / (float)hd + eps) : 1.0f;
-    const float inv_k = k_norm != nullptr ? 1.0f / sqrtf(t.y / (float)hd + eps) : 1.0f;
+    norm_rope_pair(a, b, q_norm != nullptr, ksrc != nullptr && k_norm != nullptr, qn, kn, eps, cs,
+                   hd, hd, adjacent, qt, kt, scratch2);
     if (i < hd) {
-        if (q_norm != nullptr) qt[i] *= inv_q * qn;
-        if (ksrc != nullptr && k_norm != nullptr) kt[i] *= inv_k * kn;
-    }
-    __syncthreads();
-    if (i < hd) {
-        qdst[i] = scale * rope_at(qt, cs, i, hd, adjacent);
-        if (ksrc != nullptr) kdst[i] = rope_at(kt, cs, i, hd, adjacent);
+        qdst[i] = scale * a;
+        if (ksrc != nullptr) kdst[i] = b;
     }
     __syncthreads();
 }
@@ -301,7 +312,7 @@ template <int NW>
 __device__ __forceinline__ float warps_sum(const float* sm_m, const float* sm_l, float M) {
     float L = 0.0f;
     for (int w = 0; w < NW; w++)
-        if (sm_m[w] > -INFINITY) L += sm_l[w] * expf(sm_m[w] - M);
+        if (sm_m[w] > -INFINITY) L = fmaf(sm_l[w], expf(sm_m[w] - M), L);
     return L;
 }
 
@@ -311,7 +322,7 @@ __device__ __forceinline__ float warps_value(const float* sm_m, const float (*sm
                                              int i) {
     float o = 0.0f;
     for (int w = 0; w < NW; w++)
-        if (sm_m[w] > -INFINITY) o += sm_o[w][i] * expf(sm_m[w] - M);
+        if (sm_m[w] > -INFINITY) o = fmaf(sm_o[w][i], expf(sm_m[w] - M), o);
     return o;
 }
 
@@ -362,15 +373,19 @@ __device__ __forceinline__ bool merge_splits(const float* sm_m, const float* sm_
     const size_t first = (size_t)h * n_splits;
     float MM = -INFINITY;
     for (int t = 0; t < used; t++) MM = fmaxf(MM, __ldcg(&part_ml[first + t].x));
+    // Explicit fmaf (here, in warps_sum / warps_value and in cluster_merge): both merges give
+    // the same bits, so a step's output does not depend on which kernel its grid took.
     float LL = 0.0f;
     for (int t = 0; t < used; t++) {
         const float2 ml = __ldcg(&part_ml[first + t]);
-        LL += ml.y * expf(ml.x - MM);
+        LL = fmaf(ml.y, expf(ml.x - MM), LL);
     }
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float o = 0.0f;
-        for (int t = 0; t < used; t++)
-            o += __ldcg(&part_o[(first + t) * hd + i]) * expf(__ldcg(&part_ml[first + t].x) - MM);
+        for (int t = 0; t < used; t++) {
+            const float e = expf(__ldcg(&part_ml[first + t].x) - MM);
+            o = fmaf(__ldcg(&part_o[(first + t) * hd + i]), e, o);
+        }
         out[i] = o / LL;
     }
     if (threadIdx.x == 0) counters[h] = 0;
@@ -430,12 +445,13 @@ __device__ __forceinline__ bool cluster_merge(const float* sm_m, const float* sm
     mailbox_wait(bar);
     float MM = M;
     for (int r = 0; r < used - 1; r++) MM = fmaxf(MM, cl_ml[r].x);
+    // merge_splits' arithmetic in its order (split 0 first), so both give the same bits.
     const float c0 = expf(M - MM);
-    float LL = own * c0;
-    for (int r = 0; r < used - 1; r++) LL += cl_ml[r].y * expf(cl_ml[r].x - MM);
+    float LL = fmaf(own, c0, 0.0f);
+    for (int r = 0; r < used - 1; r++) LL = fmaf(cl_ml[r].y, expf(cl_ml[r].x - MM), LL);
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float o = warps_value<NW>(sm_m, sm_o, M, i) * c0;
-        for (int r = 0; r < used - 1; r++) o += cl_o[r][i] * expf(cl_ml[r].x - MM);
+        float o = fmaf(warps_value<NW>(sm_m, sm_o, M, i), c0, 0.0f);
+        for (int r = 0; r < used - 1; r++) o = fmaf(cl_o[r][i], expf(cl_ml[r].x - MM), o);
         out[i] = o / LL;
     }
     return true;
@@ -561,7 +577,9 @@ ATTN_DECODE(attn_decode_e7, 7)
 ATTN_DECODE(attn_decode, 8)
 
 // attn_decode_cl_e2 / _e4 (head_dim 64, 128): the cluster merge (ATT_CL splits per cluster;
-// the host launches them on sm_90+ with a multiple of ATT_CL splits, TRIT_CUDA_ATT_CLUSTER=1).
+// the host launches them on sm_90+ for steps of ATT_CL blocks per head, contexts up to 128
+// positions; TRIT_CUDA_ATT_CLUSTER=0 keeps attn_decode_e2 / _e4 there). With 8 or 16 blocks
+// per head the cluster launch measured slower (H200 8B, 225–256 positions: −8 %).
 #if __CUDA_ARCH__ >= 900
 #define ATT_CL_DIMS __cluster_dims__(1, ATT_CL, 1)
 #else

@@ -275,28 +275,10 @@ __device__ __forceinline__ void hybrid_attn_step_impl(
         b = ksrc[t];
         v = ksrc[(size_t)nkv * HD + t];
     }
-    const float sq = warp_sum(a * a), sk = warp_sum(b * b);
-    if (lane == 0) scratch2[warp] = make_float2(sq, sk);
-    __syncthreads();
-    float2 ss = lane < DEC_WARPS ? scratch2[lane] : make_float2(0.0f, 0.0f);
-    ss.x = warp_sum(ss.x);
-    ss.y = warp_sum(ss.y);
-    a *= qn / sqrtf(ss.x / (float)HD + eps);
-    b *= kn / sqrtf(ss.y / (float)HD + eps);
-    if (mine) {
-        qt[t] = a;
-        kt[t] = b;
-    }
-    __syncthreads();
+    norm_rope_pair(a, b, true, true, qn, kn, eps, cos_sin + (size_t)pos * (rot / 2), HD, rot,
+                   0, qt, kt, scratch2);
     const bool has_current = end == len;
     if (mine) {
-        // NeoX pairs (i, i + rot/2) over the first `rot` dims; the rest pass through.
-        if (t < rot) {
-            const int half = rot / 2, i = t < half ? t : t - half;
-            const float2 c = cos_sin[(size_t)pos * half + i];
-            a = t < half ? qt[t] * c.x - qt[t + half] * c.y : qt[i] * c.y + qt[t] * c.x;
-            b = t < half ? kt[t] * c.x - kt[t + half] * c.y : kt[i] * c.y + kt[t] * c.x;
-        }
         const half_bits k16 = f2h(b), v16 = f2h(v);
         qs[t] = a * scale;
         kcur[t] = h2f(k16);
