@@ -1,5 +1,5 @@
-//! The dense decode step's attention launch (attention.cu's `attn_decode*`): which kernel a
-//! head width takes, and how many blocks per head a step launches.
+//! The decode attention's launch (attention.cu's `attn_decode*`): which kernel a head width
+//! takes, and how many blocks per head a step launches (the hybrid's `hybrid_attn_step` too).
 
 /// Flash-decoding splits are multiples of this many positions (`DEC_CHUNK` in attention.cu).
 pub(crate) const ATT_CHUNK: usize = 32;

@@ -21,6 +21,7 @@ use crate::model::StepKind;
 use crate::model::{check_forward, poisoned, CudaOptions, FusedSet};
 use crate::topk::TopBuffers;
 use cudarc::driver::{CudaSlice, PinnedHostSlice};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use trit::format::config::{HybridConfig, ModelConfig, RopeStyle};
 use trit::format::ModelFiles;
@@ -133,8 +134,9 @@ struct State {
     gpu: Gpu,
     w: DevHybrid,
     b: Buffers,
-    /// (with head, without head), captured on first use.
-    graphs: Option<(StepGraph, StepGraph)>,
+    /// Decode steps captured on first use, per attention grid and whether they end with the
+    /// LM head.
+    graphs: HashMap<(u32, bool), StepGraph>,
     /// The device position counter's value when known.
     device_pos: Option<usize>,
     /// Tokens the recurrent state has consumed (None after an error).
@@ -304,7 +306,7 @@ impl CudaHybrid {
                 gpu,
                 w,
                 b,
-                graphs: None,
+                graphs: HashMap::new(),
                 device_pos: None,
                 top: None,
                 prefill: None,
@@ -406,24 +408,21 @@ fn upload_feed(st: &mut State, tokens: &[u32], start: usize) -> Result<()> {
 }
 
 impl CudaHybrid {
-    fn capture(&self, st: &State, with_head: bool) -> Result<StepGraph> {
-        StepGraph::capture(&st.gpu.stream, "hybrid decode graph", || {
-            self.enqueue_step(st, with_head)
-        })
-    }
-
-    fn run_step(&self, st: &mut State, with_head: bool) -> Result<()> {
+    /// Runs the decode step of the token at `pos` (the device counter's value).
+    fn run_step(&self, st: &mut State, with_head: bool, pos: usize) -> Result<()> {
         if !self.use_graph {
-            return self.enqueue_step(st, with_head);
+            return self.enqueue_step(st, with_head, pos + 1);
         }
-        if st.graphs.is_none() {
-            let with = self.capture(st, true)?;
-            let without = self.capture(st, false)?;
-            st.graphs = Some((with, without));
+        // One graph per attention grid: the grid of this position's, covering it.
+        let grid = self.attn_step.map_or(0, |a| a.grid(pos + 1));
+        let key = (grid, with_head);
+        if !st.graphs.contains_key(&key) {
+            let g = StepGraph::capture(&st.gpu.stream, "hybrid decode graph", || {
+                self.enqueue_step(st, with_head, pos + 1)
+            })?;
+            st.graphs.insert(key, g);
         }
-        let (with, without) = st.graphs.as_ref().expect("captured above");
-        let g = if with_head { with } else { without };
-        g.launch("hybrid decode")
+        st.graphs[&key].launch("hybrid decode")
     }
 
     /// Runs `tokens` from `pos0`; lends the logits `which` asks for to `read` (the last row
@@ -467,7 +466,7 @@ impl CudaHybrid {
             for i in 0..feed.len() {
                 let mine = i >= skip;
                 let want = mine && (which == Some(Logits::All) || i + 1 == feed.len());
-                self.run_step(st, want)?;
+                self.run_step(st, want, start + i)?;
                 if mine && which == Some(Logits::All) {
                     all.extend(self.read_logits(st)?);
                 }
@@ -539,7 +538,9 @@ impl CudaHybrid {
                     rule,
                 )
             };
-            let enqueue = || self.enqueue_layers(st, true);
+            // The loop's graph covers its last position.
+            let reach = pos0 + max_steps;
+            let enqueue = || self.enqueue_layers(st, true, reach);
             crate::greedy::drive(
                 &st.gpu,
                 &mut bufs,
@@ -550,8 +551,12 @@ impl CudaHybrid {
                         &st.gpu,
                         self.use_graph,
                         &pick,
-                        // One kind: the hybrid's step graph does not vary with the position.
-                        (StepKind::Chain { splits: 0 }, None),
+                        (
+                            StepKind::Chain {
+                                splits: self.attn_step.map_or(0, |a| a.grid(reach) as usize),
+                            },
+                            None,
+                        ),
                         &enqueue,
                     )
                 },

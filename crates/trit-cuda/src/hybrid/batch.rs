@@ -251,7 +251,7 @@ impl CudaHybrid {
             // Kernel by kernel: the single path's graphs hold its own state's addresses.
             for i in 0..n {
                 let want = which == Logits::All || i + 1 == n;
-                self.enqueue_step(st, want)?;
+                self.enqueue_step(st, want, pos0 + i + 1)?;
                 if want {
                     out.extend(self.read_logits(st)?);
                 }
@@ -282,8 +282,9 @@ impl CudaHybrid {
             .is_some_and(|b| b.single.contains_key(&row.slot));
         if self.use_graph && !have {
             Self::swap_in(st, row.slot);
+            // Captured once per slot: the attention's grid covers the whole context.
             let g = StepGraph::capture(&st.gpu.stream, "hybrid slot step", || {
-                self.enqueue_step(st, true)
+                self.enqueue_step(st, true, self.ctx)
             });
             Self::swap_in(st, row.slot);
             let batch = st.batch.as_mut().expect("created by forward_batch_rows");
@@ -294,7 +295,7 @@ impl CudaHybrid {
             batch.single[&row.slot].launch("hybrid slot step")?;
         } else {
             Self::swap_in(st, row.slot);
-            let r = self.enqueue_step(st, true);
+            let r = self.enqueue_step(st, true, row.pos + 1);
             Self::swap_in(st, row.slot);
             r?;
         }

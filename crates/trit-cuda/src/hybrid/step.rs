@@ -108,6 +108,14 @@ impl AttnStep {
             min_chunk: min_chunk as i32,
         }))
     }
+
+    /// Blocks per head for steps whose context reaches at most `reach` positions: as the dense
+    /// attention's (`decode_attention::grid`), the fewest of 4, 8, 16 that give each split a
+    /// block — the kernel sizes its splits from the grid, so they are the ones all `splits`
+    /// blocks would make, and so are the step's bits.
+    pub(super) fn grid(&self, reach: usize) -> u32 {
+        crate::decode_attention::grid(reach, self.min_chunk as usize, self.splits as usize) as u32
+    }
 }
 
 /// Rows per warp of the fused GEMV when the option asks for 1 (which it does not run).
@@ -306,16 +314,17 @@ impl CudaHybrid {
         launch_matrix_gemv(g, m, x, y, accumulate, self.rows_per_warp, self.max_split)
     }
 
-    /// Enqueues one decode step (position and token from device memory).
-    pub(super) fn enqueue_step(&self, st: &State, with_head: bool) -> Result<()> {
-        self.enqueue_layers(st, with_head)?;
+    /// Enqueues one decode step (position and token from device memory) whose context reaches
+    /// at most `reach` positions (its attention's grid covers them: `AttnStep::grid`).
+    pub(super) fn enqueue_step(&self, st: &State, with_head: bool, reach: usize) -> Result<()> {
+        self.enqueue_layers(st, with_head, reach)?;
         let step = ptr(&st.b.step, &st.gpu.stream);
         st.gpu
             .launch("advance_position", (1, 1), 32, &[Arg::Ptr(step)])
     }
 
     /// `enqueue_step` up to the logits: the caller ends the step (advances the position).
-    pub(super) fn enqueue_layers(&self, st: &State, with_head: bool) -> Result<()> {
+    pub(super) fn enqueue_layers(&self, st: &State, with_head: bool, reach: usize) -> Result<()> {
         let (g, b, w) = (&st.gpu, &st.b, &st.w);
         let (x, step) = (Self::p(st, &b.x), ptr(&b.step, &g.stream));
         launch::embed(g, &w.embed, ptr(&b.toks, &g.stream), step, x, 1)?;
@@ -333,7 +342,7 @@ impl CudaHybrid {
         for layer in &w.layers {
             match &layer.mixer {
                 DevMixer::Linear(m) => self.delta_net(st, m, &layer.attn_norm)?,
-                DevMixer::Full(m) => self.full_attention(st, m, &layer.attn_norm)?,
+                DevMixer::Full(m) => self.full_attention(st, m, &layer.attn_norm, reach)?,
             }
             self.mlp(st, layer)?;
         }
@@ -407,6 +416,7 @@ impl CudaHybrid {
         st: &State,
         m: &DevFullAttention,
         attn_norm: &CudaSlice<f32>,
+        reach: usize,
     ) -> Result<()> {
         let (c, b, s) = (&self.config, &st.b, &st.gpu.stream);
         let (hd, nh) = (c.head_dim, c.n_heads);
@@ -425,7 +435,7 @@ impl CudaHybrid {
             };
             st.gpu.launch(
                 a.kernel,
-                (nh as u32, a.splits),
+                (nh as u32, a.grid(reach)),
                 256, // DEC_THREADS
                 &[
                     &self.attn_lead_args(st, m, p(&b.proj), ptr(&b.step, s))[..],
