@@ -19,7 +19,7 @@ export LD_LIBRARY_PATH=$NVRTC_DIR:/usr/local/cuda/lib64:${LD_LIBRARY_PATH}
 HYBRIDS=${HYBRIDS:-27b-qwen35}
 ( for m in 8b 1.7b $HYBRIDS; do nice /tmp/new/gen_model --preset $m --out /tmp/models/$m --formats q2_0 > /tmp/gen_$m.log 2>&1; touch /tmp/models/$m.done; done ) &
 for e in X=0 $TEST_ENVS; do
-  for t in ${TESTS:-gpu_vs_cpu gpu_batch gpu_hybrid gpu_sample}; do
+  for t in ${TESTS:-gpu_vs_cpu gpu_kernels gpu_batch gpu_hybrid gpu_sample}; do
     echo "== $t $e"; env ${e//+/ } TRIT_CUDA_CACHE=/tmp/cache_new timeout 150 /tmp/new/$t --ignored --test-threads 1 --nocapture > /tmp/$t.log 2>&1; echo "rc=$?"
     grep -E "^test result|^test .*FAILED|panicked at" /tmp/$t.log | cut -c1-240
   done

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/../../.."
 D=.dev/gpu/$1
 T=$(mktemp -d)
 mkdir -p "$D"
-for t in gpu_vs_cpu gpu_batch gpu_hybrid gpu_sample gpu_greedy gpu_serve_loop kernels_compile; do
+for t in gpu_vs_cpu gpu_kernels gpu_batch gpu_hybrid gpu_sample gpu_greedy gpu_serve_loop kernels_compile; do
   f=$(ls -t target/release/deps/$t-* | grep -v "\.d$" | head -1)
   cp "$f" "$T/$t"
 done
