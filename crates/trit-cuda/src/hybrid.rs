@@ -11,13 +11,12 @@
 //! the host), without the LM head. The step's kernel sequence is `step.rs`; Hadamard-rotated
 //! (Bonsai 2) files run with their rotations applied on the GPU (`rotation.rs`). Several
 //! sequences (the server's continuous batching) decode together through `batch.rs`, each in
-//! its own slot.
+//! its own slot; generation loops on the device through `device_loop.rs`.
 
 use crate::device::{ptr, Gpu};
 use crate::graph::{alloc_host_logits, copy_to_pinned, StepGraph};
-use crate::greedy::{GreedyBufs, LoopArgs, Pick, Rule};
+use crate::greedy::{GreedyBufs, LoopArgs};
 use crate::hybrid_weights::{self, DevHybrid};
-use crate::model::StepKind;
 use crate::model::{check_forward, poisoned, CudaOptions, FusedSet};
 use crate::topk::TopBuffers;
 use cudarc::driver::{CudaSlice, PinnedHostSlice};
@@ -31,6 +30,7 @@ use trit::sample::RowLogits;
 use trit::{Error, Result};
 
 mod batch;
+mod device_loop;
 mod prefill;
 mod step;
 
@@ -493,109 +493,6 @@ impl CudaHybrid {
         st.history.truncate(pos0);
         st.history.extend_from_slice(tokens);
         Ok(())
-    }
-
-    /// `ExternalNet::decode_on_device` with the state locked. A recurrent state that does not
-    /// stand at `pos0` is brought there first, as `forward` would: zeroed, and the sequence's
-    /// earlier tokens replayed.
-    fn greedy_locked(
-        &self,
-        st: &mut State,
-        args: &LoopArgs<'_>,
-        accept: &mut dyn FnMut(u32, bool) -> bool,
-    ) -> Result<Option<DeviceLoopRun>> {
-        let (first, pos0, max_steps) = (args.first, args.pos0, args.max_steps);
-        let Some((rule, rng)) = Rule::of(args.pick, self.config.vocab) else {
-            return Ok(None);
-        };
-        if !self.greedy_loop || max_steps == 0 || pos0 > st.history.len() {
-            return Ok(None);
-        }
-        if st.seq_len != Some(pos0) {
-            if pos0 == 0 {
-                st.b.seq.reset(&st.gpu)?;
-                st.history.clear();
-                st.seq_len = Some(0);
-            } else {
-                let last = st.history[pos0 - 1];
-                self.forward_locked(st, &[last], pos0 - 1, None, &mut |_| {})?;
-            }
-        }
-        upload_feed(st, &[first], pos0)?;
-        st.seq_len = None;
-        let mut bufs = GreedyBufs::take_or_new(&mut st.greedy, &st.gpu, self.ctx)?;
-        let mut seen = Vec::new();
-        let driven = {
-            let st: &State = st;
-            let s = &st.gpu.stream;
-            let pick = Pick {
-                halt: Some(ptr(&st.b.halt, s)),
-                ..Pick::new(
-                    s,
-                    (&st.b.logits, self.config.vocab),
-                    &st.b.step,
-                    &st.b.toks,
-                    rule,
-                )
-            };
-            // The loop's graph covers its last position.
-            let reach = pos0 + max_steps;
-            let enqueue = || self.enqueue_layers(st, true, reach);
-            crate::greedy::drive(
-                &st.gpu,
-                &mut bufs,
-                args,
-                rng,
-                &mut |b| {
-                    b.launch_step(
-                        &st.gpu,
-                        self.use_graph,
-                        &pick,
-                        (
-                            StepKind::Chain {
-                                splits: self.attn_step.map_or(0, |a| a.grid(reach) as usize),
-                            },
-                            None,
-                        ),
-                        &enqueue,
-                    )
-                },
-                &mut |t, drew| {
-                    seen.push(t);
-                    accept(t, drew)
-                },
-            )
-        };
-        st.greedy = Some(bufs);
-        // Ordinary steps must find the halt word clear (queued behind the loop's steps).
-        let cleared = st.gpu.stream.clone().memset_zeros(&mut st.b.halt);
-        let d = match driven {
-            Ok(d) => d,
-            Err(e) => {
-                let _ = st.gpu.sync();
-                return Err(e);
-            }
-        };
-        cleared.map_err(|e| crate::device::cuda_err("clearing the halt word", e))?;
-        let fed = d.run.fed;
-        st.history.truncate(pos0);
-        st.history.push(first);
-        st.history.extend_from_slice(&seen[..fed - 1]);
-        st.device_pos = Some(pos0 + d.ran);
-        // Steps run past the last fed token moved the state on (the next forward replays),
-        // unless a stop id halted them (`deltanet_step*` leave the state alone then).
-        let kept = d.ran == fed || (d.halted && self.halts(st));
-        st.seq_len = kept.then_some(pos0 + fed);
-        Ok(Some(d.run))
-    }
-
-    /// Whether every DeltaNet layer's state update happens in one `deltanet_step*` kernel of
-    /// the decode step, the kernels that honour the halt word.
-    fn halts(&self, st: &State) -> bool {
-        st.w.layers.iter().all(|l| match &l.mixer {
-            hybrid_weights::DevMixer::Linear(m) => self.one_kernel_mixer(m),
-            hybrid_weights::DevMixer::Full(_) => true,
-        })
     }
 
     fn read_logits(&self, st: &mut State) -> Result<Vec<f32>> {
