@@ -5,8 +5,9 @@
 //! and the token from a device array indexed by that position; a decode step is a 4-byte
 //! upload, one launch and the logits copied back. Prompts of more than one token go through
 //! the batched prefill (`prefill.rs`) instead, unless it is switched off (then n graph
-//! launches). Two graphs are captured: with and without the LM head
-//! (prompt tokens whose logits nobody reads skip it).
+//! launches). Graphs are captured on first use per kind of step — the attention's grid (4, 8
+//! or 16 blocks per head by the context's length: `decode_attention.rs`) and with or without
+//! the LM head (prompt tokens whose logits nobody reads skip it).
 
 use crate::decode_attention::{self, ATT_CHUNK, ATT_CLUSTER};
 use crate::device::{ptr, Arg, Gpu};
