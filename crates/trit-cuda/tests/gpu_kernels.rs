@@ -180,6 +180,21 @@ fn streaming_gemv_matches_its_cpu_emulation() {
     }
 }
 
+/// A residual row of `cols` values in [−2, 2), its RMSNorm weights in [0.5, 1.5) (from the
+/// seeds) and 1 / RMS(x) computed in f64: what the streaming GEMV's prologue normalizes.
+fn residual_row(cols: usize, eps: f32, seeds: (u64, u64)) -> (Vec<f32>, Vec<f32>, f32) {
+    let x: Vec<f32> = prompt(cols, 20001, seeds.0)
+        .iter()
+        .map(|&v| v as f32 / 5000.0 - 2.0)
+        .collect();
+    let gamma: Vec<f32> = prompt(cols, 1001, seeds.1)
+        .iter()
+        .map(|&v| 0.5 + v as f32 / 1000.0)
+        .collect();
+    let ms = x.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / cols as f64;
+    (x, gamma, (1.0 / (ms + eps as f64).sqrt()) as f32)
+}
+
 /// The streaming GEMV's prologue on the residual stream (q‖k‖v, gate‖up): RMSNorm with γ, int8
 /// quantization, then the product — against the CPU doing the same in f64 + the reference
 /// GEMV. 8,256 columns: wider than the values a block keeps in registers at 3 and 16 warps,
@@ -194,16 +209,7 @@ fn streaming_gemv_normalizes_its_input_like_the_cpu() {
     use trit_cuda::repack::quantize_activations;
     let gpu = trit_cuda::device::Gpu::open(0).unwrap();
     let (cols, eps) = (8256, 1e-6f32);
-    let x: Vec<f32> = prompt(cols, 20001, 31)
-        .iter()
-        .map(|&v| v as f32 / 5000.0 - 2.0)
-        .collect();
-    let gamma: Vec<f32> = prompt(cols, 1001, 32)
-        .iter()
-        .map(|&v| 0.5 + v as f32 / 1000.0)
-        .collect();
-    let ms = x.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / cols as f64;
-    let inv = (1.0 / (ms + eps as f64).sqrt()) as f32;
+    let (x, gamma, inv) = residual_row(cols, eps, (31, 32));
     let normed: Vec<f32> = x.iter().zip(&gamma).map(|(&v, &g)| v * inv * g).collect();
     let (q, meta) = quantize_activations(&normed);
     for (rows, glu) in [(37, false), (74, true)] {
@@ -245,20 +251,11 @@ fn streaming_gemv_rotates_its_input_like_the_cpu() {
     use trit_cuda::repack::quantize_activations;
     let gpu = trit_cuda::device::Gpu::open(0).unwrap();
     let (cols, eps) = (5120, 1e-6f32);
-    let x: Vec<f32> = prompt(cols, 20001, 41)
-        .iter()
-        .map(|&v| v as f32 / 5000.0 - 2.0)
-        .collect();
-    let gamma: Vec<f32> = prompt(cols, 1001, 42)
-        .iter()
-        .map(|&v| 0.5 + v as f32 / 1000.0)
-        .collect();
+    let (x, gamma, inv) = residual_row(cols, eps, (41, 42));
     let signs: Vec<f32> = prompt(cols, 2, 43)
         .iter()
         .map(|&v| if v == 0 { -1.0 } else { 1.0 })
         .collect();
-    let ms = x.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / cols as f64;
-    let inv = (1.0 / (ms + eps as f64).sqrt()) as f32;
     for block in [1024, 512] {
         let mut rotated: Vec<f32> = x
             .iter()
