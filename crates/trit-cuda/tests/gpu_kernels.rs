@@ -195,6 +195,27 @@ fn residual_row(cols: usize, eps: f32, seeds: (u64, u64)) -> (Vec<f32>, Vec<f32>
     (x, gamma, (1.0 / (ms + eps as f64).sqrt()) as f32)
 }
 
+/// The streaming shapes (warps, warps per row group) of `pairs`, one block per multiprocessor
+/// and 4 rows per warp, whose shared memory (plus `extra` bytes) fits for `cols` columns.
+fn shapes_that_fit(
+    gpu: &trit_cuda::device::Gpu,
+    cols: usize,
+    extra: usize,
+    pairs: &[(u32, u32)],
+) -> Vec<trit_cuda::gemv::StreamConfig> {
+    use trit_cuda::gemv::{stream_smem_bytes, StreamConfig};
+    pairs
+        .iter()
+        .filter(|&&(warps, _)| stream_smem_bytes(cols / 64, 4, warps) + extra <= gpu.max_dyn_smem)
+        .map(|&(warps, split)| StreamConfig {
+            warps,
+            split,
+            blocks_per_sm: 1,
+            ..StreamConfig::DEFAULT
+        })
+        .collect()
+}
+
 /// The streaming GEMV's prologue on the residual stream (q‖k‖v, gate‖up): RMSNorm with γ, int8
 /// quantization, then the product — against the CPU doing the same in f64 + the reference
 /// GEMV. 8,256 columns: wider than the values a block keeps in registers at 3 and 16 warps,
@@ -205,7 +226,7 @@ fn streaming_gemv_normalizes_its_input_like_the_cpu() {
     if gpu_missing() {
         return;
     }
-    use trit_cuda::gemv::{stream_smem_bytes, ternary_gemv_stream_norm_once, StreamConfig};
+    use trit_cuda::gemv::ternary_gemv_stream_norm_once;
     use trit_cuda::repack::quantize_activations;
     let gpu = trit_cuda::device::Gpu::open(0).unwrap();
     let (cols, eps) = (8256, 1e-6f32);
@@ -215,16 +236,7 @@ fn streaming_gemv_normalizes_its_input_like_the_cpu() {
     for (rows, glu) in [(37, false), (74, true)] {
         let m = random_q2_0(rows, cols, (33, 34));
         let want = reference_outputs(&m, &q, &meta, glu);
-        for (warps, split) in [(3, 1), (16, 1), (12, 4), (17, 1)] {
-            let cfg = StreamConfig {
-                warps,
-                split,
-                blocks_per_sm: 1,
-                ..StreamConfig::DEFAULT
-            };
-            if stream_smem_bytes(cols / 64, 4, warps) > gpu.max_dyn_smem {
-                continue;
-            }
+        for cfg in shapes_that_fit(&gpu, cols, 0, &[(3, 1), (16, 1), (12, 4), (17, 1)]) {
             let got = ternary_gemv_stream_norm_once(&gpu, &m, &x, &gamma, eps, None, 4, glu, cfg)
                 .unwrap();
             // The block sum's order differs from the CPU's, which may move a value across an
@@ -247,7 +259,7 @@ fn streaming_gemv_rotates_its_input_like_the_cpu() {
         return;
     }
     use trit::kernels::hadamard::fwht_blocks_scalar;
-    use trit_cuda::gemv::{stream_smem_bytes, ternary_gemv_stream_norm_once, StreamConfig};
+    use trit_cuda::gemv::ternary_gemv_stream_norm_once;
     use trit_cuda::repack::quantize_activations;
     let gpu = trit_cuda::device::Gpu::open(0).unwrap();
     let (cols, eps) = (5120, 1e-6f32);
@@ -268,16 +280,7 @@ fn streaming_gemv_rotates_its_input_like_the_cpu() {
         for (rows, glu) in [(37, false), (74, true)] {
             let m = random_q2_0(rows, cols, (44, 45));
             let want = reference_outputs(&m, &q, &meta, glu);
-            for (warps, split) in [(3, 1), (16, 1), (17, 1)] {
-                let cfg = StreamConfig {
-                    warps,
-                    split,
-                    blocks_per_sm: 1,
-                    ..StreamConfig::DEFAULT
-                };
-                if stream_smem_bytes(cols / 64, 4, warps) + 4 * cols > gpu.max_dyn_smem {
-                    continue;
-                }
+            for cfg in shapes_that_fit(&gpu, cols, 4 * cols, &[(3, 1), (16, 1), (17, 1)]) {
                 let rot = Some((&signs[..], block));
                 let got =
                     ternary_gemv_stream_norm_once(&gpu, &m, &x, &gamma, eps, rot, 4, glu, cfg)
