@@ -457,3 +457,73 @@ fn minus_one_runs_to_the_context_end_and_a_context_shift_goes_past_it() {
         common::assert_refused(&args, says);
     }
 }
+
+/// `trit run MODEL "prompt"`, `trit chat MODEL` and `trit perplexity MODEL -f FILE` take the
+/// model as their first argument (what `--model` does); a lone model file is not read as a
+/// prompt, and a model given twice differently is refused.
+#[test]
+fn the_model_may_come_first_as_an_argument() {
+    let Some(model) = default_model() else {
+        eprintln!("skipped: no default model in models/default");
+        return;
+    };
+    let run = |args: &[&std::ffi::OsStr]| {
+        let out = trit().arg("run").args(args).output().unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        );
+        (out.status.success(), stdout, stderr)
+    };
+    let m = model.as_os_str();
+    let flags: Vec<&std::ffi::OsStr> = ["--temp", "0", "-n", "8", "-q"]
+        .iter()
+        .map(|s| s.as_ref())
+        .collect();
+    let prompt = std::ffi::OsStr::new("Once upon a time");
+    let (ok, positional, err) = run(&[&[m, prompt][..], &flags].concat());
+    assert!(ok, "{err}");
+    let (ok, flagged, err) = run(&[&["--model".as_ref(), m, prompt][..], &flags].concat());
+    assert!(ok, "{err}");
+    assert!(!positional.trim().is_empty());
+    assert_eq!(
+        positional, flagged,
+        "the same model and prompt, the same greedy text"
+    );
+
+    let (ok, _, err) = run(&[m]);
+    assert!(!ok);
+    assert!(err.contains("is a model, not a prompt"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let (ok, _, err) = run(&["--model".as_ref(), m, "other.gguf".as_ref(), prompt]);
+    assert!(!ok);
+    assert!(err.contains("give the model once"), "{err}");
+
+    let mut chat = trit();
+    chat.args(["chat", "--temp", "0", "-n", "4"]).arg(&model);
+    let out = common::output_with_stdin(&mut chat, b"Hi\n/exit\n");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).trim().is_empty());
+
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, "The cat sat on the mat. ".repeat(40)).unwrap();
+    let out = trit()
+        .args(["perplexity", "-c", "64", "--chunks", "1"])
+        .arg(&model)
+        .arg("-f")
+        .arg(&text)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("Final estimate: PPL"), "{stdout}");
+}

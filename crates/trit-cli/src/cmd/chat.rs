@@ -14,6 +14,8 @@ use trit::Error;
 
 #[derive(Args, Debug)]
 pub struct ChatArgs {
+    /// Model path (positional form of --model: `trit chat MODEL`).
+    pub path: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
@@ -35,7 +37,8 @@ const HELP: &str = "commands: /help (h), /clear or /reset (r) forget the convers
 /system TEXT set the system message, /save FILE keep the conversation and its cache in FILE, \
 /load FILE continue one saved there, /exit (q)";
 
-pub fn run(a: ChatArgs) -> Result<()> {
+pub fn run(mut a: ChatArgs) -> Result<()> {
+    super::take_positional_model(a.path.take(), &mut a.model)?;
     let loaded = load(&a.model)?;
     let Some(template) = &loaded.template else {
         bail!("this model has no chat template; use `trit run --raw` instead");

@@ -21,8 +21,9 @@ fn gib(b: usize) -> String {
     }
 }
 
-pub fn run(a: InfoArgs) -> Result<()> {
-    let path = resolve_model(&a.path.or(a.model.model))?;
+pub fn run(mut a: InfoArgs) -> Result<()> {
+    super::take_positional_model(a.path.take(), &mut a.model)?;
+    let path = resolve_model(&a.model.model)?;
     let files = trit::format::open(&path)?;
     let c = &files.config;
     println!("file:          {} ({})", path.display(), files.format_name);

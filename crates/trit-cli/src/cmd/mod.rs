@@ -300,6 +300,24 @@ pub fn default_model() -> Option<PathBuf> {
     None
 }
 
+/// A subcommand's positional model (`trit chat MODEL`) in place of `--model`: it wins over
+/// `TRIT_MODEL`, and giving both it and a different `--model` is an error.
+pub fn take_positional_model(path: Option<PathBuf>, args: &mut ModelArgs) -> Result<()> {
+    let Some(p) = path else { return Ok(()) };
+    let from_env = std::env::var_os("TRIT_MODEL").map(PathBuf::from);
+    if let Some(m) = &args.model {
+        if *m != p && Some(m) != from_env.as_ref() {
+            bail!(
+                "give the model once: {} as an argument and {} with --model",
+                p.display(),
+                m.display()
+            );
+        }
+    }
+    args.model = Some(p);
+    Ok(())
+}
+
 pub fn resolve_model(arg: &Option<PathBuf>) -> Result<PathBuf> {
     if let Some(p) = arg {
         return crate::hub::resolve::model_argument(p);

@@ -9,6 +9,8 @@ use trit::engine::perplexity::perplexity;
 
 #[derive(Args, Debug)]
 pub struct PerplexityArgs {
+    /// Model path (positional form of --model: `trit perplexity MODEL -f FILE`).
+    pub path: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub model: ModelArgs,
     /// Text file to score.
@@ -23,6 +25,7 @@ pub struct PerplexityArgs {
 }
 
 pub fn run(mut a: PerplexityArgs) -> Result<()> {
+    super::take_positional_model(a.path.take(), &mut a.model)?;
     let n_ctx = a.model.ctx.unwrap_or(512);
     a.model.ctx = Some(n_ctx);
     let loaded = load(&a.model)?;

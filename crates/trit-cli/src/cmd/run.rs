@@ -15,9 +15,14 @@ use trit::sample::{JsonOutput, JsonSchema, TokenTable};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
+    /// The model (the positional form of --model: `trit run MODEL "prompt"`); given alone,
+    /// the prompt (`trit run "prompt"` runs --model, TRIT_MODEL or the default model), or with
+    /// -f the model.
+    #[arg(value_name = "MODEL")]
+    pub first: Option<String>,
     /// The prompt (a user message, unless --raw); `-` reads it from standard input.
-    #[arg(required_unless_present = "file", conflicts_with = "file")]
-    pub prompt: Option<String>,
+    #[arg(value_name = "PROMPT")]
+    pub second: Option<String>,
     /// Read the prompt from this file (llama.cpp's -f).
     #[arg(short, long, value_name = "FILE")]
     pub file: Option<PathBuf>,
@@ -214,9 +219,32 @@ pub fn prompt_ids(
     Ok(tok.encode(&text, false)?)
 }
 
+/// The positional arguments as (model, prompt): `MODEL PROMPT`, `PROMPT`, or with -f `MODEL`.
+/// A lone argument that names a model file or folder is refused rather than read as a prompt.
+fn positionals(a: &RunArgs) -> Result<(Option<PathBuf>, Option<String>)> {
+    match (&a.first, &a.second, a.file.is_some()) {
+        (Some(model), Some(prompt), false) => Ok((Some(model.into()), Some(prompt.clone()))),
+        (Some(_), Some(_), true) => {
+            bail!("the prompt comes from -f: give only the model as an argument")
+        }
+        (Some(model), None, true) => Ok((Some(model.into()), None)),
+        (Some(one), None, false) => {
+            let p = std::path::Path::new(one);
+            if p.is_dir() || (p.is_file() && p.extension().is_some_and(|x| x == "gguf")) {
+                bail!(
+                    "'{one}' is a model, not a prompt: give the prompt after it \
+                     (trit run {one} \"...\"), or -f FILE"
+                );
+            }
+            Ok((None, Some(one.clone())))
+        }
+        _ => Ok((None, None)),
+    }
+}
+
 /// The prompt's text: the argument, the file, or standard input for `-`.
-fn prompt_text(a: &RunArgs) -> Result<String> {
-    let text = match (&a.prompt, &a.file) {
+fn prompt_text(prompt: &Option<String>, a: &RunArgs) -> Result<String> {
+    let text = match (prompt, &a.file) {
         (_, Some(f)) => std::fs::read_to_string(f)
             .with_context(|| format!("reading the prompt file {}", f.display()))?,
         (Some(p), None) if p == "-" => {
@@ -236,8 +264,10 @@ fn prompt_text(a: &RunArgs) -> Result<String> {
     Ok(text)
 }
 
-pub fn run(a: RunArgs) -> Result<()> {
-    let prompt = prompt_text(&a)?;
+pub fn run(mut a: RunArgs) -> Result<()> {
+    let (model, prompt) = positionals(&a)?;
+    let prompt = prompt_text(&prompt, &a)?;
+    super::take_positional_model(model, &mut a.model)?;
     let loaded = load(&a.model)?;
     let json = json_output(&a, &loaded)?;
     // A JSON document starts the reply: no thinking block before it.

@@ -68,9 +68,7 @@ fn parse_pooling(s: &str) -> std::result::Result<trit::engine::Pooling, String> 
 const PREFIX_CACHE_MIB: usize = 512;
 
 pub fn run(mut a: ServeArgs) -> Result<()> {
-    if a.path.is_some() {
-        a.model.model = a.path.take();
-    }
+    super::take_positional_model(a.path.take(), &mut a.model)?;
     anyhow::ensure!(a.parallel >= 1, "--parallel must be at least 1");
     let loaded = load(&a.model)?;
     let on_gpu = a.model.device == super::Device::Cuda;
