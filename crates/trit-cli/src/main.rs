@@ -44,8 +44,23 @@ enum Command {
     Convert(cmd::convert::ConvertArgs),
 }
 
+/// Output into a closed pipe (`trit embed … | head`) ends the process quietly, as it does a C
+/// tool's: Rust ignores SIGPIPE, so the next print would panic on EPIPE instead. The server
+/// keeps it ignored (a client that hangs up must not end it).
+#[cfg(unix)]
+fn quiet_on_closed_pipe() {
+    // SAFETY: restoring a signal's default disposition at startup, before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() {
     let cli = Cli::parse_from(cmd::llama_short_flags(std::env::args_os()));
+    #[cfg(unix)]
+    if !matches!(cli.command, Command::Serve(_)) {
+        quiet_on_closed_pipe();
+    }
     let result = match cli.command {
         Command::Run(a) => cmd::run::run(a),
         Command::Chat(a) => cmd::chat::run(a),

@@ -458,8 +458,8 @@ fn minus_one_runs_to_the_context_end_and_a_context_shift_goes_past_it() {
     }
 }
 
-/// `trit run MODEL "prompt"`, `trit chat MODEL` and `trit perplexity MODEL -f FILE` take the
-/// model as their first argument (what `--model` does); a lone model file is not read as a
+/// `trit run MODEL "prompt"`, `trit embed MODEL "text"`, `trit chat MODEL` and `trit perplexity
+/// MODEL -f FILE` take the model as their first argument (what `--model` does); a lone model file is not read as a
 /// prompt, and a model given twice differently is refused.
 #[test]
 fn the_model_may_come_first_as_an_argument() {
@@ -499,6 +499,15 @@ fn the_model_may_come_first_as_an_argument() {
     assert!(!ok);
     assert!(err.contains("give the model once"), "{err}");
 
+    let embed = |args: &[&std::ffi::OsStr]| trit().arg("embed").args(args).output().unwrap();
+    let (positional, flagged) = (embed(&[m, prompt]), embed(&["-m".as_ref(), m, prompt]));
+    assert!(
+        positional.status.success(),
+        "{}",
+        String::from_utf8_lossy(&positional.stderr)
+    );
+    assert_eq!(positional.stdout, flagged.stdout);
+
     let mut chat = trit();
     chat.args(["chat", "--temp", "0", "-n", "4"]).arg(&model);
     let out = common::output_with_stdin(&mut chat, b"Hi\n/exit\n");
@@ -526,4 +535,48 @@ fn the_model_may_come_first_as_an_argument() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("Final estimate: PPL"), "{stdout}");
+}
+
+/// Output into a pipe the reader closed (`trit embed … | head -c 10`) ends the process quietly
+/// (SIGPIPE, as a C tool), never with a panic about a broken pipe.
+#[cfg(unix)]
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    let Some(model) = default_model() else {
+        eprintln!("skipped: no default model in models/default");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let lines = dir.path().join("lines.txt");
+    // ~5 KB of values per line: far more than a pipe buffer holds.
+    let text: String = (0..40).map(|i| format!("line {i} of the text\n")).collect();
+    std::fs::write(&lines, text).unwrap();
+    let mut child = trit()
+        .args(["embed", "-t", "1"])
+        .arg(&model)
+        .arg("-f")
+        .arg(&lines)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 10];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    // The read end is dropped here: every later write of the child fails.
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        out.status.success() || out.status.signal() == Some(libc_sigpipe()),
+        "{:?}: {stderr}",
+        out.status
+    );
+}
+
+/// SIGPIPE's number on Linux and the BSDs.
+#[cfg(unix)]
+fn libc_sigpipe() -> i32 {
+    13
 }

@@ -13,9 +13,13 @@ use trit::engine::{embed, Pooling};
 
 #[derive(Args, Debug)]
 pub struct EmbedArgs {
+    /// The model (the positional form of --model: `trit embed MODEL "text"`); given alone,
+    /// the text, or with -f the model.
+    #[arg(value_name = "MODEL")]
+    pub first: Option<String>,
     /// The text to embed; `-` reads standard input (one text per line).
-    #[arg(required_unless_present = "file", conflicts_with = "file")]
-    pub text: Option<String>,
+    #[arg(value_name = "TEXT")]
+    pub second: Option<String>,
     /// Embed each non-empty line of this file.
     #[arg(short, long, value_name = "FILE")]
     pub file: Option<PathBuf>,
@@ -35,14 +39,14 @@ fn parse_pooling(s: &str) -> std::result::Result<Pooling, String> {
 }
 
 /// The texts: the argument, or the lines of the file / standard input.
-fn texts(a: &EmbedArgs) -> Result<Vec<String>> {
+fn texts(text: &Option<String>, a: &EmbedArgs) -> Result<Vec<String>> {
     let lines = |s: String| -> Vec<String> {
         s.lines()
             .filter(|l| !l.trim().is_empty())
             .map(str::to_string)
             .collect()
     };
-    let texts = match (&a.text, &a.file) {
+    let texts = match (text, &a.file) {
         (_, Some(f)) => {
             lines(std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?)
         }
@@ -61,8 +65,10 @@ fn texts(a: &EmbedArgs) -> Result<Vec<String>> {
     Ok(texts)
 }
 
-pub fn run(a: EmbedArgs) -> Result<()> {
-    let texts = texts(&a)?;
+pub fn run(mut a: EmbedArgs) -> Result<()> {
+    let (model, text) = super::model_then_text((&a.first, &a.second), a.file.is_some(), "embed")?;
+    let texts = texts(&text, &a)?;
+    super::take_positional_model(model, &mut a.model)?;
     let loaded = load(&a.model)?;
     let cfg = &loaded.files.config;
     let bos = cfg.bos.filter(|_| cfg.add_bos);

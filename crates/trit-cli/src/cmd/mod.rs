@@ -300,6 +300,34 @@ pub fn default_model() -> Option<PathBuf> {
     None
 }
 
+/// `run`'s and `embed`'s two arguments as (model, text): `MODEL TEXT`, `TEXT`, or with -f
+/// (`from_file`) `MODEL`. A lone argument that names a model file or folder is refused rather
+/// than read as the text.
+pub fn model_then_text(
+    (first, second): (&Option<String>, &Option<String>),
+    from_file: bool,
+    cmd: &str,
+) -> Result<(Option<PathBuf>, Option<String>)> {
+    match (first, second, from_file) {
+        (Some(model), Some(text), false) => Ok((Some(model.into()), Some(text.clone()))),
+        (Some(_), Some(_), true) => {
+            bail!("the text comes from -f: give only the model as an argument")
+        }
+        (Some(model), None, true) => Ok((Some(model.into()), None)),
+        (Some(one), None, false) => {
+            let p = Path::new(one);
+            if p.is_dir() || (p.is_file() && p.extension().is_some_and(|x| x == "gguf")) {
+                bail!(
+                    "'{one}' is a model, not a prompt: give the text after it \
+                     (trit {cmd} {one} \"...\"), or -f FILE"
+                );
+            }
+            Ok((None, Some(one.clone())))
+        }
+        _ => Ok((None, None)),
+    }
+}
+
 /// A subcommand's positional model (`trit chat MODEL`) in place of `--model`: it wins over
 /// `TRIT_MODEL`, and giving both it and a different `--model` is an error.
 pub fn take_positional_model(path: Option<PathBuf>, args: &mut ModelArgs) -> Result<()> {

@@ -219,29 +219,6 @@ pub fn prompt_ids(
     Ok(tok.encode(&text, false)?)
 }
 
-/// The positional arguments as (model, prompt): `MODEL PROMPT`, `PROMPT`, or with -f `MODEL`.
-/// A lone argument that names a model file or folder is refused rather than read as a prompt.
-fn positionals(a: &RunArgs) -> Result<(Option<PathBuf>, Option<String>)> {
-    match (&a.first, &a.second, a.file.is_some()) {
-        (Some(model), Some(prompt), false) => Ok((Some(model.into()), Some(prompt.clone()))),
-        (Some(_), Some(_), true) => {
-            bail!("the prompt comes from -f: give only the model as an argument")
-        }
-        (Some(model), None, true) => Ok((Some(model.into()), None)),
-        (Some(one), None, false) => {
-            let p = std::path::Path::new(one);
-            if p.is_dir() || (p.is_file() && p.extension().is_some_and(|x| x == "gguf")) {
-                bail!(
-                    "'{one}' is a model, not a prompt: give the prompt after it \
-                     (trit run {one} \"...\"), or -f FILE"
-                );
-            }
-            Ok((None, Some(one.clone())))
-        }
-        _ => Ok((None, None)),
-    }
-}
-
 /// The prompt's text: the argument, the file, or standard input for `-`.
 fn prompt_text(prompt: &Option<String>, a: &RunArgs) -> Result<String> {
     let text = match (prompt, &a.file) {
@@ -265,7 +242,7 @@ fn prompt_text(prompt: &Option<String>, a: &RunArgs) -> Result<String> {
 }
 
 pub fn run(mut a: RunArgs) -> Result<()> {
-    let (model, prompt) = positionals(&a)?;
+    let (model, prompt) = super::model_then_text((&a.first, &a.second), a.file.is_some(), "run")?;
     let prompt = prompt_text(&prompt, &a)?;
     super::take_positional_model(model, &mut a.model)?;
     let loaded = load(&a.model)?;
