@@ -12,6 +12,16 @@ fn trit() -> Command {
     c
 }
 
+/// The stdout of a run that must have succeeded (its stderr in the failure message).
+fn succeeded(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
 fn default_model() -> Option<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/default");
     std::fs::read_dir(dir)
@@ -75,12 +85,7 @@ fn default_model_runs_offline_and_prints_speed() {
         .args(["run", "--temp", "0", "-n", "24", "Once upon a time"])
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&out);
     // The reply between the ==== lines is English words, not byte soup.
     let text = stdout.split("==========").nth(1).unwrap_or("");
     let is_word = |w: &str| {
@@ -103,12 +108,7 @@ fn info_describes_the_default_model() {
         return;
     }
     let out = trit().arg("info").output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&out);
     assert!(stdout.contains("Llama"), "{stdout}");
     assert!(stdout.contains("Q2_0"), "{stdout}");
     assert!(stdout.contains("bits per weight"), "{stdout}");
@@ -528,12 +528,7 @@ fn the_model_may_come_first_as_an_argument() {
         .arg(&text)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded(&out);
     assert!(stdout.contains("Final estimate: PPL"), "{stdout}");
 }
 
