@@ -498,6 +498,26 @@ fn the_model_may_come_first_as_an_argument() {
     let (ok, _, err) = run(&["--model".as_ref(), m, "other.gguf".as_ref(), prompt]);
     assert!(!ok);
     assert!(err.contains("give the model once"), "{err}");
+    // A hub repository in the local cache is a model too; a text shaped like one is a prompt.
+    let hub = tempfile::tempdir().unwrap();
+    let repo = hub.path().join("models--acme--tiny");
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(
+        repo.join("refs/main"),
+        "0123456789abcdef0123456789abcdef01234567",
+    )
+    .unwrap();
+    let alone = |text: &str| {
+        let mut cmd = trit();
+        cmd.env("HF_HUB_CACHE", hub.path())
+            .args(["run", "--temp", "0", "-n", "2", "-q", text]);
+        cmd.output().unwrap()
+    };
+    let out = alone("acme/tiny");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is a model, not a prompt"), "{err}");
+    succeeded(&alone("and/or"));
 
     let embed = |args: &[&std::ffi::OsStr]| trit().arg("embed").args(args).output().unwrap();
     let (positional, flagged) = (embed(&[m, prompt]), embed(&["-m".as_ref(), m, prompt]));

@@ -301,8 +301,8 @@ pub fn default_model() -> Option<PathBuf> {
 }
 
 /// `run`'s and `embed`'s two arguments as (model, text): `MODEL TEXT`, `TEXT`, or with -f
-/// (`from_file`) `MODEL`. A lone argument that names a model file or folder is refused rather
-/// than read as the text.
+/// (`from_file`) `MODEL`. A lone argument that names a model (a file, a folder or a cached hub
+/// repository) is refused rather than read as the text.
 pub fn model_then_text(
     (first, second): (&Option<String>, &Option<String>),
     from_file: bool,
@@ -315,8 +315,7 @@ pub fn model_then_text(
         }
         (Some(model), None, true) => Ok((Some(model.into()), None)),
         (Some(one), None, false) => {
-            let p = Path::new(one);
-            if p.is_dir() || (p.is_file() && p.extension().is_some_and(|x| x == "gguf")) {
+            if crate::hub::resolve::names_a_model(one) {
                 bail!(
                     "'{one}' is a model, not a prompt: give the text after it \
                      (trit {cmd} {one} \"...\"), or -f FILE"

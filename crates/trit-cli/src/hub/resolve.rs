@@ -7,6 +7,20 @@ use super::RepoSpec;
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
 
+/// Whether `arg` names a model: an existing `.gguf` file or folder, or an `owner/name[:FILE]`
+/// repository already in the local HF cache (a text that merely looks like one is not).
+pub fn names_a_model(arg: &str) -> bool {
+    let p = Path::new(arg);
+    if p.is_dir() || (p.is_file() && p.extension().is_some_and(|x| x == "gguf")) {
+        return true;
+    }
+    RepoSpec::parse(arg).is_some_and(|spec| {
+        RepoCache::new(&super::cache_root(None), &spec.repo)
+            .resolve_offline("main")
+            .is_some()
+    })
+}
+
 /// An existing path is used as is; otherwise `owner/name[:FILE]` is looked up in the cache
 /// (revision `main`); anything else is returned unchanged so the loader names the missing file.
 pub fn model_argument(arg: &Path) -> Result<PathBuf> {
