@@ -1,9 +1,12 @@
 //! `trit bench` output shape (never its speed): llama-bench's JSON fields and markdown header on
 //! a tiny generated model, and clear errors for bad flags.
 
+mod common;
+
+use common::ok_stdout;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use trit::format::testgen::{generate, OutFormat, Preset, TokenizerAssets};
 use trit::quant::GgmlType;
 
@@ -24,15 +27,6 @@ fn tiny_model(dir: &Path) -> (PathBuf, usize) {
         .map(|t| t.shape.iter().product::<usize>())
         .sum();
     (dir.join(fmt.file_name()), params)
-}
-
-fn ok_stdout(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "trit bench failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
 }
 
 #[test]

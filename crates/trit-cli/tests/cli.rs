@@ -12,16 +12,6 @@ fn trit() -> Command {
     c
 }
 
-/// The stdout of a run that must have succeeded (its stderr in the failure message).
-fn succeeded(out: &std::process::Output) -> String {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).to_string()
-}
-
 fn default_model() -> Option<PathBuf> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/default");
     std::fs::read_dir(dir)
@@ -85,7 +75,7 @@ fn default_model_runs_offline_and_prints_speed() {
         .args(["run", "--temp", "0", "-n", "24", "Once upon a time"])
         .output()
         .unwrap();
-    let stdout = succeeded(&out);
+    let stdout = common::ok_stdout(&out);
     // The reply between the ==== lines is English words, not byte soup.
     let text = stdout.split("==========").nth(1).unwrap_or("");
     let is_word = |w: &str| {
@@ -108,7 +98,7 @@ fn info_describes_the_default_model() {
         return;
     }
     let out = trit().arg("info").output().unwrap();
-    let stdout = succeeded(&out);
+    let stdout = common::ok_stdout(&out);
     assert!(stdout.contains("Llama"), "{stdout}");
     assert!(stdout.contains("Q2_0"), "{stdout}");
     assert!(stdout.contains("bits per weight"), "{stdout}");
@@ -467,37 +457,22 @@ fn the_model_may_come_first_as_an_argument() {
         eprintln!("skipped: no default model in models/default");
         return;
     };
-    let run = |args: &[&std::ffi::OsStr]| {
-        let out = trit().arg("run").args(args).output().unwrap();
-        let (stdout, stderr) = (
-            String::from_utf8_lossy(&out.stdout).to_string(),
-            String::from_utf8_lossy(&out.stderr).to_string(),
-        );
-        (out.status.success(), stdout, stderr)
-    };
-    let m = model.as_os_str();
-    let flags: Vec<&std::ffi::OsStr> = ["--temp", "0", "-n", "8", "-q"]
-        .iter()
-        .map(|s| s.as_ref())
-        .collect();
-    let prompt = std::ffi::OsStr::new("Once upon a time");
-    let (ok, positional, err) = run(&[&[m, prompt][..], &flags].concat());
-    assert!(ok, "{err}");
-    let (ok, flagged, err) = run(&[&["--model".as_ref(), m, prompt][..], &flags].concat());
-    assert!(ok, "{err}");
+    let m = model.to_str().unwrap();
+    let reply = |args: &[&str]| common::ok_stdout(&trit().args(args).output().unwrap());
+    let (prompt, greedy) = ("Once upon a time", ["--temp", "0", "-n", "8", "-q"]);
+    let positional = reply(&[&["run", m, prompt][..], &greedy].concat());
+    let flagged = reply(&[&["run", "--model", m, prompt][..], &greedy].concat());
     assert!(!positional.trim().is_empty());
     assert_eq!(
         positional, flagged,
         "the same model and prompt, the same greedy text"
     );
+    common::assert_refused(&["run", m], "is a model, not a prompt");
+    common::assert_refused(
+        &["run", "--model", m, "other.gguf", prompt],
+        "give the model once",
+    );
 
-    let (ok, _, err) = run(&[m]);
-    assert!(!ok);
-    assert!(err.contains("is a model, not a prompt"), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
-    let (ok, _, err) = run(&["--model".as_ref(), m, "other.gguf".as_ref(), prompt]);
-    assert!(!ok);
-    assert!(err.contains("give the model once"), "{err}");
     // A hub repository in the local cache is a model too; a text shaped like one is a prompt.
     let hub = tempfile::tempdir().unwrap();
     let repo = hub.path().join("models--acme--tiny");
@@ -508,48 +483,34 @@ fn the_model_may_come_first_as_an_argument() {
     )
     .unwrap();
     let alone = |text: &str| {
-        let mut cmd = trit();
-        cmd.env("HF_HUB_CACHE", hub.path())
-            .args(["run", "--temp", "0", "-n", "2", "-q", text]);
-        cmd.output().unwrap()
+        trit()
+            .env("HF_HUB_CACHE", hub.path())
+            .args(["run", "--temp", "0", "-n", "2", "-q", text])
+            .output()
+            .unwrap()
     };
     let out = alone("acme/tiny");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("is a model, not a prompt"), "{err}");
-    succeeded(&alone("and/or"));
+    common::ok_stdout(&alone("and/or"));
 
-    let embed = |args: &[&std::ffi::OsStr]| trit().arg("embed").args(args).output().unwrap();
-    let (positional, flagged) = (embed(&[m, prompt]), embed(&["-m".as_ref(), m, prompt]));
-    assert!(
-        positional.status.success(),
-        "{}",
-        String::from_utf8_lossy(&positional.stderr)
+    assert_eq!(
+        reply(&["embed", m, prompt]),
+        reply(&["embed", "-m", m, prompt])
     );
-    assert_eq!(positional.stdout, flagged.stdout);
 
     let mut chat = trit();
-    chat.args(["chat", "--temp", "0", "-n", "4"]).arg(&model);
+    chat.args(["chat", "--temp", "0", "-n", "4", m]);
     let out = common::output_with_stdin(&mut chat, b"Hi\n/exit\n");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(!String::from_utf8_lossy(&out.stdout).trim().is_empty());
+    assert!(!common::ok_stdout(&out).trim().is_empty());
 
     let dir = tempfile::tempdir().unwrap();
     let text = dir.path().join("text.txt");
     std::fs::write(&text, "The cat sat on the mat. ".repeat(40)).unwrap();
-    let out = trit()
-        .args(["perplexity", "-c", "64", "--chunks", "1"])
-        .arg(&model)
-        .arg("-f")
-        .arg(&text)
-        .output()
-        .unwrap();
-    let stdout = succeeded(&out);
-    assert!(stdout.contains("Final estimate: PPL"), "{stdout}");
+    let text = text.to_str().unwrap();
+    let ppl = reply(&["perplexity", "-c", "64", "--chunks", "1", m, "-f", text]);
+    assert!(ppl.contains("Final estimate: PPL"), "{ppl}");
 }
 
 /// Output into a pipe the reader closed (`trit embed … | head -c 10`) ends the process quietly

@@ -27,7 +27,8 @@ pub fn trit() -> Command {
     c
 }
 
-/// Runs `trit ARGS` (stdin empty) and asserts that it fails with `says` in its stderr.
+/// Runs `trit ARGS` (stdin empty) and asserts that it fails with `says` in its stderr, and
+/// not by a panic.
 pub fn assert_refused(args: &[&str], says: &str) {
     let out = trit()
         .args(args)
@@ -36,9 +37,19 @@ pub fn assert_refused(args: &[&str], says: &str) {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && err.contains(says),
+        !out.status.success() && err.contains(says) && !err.contains("panicked"),
         "{args:?}: {err}"
     );
+}
+
+/// The stdout of a run that must have succeeded (its stderr in the failure message).
+pub fn ok_stdout(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "trit failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The repository's `.cache` (fixtures, reference venv), `TRIT_CACHE` when set.
