@@ -78,6 +78,18 @@ mod tests {
         assert_eq!(grid(100_000, 32, 16), 16);
     }
 
+    /// The names here repeat device.rs's list (NVRTC compiles that list): each one the host may
+    /// launch must be in it.
+    #[test]
+    fn every_kernel_named_is_compiled() {
+        for hd in (32..=256).step_by(32) {
+            for cluster in [false, true] {
+                let k = kernel(hd, cluster);
+                assert!(crate::device::KERNELS.contains(&k), "{k} is not in KERNELS");
+            }
+        }
+    }
+
     #[test]
     fn kernel_names_follow_the_head_width() {
         assert_eq!(kernel(128, false), "attn_decode_e4");

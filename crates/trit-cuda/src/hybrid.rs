@@ -414,8 +414,7 @@ impl CudaHybrid {
             return self.enqueue_step(st, with_head, pos + 1);
         }
         // One graph per attention grid: the grid of this position's, covering it.
-        let grid = self.attn_step.map_or(0, |a| a.grid(pos + 1));
-        let key = (grid, with_head);
+        let key = (self.att_grid(pos + 1), with_head);
         if !st.graphs.contains_key(&key) {
             let g = StepGraph::capture(&st.gpu.stream, "hybrid decode graph", || {
                 self.enqueue_step(st, with_head, pos + 1)

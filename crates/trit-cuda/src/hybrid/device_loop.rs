@@ -69,7 +69,7 @@ impl CudaHybrid {
                         &pick,
                         (
                             StepKind::Chain {
-                                splits: self.attn_step.map_or(0, |a| a.grid(reach) as usize),
+                                splits: self.att_grid(reach) as usize,
                             },
                             None,
                         ),

@@ -122,6 +122,12 @@ impl AttnStep {
 const FUSED_MIN_ROWS: usize = 2;
 
 impl CudaHybrid {
+    /// The attention's blocks per head for steps reaching at most `reach` positions
+    /// (`AttnStep::grid`; 0 with the prep + decode kernels, whose launch does not vary).
+    pub(super) fn att_grid(&self, reach: usize) -> u32 {
+        self.attn_step.map_or(0, |a| a.grid(reach))
+    }
+
     fn p(st: &State, x: &CudaSlice<f32>) -> u64 {
         ptr(x, &st.gpu.stream)
     }
