@@ -15,7 +15,7 @@ for t in gpu_vs_cpu gpu_kernels gpu_batch gpu_hybrid gpu_sample gpu_greedy gpu_s
   f=$(ls -t target/release/deps/$t-* | grep -v "\.d$" | head -1)
   cp "$f" "$T/$t"
 done
-cp target/release/trit target/release/examples/batch_decode target/release/examples/gen_model "$T/"
+cp target/release/trit target/release/examples/batch_decode target/release/examples/trace_step target/release/examples/gen_model "$T/"
 strip "$T"/*
 tar -cJf "$D/bins.tar.xz" -C "$T" .
 rm -rf "$T"

@@ -256,6 +256,11 @@ pub fn nvrtc_present() -> bool {
 /// Compiles the kernel program for `arch` (e.g. "compute_90") with NVRTC. Public so a test can
 /// check every kernel compiles on a machine that has NVRTC but no GPU.
 pub fn compile(arch: &str) -> Result<String> {
+    compile_with(arch, &extra_defines())
+}
+
+/// [`compile`] with the given `-DNAME=VALUE` options instead of `TRIT_CUDA_DEFINES`'s.
+pub fn compile_with(arch: &str, defines: &[String]) -> Result<String> {
     if !nvrtc_present() {
         return Err(Error::Unsupported(
             "CUDA: the NVRTC library (libnvrtc.so) was not found; install the CUDA toolkit or \
@@ -264,7 +269,7 @@ pub fn compile(arch: &str) -> Result<String> {
         ));
     }
     let mut options = vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()];
-    options.extend(extra_defines());
+    options.extend(defines.iter().cloned());
     let opts = CompileOptions {
         options,
         name: Some("trit_kernels.cu".into()),
@@ -388,6 +393,9 @@ impl Gpu {
         let module = ctx
             .load_module(Ptx::from_src(ptx))
             .map_err(|e| cuda_err("loading the kernel module", e))?;
+        if crate::trace::enabled() {
+            crate::trace::install(&module, &stream)?;
+        }
         let max_dyn_smem = ctx
             .attribute(
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,

@@ -45,6 +45,7 @@ pub mod repack;
 pub mod rotation;
 mod sub_norm;
 pub mod topk;
+pub mod trace;
 pub mod weights;
 
 pub use model::{load_model, CudaModel, CudaOptions, FusedSet};

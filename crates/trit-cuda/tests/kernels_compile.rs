@@ -5,7 +5,7 @@
 //! With TRIT_PTX_DIR set, the PTX is also written there (`kernels-compute_90.ptx`, ...) so
 //! `ptxas -v` can show registers, spills and shared memory per kernel without a GPU.
 
-use trit_cuda::device::{compile, nvrtc_present, KERNELS};
+use trit_cuda::device::{compile, compile_with, nvrtc_present, KERNELS};
 
 #[test]
 fn kernels_compile_for_each_architecture() {
@@ -37,4 +37,28 @@ fn kernels_compile_for_each_architecture() {
         // No local-memory spills of register arrays in the hot kernels.
         assert!(!ptx.contains(".local"), "{arch}: PTX uses local memory");
     }
+}
+
+/// The measurement build (`TRIT_CUDA_DEFINES=-DTRIT_TRACE`, `trit_cuda::trace`) compiles too,
+/// defines the globals the host sets and reads, and still spills nothing.
+#[test]
+fn traced_kernels_compile() {
+    if !nvrtc_present() {
+        eprintln!("skipped: no NVRTC library (libnvrtc.so) on this machine");
+        return;
+    }
+    let ptx = compile_with("compute_90", &["-DTRIT_TRACE".to_string()])
+        .unwrap_or_else(|e| panic!("traced build: {e}"));
+    for global in ["trit_trace_buf", "trit_trace_cap", "trit_trace_n"] {
+        assert!(
+            ptx.lines()
+                .any(|l| l.contains(".global .") && l.contains(global)),
+            "traced build: global {global} missing"
+        );
+    }
+    assert!(ptx.contains("%globaltimer"), "traced build: no timestamps");
+    assert!(
+        !ptx.contains(".local"),
+        "traced build: PTX uses local memory"
+    );
 }

@@ -29,25 +29,37 @@
 #define DEC_U 4
 #define DEC_CHUNK (DEC_WARPS * DEC_U)
 
+// The (cos, sin) of pair element t (< rot) in the position's table row `cs`: NEOX halves or
+// adjacent pairs. Decode kernels load theirs before griddepcontrol.wait — the row depends only
+// on the position, and a step's weights evict it from L2, so after the wait it was a memory
+// round trip on the attention's chain of dependent loads.
+__device__ __forceinline__ float2 rope_coef(const float2* cs, int t, int rot, int adjacent) {
+    if (t >= rot) return make_float2(1.0f, 0.0f);
+    const int half = rot / 2;
+    return cs[adjacent ? t / 2 : (t < half ? t : t - half)];
+}
+
 // Rotation of pair element t (< rot, the rotated dims of a head) by NEOX halves or adjacent
-// pairs, from the normalized values in `src`.
-__device__ __forceinline__ float rope_at(const float* src, const float2* cs, int t, int rot,
-                                         int adjacent) {
-    int i, partner;
+// pairs, from the normalized values in `src`, with its coefficient c (rope_coef).
+__device__ __forceinline__ float rope_with(const float* src, float2 c, int t, int rot,
+                                           int adjacent) {
+    int partner;
     bool first;
     if (adjacent) {
-        i = t / 2;
         first = (t % 2) == 0;
         partner = first ? t + 1 : t - 1;
     } else {
         const int half = rot / 2;
         first = t < half;
-        i = first ? t : t - half;
         partner = first ? t + half : t - half;
     }
-    const float2 c = cs[i];
     const float x0 = first ? src[t] : src[partner], x1 = first ? src[partner] : src[t];
     return first ? x0 * c.x - x1 * c.y : x0 * c.y + x1 * c.x;
+}
+
+__device__ __forceinline__ float rope_at(const float* src, const float2* cs, int t, int rot,
+                                         int adjacent) {
+    return rope_with(src, rope_coef(cs, t, rot, adjacent), t, rot, adjacent);
 }
 
 // RMSNorm (when `norm` is set) and rotation of the head vector `src` (hd floats) into `dst`
@@ -75,11 +87,12 @@ __device__ void norm_rope(const float* src, const float* norm, float eps, const 
 // The q and k values a / b of thread t (element t of a head of hd, zeros past it) RMS-normalized
 // with one block reduction for both sums of squares (when norm_q / norm_k; weights wq / wk loaded
 // before the kernel's wait) and rotated over their first `rot` dims (NEOX halves or adjacent
-// pairs; the rest pass through), in place. qt / kt: shared staging for the rotation's partners.
+// pairs, the thread's coefficient c = rope_coef, also loaded before the wait; the rest pass
+// through), in place. qt / kt: shared staging for the rotation's partners.
 // Every thread of the block calls it (the decode kernels' chain of barriers and dependent loads
 // is most of their time at short contexts: one reduction, two barriers).
 __device__ __forceinline__ void norm_rope_pair(float& a, float& b, bool norm_q, bool norm_k,
-                                               float wq, float wk, float eps, const float2* cs,
+                                               float wq, float wk, float eps, float2 c,
                                                int hd, int rot, int adjacent, float* qt,
                                                float* kt, float2* scratch2) {
     const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -98,18 +111,18 @@ __device__ __forceinline__ void norm_rope_pair(float& a, float& b, bool norm_q, 
     }
     __syncthreads();
     if (t < rot) {
-        a = rope_at(qt, cs, t, rot, adjacent);
-        b = rope_at(kt, cs, t, rot, adjacent);
+        a = rope_with(qt, c, t, rot, adjacent);
+        b = rope_with(kt, c, t, rot, adjacent);
     }
 }
 
 // norm_rope_pair of the q head and, when `ksrc` is set, the k head, from and into shared
 // memory (q scaled by `scale`), with the v head (`vsrc`, copied to `vdst`) loaded alongside.
-// One element per thread (hd ≤ blockDim.x); its norm weights qn / kn were loaded before the
-// kernel's wait (`q_norm` / `k_norm` only say whether there are any).
+// One element per thread (hd ≤ blockDim.x); its norm weights qn / kn and rotation coefficient
+// c were loaded before the kernel's wait (`q_norm` / `k_norm` only say whether there are any).
 __device__ void norm_rope_qk(const float* qsrc, const float* ksrc, const float* vsrc,
                              const float* q_norm, const float* k_norm, float qn, float kn,
-                             float eps, const float2* cs, int hd, int adjacent, float scale,
+                             float eps, float2 c, int hd, int adjacent, float scale,
                              float* qt, float* kt, float* qdst, float* kdst, float* vdst,
                              float2* scratch2) {
     const int i = threadIdx.x;
@@ -121,7 +134,7 @@ __device__ void norm_rope_qk(const float* qsrc, const float* ksrc, const float* 
             vdst[i] = vsrc[i];
         }
     }
-    norm_rope_pair(a, b, q_norm != nullptr, ksrc != nullptr && k_norm != nullptr, qn, kn, eps, cs,
+    norm_rope_pair(a, b, q_norm != nullptr, ksrc != nullptr && k_norm != nullptr, qn, kn, eps, c,
                    hd, hd, adjacent, qt, kt, scratch2);
     if (i < hd) {
         qdst[i] = scale * a;
@@ -475,6 +488,7 @@ __device__ __forceinline__ void attn_decode_impl(
     __shared__ float cl_o[CL ? ATT_CL - 1 : 1][MAX_HD];
     __shared__ float2 cl_ml[CL ? ATT_CL - 1 : 1];
     static_assert(MAX_HD <= DEC_THREADS, "norm_rope_qk takes one element per thread");
+    TRACE_SCOPE(4, kc);
     pdl_launch_dependents();
     // Weights: loaded before the wait, off the chain that follows it.
     const int tid = threadIdx.x;
@@ -482,6 +496,7 @@ __device__ __forceinline__ void attn_decode_impl(
     const float kn = k_norm != nullptr && tid < hd ? k_norm[tid] : 1.0f;
 #if !ATT_EARLY_ROUND
     pdl_wait();
+    TRACE_WAITED();
     PROBE_SKIP(1);
 #endif
     const int h = blockIdx.x, s = blockIdx.y, n_splits = gridDim.y;
@@ -519,16 +534,19 @@ __device__ __forceinline__ void attn_decode_impl(
 #if ATT_PREFETCH
     prefetch_rounds<E>(kh, vh, hd, p0, min(end, pos), lane);
 #endif
+    const float2 rc = rope_coef(cs, threadIdx.x, hd, adjacent);
 #if ATT_EARLY_ROUND
     pdl_wait();
+    TRACE_WAITED();
     PROBE_SKIP(1);
 #endif
 
     const bool has_current = end == len;
     norm_rope_qk(qkv + (size_t)h * hd,
                  has_current ? qkv + (size_t)(n_heads + kvh) * hd : nullptr,
-                 qkv + (size_t)(n_heads + n_kv + kvh) * hd, q_norm, k_norm, qn, kn, eps, cs,
+                 qkv + (size_t)(n_heads + n_kv + kvh) * hd, q_norm, k_norm, qn, kn, eps, rc,
                  hd, adjacent, scale, tmp, ktmp, qs, kcur, vcur, scratch2);
+    TRACE_MARK(0);
     if (has_current && h % group == 0) {
         for (int i = threadIdx.x; i < hd; i += blockDim.x) {
             kc[kv_row + (size_t)pos * hd + i] = f2h(kcur[i]);
@@ -539,7 +557,9 @@ __device__ __forceinline__ void attn_decode_impl(
     float m, l, acc[E];
     attend_rounds<E>(qs, kcur, vcur, kh, vh, hd, p0, end, pos, has_current, lane, kk, vv, m, l,
                      acc);
+    TRACE_MARK(1);
     const float M = warps_share<DEC_WARPS>(m, l, acc, sm_m, sm_l, sm_o);
+    TRACE_MARK(2);
     if (used == 1) {
         // The whole context was this block's: normalize here.
         warps_normalize<DEC_WARPS>(sm_m, sm_l, sm_o, M, tmp, hd);
@@ -547,12 +567,16 @@ __device__ __forceinline__ void attn_decode_impl(
         return;
     }
     if (cl_merge) {
-        if (!cluster_merge<DEC_WARPS>(sm_m, sm_l, sm_o, M, s, used, hd, cl_o, cl_ml, &cl_bar, tmp))
+        if (!cluster_merge<DEC_WARPS>(sm_m, sm_l, sm_o, M, s, used, hd, cl_o, cl_ml, &cl_bar,
+                                      tmp)) {
+            TRACE_MARK(3);
             return;
+        }
     } else if (!merge_splits<DEC_WARPS>(sm_m, sm_l, sm_o, M, h, s, n_splits, used, hd, part_o,
                                         part_ml, counters, &is_last, tmp)) {
         return;
     }
+    TRACE_MARK(3);
     write_head(tmp, h, hd, att, q, meta, quant);
 }
 

@@ -67,11 +67,11 @@ __device__ __forceinline__ void attn_o_decode_impl(
     float kk[DEC_U][E], vv[DEC_U][E];
     // Positions below pos only (load_round skips the current one): earlier steps wrote them.
     if (p0 < len) load_round<E>(kh, vh, HD, p0, len, pos, lane, kk, vv);
+    const float2 rc = rope_coef(cos_sin + (size_t)pos * (HD / 2), tid, HD, adjacent);
     pdl_wait();
 
-    const float2* cs = cos_sin + (size_t)pos * (HD / 2);
     norm_rope_qk(qkv + (size_t)h * HD, qkv + (size_t)(n_heads + kvh) * HD,
-                 qkv + (size_t)(n_heads + n_kv + kvh) * HD, q_norm, k_norm, qn, kn, eps, cs, HD,
+                 qkv + (size_t)(n_heads + n_kv + kvh) * HD, q_norm, k_norm, qn, kn, eps, rc, HD,
                  adjacent, scale, tmp, ktmp, qs, kcur, vcur, scratch2);
     if (blockIdx.y == 0 && h % group == 0) {
         for (int i = tid; i < HD; i += blockDim.x) {

@@ -167,6 +167,81 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// Measurement only (TRIT_CUDA_DEFINES="-DTRIT_TRACE", device.rs `trace`): the traced kernels
+// record, per thread block, the %globaltimer at their start, after their griddepcontrol.wait
+// and at thread 0's return (and at up to TRACE_MARKS points, TRACE_MARK), with the kernel's kind, an id (a pointer argument that tells the
+// layer's matrices apart), the block and its multiprocessor. Blocks spread their records over
+// TRACE_SLOTS areas (one counter each, 128 bytes apart), so the atomics do not queue on one
+// address. Without the define the macros are empty and nothing changes.
+#ifdef TRIT_TRACE
+#define TRACE_SLOTS 64
+#define TRACE_MARKS 4
+struct TraceRec {
+    unsigned long long id, t0, tw, te, mark[TRACE_MARKS];
+    unsigned kind, block, smid, pad;
+};
+extern "C" {
+__device__ TraceRec* trit_trace_buf;
+__device__ unsigned trit_trace_cap;
+__device__ unsigned trit_trace_n[TRACE_SLOTS * 32];
+}
+__device__ __forceinline__ unsigned long long trace_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+// The block's start and wait times and its marks, in shared memory so that no thread holds
+// them.
+__device__ __forceinline__ unsigned long long* trace_times() {
+    __shared__ unsigned long long t[2 + TRACE_MARKS];
+    return t;
+}
+// Thread 0's time at a point of the kernel (mark i < TRACE_MARKS; 0 where never reached).
+__device__ __forceinline__ void trace_mark(int i) {
+    if (threadIdx.x == 0) trace_times()[2 + i] = trace_now();
+}
+struct TraceBlock {
+    const void* id;
+    unsigned kind;
+    __device__ __forceinline__ TraceBlock(unsigned k, const void* p) : id(p), kind(k) {
+        if (threadIdx.x == 0) {
+            trace_times()[0] = trace_now();
+            for (int i = 1; i < 2 + TRACE_MARKS; i++) trace_times()[i] = 0;
+        }
+    }
+    __device__ __forceinline__ void waited() {
+        if (threadIdx.x == 0) trace_times()[1] = trace_now();
+    }
+    __device__ __forceinline__ ~TraceBlock() {
+        if (threadIdx.x != 0 || trit_trace_buf == nullptr) return;
+        const unsigned blk = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+        const unsigned slot = blk % TRACE_SLOTS;
+        const unsigned i = atomicAdd(&trit_trace_n[slot * 32], 1u);
+        if (i >= trit_trace_cap) return;
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        TraceRec r;
+        r.id = (unsigned long long)id;
+        r.t0 = trace_times()[0];
+        r.tw = trace_times()[1];
+        r.te = trace_now();
+        for (int k = 0; k < TRACE_MARKS; k++) r.mark[k] = trace_times()[2 + k];
+        r.kind = kind;
+        r.block = blk;
+        r.smid = smid;
+        r.pad = 0;
+        trit_trace_buf[(size_t)slot * trit_trace_cap + i] = r;
+    }
+};
+#define TRACE_SCOPE(KIND, ID) TraceBlock trit_trace_scope((KIND), (ID))
+#define TRACE_WAITED() trit_trace_scope.waited()
+#define TRACE_MARK(I) trace_mark(I)
+#else
+#define TRACE_SCOPE(KIND, ID)
+#define TRACE_WAITED()
+#define TRACE_MARK(I)
+#endif
+
 // cp.async (sm_80+): global → shared copies that hold no registers while in flight.
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return (unsigned)__cvta_generic_to_shared(p);

@@ -126,8 +126,10 @@ extern "C" __global__ void rms_norm_quant_v4(const float* x, const float* __rest
 
 // Quantizes n values (n a multiple of 64): one warp per block.
 extern "C" __global__ void quantize_vec(const float* __restrict__ x, int n, i8* q, float2* meta) {
+    TRACE_SCOPE(5, x);
     pdl_launch_dependents();
     pdl_wait();
+    TRACE_WAITED();
     PROBE_SKIP(2);
     const int b = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
     const int lane = threadIdx.x & 31;
@@ -186,7 +188,9 @@ extern "C" __global__ void glu_quant_v4(const float* __restrict__ gu, int ffn, i
 
 // The last kernel of a captured step: the next replay runs one position further.
 extern "C" __global__ void advance_position(int* step) {
+    TRACE_SCOPE(6, step);
     pdl_launch_dependents();
     pdl_wait();
+    TRACE_WAITED();
     if (threadIdx.x == 0 && blockIdx.x == 0) step[0] += 1;
 }

@@ -169,6 +169,7 @@ __device__ __forceinline__ void ternary_gemv(const uint4* __restrict__ codes,
     const int iters = (nb + 31) / 32;
     const int per = (iters + SPLIT - 1) / SPLIT;  // items of each warp per group
     int g = blockIdx.x, j = 0;
+    TRACE_SCOPE(2, codes);
     pdl_launch_dependents();
     if (g >= groups) return;
     Item<R, S> cur, nxt;
@@ -199,8 +200,10 @@ __device__ __forceinline__ void ternary_gemv(const uint4* __restrict__ codes,
         }
     }
     pdl_wait();
+    TRACE_WAITED();
     PROBE_SKIP(4);
     load_item_acts<R, S>(cur, nb, xq, meta, sub, lane);
+    TRACE_MARK(0);
     float acc[R];
 #pragma unroll
     for (int i = 0; i < R; i++) acc[i] = 0.0f;
@@ -728,6 +731,7 @@ __device__ __forceinline__ void ternary_gemv_fused(
     const int stride = gridDim.x * TEAMS;
     const int g0 = blockIdx.x * TEAMS + team;
     const int mine = g0 < groups ? ((groups - 1 - g0) / stride + 1) * per : 0;
+    TRACE_SCOPE(3, codes);
     if (!late) pdl_launch_dependents();
     // Item n of the warp is lane-step sub + SPLIT·(n % per) of group g0 + (n / per)·stride;
     // (gl, jl) is the next item to load.
@@ -749,6 +753,7 @@ __device__ __forceinline__ void ternary_gemv_fused(
     }
     const FgGamma gr = fg_gamma(mode, nb, gamma);
     pdl_wait();
+    TRACE_WAITED();
     if (late) pdl_launch_dependents();
     fg_prologue(mode, nb, x, gr, gamma, eps, q, meta, xs, ms, scratch);
     __syncthreads();

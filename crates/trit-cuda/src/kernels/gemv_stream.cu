@@ -8,7 +8,9 @@
 // of ST = STREAM_STAGES shared-memory slots of one item each (codes and scales): ST − 1 items
 // are requested before griddepcontrol.wait (weights never depend on the previous kernel, so
 // they load while it finishes), then one more per item computed. In flight per block: ST − 1
-// items per warp, holding no registers.
+// items per warp, holding no registers. Requesting fewer before the wait (the rest after the
+// prologue, so x's loads queue behind fewer weight requests) was slower: H200 8B tg128 with
+// 2 / 1 / 0 of the 3 before the wait 887–889 / 880–881 / 850–851 against 892 (session 34).
 //
 // Teams of SPLIT warps take row groups: team t of the grid takes groups t, t + (all teams),
 // ..., and its warps share each group's lane-steps (long rows of a matrix with few groups are
@@ -181,6 +183,7 @@ __device__ __forceinline__ void stream_finish(
         fg_prologue<L2, PEND>(mode, nb, x, gr, gamma, eps, q, meta, xs, ms, scratch);
     }
     __syncthreads();
+    TRACE_MARK(0);
     float acc[R];
 #pragma unroll
     for (int i = 0; i < R; i++) acc[i] = 0.0f;
@@ -235,11 +238,13 @@ __device__ __forceinline__ void ternary_gemv_stream(
     const uint4* __restrict__ q, const float2* __restrict__ meta, float* __restrict__ y,
     int accumulate, int flags, FgRot rot) {
     // flags: bit 0 gate‖up, bit 1 FG_LATE_TRIGGER, bit 2 FG_RELU2.
+    TRACE_SCOPE(1, codes);
     const int glu = fg_glu(flags), late = flags & FG_LATE_TRIGGER;
     if (!late) pdl_launch_dependents();
     StreamWarp<R> w = stream_begin<R, SPLIT, S>(codes, scales, rows, nb, glu, stream_ring_at(nb));
     const FgGamma gr = fg_gamma(mode, nb, gamma);
     pdl_wait();
+    TRACE_WAITED();
     if (late) pdl_launch_dependents();
 #ifdef TRIT_PROBE_SKIP
     if (TRIT_PROBE_SKIP & 8) cp_async_wait_all();  // no copy may outlive the block

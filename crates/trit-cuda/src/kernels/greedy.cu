@@ -31,8 +31,10 @@ __device__ __forceinline__ unsigned long long max_u64(unsigned long long a, unsi
 // row. `best` must hold 0 and `nan_seen` 0 before the first step (take_argmax leaves them so).
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
 row_argmax(const float* __restrict__ logits, int n, unsigned long long* best, unsigned* nan_seen) {
+    TRACE_SCOPE(7, logits);
     pdl_launch_dependents();
     pdl_wait();
+    TRACE_WAITED();
     unsigned long long key = 0;
     bool nan = false;
     const int stride = gridDim.x * blockDim.x;

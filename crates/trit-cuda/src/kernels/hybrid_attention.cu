@@ -264,6 +264,7 @@ __device__ __forceinline__ void hybrid_attn_step_impl(
 #if HA_PREFETCH
     prefetch_rounds<E>(kh, vh, stride, p0, min(end, pos), lane);
 #endif
+    const float2 rc = rope_coef(cos_sin + (size_t)pos * (rot / 2), t, rot, 0);
     pdl_wait();
 
     const float* qsrc = proj + (size_t)h * 2 * HD;
@@ -275,8 +276,7 @@ __device__ __forceinline__ void hybrid_attn_step_impl(
         b = ksrc[t];
         v = ksrc[(size_t)nkv * HD + t];
     }
-    norm_rope_pair(a, b, true, true, qn, kn, eps, cos_sin + (size_t)pos * (rot / 2), HD, rot,
-                   0, qt, kt, scratch2);
+    norm_rope_pair(a, b, true, true, qn, kn, eps, rc, HD, rot, 0, qt, kt, scratch2);
     const bool has_current = end == len;
     if (mine) {
         const half_bits k16 = f2h(b), v16 = f2h(v);
