@@ -85,7 +85,11 @@ pub(crate) fn launch_ternary_pend(
     let kernel = kernel_name(&format!("ternary_gemv_r{r}_s{split}_{kind}"))?;
     let threads = 32 * split as u32;
     let needed = m.rows.div_ceil(r) as u32;
-    let resident = gpu.sm_count * gpu.resident_blocks(kernel, threads)?;
+    let mut per_sm = gpu.resident_blocks(kernel, threads)?;
+    if let Some(w) = reg_warps_cap() {
+        per_sm = per_sm.min((w / split as u32).max(1));
+    }
+    let resident = gpu.sm_count * per_sm;
     gpu.launch(
         kernel,
         (needed.min(resident), 1),
@@ -105,6 +109,21 @@ pub(crate) fn launch_ternary_pend(
 }
 
 /// Warps of the register GEMV sharing one row group of `steps` 32-block lane-steps, at most
+/// `TRIT_CUDA_REG_WARPS=N` (measurement knob, read once): the register GEMV's grid takes at most
+/// N warps per multiprocessor, so the next kernel's blocks (a streaming GEMV of 13–17 warps)
+/// can be resident beside it and fill their rings while it runs. Unset: as many as fit (the
+/// default; capping at 8 / 12 / 16 measured slower in session 8, before the trace of session 34
+/// showed the streaming GEMVs' blocks becoming resident only as their predecessor ends).
+fn reg_warps_cap() -> Option<u32> {
+    static CAP: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| parse_reg_warps(std::env::var("TRIT_CUDA_REG_WARPS").ok()))
+}
+
+fn parse_reg_warps(v: Option<String>) -> Option<u32> {
+    v.and_then(|v| v.trim().parse::<u32>().ok())
+        .filter(|w| (1..=64).contains(w))
+}
+
 /// `max_split`: the most that leave no lane-step of a group empty (the 27B's down has 9 steps:
 /// 4 warps would take 3 each, 12 slots for 9; 3 take exactly 9, and smaller blocks let every
 /// row group be resident in one wave), else as many as there are steps, 4 or 2; 3 warps only
@@ -594,7 +613,20 @@ fn kernel_name(name: &str) -> Result<&'static str> {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_stream_stages, stream_shape, StreamConfig, StreamShape, STREAM_STAGES};
+    use super::{
+        parse_reg_warps, parse_stream_stages, stream_shape, StreamConfig, StreamShape,
+        STREAM_STAGES,
+    };
+
+    #[test]
+    fn register_warp_caps_take_1_to_64_and_ignore_the_rest() {
+        assert_eq!(parse_reg_warps(Some("8".into())), Some(8));
+        assert_eq!(parse_reg_warps(Some(" 12 ".into())), Some(12));
+        for bad in ["0", "65", "-1", "x", ""] {
+            assert_eq!(parse_reg_warps(Some(bad.into())), None, "{bad:?}");
+        }
+        assert_eq!(parse_reg_warps(None), None);
+    }
 
     #[test]
     fn stream_stages_take_2_to_8_and_keep_the_default_otherwise() {
