@@ -86,7 +86,8 @@ pub(crate) fn launch_ternary_pend(
     let threads = 32 * split as u32;
     let needed = m.rows.div_ceil(r) as u32;
     let mut per_sm = gpu.resident_blocks(kernel, threads)?;
-    if let Some(w) = reg_warps_cap() {
+    let (narrow, wide) = reg_warps_cap();
+    if let Some(w) = if m.cols > m.rows { wide } else { narrow } {
         per_sm = per_sm.min((w / split as u32).max(1));
     }
     let resident = gpu.sm_count * per_sm;
@@ -109,19 +110,30 @@ pub(crate) fn launch_ternary_pend(
 }
 
 /// Warps of the register GEMV sharing one row group of `steps` 32-block lane-steps, at most
-/// `TRIT_CUDA_REG_WARPS=N` (measurement knob, read once): the register GEMV's grid takes at most
-/// N warps per multiprocessor, so the next kernel's blocks (a streaming GEMV of 13–17 warps)
+/// `TRIT_CUDA_REG_WARPS` (measurement knob, read once): `N` caps the register GEMV's grid at N
+/// warps per multiprocessor, `N,M` caps matrices no wider than tall (o) at N and wider ones
+/// (down) at M (0: no cap), so that the next kernel's blocks (a streaming GEMV of 13–17 warps)
 /// can be resident beside it and fill their rings while it runs. Unset: as many as fit (the
-/// default; capping at 8 / 12 / 16 measured slower in session 8, before the trace of session 34
-/// showed the streaming GEMVs' blocks becoming resident only as their predecessor ends).
-fn reg_warps_cap() -> Option<u32> {
-    static CAP: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+/// default; capping every one at 8 / 12 / 16 measured slower in session 8, before the trace of
+/// session 34 showed the streaming GEMVs' blocks becoming resident only as their predecessor
+/// ends).
+fn reg_warps_cap() -> (Option<u32>, Option<u32>) {
+    static CAP: std::sync::OnceLock<(Option<u32>, Option<u32>)> = std::sync::OnceLock::new();
     *CAP.get_or_init(|| parse_reg_warps(std::env::var("TRIT_CUDA_REG_WARPS").ok()))
 }
 
-fn parse_reg_warps(v: Option<String>) -> Option<u32> {
-    v.and_then(|v| v.trim().parse::<u32>().ok())
-        .filter(|w| (1..=64).contains(w))
+fn parse_reg_warps(v: Option<String>) -> (Option<u32>, Option<u32>) {
+    let Some(v) = v else { return (None, None) };
+    let one = |p: &str| {
+        p.trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|w| (1..=64).contains(w))
+    };
+    match v.split_once(',') {
+        None => (one(&v), one(&v)),
+        Some((a, b)) => (one(a), one(b)),
+    }
 }
 
 /// `max_split`: the most that leave no lane-step of a group empty (the 27B's down has 9 steps:
@@ -619,13 +631,15 @@ mod tests {
     };
 
     #[test]
-    fn register_warp_caps_take_1_to_64_and_ignore_the_rest() {
-        assert_eq!(parse_reg_warps(Some("8".into())), Some(8));
-        assert_eq!(parse_reg_warps(Some(" 12 ".into())), Some(12));
+    fn register_warp_caps_take_1_to_64_for_all_or_per_width() {
+        assert_eq!(parse_reg_warps(Some("8".into())), (Some(8), Some(8)));
+        assert_eq!(parse_reg_warps(Some(" 12 ".into())), (Some(12), Some(12)));
+        assert_eq!(parse_reg_warps(Some("4,0".into())), (Some(4), None));
+        assert_eq!(parse_reg_warps(Some("0,6".into())), (None, Some(6)));
         for bad in ["0", "65", "-1", "x", ""] {
-            assert_eq!(parse_reg_warps(Some(bad.into())), None, "{bad:?}");
+            assert_eq!(parse_reg_warps(Some(bad.into())), (None, None), "{bad:?}");
         }
-        assert_eq!(parse_reg_warps(None), None);
+        assert_eq!(parse_reg_warps(None), (None, None));
     }
 
     #[test]
