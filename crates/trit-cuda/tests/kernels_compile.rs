@@ -39,16 +39,18 @@ fn kernels_compile_for_each_architecture() {
     }
 }
 
-/// The measurement build (`TRIT_CUDA_DEFINES=-DTRIT_TRACE`, `trit_cuda::trace`) compiles too,
-/// defines the globals the host sets and reads, and still spills nothing.
+/// The measurement builds compile too (both switches at once): the trace
+/// (`TRIT_CUDA_DEFINES=-DTRIT_TRACE`, `trit_cuda::trace`) with the globals the host sets and
+/// reads, and the decode attention's per-warp q/k norm (`-DATT_WARP_NORM=1`); no spills.
 #[test]
-fn traced_kernels_compile() {
+fn measurement_builds_compile() {
     if !nvrtc_present() {
         eprintln!("skipped: no NVRTC library (libnvrtc.so) on this machine");
         return;
     }
-    let ptx = compile_with("compute_90", &["-DTRIT_TRACE".to_string()])
-        .unwrap_or_else(|e| panic!("traced build: {e}"));
+    let defines = ["-DTRIT_TRACE".to_string(), "-DATT_WARP_NORM=1".to_string()];
+    let ptx =
+        compile_with("compute_90", &defines).unwrap_or_else(|e| panic!("measurement build: {e}"));
     for global in ["trit_trace_buf", "trit_trace_cap", "trit_trace_n"] {
         assert!(
             ptx.lines()
@@ -59,6 +61,6 @@ fn traced_kernels_compile() {
     assert!(ptx.contains("%globaltimer"), "traced build: no timestamps");
     assert!(
         !ptx.contains(".local"),
-        "traced build: PTX uses local memory"
+        "measurement build: PTX uses local memory"
     );
 }

@@ -206,6 +206,83 @@ __device__ __forceinline__ void prefetch_rounds(const half_bits* kh, const half_
         }
 }
 
+// ATT_WARP_NORM (measurement, default 0; -DATT_WARP_NORM=1 for A/B, heads of an even E):
+// warp_norm_rope instead of norm_rope_qk in the decode kernel, so no block barrier stands
+// between the wait and each warp's round (session 34's trace: the q/k/v read and norm took
+// ~1.5 µs after the wait, two barriers of it).
+#ifndef ATT_WARP_NORM
+#define ATT_WARP_NORM 0
+#endif
+
+// norm_rope_qk done by every warp on its own: lane l reads elements E·l … E·l + E − 1 of the
+// q head (and, with `ksrc`, of the k and v heads), the sums of squares are warp sums, NEOX
+// partners (16·E apart) come from lane l ^ 16 by shuffle and adjacent pairs sit in one lane
+// (E even). Each lane writes its own elements of qs / kcur / vcur — the ones attend_rounds reads
+// in that lane — so nothing waits for the other warps (every warp writes the same values).
+// wq / wk / c: the lane's norm weights and rotation coefficients, loaded before the wait.
+// norm_rope_qk's arithmetic, except that Σx² is summed in another order.
+template <int E>
+__device__ __forceinline__ void warp_norm_rope(const float* qsrc, const float* ksrc,
+                                               const float* vsrc, bool norm_q, bool norm_k,
+                                               const float (&wq)[E], const float (&wk)[E],
+                                               const float2 (&c)[E], float eps, int hd,
+                                               int adjacent, float scale, float* qs, float* kcur,
+                                               float* vcur) {
+    static_assert(E % 2 == 0, "adjacent pairs must sit in one lane");
+    const int lane = threadIdx.x & 31;
+    float a[E], b[E], v[E];
+    float sq = 0.0f, sk = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        const int t = lane * E + e;
+        a[e] = qsrc[t];
+        b[e] = ksrc != nullptr ? ksrc[t] : 0.0f;
+        v[e] = ksrc != nullptr ? vsrc[t] : 0.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        sq += a[e] * a[e];
+        sk += b[e] * b[e];
+    }
+    sq = warp_sum(sq);
+    sk = warp_sum(sk);
+    const float iq = 1.0f / sqrtf(sq / (float)hd + eps);
+    const float ik = 1.0f / sqrtf(sk / (float)hd + eps);
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        if (norm_q) a[e] *= iq * wq[e];
+        if (norm_k && ksrc != nullptr) b[e] *= ik * wk[e];
+    }
+    if (adjacent) {
+#pragma unroll
+        for (int e = 0; e < E; e += 2) {
+            const float a0 = a[e], a1 = a[e + 1], b0 = b[e], b1 = b[e + 1];
+            a[e] = a0 * c[e].x - a1 * c[e].y;
+            a[e + 1] = a0 * c[e].y + a1 * c[e].x;
+            b[e] = b0 * c[e].x - b1 * c[e].y;
+            b[e + 1] = b0 * c[e].y + b1 * c[e].x;
+        }
+    } else {
+        const bool first = lane < 16;
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            const float pa = __shfl_xor_sync(0xffffffffu, a[e], 16);
+            const float pb = __shfl_xor_sync(0xffffffffu, b[e], 16);
+            a[e] = first ? a[e] * c[e].x - pa * c[e].y : pa * c[e].y + a[e] * c[e].x;
+            b[e] = first ? b[e] * c[e].x - pb * c[e].y : pb * c[e].y + b[e] * c[e].x;
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        const int t = lane * E + e;
+        qs[t] = scale * a[e];
+        if (ksrc != nullptr) {
+            kcur[t] = b[e];
+            vcur[t] = v[e];
+        }
+    }
+}
+
 // Head h's output (`o`, in shared memory, each value written by the thread that stores it)
 // to `att`, and with `quant` its int8 blocks (a warp per 64 values).
 __device__ __forceinline__ void write_head(const float* o, int h, int hd, float* att, i8* q,
@@ -534,7 +611,20 @@ __device__ __forceinline__ void attn_decode_impl(
 #if ATT_PREFETCH
     prefetch_rounds<E>(kh, vh, hd, p0, min(end, pos), lane);
 #endif
+    constexpr bool WARP_NORM = ATT_WARP_NORM && E % 2 == 0;
     const float2 rc = rope_coef(cs, threadIdx.x, hd, adjacent);
+    // WARP_NORM: the lane's E norm weights and rotation coefficients (E·lane + e).
+    float wqv[WARP_NORM ? E : 1], wkv[WARP_NORM ? E : 1];
+    float2 rcv[WARP_NORM ? E : 1];
+    if (WARP_NORM) {
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            const int t = lane * E + e;
+            wqv[e] = q_norm != nullptr ? q_norm[t] : 1.0f;
+            wkv[e] = k_norm != nullptr ? k_norm[t] : 1.0f;
+            rcv[e] = rope_coef(cs, t, hd, adjacent);
+        }
+    }
 #if ATT_EARLY_ROUND
     pdl_wait();
     TRACE_WAITED();
@@ -542,15 +632,32 @@ __device__ __forceinline__ void attn_decode_impl(
 #endif
 
     const bool has_current = end == len;
-    norm_rope_qk(qkv + (size_t)h * hd,
-                 has_current ? qkv + (size_t)(n_heads + kvh) * hd : nullptr,
-                 qkv + (size_t)(n_heads + n_kv + kvh) * hd, q_norm, k_norm, qn, kn, eps, rc,
-                 hd, adjacent, scale, tmp, ktmp, qs, kcur, vcur, scratch2);
-    TRACE_MARK(0);
-    if (has_current && h % group == 0) {
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-            kc[kv_row + (size_t)pos * hd + i] = f2h(kcur[i]);
-            vc[kv_row + (size_t)pos * hd + i] = f2h(vcur[i]);
+    if constexpr (WARP_NORM) {
+        warp_norm_rope<E>(qkv + (size_t)h * hd,
+                          has_current ? qkv + (size_t)(n_heads + kvh) * hd : nullptr,
+                          qkv + (size_t)(n_heads + n_kv + kvh) * hd, q_norm != nullptr,
+                          k_norm != nullptr, wqv, wkv, rcv, eps, hd, adjacent, scale, qs, kcur,
+                          vcur);
+        TRACE_MARK(0);
+        if (has_current && h % group == 0 && warp == 0) {
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                const int t = lane * E + e;
+                kc[kv_row + (size_t)pos * hd + t] = f2h(kcur[t]);
+                vc[kv_row + (size_t)pos * hd + t] = f2h(vcur[t]);
+            }
+        }
+    } else {
+        norm_rope_qk(qkv + (size_t)h * hd,
+                     has_current ? qkv + (size_t)(n_heads + kvh) * hd : nullptr,
+                     qkv + (size_t)(n_heads + n_kv + kvh) * hd, q_norm, k_norm, qn, kn, eps, rc,
+                     hd, adjacent, scale, tmp, ktmp, qs, kcur, vcur, scratch2);
+        TRACE_MARK(0);
+        if (has_current && h % group == 0) {
+            for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+                kc[kv_row + (size_t)pos * hd + i] = f2h(kcur[i]);
+                vc[kv_row + (size_t)pos * hd + i] = f2h(vcur[i]);
+            }
         }
     }
 
