@@ -17,10 +17,10 @@
 //! Prints µs per link for each mode and weight size. Timing only: no test asserts on it.
 
 use cudarc::driver::sys;
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DevicePtr};
+use cudarc::driver::{CudaContext, DevicePtr};
 use cudarc::nvrtc::CompileOptions;
-use std::sync::Arc;
 use std::time::Instant;
+use trit_cuda::device::launch_ex;
 
 const SRC: &str = r#"
 __device__ __forceinline__ void dep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
@@ -135,51 +135,6 @@ fn parse() -> Result<Opts, String> {
     Ok(o)
 }
 
-/// One launch through `cuLaunchKernelEx`, with the programmatic-serialization attribute when
-/// `pdl`. Arguments are 8-byte slots (pointers, or 4-byte values in the low bytes).
-fn launch(
-    s: &Arc<CudaStream>,
-    f: &CudaFunction,
-    grid: u32,
-    threads: u32,
-    pdl: bool,
-    args: &mut [u64],
-) -> Result<(), String> {
-    let mut params: Vec<*mut std::ffi::c_void> = args
-        .iter_mut()
-        .map(|v| v as *mut u64 as *mut std::ffi::c_void)
-        .collect();
-    // SAFETY: zero is a valid value of this plain C struct.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
-    let cfg = sys::CUlaunchConfig {
-        gridDimX: grid,
-        gridDimY: 1,
-        gridDimZ: 1,
-        blockDimX: threads,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: 0,
-        hStream: s.cu_stream(),
-        attrs: &mut attr,
-        numAttrs: u32::from(pdl),
-    };
-    // SAFETY: one live 8-byte slot per parameter of `link`, in its order.
-    let r = unsafe {
-        sys::cuLaunchKernelEx(
-            &cfg,
-            f.cu_function(),
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    };
-    if r != sys::CUresult::CUDA_SUCCESS {
-        return Err(format!("launch: {r:?}"));
-    }
-    Ok(())
-}
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let o = parse()?;
     let ctx = CudaContext::new(0)?;
@@ -242,7 +197,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     o.blocks as u64,
                 ];
                 at += chunks;
-                launch(&s, &f, o.blocks, o.threads, mode != 0, &mut args)?;
+                // SAFETY: one slot per parameter of `link`, in its order; live buffers.
+                unsafe { launch_ex(&s, &f, (o.blocks, 1, 1), o.threads, 0, mode != 0, &mut args) }
+                    .map_err(|r| format!("launch: {r:?}"))?;
             }
             let g = s
                 .end_capture(sys::CUgraphInstantiate_flags(0))?

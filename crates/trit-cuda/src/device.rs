@@ -524,7 +524,6 @@ impl Gpu {
         smem: u32,
         args: &[Arg],
     ) -> Result<()> {
-        use cudarc::driver::sys;
         // One 8-byte slot per argument; 4-byte values sit in the low bytes (x86-64 and aarch64
         // are little-endian), which is where the driver reads a 4-byte parameter from.
         let mut slots: Vec<u64> = args
@@ -535,43 +534,14 @@ impl Gpu {
                 Arg::F32(v) => v.to_bits() as u64,
             })
             .collect();
-        let mut params: Vec<*mut std::ffi::c_void> = slots
-            .iter_mut()
-            .map(|v| v as *mut u64 as *mut std::ffi::c_void)
-            .collect();
-        // SAFETY: a zeroed attribute is a valid value of this plain C struct.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        let config = sys::CUlaunchConfig {
-            gridDimX: grid.0,
-            gridDimY: grid.1,
-            gridDimZ: grid.2,
-            blockDimX: block,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: smem,
-            hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
         self.ctx
             .bind_to_thread()
             .map_err(|e| cuda_err("binding the context", e))?;
-        // SAFETY: `params` points at one live slot per kernel parameter, in the order and
-        // sizes of the kernel's signature (kernels/*.cu); config and attr outlive the call.
-        let r = unsafe {
-            sys::cuLaunchKernelEx(
-                &config,
-                f.cu_function(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        };
-        if r != sys::CUresult::CUDA_SUCCESS {
-            return Err(cuda_err(&format!("launching {kernel}"), r));
-        }
-        Ok(())
+        // SAFETY: the argument lists are written against the kernel signatures in kernels/*.cu
+        // (one slot per parameter, in order), every pointer a live allocation of the sizes
+        // those kernels index.
+        unsafe { launch_ex(&self.stream, f, grid, block, smem, true, &mut slots) }
+            .map_err(|r| cuda_err(&format!("launching {kernel}"), r))
     }
 
     pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>> {
@@ -594,6 +564,60 @@ impl Gpu {
             .synchronize()
             .map_err(|e| cuda_err("running the kernels", e))
     }
+}
+
+/// `cuLaunchKernelEx` of `f` on `stream` with one 8-byte slot per kernel parameter (4-byte
+/// values in the low bytes), with the programmatic-stream-serialization attribute when `pdl`.
+/// Shared by [`Gpu`]'s launches and the measurement examples.
+///
+/// # Safety
+/// `slots` must hold one value per parameter of `f`, in order, and every pointer among them a
+/// live device allocation of the sizes the kernel indexes; the stream's context must be
+/// current on this thread.
+pub unsafe fn launch_ex(
+    stream: &CudaStream,
+    f: &CudaFunction,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: u32,
+    pdl: bool,
+    slots: &mut [u64],
+) -> std::result::Result<(), cudarc::driver::sys::CUresult> {
+    use cudarc::driver::sys;
+    let mut params: Vec<*mut std::ffi::c_void> = slots
+        .iter_mut()
+        .map(|v| v as *mut u64 as *mut std::ffi::c_void)
+        .collect();
+    // SAFETY: a zeroed attribute is a valid value of this plain C struct.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: smem,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: u32::from(pdl),
+    };
+    // SAFETY: `params` points at one live slot per kernel parameter (the caller's promise);
+    // config and attr outlive the call.
+    let r = unsafe {
+        sys::cuLaunchKernelEx(
+            &config,
+            f.cu_function(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(r);
+    }
+    Ok(())
 }
 
 /// The raw device address of a buffer (kernel arguments, graph capture).
