@@ -117,6 +117,13 @@ pub fn take() -> Result<Vec<TraceRecord>> {
         .stream
         .clone_dtoh(&st.buf)
         .map_err(|e| err("reading the trace", e))?;
+    parse(&counts, &bytes)
+}
+
+/// The records of a read-back buffer (`bytes`: SLOTS areas of CAP records of REC bytes, laid out
+/// as kernels/common.cuh's TraceRec) and its per-area counters (`counts`: one u32 per 128
+/// bytes), ordered by start.
+fn parse(counts: &[u8], bytes: &[u8]) -> Result<Vec<TraceRecord>> {
     let word = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
     let half = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
     let mut out = Vec::new();
@@ -143,4 +150,76 @@ pub fn take() -> Result<Vec<TraceRecord>> {
     }
     out.sort_by_key(|r| r.start);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(buf: &mut [u8], at: usize, vals: [u64; 4 + MARKS], small: [u32; 3]) {
+        let r = &mut buf[at * REC..][..REC];
+        for (k, v) in vals.iter().enumerate() {
+            r[8 * k..8 * k + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        for (k, v) in small.iter().enumerate() {
+            let o = 8 * (4 + MARKS) + 4 * k;
+            r[o..o + 4].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+
+    #[test]
+    fn records_are_read_from_every_area_in_start_order() {
+        let mut counts = vec![0u8; SLOTS * 32 * 4];
+        let mut bytes = vec![0u8; SLOTS * CAP * REC];
+        counts[0] = 1;
+        counts[5 * 128] = 2;
+        record(
+            &mut bytes,
+            0,
+            [0xab, 300, 310, 900, 320, 0, 0, 0],
+            [4, 0, 17],
+        );
+        record(
+            &mut bytes,
+            5 * CAP,
+            [0xcd, 200, 210, 800, 0, 0, 0, 0],
+            [1, 5, 3],
+        );
+        record(
+            &mut bytes,
+            5 * CAP + 1,
+            [0xcd, 100, 0, 150, 0, 0, 0, 0],
+            [1, 69, 4],
+        );
+        let r = parse(&counts, &bytes).unwrap();
+        assert_eq!(r.len(), 3);
+        assert_eq!(
+            r.iter().map(|r| r.start).collect::<Vec<_>>(),
+            [100, 200, 300]
+        );
+        let a = r[2];
+        assert_eq!((a.kind, a.id, a.block, a.smid), (4, 0xab, 0, 17));
+        assert_eq!((a.waited, a.end, a.marks[0]), (310, 900, 320));
+        assert_eq!((r[0].block, r[0].smid, r[0].waited), (69, 4, 0));
+    }
+
+    #[test]
+    fn the_layout_matches_the_kernels() {
+        let src = include_str!("kernels/common.cuh");
+        assert!(src.contains(&format!("#define TRACE_SLOTS {SLOTS}\n")));
+        assert!(src.contains(&format!("#define TRACE_MARKS {MARKS}\n")));
+        // id, t0, tw, te, marks, then kind, block, smid, pad.
+        assert!(src.contains("unsigned long long id, t0, tw, te, mark[TRACE_MARKS];"));
+        assert!(src.contains("unsigned kind, block, smid, pad;"));
+        assert_eq!(REC, 8 * (4 + MARKS) + 4 * 4);
+    }
+
+    #[test]
+    fn an_overflowed_area_is_an_error() {
+        let mut counts = vec![0u8; SLOTS * 32 * 4];
+        counts[3 * 128..3 * 128 + 4].copy_from_slice(&(CAP as u32 + 1).to_le_bytes());
+        let bytes = vec![0u8; SLOTS * CAP * REC];
+        let e = parse(&counts, &bytes).unwrap_err().to_string();
+        assert!(e.contains("overflowed"), "{e}");
+    }
 }
