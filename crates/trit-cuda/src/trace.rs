@@ -128,7 +128,7 @@ fn parse(counts: &[u8], bytes: &[u8]) -> Result<Vec<TraceRecord>> {
     let half = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
     let mut out = Vec::new();
     for slot in 0..SLOTS {
-        let have = half(&counts, slot * 32 * 4) as usize;
+        let have = half(counts, slot * 32 * 4) as usize;
         if have > CAP {
             return Err(Error::Unsupported(format!(
                 "trace area {slot} overflowed ({have} records for {CAP}): trace fewer steps"
