@@ -16,6 +16,7 @@ use trit::{Error, Result};
 pub const SOURCES: &[(&str, &str)] = &[
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("gemv.cu", include_str!("kernels/gemv.cu")),
+    ("gemv_dense.cu", include_str!("kernels/gemv_dense.cu")),
     ("gemv_stream.cu", include_str!("kernels/gemv_stream.cu")),
     (
         "decode_persist.cu",
