@@ -78,12 +78,17 @@ pub(crate) fn install(module: &Arc<CudaModule>, stream: &Arc<CudaStream>) -> Res
     reset()
 }
 
+/// The installed trace, or the error that says how to get one.
+fn traced(guard: &Option<State>) -> Result<&State> {
+    guard
+        .as_ref()
+        .ok_or_else(|| Error::Unsupported("no traced GPU (TRIT_CUDA_DEFINES=-DTRIT_TRACE)".into()))
+}
+
 /// Forgets what was recorded so far (waits for the stream first).
 pub fn reset() -> Result<()> {
     let guard = STATE.lock().unwrap_or_else(|p| p.into_inner());
-    let st = guard.as_ref().ok_or_else(|| {
-        Error::Unsupported("no traced GPU (TRIT_CUDA_DEFINES=-DTRIT_TRACE)".into())
-    })?;
+    let st = traced(&guard)?;
     st.stream
         .synchronize()
         .map_err(|e| err("waiting for the GPU", e))?;
@@ -102,9 +107,7 @@ pub fn reset() -> Result<()> {
 /// The records since the last [`reset`] (waits for the stream first).
 pub fn take() -> Result<Vec<TraceRecord>> {
     let guard = STATE.lock().unwrap_or_else(|p| p.into_inner());
-    let st = guard.as_ref().ok_or_else(|| {
-        Error::Unsupported("no traced GPU (TRIT_CUDA_DEFINES=-DTRIT_TRACE)".into())
-    })?;
+    let st = traced(&guard)?;
     let n = st
         .module
         .get_global("trit_trace_n", &st.stream)
