@@ -19,7 +19,7 @@ use crate::batch_rows::{self, Row};
 use crate::device::{cuda_err, ptr, Arg, Gpu};
 use crate::graph::{alloc_host_logits, StepGraph};
 use crate::launch;
-use crate::model::{CudaModel, Input, State, StepKind};
+use crate::model::{CudaModel, Head, Input, State, StepKind};
 use crate::prefill::KvTarget;
 use crate::topk::{self, TopBuffers};
 use crate::weights::DevMatrix;
@@ -488,7 +488,7 @@ impl CudaModel {
         self.upload_inputs(st, &[row.token], row.pos)?;
         match (self.use_graph, kv) {
             (true, Some(kv)) => {
-                let graph = self.capture(st, true, &kv, key.1)?;
+                let graph = self.capture(st, Head::Device, &kv, key.1)?;
                 graph.launch("decode")?;
                 let batch = st.batch.as_mut().expect("created by forward_batch_gpu");
                 batch.single.insert(key, graph);
@@ -498,7 +498,7 @@ impl CudaModel {
                 batch.single[&key].launch("decode")?;
             }
             (false, kv) => {
-                self.enqueue_step(st, true, &kv.expect("made without a graph"), key.1)?
+                self.enqueue_step(st, Head::Device, &kv.expect("made without a graph"), key.1)?
             }
         }
         st.device_pos = None;

@@ -18,11 +18,11 @@
 
 use crate::device::{cuda_err, ptr, Arg, Gpu};
 use crate::graph::StepGraph;
-use crate::model::StepKind;
+use crate::mapped::MappedBuf;
+use crate::model::{Head, StepKind};
 use crate::topk::TopBuffers;
-use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::{CudaSlice, CudaStream};
 use std::collections::VecDeque;
-use std::sync::Arc;
 use trit::model::{DeviceLoopRun, DevicePick};
 use trit::{Error, Result};
 
@@ -45,67 +45,6 @@ const FLAG_DREW: u64 = 8 << 32;
 /// nothing, so a hybrid replays after such a stop instead.
 const MAX_STOP_IDS: usize = 32;
 
-/// Page-locked host memory the GPU writes in place: one 64-bit entry per position.
-struct MappedRing {
-    host: *mut u64,
-    dev: u64,
-    len: usize,
-    /// The context that allocated it: kept alive, and current when it is freed.
-    ctx: Arc<CudaContext>,
-}
-
-// SAFETY: the memory is read only through volatile reads after the kernels that write it are
-// known to be done (an event waited for); it lives as long as this value.
-unsafe impl Send for MappedRing {}
-
-impl MappedRing {
-    fn new(gpu: &Gpu, len: usize) -> Result<MappedRing> {
-        gpu.ctx
-            .bind_to_thread()
-            .map_err(|e| cuda_err("binding the context", e))?;
-        let bytes = len.max(1) * 8;
-        let mut host = std::ptr::null_mut();
-        let mut dev = 0;
-        // SAFETY: plain driver calls on out-pointers; the memory is freed in Drop.
-        unsafe {
-            let r = sys::cuMemHostAlloc(&mut host, bytes, sys::CU_MEMHOSTALLOC_DEVICEMAP);
-            if r != sys::CUresult::CUDA_SUCCESS {
-                return Err(cuda_err("allocating mapped host memory", r));
-            }
-            std::ptr::write_bytes(host as *mut u8, 0, bytes);
-            let r = sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0);
-            if r != sys::CUresult::CUDA_SUCCESS {
-                sys::cuMemFreeHost(host);
-                return Err(cuda_err("mapping host memory", r));
-            }
-        }
-        Ok(MappedRing {
-            host: host.cast(),
-            dev,
-            len,
-            ctx: gpu.ctx.clone(),
-        })
-    }
-
-    /// Entry `i`, as the last finished kernel wrote it.
-    fn get(&self, i: usize) -> u64 {
-        assert!(i < self.len, "ring entry {i} of {}", self.len);
-        // SAFETY: in bounds; the writer is done (see the Send note).
-        unsafe { std::ptr::read_volatile(self.host.add(i)) }
-    }
-}
-
-impl Drop for MappedRing {
-    fn drop(&mut self) {
-        let _ = self.ctx.bind_to_thread();
-        // SAFETY: allocated by cuMemHostAlloc in `new` in this context; no kernel writes it
-        // any more (every loop waits for its steps before it returns).
-        unsafe {
-            sys::cuMemFreeHost(self.host.cast());
-        }
-    }
-}
-
 /// A model's buffers and graphs of the greedy loop, made on its first use.
 pub(crate) struct GreedyBufs {
     /// The step's best key (greedy.cu) and its flags word (NaN, drew); zero between steps.
@@ -120,7 +59,8 @@ pub(crate) struct GreedyBufs {
     /// A halt word for models without one of their own (dense: nothing reads it).
     halt: CudaSlice<i32>,
     /// Per position p, the token the step at p − 1 chose (`n_toks + 1` entries).
-    ring: MappedRing,
+    /// Page-locked host memory the GPU writes in place: one 64-bit entry per position.
+    ring: MappedBuf<u64>,
     /// One step ended by the pick, captured on first use, with the rule, kind and batched
     /// slot (`None`: the single path's own cache) it was captured for.
     graph: Option<(Rule, StepKind, Option<usize>, StepGraph)>,
@@ -174,7 +114,7 @@ impl GreedyBufs {
             top: None,
             stop: gpu.zeros(MAX_STOP_IDS + 1)?,
             halt: gpu.zeros(1)?,
-            ring: MappedRing::new(gpu, n_toks + 1)?,
+            ring: MappedBuf::new(gpu, n_toks + 1)?,
             graph: None,
         })
     }
@@ -496,7 +436,7 @@ impl crate::model::CudaModel {
         let kind = StepKind::Chain {
             splits: self.att_grid(pos0 + max_steps),
         };
-        let enqueue = || self.enqueue_layers(st, true, &kv, kind);
+        let enqueue = || self.enqueue_layers(st, Head::Device, &kv, kind);
         let args = LoopArgs {
             first,
             pos0,

@@ -9,23 +9,23 @@
 //! or 16 blocks per head by the context's length: `decode_attention.rs`) and with or without
 //! the LM head (prompt tokens whose logits nobody reads skip it).
 
+use crate::buffers::Buffers;
 use crate::decode_attention::{self, ATT_CHUNK, ATT_CLUSTER};
 use crate::device::{ptr, Arg, Gpu};
 use crate::gemv::{
     fused_fits, launch_matrix_gemv, launch_ternary_fused, FusedInput, FusedOpts, GemvInput,
     TernaryArgs,
 };
-use crate::graph::{alloc_host_logits, copy_to_pinned, StepGraph};
+use crate::graph::{copy_to_pinned, StepGraph};
 use crate::launch;
 pub use crate::options::{CudaOptions, FusedSet};
 use crate::prefill::PrefillBuffers;
 use crate::weights::{self, DevMatrix, DevWeights};
-use cudarc::driver::{CudaSlice, PinnedHostSlice};
+use cudarc::driver::CudaSlice;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use trit::format::config::{ModelConfig, RopeStyle};
 use trit::format::ModelFiles;
-use trit::model::rope::Rope;
 use trit::model::{ExternalNet, KvCache, Logits, Model};
 use trit::sample::RowLogits;
 use trit::{Error, Result};
@@ -40,33 +40,16 @@ pub(crate) enum StepKind {
     Short,
 }
 
-/// Device buffers of one decode step, and the KV cache.
-pub(crate) struct Buffers {
-    pub(crate) toks: CudaSlice<i32>,
-    pub(crate) step: CudaSlice<i32>,
-    pub(crate) x: CudaSlice<f32>,
-    xn: CudaSlice<f32>,
-    pub(crate) xq: CudaSlice<i8>,
-    pub(crate) xm: CudaSlice<f32>,
-    pub(crate) qkv: CudaSlice<f32>,
-    att: CudaSlice<f32>,
-    gu: CudaSlice<f32>,
-    pub(crate) h: CudaSlice<f32>,
-    part_o: CudaSlice<f32>,
-    part_ml: CudaSlice<f32>,
-    /// Per head: splits of the current step done (the last one merges; reset to 0 by it).
-    counters: CudaSlice<u32>,
-    /// Barrier counter of the persistent MLP kernel (`persist.rs`).
-    pub(crate) persist: CudaSlice<u32>,
-    /// The attention + o kernel's pending sum per residual row (fixed point; zero between
-    /// layers: the down GEMV adds it into x and clears it; `attention_o.rs`).
-    pub(crate) pend: CudaSlice<u64>,
-    pub(crate) logits: CudaSlice<f32>,
-    /// Page-locked copy target (a pageable copy of 600 KB costs tens of microseconds more).
-    host_logits: PinnedHostSlice<f32>,
-    pub(crate) cos_sin: CudaSlice<f32>,
-    pub(crate) k_cache: Vec<CudaSlice<u16>>,
-    pub(crate) v_cache: Vec<CudaSlice<u16>>,
+/// Where a decode step's LM head writes its logits (graphs are kept per choice).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Head {
+    /// No head: prompt tokens whose logits nobody reads.
+    Skip,
+    /// Into `Buffers::logits`, for kernels after the step (picks, top-k candidates).
+    Device,
+    /// Into `Buffers::mapped_logits`, page-locked host memory the head's stores reach over the
+    /// bus while it runs, instead of a copy after it (`CudaOptions::head_to_host`).
+    Host,
 }
 
 pub(crate) struct State {
@@ -75,8 +58,8 @@ pub(crate) struct State {
     pub(crate) b: Buffers,
     /// Chunk activations of the batched prefill, allocated on the first prompt.
     pub(crate) prefill: Option<PrefillBuffers>,
-    /// Decode steps captured on first use, per kind and whether they end with the LM head.
-    graphs: HashMap<(StepKind, bool), StepGraph>,
+    /// Decode steps captured on first use, per kind and where their LM head writes.
+    graphs: HashMap<(StepKind, Head), StepGraph>,
     /// The device counter's value when known (None after an error or a batched call).
     pub(crate) device_pos: Option<usize>,
     /// Slots and row buffers of the batched path (`batch.rs`), made on its first use.
@@ -198,7 +181,7 @@ impl CudaModel {
         let gpu = Gpu::open(opts.device)?;
         let w = weights::load(&gpu, &cfg, files.weights.as_ref())?;
         let n_splits = opts.ctx.div_ceil(ATT_CHUNK).min(opts.att_splits);
-        let b = Buffers::new(&gpu, &cfg, opts.ctx, n_splits)?;
+        let b = Buffers::new(&gpu, &cfg, opts.ctx, n_splits, opts.head_to_host)?;
         let (weight_bytes, bytes_per_token) = (w.weight_bytes(), w.bytes_per_token());
         Ok(CudaModel {
             ctx: opts.ctx,
@@ -251,51 +234,6 @@ impl CudaModel {
     /// KV positions held on the GPU.
     pub fn ctx(&self) -> usize {
         self.ctx
-    }
-}
-
-impl Buffers {
-    fn new(gpu: &Gpu, c: &ModelConfig, ctx: usize, n_splits: usize) -> Result<Buffers> {
-        let (d, hd) = (c.hidden, c.head_dim);
-        let (nq, nkv) = (c.n_heads * hd, c.n_kv_heads * hd);
-        let widest = d.max(nq).max(c.ffn);
-        // cos/sin of every position, from the CPU's own Rope (YaRN and its factor included).
-        let rope = Rope::new(hd, c.rope_theta, c.rope_style, c.rope_scaling.as_ref());
-        let mut cs = Vec::with_capacity(ctx * hd);
-        for p in 0..ctx {
-            let (cos, sin) = rope.angles(p);
-            for (a, b) in cos.iter().zip(&sin) {
-                cs.push(*a);
-                cs.push(*b);
-            }
-        }
-        let kv = nkv * ctx;
-        Ok(Buffers {
-            toks: gpu.zeros(ctx)?,
-            step: gpu.zeros(2)?,
-            x: gpu.zeros(d)?,
-            xn: gpu.zeros(d)?,
-            xq: gpu.zeros(widest)?,
-            xm: gpu.zeros(2 * widest / 64 + 2)?,
-            qkv: gpu.zeros(nq + 2 * nkv)?,
-            att: gpu.zeros(nq)?,
-            gu: gpu.zeros(2 * c.ffn)?,
-            h: gpu.zeros(c.ffn)?,
-            part_o: gpu.zeros(c.n_heads * n_splits * hd)?,
-            part_ml: gpu.zeros(2 * c.n_heads * n_splits)?,
-            counters: gpu.zeros(c.n_heads)?,
-            persist: gpu.zeros(1)?,
-            pend: gpu.zeros(d)?,
-            logits: gpu.zeros(c.vocab)?,
-            host_logits: alloc_host_logits(gpu, c.vocab)?,
-            cos_sin: gpu.upload(&cs)?,
-            k_cache: (0..c.n_layers)
-                .map(|_| gpu.zeros(kv))
-                .collect::<Result<_>>()?,
-            v_cache: (0..c.n_layers)
-                .map(|_| gpu.zeros(kv))
-                .collect::<Result<_>>()?,
-        })
     }
 }
 
@@ -379,11 +317,11 @@ impl CudaModel {
     pub(crate) fn enqueue_step(
         &self,
         st: &State,
-        with_head: bool,
+        head: Head,
         kv: &[(u64, u64)],
         kind: StepKind,
     ) -> Result<()> {
-        self.enqueue_layers(st, with_head, kv, kind)?;
+        self.enqueue_layers(st, head, kv, kind)?;
         let step = ptr(&st.b.step, &st.gpu.stream);
         st.gpu
             .launch("advance_position", (1, 1), 32, &[Arg::Ptr(step)])
@@ -393,7 +331,7 @@ impl CudaModel {
     pub(crate) fn enqueue_layers(
         &self,
         st: &State,
-        with_head: bool,
+        head: Head,
         kv: &[(u64, u64)],
         kind: StepKind,
     ) -> Result<()> {
@@ -544,27 +482,34 @@ impl CudaModel {
                 }
             }
         }
-        if with_head {
-            if let Some(m) = self.fused_args(st, st.w.head(), self.fused.head, false) {
-                let input = normed_x(&st.w.final_norm);
-                self.fused_gemv(st, &m, input, p(&b.logits), false, false)?;
-            } else {
-                norm(&st.w.final_norm, p(&b.x))?;
-                self.gemv(st, st.w.head(), &normed, p(&b.logits), false)?;
+        let logits = match (head, &b.mapped_logits) {
+            (Head::Skip, _) => return Ok(()),
+            (Head::Host, Some(m)) => m.dev,
+            (Head::Host, None) => {
+                return Err(Error::Unsupported(
+                    "logits to mapped host memory without the buffer (head_to_host off)".into(),
+                ))
             }
+            (Head::Device, _) => p(&b.logits),
+        };
+        if let Some(m) = self.fused_args(st, st.w.head(), self.fused.head, false) {
+            let input = normed_x(&st.w.final_norm);
+            self.fused_gemv(st, &m, input, logits, false, false)
+        } else {
+            norm(&st.w.final_norm, p(&b.x))?;
+            self.gemv(st, st.w.head(), &normed, logits, false)
         }
-        Ok(())
     }
 
     pub(crate) fn capture(
         &self,
         st: &State,
-        with_head: bool,
+        head: Head,
         kv: &[(u64, u64)],
         kind: StepKind,
     ) -> Result<StepGraph> {
         StepGraph::capture(&st.gpu.stream, "decode graph", || {
-            self.enqueue_step(st, with_head, kv, kind)
+            self.enqueue_step(st, head, kv, kind)
         })
     }
 
@@ -592,22 +537,32 @@ impl CudaModel {
     }
 
     /// Runs the decode step of the token at `pos` (the device counter's value).
-    pub(crate) fn run_step(&self, st: &mut State, with_head: bool, pos: usize) -> Result<()> {
+    pub(crate) fn run_step(&self, st: &mut State, head: Head, pos: usize) -> Result<()> {
         let kv = Self::own_kv(st);
         let kind = self.step_kind(pos);
         if !self.use_graph {
-            return self.enqueue_step(st, with_head, &kv, kind);
+            return self.enqueue_step(st, head, &kv, kind);
         }
-        let key = (kind, with_head);
+        let key = (kind, head);
         if !st.graphs.contains_key(&key) {
-            let graph = self.capture(st, with_head, &kv, kind)?;
+            let graph = self.capture(st, head, &kv, kind)?;
             st.graphs.insert(key, graph);
         }
         st.graphs[&key].launch("decode")
     }
 
+    /// Where the host's steps have their LM head write: mapped host memory where the model
+    /// has it (`CudaOptions::head_to_host`), else the device buffer copied back after.
+    fn host_head(st: &State) -> Head {
+        if st.b.mapped_logits.is_some() {
+            Head::Host
+        } else {
+            Head::Device
+        }
+    }
+
     /// Runs `tokens` from `pos0` and lends the logits `which` asks for to `read`: the last
-    /// row straight from the page-locked buffer it was copied into.
+    /// row straight from the page-locked buffer it was copied (or written) into.
     fn forward_locked(
         &self,
         st: &mut State,
@@ -625,21 +580,34 @@ impl CudaModel {
         let mut all = Vec::new();
         for i in 0..tokens.len() {
             let want = which == Logits::All || i + 1 == tokens.len();
-            self.run_step(st, want, pos0 + i)?;
+            let head = if want {
+                Self::host_head(st)
+            } else {
+                Head::Skip
+            };
+            self.run_step(st, head, pos0 + i)?;
             if which == Logits::All {
-                all.extend(self.read_logits(st)?);
+                match (head, &st.b.mapped_logits) {
+                    (Head::Host, Some(m)) => {
+                        st.gpu.sync()?;
+                        all.extend_from_slice(m.head(self.config.vocab));
+                    }
+                    _ => all.extend(self.read_logits(st)?),
+                }
             }
         }
-        // The last row's copy is queued behind the step (copy_to_pinned waits for both).
-        let last = match which {
-            Logits::Last => Some(copy_to_pinned(
+        // The last row: written into mapped memory by the step's head, or copied behind the
+        // step (copy_to_pinned waits for both).
+        st.gpu.sync()?;
+        let last = match (which, &st.b.mapped_logits) {
+            (Logits::All, _) => None,
+            (Logits::Last, Some(m)) => Some(m.head(self.config.vocab)),
+            (Logits::Last, None) => Some(copy_to_pinned(
                 &st.gpu,
                 &st.b.logits,
                 &mut st.b.host_logits,
             )?),
-            Logits::All => None,
         };
-        st.gpu.sync()?;
         st.device_pos = Some(pos0 + tokens.len());
         read(last.unwrap_or(&all));
         Ok(())
@@ -666,6 +634,7 @@ impl CudaModel {
         Ok(())
     }
 
+    /// The logits a step wrote into `Buffers::logits` (the device's), waiting for them.
     pub(crate) fn read_logits(&self, st: &mut State) -> Result<Vec<f32>> {
         let b = &mut st.b;
         Ok(copy_to_pinned(&st.gpu, &b.logits, &mut b.host_logits)?.to_vec())

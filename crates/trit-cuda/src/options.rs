@@ -112,6 +112,12 @@ pub struct CudaOptions {
     /// against 887 for the host's loop, 1.7B 1,840–1,851 against 1,742–1,760; sampled 8B 864
     /// against 839–849.
     pub greedy_loop: bool,
+    /// The host's decode steps (dense models) have the LM head store the logits straight into
+    /// mapped page-locked host memory, so they cross the bus while the head runs instead of in
+    /// a copy after it (~600 KB for a 152k vocabulary); steps whose logits stay on the GPU
+    /// (device picks, top-k) keep the device buffer. `TRIT_CUDA_HEAD_HOST=1`; a measurement
+    /// knob, off until measured.
+    pub head_to_host: bool,
 }
 
 /// Which matrices of the decode step take the fused GEMV.
@@ -231,6 +237,7 @@ impl CudaOptions {
                 .unwrap_or(ATT_O_MAX),
             greedy_loop: env("TRIT_CUDA_GREEDY").is_none_or(|v| v != "0"),
             att_cluster: env("TRIT_CUDA_ATT_CLUSTER").is_none_or(|v| v != "0"),
+            head_to_host: env("TRIT_CUDA_HEAD_HOST").is_some_and(|v| v == "1"),
         }
     }
 }

@@ -3,7 +3,7 @@
 //! copies (2k + 2) words per sequence to the host instead of the vocabulary's logits.
 
 use crate::device::{cuda_err, ptr, Arg, Gpu};
-use crate::model::{check_forward, poisoned, State};
+use crate::model::{check_forward, poisoned, Head, State};
 use cudarc::driver::{CudaSlice, PinnedHostSlice};
 use trit::model::{ExternalNet, KvCache, Logits};
 use trit::sample::{RowLogits, TopLogits};
@@ -245,7 +245,7 @@ impl crate::model::CudaModel {
         let st: &mut State = &mut guard;
         let pos0 = cache.len();
         self.upload_inputs(st, tokens, pos0)?;
-        self.run_step(st, true, pos0)?;
+        self.run_step(st, Head::Device, pos0)?;
         let logits = ptr(&st.b.logits, &st.gpu.stream);
         let row = match one_row(&mut st.top, &st.gpu, logits, vocab, k)? {
             Some(t) => RowLogits::Top(t),

@@ -452,3 +452,66 @@ fn tiny_hybrid(dir: &std::path::Path, seed: u64) -> (HybridPreset, trit::format:
     let files = trit::format::open(&dir.join(fmt.file_name())).unwrap();
     (preset, files)
 }
+
+/// `head_to_host` (`TRIT_CUDA_HEAD_HOST=1`): the LM head storing the logits straight into
+/// mapped host memory gives the bits the device buffer's copy gives — for each token of a
+/// greedy run (the last row), for every row of a prompt stepped token by token (`Logits::All`,
+/// prefill off), and for sampled steps (top-k on the device: the device buffer).
+#[test]
+#[ignore = "needs an NVIDIA GPU"]
+fn logits_written_to_host_memory_by_the_head_are_the_copied_ones() {
+    if gpu_missing() {
+        return;
+    }
+    let files = trit::format::open(&default_model_path()).unwrap();
+    let ctx = 96;
+    let p = prompt(7, files.config.vocab, 23);
+    let load = |to_host: bool, prefill: bool| {
+        let o = CudaOptions {
+            head_to_host: to_host,
+            prefill,
+            greedy_loop: false,
+            ..CudaOptions::new(ctx)
+        };
+        Arc::new(load_model(&files, &o).unwrap())
+    };
+    let rows = |m: Arc<Model>| {
+        let mut s = Session::new(m, ctx);
+        let mut logits = s.prefill(&p).unwrap();
+        let mut rows = vec![logits.clone()];
+        for _ in 0..24 {
+            logits = s.step(argmax(&logits)).unwrap();
+            rows.push(logits.clone());
+        }
+        rows
+    };
+    let want = rows(load(false, true));
+    assert_eq!(rows(load(true, true)), want, "greedy rows");
+    let all = |m: Arc<Model>| {
+        let mut cache = m.new_cache(ctx);
+        m.forward(&p, &mut cache, Logits::All).unwrap()
+    };
+    let want_all = all(load(false, false));
+    assert_eq!(want_all.len(), p.len() * files.config.vocab);
+    assert_eq!(
+        all(load(true, false)),
+        want_all,
+        "every row, token by token"
+    );
+    // A step whose candidates are picked on the device reads the device buffer; a plain step
+    // after it goes back to host memory.
+    let top = |m: Arc<Model>| {
+        let mut cache = m.new_cache(ctx);
+        m.forward(&p, &mut cache, Logits::Last).unwrap();
+        let t = m.forward_top(&[5], &mut cache, 40).unwrap();
+        (t, m.forward(&[6], &mut cache, Logits::Last).unwrap())
+    };
+    let (want_top, want_next) = top(load(false, true));
+    let (got_top, got_next) = top(load(true, true));
+    assert!(
+        matches!(want_top, trit::sample::RowLogits::Top(_)),
+        "{want_top:?}"
+    );
+    assert_eq!(got_top, want_top, "device top-k");
+    assert_eq!(got_next, want_next, "the plain step after it");
+}
