@@ -13,8 +13,8 @@
 //!
 //! Dropout is a training-time operation and is ignored.
 
-use crate::format::config::ModelConfig;
-use crate::format::folder::hf_to_canonical;
+use crate::format::config::{HybridConfig, ModelConfig};
+use crate::format::folder::{canonical_to_hf, hf_to_canonical};
 use crate::format::safetensors::SafetensorsFile;
 use crate::format::Dtype;
 use crate::quant::float;
@@ -85,6 +85,13 @@ const TARGETS: &[(&str, &str)] = &[
     ("mlp.gate_proj", "ffn_gate"),
     ("mlp.up_proj", "ffn_up"),
     ("mlp.down_proj", "ffn_down"),
+    // Qwen3.5 hybrids' Gated DeltaNet layers (their full-attention layers take the four above;
+    // q_proj's rows there hold each head's query and gate values).
+    ("linear_attn.in_proj_qkv", "attn_qkv"),
+    ("linear_attn.in_proj_z", "attn_gate"),
+    ("linear_attn.in_proj_a", "ssm_alpha"),
+    ("linear_attn.in_proj_b", "ssm_beta"),
+    ("linear_attn.out_proj", "ssm_out"),
 ];
 
 fn read_config(dir: &Path) -> Result<Value> {
@@ -162,6 +169,38 @@ fn num(cfg: &Value, key: &str, file: &str) -> Result<f64> {
         .ok_or_else(|| Error::Config(format!("{file}: missing or non-numeric '{key}'")))
 }
 
+/// `(out, in)` of projection `sub` (a canonical suffix) in `layer` of the model, or `None`
+/// where that layer has no such projection (a Gated DeltaNet projection on a full-attention
+/// layer, or on a model without them).
+fn projection_shape(cfg: &ModelConfig, layer: usize, sub: &str) -> Option<(usize, usize)> {
+    let (d, f) = (cfg.hidden, cfg.ffn);
+    let (q, kv) = (cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim);
+    let linear = cfg.hybrid.as_ref().filter(|h| h.linear[layer]);
+    Some(match (sub, linear) {
+        ("ffn_gate" | "ffn_up", _) => (f, d),
+        ("ffn_down", _) => (d, f),
+        ("attn_qkv", Some(h)) => (h.conv_dim(), d),
+        ("attn_gate", Some(h)) => (h.value_width(), d),
+        ("ssm_alpha" | "ssm_beta", Some(h)) => (h.v_heads, d),
+        ("ssm_out", Some(h)) => (d, h.value_width()),
+        (_, Some(_)) => return None,
+        // A hybrid's full-attention q_proj carries each head's gate values beside its query.
+        ("attn_q", None) if cfg.hybrid.is_some() => (2 * q, d),
+        ("attn_q", None) => (q, d),
+        ("attn_k" | "attn_v", None) => (kv, d),
+        ("attn_output", None) => (d, q),
+        _ => return None,
+    })
+}
+
+fn layer_kind(cfg: &ModelConfig, layer: usize) -> &'static str {
+    match &cfg.hybrid {
+        Some(h) if h.linear[layer] => "a Gated DeltaNet layer",
+        Some(_) => "a full-attention layer",
+        None => "a transformer block",
+    }
+}
+
 impl LoraAdapter {
     /// Reads an mlx-lm or PEFT adapter folder.
     pub fn load(dir: &Path) -> Result<LoraAdapter> {
@@ -231,7 +270,10 @@ impl LoraAdapter {
         for (module, (a, b)) in modules {
             let (layer, canonical) = module_target(&module, &fname)?;
             if let Some(keys) = &keys {
-                let rel = module.splitn(4, '.').nth(3).unwrap_or("");
+                // mlx-lm's keys are paths inside a block (`self_attn.q_proj`), whatever prefix
+                // the model puts before its layers (`language_model.model.layers.N.`).
+                let hf = canonical_to_hf(canonical.trim_end_matches(".weight")).unwrap_or_default();
+                let rel = hf.splitn(4, '.').nth(3).unwrap_or("");
                 if !keys.iter().any(|k| k == rel) {
                     return Err(Error::Config(format!(
                         "{fname}: '{module}' is not among the adapter's keys {keys:?}"
@@ -359,12 +401,6 @@ impl LoraAdapter {
     /// Checks every pair against the model: the layer exists and the shapes match the
     /// projection's `[out, in]`.
     pub fn check(&self, cfg: &ModelConfig) -> Result<()> {
-        let (d, q, kv, f) = (
-            cfg.hidden,
-            cfg.n_heads * cfg.head_dim,
-            cfg.n_kv_heads * cfg.head_dim,
-            cfg.ffn,
-        );
         for (name, p) in &self.pairs {
             let rest = name.strip_prefix("blk.").unwrap_or(name);
             let (layer, sub) = rest.split_once('.').unwrap_or((rest, ""));
@@ -386,13 +422,15 @@ impl LoraAdapter {
                     )));
                 }
             }
-            let (out, inp) = match sub.strip_suffix(".weight").unwrap_or(sub) {
-                "attn_q" => (q, d),
-                "attn_k" | "attn_v" => (kv, d),
-                "attn_output" => (d, q),
-                "ffn_gate" | "ffn_up" => (f, d),
-                _ => (d, f),
-            };
+            let sub = sub.strip_suffix(".weight").unwrap_or(sub);
+            let (out, inp) = projection_shape(cfg, layer, sub).ok_or_else(|| {
+                Error::Config(format!(
+                    "{} adapter: '{name}': layer {layer} of this model has no {sub} projection \
+                     ({}; an adapter trained for another model?)",
+                    self.layout,
+                    layer_kind(cfg, layer)
+                ))
+            })?;
             if (p.out_dim, p.in_dim) != (out, inp) {
                 return Err(Error::Config(format!(
                     "{} adapter: '{name}' maps {} → {} but the model's projection maps {inp} → \
@@ -402,6 +440,54 @@ impl LoraAdapter {
             }
         }
         Ok(())
+    }
+
+    /// This adapter for a hybrid whose value heads are stored in llama.cpp's tiled order
+    /// (GGUF; `HybridConfig::v_tiled`): adapters are trained on Hugging Face's grouped order,
+    /// so each value head's rows of in_proj_qkv's value part, in_proj_z, in_proj_a and
+    /// in_proj_b (`B`), and its columns of out_proj (`A`), move to where the file keeps it.
+    pub(crate) fn to_tiled_value_heads(&self, h: &HybridConfig) -> LoraAdapter {
+        let per_key = h.v_heads / h.k_heads;
+        // Tiled head t is grouped head (t mod Hk)·(Hv/Hk) + t div Hk.
+        let grouped = |t: usize| (t % h.k_heads) * per_key + t / h.k_heads;
+        // Moves blocks of `width` values, one per value head, from `at` on in each of `lines`
+        // lines of `len` values.
+        let regroup = |v: &[f32], lines: usize, len: usize, at: usize, width: usize| {
+            let mut out = v.to_vec();
+            for line in 0..lines {
+                let base = line * len + at;
+                for t in 0..h.v_heads {
+                    let (dst, src) = (base + t * width, base + grouped(t) * width);
+                    out[dst..dst + width].copy_from_slice(&v[src..src + width]);
+                }
+            }
+            out
+        };
+        let mut pairs = self.pairs.clone();
+        for (name, p) in pairs.iter_mut() {
+            let sub = name.rsplit('.').nth(1).unwrap_or("");
+            let (rank, in_dim, b_len) = (p.rank, p.in_dim, p.b.len());
+            // B is [out, rank] (a head's rows are `v_dim · rank` consecutive values); A is
+            // [rank, in], each of its `rank` lines holding every value head's columns.
+            let (m, lines, len, at, width) = match sub {
+                "attn_qkv" => (&mut p.b, 1, b_len, 2 * h.key_width() * rank, h.v_dim * rank),
+                "attn_gate" => (&mut p.b, 1, b_len, 0, h.v_dim * rank),
+                "ssm_alpha" | "ssm_beta" => (&mut p.b, 1, b_len, 0, rank),
+                "ssm_out" => (&mut p.a, rank, in_dim, 0, h.v_dim),
+                _ => continue,
+            };
+            *m = regroup(m, lines, len, at, width);
+        }
+        LoraAdapter {
+            pairs,
+            layout: self.layout,
+            num_layers: self.num_layers,
+        }
+    }
+
+    /// The pair of projection `sub` (canonical suffix) in `layer`, if the adapter has one.
+    pub(crate) fn pair(&self, layer: usize, sub: &str) -> Option<&LoraPair> {
+        self.pairs.get(&format!("blk.{layer}.{sub}.weight"))
     }
 
     /// `scale · B·A` for a canonical weight name, if the adapter touches it.

@@ -249,13 +249,11 @@ impl Model {
         Ok(model)
     }
 
-    /// Adds a LoRA adapter's side paths (dense llama/qwen3 models).
+    /// Adds a LoRA adapter's side paths (llama/qwen3 models, unrotated qwen35 hybrids).
     pub fn set_adapter(&mut self, adapter: &lora::LoraAdapter) -> Result<()> {
         match &mut self.net {
             Net::Dense(n) => n.set_adapter(adapter),
-            Net::Hybrid(_) => Err(crate::Error::Unsupported(
-                "LoRA adapters on qwen35 hybrid models (trit applies them to llama/qwen3)".into(),
-            )),
+            Net::Hybrid(n) => n.set_adapter(adapter),
             Net::External(_) => Err(crate::Error::Unsupported(
                 "LoRA adapters on a GPU model (run the adapter with --device cpu, or fuse it \
                  with `trit convert --quantize --adapter`)"

@@ -11,6 +11,7 @@
 use super::attention::{attend_batch, AttendSeq};
 use super::gated_delta::{self as gd, HeadInputs};
 use super::kv_cache::KvCache;
+use super::lora::LoraAdapter;
 use super::recurrent::RecurrentState;
 use super::rope::Rope;
 use super::rotation::{Projector, RotatedLinear, Rotations};
@@ -77,6 +78,9 @@ pub struct Qwen35 {
     /// `None` when the head is tied to the embedding.
     head: Option<RotatedLinear>,
     rope: Rope,
+    /// LoRA side paths (`set_adapter`), in the file's value-head order, computed in f32
+    /// beside the projections on the same inputs.
+    lora: Option<LoraAdapter>,
 }
 
 impl Qwen35 {
@@ -160,7 +164,36 @@ impl Qwen35 {
             final_norm,
             head,
             rope,
+            lora: None,
         })
+    }
+
+    /// Applies a LoRA adapter (mlx-lm or PEFT, trained on the Hugging Face model) to the
+    /// projections it names, replacing any earlier one.
+    pub fn set_adapter(&mut self, adapter: &LoraAdapter) -> Result<()> {
+        if !self.rot.is_empty() {
+            return Err(Error::Unsupported(
+                "LoRA adapters on Hadamard-rotated models (the adapter's matrices are in the \
+                 unrotated basis; fuse it into the unrotated weights with `trit convert \
+                 --quantize --adapter` instead)"
+                    .into(),
+            ));
+        }
+        adapter.check(&self.config)?;
+        self.lora = Some(if self.hy.v_tiled {
+            adapter.to_tiled_value_heads(&self.hy)
+        } else {
+            adapter.clone()
+        });
+        Ok(())
+    }
+
+    /// `out += scale · B·(A·x)` for the adapter's pair of projection `sub` in `layer`, over
+    /// the `n` rows of `x` the projection itself read.
+    fn lora_add(&self, layer: usize, sub: &str, x: &[f32], n: usize, out: &mut [f32]) {
+        if let Some(p) = self.lora.as_ref().and_then(|a| a.pair(layer, sub)) {
+            p.add_to(x, n, out);
+        }
     }
 
     fn matrices(&self) -> Vec<&Linear> {
@@ -279,11 +312,11 @@ impl Qwen35 {
         let mut mixed = vec![0f32; n * d];
         let mut g = vec![0f32; n * c.ffn];
         let mut u = vec![0f32; n * c.ffn];
-        for layer in &self.layers {
+        for (li, layer) in self.layers.iter().enumerate() {
             norm_rows(&x, &layer.attn_norm, c.norm_eps, &mut h);
             match &layer.mixer {
-                Mixer::Linear(m) => self.delta_net(pool, m, &h, &rows, seqs, &mut mixed),
-                Mixer::Full(m) => self.full_attention(pool, m, &h, &rows, seqs, &mut mixed),
+                Mixer::Linear(m) => self.delta_net(pool, li, m, &h, &rows, seqs, &mut mixed),
+                Mixer::Full(m) => self.full_attention(pool, li, m, &h, &rows, seqs, &mut mixed),
             }
             residual(&mut x, &mixed);
             norm_rows(&x, &layer.post_norm, c.norm_eps, &mut h);
@@ -291,10 +324,13 @@ impl Qwen35 {
                 Op::MatGate,
                 [(&layer.gate, &mut g[..]), (&layer.up, &mut u[..])],
             );
+            self.lora_add(li, "ffn_gate", &h, n, &mut g);
+            self.lora_add(li, "ffn_up", &h, n, &mut u);
             let probe = profile::start(Op::SwiGlu, 0);
             ops::silu_mul(&mut g, &u);
             drop(probe);
             Projector::new(pool, &g, n).run(Op::MatDown, &layer.down, &mut mixed);
+            self.lora_add(li, "ffn_down", &g, n, &mut mixed);
             residual(&mut x, &mixed);
         }
         for s in seqs.iter_mut() {
@@ -348,9 +384,11 @@ impl Qwen35 {
         Ok(out)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn full_attention(
         &self,
         pool: &ThreadPool,
+        li: usize,
         m: &FullAttention,
         h: &[f32],
         rows: &Rows,
@@ -368,6 +406,9 @@ impl Qwen35 {
             Op::MatQ,
             [(&m.q, &mut qg[..]), (&m.k, &mut k[..]), (&m.v, &mut v[..])],
         );
+        self.lora_add(li, "attn_q", h, n, &mut qg);
+        self.lora_add(li, "attn_k", h, n, &mut k);
+        self.lora_add(li, "attn_v", h, n, &mut v);
         let probe = profile::start(Op::Rope, 0);
         let rot = self.hy.rotary_dim;
         let mut q = vec![0f32; n * nq];
@@ -417,11 +458,14 @@ impl Qwen35 {
         }
         drop(probe);
         Projector::new(pool, &att, n).run(Op::MatO, &m.o, out);
+        self.lora_add(li, "attn_output", &att, n, out);
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn delta_net(
         &self,
         pool: &ThreadPool,
+        li: usize,
         m: &DeltaNet,
         h: &[f32],
         rows: &Rows,
@@ -443,6 +487,10 @@ impl Qwen35 {
         m.a.forward(pool, h, n, &mut a);
         m.b.forward(pool, h, n, &mut b);
         drop(probe);
+        self.lora_add(li, "attn_qkv", h, n, &mut qkv);
+        self.lora_add(li, "attn_gate", h, n, &mut z);
+        self.lora_add(li, "ssm_alpha", h, n, &mut a);
+        self.lora_add(li, "ssm_beta", h, n, &mut b);
         let probe = profile::start(Op::DeltaRule, 0);
         // Each sequence's conv runs over its own rows with its own window.
         let mut ssm: Vec<&mut [f32]> = Vec::with_capacity(seqs.len());
@@ -540,6 +588,7 @@ impl Qwen35 {
         }
         drop(probe);
         Projector::new(pool, &o, n).run(Op::MatO, &m.out, out);
+        self.lora_add(li, "ssm_out", &o, n, out);
     }
 }
 

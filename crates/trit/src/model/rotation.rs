@@ -61,6 +61,11 @@ impl Rotations {
         })
     }
 
+    /// Whether the file declares no rotation at all (the model runs in its trained basis).
+    pub fn is_empty(&self) -> bool {
+        self.spec.weights.is_empty() && self.spec.embedding.is_none()
+    }
+
     /// Every rotated weight the file declares must be one the graph reads.
     pub fn check_all_used(&self, used: &dyn Fn(&str) -> bool) -> Result<()> {
         match self.spec.weights.keys().find(|k| !used(k)) {
