@@ -278,6 +278,81 @@ fn json_schema_output_parses_and_bad_schemas_are_named() {
 }
 
 #[test]
+fn grammar_output_follows_the_grammar_and_bad_grammars_are_named() {
+    if default_model().is_none() {
+        eprintln!("skipped: no default model in models/default");
+        return;
+    }
+    // Three capitalized words separated by ", ", from a file; then inline, sampled.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("list.gbnf");
+    std::fs::write(
+        &file,
+        "root ::= item (\", \" item){2}\nitem ::= [A-Z] [a-z]{1,12}\n",
+    )
+    .unwrap();
+    let out = stdout_of(&[
+        "run",
+        "-q",
+        "--temp",
+        "0",
+        "-n",
+        "60",
+        "--grammar-file",
+        file.to_str().unwrap(),
+        "Name three fruits.",
+    ]);
+    // `run` ends its output with a line break of its own.
+    let items: Vec<&str> = out.trim_end_matches('\n').split(", ").collect();
+    assert_eq!(items.len(), 3, "{out:?}");
+    for w in items {
+        assert!(w.len() >= 2 && w.len() <= 13, "{out:?}");
+        assert!(w.starts_with(|c: char| c.is_ascii_uppercase()), "{out:?}");
+        assert!(w[1..].bytes().all(|b| b.is_ascii_lowercase()), "{out:?}");
+    }
+    let out = stdout_of(&[
+        "run",
+        "-q",
+        "--temp",
+        "1",
+        "--seed",
+        "4",
+        "-n",
+        "40",
+        "--grammar",
+        r#"root ::= [0-9]{1,3} " + " [0-9]{1,3}"#,
+        "Write a sum.",
+    ]);
+    let (a, b) = out
+        .trim_end_matches('\n')
+        .split_once(" + ")
+        .unwrap_or_else(|| panic!("{out:?}"));
+    assert!(
+        a.parse::<u16>().is_ok() && b.parse::<u16>().is_ok(),
+        "{out:?}"
+    );
+    for (args, word) in [
+        (
+            vec!["--grammar", "root ::= [a-"],
+            "unterminated character class",
+        ),
+        (vec!["--grammar", "root ::= \"a\"", "--json"], "not both"),
+        (
+            vec!["--grammar-file", "/nonexistent/g.gbnf"],
+            "reading the grammar",
+        ),
+    ] {
+        let out = trit().arg("run").args(&args).arg("hi").output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(word),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
 fn logit_bias_flag_forces_a_token_and_bad_values_are_named() {
     let Some(model) = default_model() else {
         eprintln!("skipped: no default model in models/default");

@@ -192,7 +192,7 @@ fn generate_with_the_device_loop_equals_host_greedy() {
         sampling: SamplingParams::greedy(),
         stop: Vec::new(),
         eos: Vec::new(),
-        json: None,
+        constraint: None,
     };
     let free = run_gen(&host, &tok, &[&prompt], &base)[0].clone();
     // A stop string from the middle of the free text; an EOS token from its middle.
@@ -374,7 +374,7 @@ fn sampling_on_the_device_draws_what_the_host_draws() {
         },
         stop: Vec::new(),
         eos: Vec::new(),
-        json: None,
+        constraint: None,
     };
     for opts in [
         sampled(0.7, 20, 0.8, 0.0, 1),
@@ -426,7 +426,7 @@ fn context_shifts_with_the_device_loop_equal_host_steps() {
         sampling: SamplingParams::greedy(),
         stop: Vec::new(),
         eos: Vec::new(),
-        json: None,
+        constraint: None,
     };
     for (files, p) in cases {
         let tok = Tokenizer::from_source(&files.tokenizer).unwrap();

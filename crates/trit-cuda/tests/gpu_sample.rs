@@ -333,7 +333,7 @@ fn sampled_requests() -> Vec<(GenerateOptions, usize)> {
         },
         stop: vec![],
         eos: vec![],
-        json: None,
+        constraint: None,
     };
     let mut penalized = sampled(0.7, 20, 0.8, 0.0, 5);
     penalized.sampling.penalties.presence = 0.8;

@@ -102,7 +102,7 @@ fn options(max_tokens: usize, temperature: f32, seed: u64) -> GenerateOptions {
         },
         stop: Vec::new(),
         eos: Vec::new(),
-        json: None,
+        constraint: None,
     }
 }
 

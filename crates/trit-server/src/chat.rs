@@ -129,19 +129,18 @@ pub(crate) fn prepare(
             "this model has no chat template; use /v1/completions with a raw prompt",
         ));
     };
-    let forced = match forced {
-        Some(_) if common.wants_json() => {
-            return Err(ApiError::invalid(
-                "response_format together with a forced tool_choice is not supported",
-            ))
-        }
-        // The call in the dialect the model was taught: Qwen3.5's XML or Hermes JSON.
-        Some(f) if template.writes_xml_tool_calls() => {
-            Some(JsonSchema::xml_tool_call(&f).map_err(|e| ApiError::bad_value(&e))?)
-        }
-        Some(f) => Some(JsonSchema::tool_call(&f).map_err(|e| ApiError::bad_value(&e))?),
-        None => None,
-    };
+    let forced =
+        match forced {
+            Some(_) if common.is_constrained() => return Err(ApiError::invalid(
+                "response_format or grammar together with a forced tool_choice is not supported",
+            )),
+            // The call in the dialect the model was taught: Qwen3.5's XML or Hermes JSON.
+            Some(f) if template.writes_xml_tool_calls() => {
+                Some(JsonSchema::xml_tool_call(&f).map_err(|e| ApiError::bad_value(&e))?)
+            }
+            Some(f) => Some(JsonSchema::tool_call(&f).map_err(|e| ApiError::bad_value(&e))?),
+            None => None,
+        };
     let mut kwargs = fields.chat_template_kwargs.unwrap_or_default();
     let thinking = match fields.reasoning_effort.as_deref() {
         None => None,
@@ -153,19 +152,20 @@ pub(crate) fn prepare(
             )))
         }
     };
-    if common.wants_json() && tools.is_some() {
+    if common.is_constrained() && tools.is_some() {
         return Err(ApiError::invalid(
-            "response_format json_object/json_schema together with tools is not supported",
+            "response_format json_object/json_schema or grammar together with tools is not \
+             supported",
         ));
     }
-    // A constrained reply (a JSON document or a forced tool call) starts right away: no
-    // thinking block before it.
-    let constrained = common.wants_json() || forced.is_some();
+    // A constrained reply (a JSON document, a grammar's string or a forced tool call) starts
+    // right away: no thinking block before it.
+    let constrained = common.is_constrained() || forced.is_some();
     if constrained {
         if kwargs.get("enable_thinking") == Some(&Value::Bool(true)) {
             return Err(ApiError::invalid(
-                "response_format json_object/json_schema and a forced tool_choice need \
-                 enable_thinking false: the constrained output must start the reply",
+                "response_format json_object/json_schema, grammar and a forced tool_choice \
+                 need enable_thinking false: the constrained output must start the reply",
             ));
         }
         kwargs.insert("enable_thinking".into(), Value::Bool(false));

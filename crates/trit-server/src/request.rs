@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::sync::Arc;
 use trit::engine::GenerateOptions;
-use trit::sample::{JsonOutput, JsonSchema, Penalties, SamplingParams};
+use trit::sample::{ConstrainedOutput, Grammar, JsonSchema, OutputRule, Penalties, SamplingParams};
 
 /// Decodes a JSON body into `T`; a broken body or a wrong type is a 400 naming the field.
 pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
@@ -65,7 +65,7 @@ pub struct Common {
     pub logit_bias: Option<Value>,
     /// llama.cpp's top-level schema field (same as `response_format` json_schema).
     pub json_schema: Option<Value>,
-    /// llama.cpp's GBNF grammar: refused (only JSON schemas are enforced), never ignored.
+    /// llama.cpp's GBNF grammar (a string): the output must be a string of it.
     pub grammar: Option<Value>,
     /// llama.cpp: keep generating past end-of-sequence tokens (they are banned).
     pub ignore_eos: Option<bool>,
@@ -118,13 +118,13 @@ impl Common {
                 )));
             }
         }
-        let json = match forced {
+        let constraint = match forced {
             // A forced tool call (chat's tool_choice): decoded under its own schema.
-            Some(schema) => Some(JsonOutput {
-                schema: Arc::new(schema),
+            Some(schema) => Some(ConstrainedOutput {
+                rule: OutputRule::Json(Arc::new(schema)),
                 table: state.token_table(),
             }),
-            None => self.json_output(state)?,
+            None => self.constraint(state)?,
         };
         let n_ctx = state.config.n_ctx;
         if prompt.len() >= n_ctx {
@@ -188,7 +188,7 @@ impl Common {
                 sampling,
                 stop,
                 eos: state.config.eos.clone(),
-                json,
+                constraint,
             },
             top_logprobs,
             stream: self.stream,
@@ -335,9 +335,11 @@ impl Common {
 }
 
 impl Common {
-    /// Whether `response_format` asks for JSON (checked in full by [`job`](Self::job)).
-    pub fn wants_json(&self) -> bool {
+    /// Whether the output is constrained: `response_format` asks for JSON, or a `grammar` is
+    /// given (checked in full by [`job`](Self::job)).
+    pub fn is_constrained(&self) -> bool {
         self.json_schema.is_some()
+            || self.grammar.as_ref().is_some_and(|g| !g.is_null())
             || self
                 .response_format
                 .as_ref()
@@ -346,16 +348,39 @@ impl Common {
                 .is_some_and(|t| t == "json_object" || t == "json_schema")
     }
 
-    /// `response_format` is enforced or refused, never ignored: `json_object` (any object, or
-    /// llama.cpp's `schema` beside it) and `json_schema` (OpenAI's `json_schema.schema`) are
-    /// decoded under their schema; a schema with keywords the recognizer cannot enforce gets
-    /// a 400 naming them.
-    fn json_output(&self, state: &AppState) -> Result<Option<JsonOutput>, ApiError> {
+    /// `response_format` and `grammar` are enforced or refused, never ignored: `json_object`
+    /// (any object, or llama.cpp's `schema` beside it) and `json_schema` (OpenAI's
+    /// `json_schema.schema`) are decoded under their schema; a schema with keywords the
+    /// recognizer cannot enforce gets a 400 naming them; a GBNF `grammar` (llama.cpp's field)
+    /// is parsed, and a grammar that does not parse gets a 400 with the reason and place.
+    fn constraint(&self, state: &AppState) -> Result<Option<ConstrainedOutput>, ApiError> {
+        let table = || state.token_table();
+        let Some(schema) = self.json_schema_rule()? else {
+            return match self.grammar.as_ref().filter(|g| !g.is_null()) {
+                None => Ok(None),
+                Some(Value::String(text)) => {
+                    let g = Grammar::parse(text).map_err(|e| ApiError::bad_value(&e))?;
+                    Ok(Some(ConstrainedOutput {
+                        rule: OutputRule::Grammar(Arc::new(g)),
+                        table: table(),
+                    }))
+                }
+                Some(_) => Err(ApiError::invalid("grammar must be a string of GBNF rules")),
+            };
+        };
         if self.grammar.as_ref().is_some_and(|g| !g.is_null()) {
             return Err(ApiError::invalid(
-                "grammar (GBNF) is not supported: use response_format with a JSON schema",
+                "give either grammar or a JSON response_format / json_schema, not both",
             ));
         }
+        Ok(Some(ConstrainedOutput {
+            rule: OutputRule::Json(Arc::new(schema)),
+            table: table(),
+        }))
+    }
+
+    /// The schema `response_format` or `json_schema` asks for, if any.
+    fn json_schema_rule(&self) -> Result<Option<JsonSchema>, ApiError> {
         let wrapped;
         let f = match (&self.response_format, &self.json_schema) {
             (Some(_), Some(_)) => {
@@ -395,10 +420,7 @@ impl Common {
                 ))
             }
         };
-        Ok(Some(JsonOutput {
-            schema: Arc::new(schema),
-            table: state.token_table(),
-        }))
+        Ok(Some(schema))
     }
 }
 

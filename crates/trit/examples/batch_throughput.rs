@@ -201,7 +201,7 @@ fn scheduler(
                     sampling: SamplingParams::greedy(),
                     stop: vec![],
                     eos: vec![],
-                    json: None,
+                    constraint: None,
                 },
                 top_logprobs: None,
                 keep: None,

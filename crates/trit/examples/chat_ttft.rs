@@ -31,7 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         sampling: SamplingParams::greedy(),
         stop: vec![],
         eos,
-        json: None,
+        constraint: None,
     };
     let questions = [
         "Tell me about the history of Paris in a few sentences.",

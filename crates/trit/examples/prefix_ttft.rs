@@ -44,7 +44,7 @@ fn ttft(s: &Scheduler, prompt: &[u32]) -> (f64, usize) {
             sampling: SamplingParams::greedy(),
             stop: vec![],
             eos: vec![],
-            json: None,
+            constraint: None,
         },
         top_logprobs: None,
         keep: None,

@@ -27,7 +27,7 @@ fn second_turn_evaluates_only_new_tokens() {
         sampling: SamplingParams::greedy(),
         stop: vec![],
         eos,
-        json: None,
+        constraint: None,
     };
     let render = |msgs: &[Value]| {
         tok.encode(&tpl.render(msgs, true, None, &Map::new()).unwrap(), false)

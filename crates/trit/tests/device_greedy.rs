@@ -151,7 +151,7 @@ fn generate_over_a_device_loop_equals_the_cpu_picking_every_token() {
         sampling: SamplingParams::greedy(),
         stop: Vec::new(),
         eos: Vec::new(),
-        json: None,
+        constraint: None,
     };
     let free = run(&cpu, &tok, &[&prompt], &base, usize::MAX)[0].clone();
     let words: Vec<&str> = free.0.split_whitespace().collect();

@@ -521,7 +521,7 @@ fn candidate_rows_give_the_tokens_and_logprobs_of_full_rows() {
         },
         stop: vec![],
         eos: vec![],
-        json: None,
+        constraint: None,
     };
     let mut penalized = sampled(0.0, 0, 1.0, 0.0, 0);
     penalized.sampling.penalties.repetition = 1.3;
@@ -644,7 +644,7 @@ fn generation_from_candidate_rows_equals_generation_from_full_rows() {
         },
         stop: vec![],
         eos: vec![],
-        json: None,
+        constraint: None,
     };
     let prompt = tok
         .encode("Once upon a time, in a quiet village,", false)

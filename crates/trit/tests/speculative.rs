@@ -74,7 +74,7 @@ fn drafted_generation_equals_the_targets_own() {
             sampling,
             stop,
             eos: eos.clone(),
-            json: None,
+            constraint: None,
         };
         let mut plain = Session::new(target.clone(), 512);
         let want = generate(&mut plain, &tok, &prompt, &opts, &mut |_| true).unwrap();
@@ -165,7 +165,7 @@ fn the_scheduler_drafts_for_a_lone_sequence_with_the_same_replies() {
         sampling,
         stop,
         eos: eos.clone(),
-        json: None,
+        constraint: None,
     };
     let cases = [
         opts(SamplingParams::greedy(), vec![], 40),

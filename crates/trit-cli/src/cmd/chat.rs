@@ -50,7 +50,7 @@ pub fn run(mut a: ChatArgs) -> Result<()> {
         sampling: a.sampling.params(&loaded)?,
         stop: a.sampling.stop.clone(),
         eos: eos_ids(&loaded),
-        json: None,
+        constraint: None,
     };
     let mut session = Session::new(loaded.model.clone(), loaded.n_ctx);
     // A draft keeps its own cache of the conversation, reused between turns the same way.

@@ -11,7 +11,7 @@ use trit::engine::{
     check_draft, generate, generate_shifting, generate_speculative, ContextShift, DraftOptions,
     DraftStats, GenerateOptions, Generation, Session,
 };
-use trit::sample::{JsonOutput, JsonSchema, TokenTable};
+use trit::sample::{ConstrainedOutput, Grammar, JsonSchema, OutputRule, TokenTable};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -51,6 +51,13 @@ pub struct RunArgs {
     /// Constrain the output to a JSON document of this JSON Schema (inline, or @FILE).
     #[arg(long, value_name = "SCHEMA")]
     pub json_schema: Option<String>,
+    /// Constrain the output to a string of this GBNF grammar (llama.cpp's notation; the
+    /// output starts at its `root` rule).
+    #[arg(long, value_name = "GBNF", conflicts_with = "grammar_file")]
+    pub grammar: Option<String>,
+    /// `--grammar`, read from FILE.
+    #[arg(long, value_name = "FILE")]
+    pub grammar_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub draft: DraftArgs,
     /// Keep the prompt's state (its tokens' keys and values) in FILE: a later run whose
@@ -157,12 +164,23 @@ pub fn draft_line(s: &DraftStats, tokens: usize) -> String {
     )
 }
 
-/// `--json` / `--json-schema` as a constraint over the loaded model's vocabulary.
-fn json_output(a: &RunArgs, loaded: &Loaded) -> Result<Option<JsonOutput>> {
-    let schema = match (&a.json_schema, a.json) {
-        (None, false) => return Ok(None),
-        (None, true) => JsonSchema::any_object(),
-        (Some(s), _) => {
+/// `--json` / `--json-schema` / `--grammar` / `--grammar-file` as a constraint over the
+/// loaded model's vocabulary.
+fn constraint(a: &RunArgs, loaded: &Loaded) -> Result<Option<ConstrainedOutput>> {
+    let grammar = match (&a.grammar, &a.grammar_file) {
+        (Some(g), _) => Some(g.clone()),
+        (None, Some(path)) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("reading the grammar {}", path.display()))?,
+        ),
+        (None, None) => None,
+    };
+    let rule = match (&a.json_schema, a.json, grammar) {
+        (None, false, None) => return Ok(None),
+        (None, false, Some(g)) => OutputRule::Grammar(Arc::new(Grammar::parse(&g)?)),
+        (_, _, Some(_)) => bail!("give either a grammar or --json / --json-schema, not both"),
+        (None, true, None) => OutputRule::Json(Arc::new(JsonSchema::any_object())),
+        (Some(s), _, None) => {
             let text = match s.strip_prefix('@') {
                 Some(path) => std::fs::read_to_string(path)
                     .with_context(|| format!("reading the JSON schema {path}"))?,
@@ -170,11 +188,11 @@ fn json_output(a: &RunArgs, loaded: &Loaded) -> Result<Option<JsonOutput>> {
             };
             let v: Value =
                 serde_json::from_str(&text).context("--json-schema is not valid JSON")?;
-            JsonSchema::compile(&v)?
+            OutputRule::Json(Arc::new(JsonSchema::compile(&v)?))
         }
     };
-    Ok(Some(JsonOutput {
-        schema: Arc::new(schema),
+    Ok(Some(ConstrainedOutput {
+        rule,
         table: Arc::new(TokenTable::new(&loaded.tokenizer)),
     }))
 }
@@ -246,9 +264,10 @@ pub fn run(mut a: RunArgs) -> Result<()> {
     let prompt = prompt_text(&prompt, &a)?;
     super::take_positional_model(model, &mut a.model)?;
     let loaded = load(&a.model)?;
-    let json = json_output(&a, &loaded)?;
-    // A JSON document starts the reply: no thinking block before it.
-    let kwargs = template_kwargs(a.no_think || json.is_some(), &a.chat_template_args)?;
+    let constraint = constraint(&a, &loaded)?;
+    // A constrained output (a JSON document, a grammar's string) starts the reply: no thinking
+    // block before it.
+    let kwargs = template_kwargs(a.no_think || constraint.is_some(), &a.chat_template_args)?;
     let mut messages = Vec::new();
     if let Some(s) = &a.system {
         messages.push(json!({"role": "system", "content": s}));
@@ -277,7 +296,7 @@ pub fn run(mut a: RunArgs) -> Result<()> {
         sampling: a.sampling.params(&loaded)?,
         stop: a.sampling.stop.clone(),
         eos: eos_ids(&loaded),
-        json,
+        constraint,
     };
     let mut session = Session::new(loaded.model.clone(), loaded.n_ctx);
     if a.prompt_cache.is_some() {

@@ -331,3 +331,39 @@ pub fn cache_dir() -> PathBuf {
         None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache"),
     }
 }
+
+/// A completion's or chat completion's text and finish reason (`stream: true` bodies read as
+/// their events joined); the request must succeed.
+pub fn reply(addr: SocketAddr, path: &str, body: &Value) -> (String, String) {
+    let r = post(addr, path, body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let chat = path.contains("chat");
+    if body["stream"] == true {
+        let mut text = String::new();
+        let mut finish = String::new();
+        for e in r.events() {
+            let c = &e["choices"][0];
+            let piece = if chat {
+                &c["delta"]["content"]
+            } else {
+                &c["text"]
+            };
+            text.push_str(piece.as_str().unwrap_or(""));
+            if let Some(f) = c["finish_reason"].as_str() {
+                finish = f.to_string();
+            }
+        }
+        return (text, finish);
+    }
+    let v = r.json();
+    let c = &v["choices"][0];
+    let text = if chat {
+        &c["message"]["content"]
+    } else {
+        &c["text"]
+    };
+    (
+        text.as_str().unwrap().to_string(),
+        c["finish_reason"].as_str().unwrap().to_string(),
+    )
+}

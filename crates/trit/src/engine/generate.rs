@@ -4,7 +4,7 @@
 use super::sequence::{Decoding, Step};
 use super::session::Session;
 use crate::model::DevicePick;
-use crate::sample::{JsonOutput, RowLogits, SamplingParams, TOP_CANDIDATES};
+use crate::sample::{ConstrainedOutput, RowLogits, SamplingParams, TOP_CANDIDATES};
 use crate::tokenizer::Tokenizer;
 use crate::{Error, Result};
 use std::time::Instant;
@@ -17,8 +17,9 @@ pub struct GenerateOptions {
     pub stop: Vec<String>,
     /// Tokens that end generation (not emitted).
     pub eos: Vec<u32>,
-    /// Constrained decoding: the output must be a JSON document of this schema.
-    pub json: Option<JsonOutput>,
+    /// Constrained decoding: the output must be a JSON document of a schema, or a string of a
+    /// GBNF grammar.
+    pub constraint: Option<ConstrainedOutput>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

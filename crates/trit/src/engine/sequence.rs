@@ -7,7 +7,7 @@
 use super::generate::{FinishReason, GenerateOptions, StopMatcher};
 use crate::model::DevicePick;
 use crate::sample::candidates::{log_sum_exp, top_k_indices};
-use crate::sample::{JsonConstraint, RowLogits, Sampler};
+use crate::sample::{OutputConstraint, RowLogits, Sampler};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::Result;
 
@@ -43,8 +43,8 @@ pub struct Decoding {
     top_logprobs: Option<usize>,
     generated: usize,
     finish: Option<FinishReason>,
-    /// Constrained decoding (`GenerateOptions::json`).
-    json: Option<JsonConstraint>,
+    /// Constrained decoding (`GenerateOptions::constraint`).
+    constraint: Option<OutputConstraint>,
 }
 
 impl Decoding {
@@ -59,10 +59,10 @@ impl Decoding {
             top_logprobs: None,
             generated: 0,
             finish: None,
-            json: opts
-                .json
+            constraint: opts
+                .constraint
                 .as_ref()
-                .map(|j| JsonConstraint::new(j.schema.clone(), j.table.clone(), opts.eos.clone())),
+                .map(|c| OutputConstraint::new(c, opts.eos.clone())),
         })
     }
 
@@ -97,7 +97,7 @@ impl Decoding {
     pub fn exact_on_top(&self, k: usize) -> bool {
         self.sampler.params().exact_on_top(k)
             && self.top_logprobs.is_none_or(|t| t <= k)
-            && self.json.is_none()
+            && self.constraint.is_none()
     }
 
     /// How a device may pick this sequence's next tokens itself, where nothing but the rule
@@ -105,7 +105,7 @@ impl Decoding {
     /// argmax when greedy, else the sampler's rule on the `top_k` best candidates from the
     /// generator's current state ([`step_token`](Self::step_token) records the tokens).
     pub fn device_pick(&self) -> Option<DevicePick> {
-        if self.json.is_some() || self.top_logprobs.is_some() {
+        if self.constraint.is_some() || self.top_logprobs.is_some() {
             return None;
         }
         let p = self.sampler.params();
@@ -155,7 +155,7 @@ impl Decoding {
             return step;
         }
         let logprob_source = self.top_logprobs.map(|_| logits.to_vec());
-        let tok = match &self.json {
+        let tok = match &self.constraint {
             None => self.sampler.sample(logits, &self.history),
             Some(c) => match c.sample(&mut self.sampler, logits, &self.history) {
                 Some(t) => t,
@@ -235,7 +235,7 @@ impl Decoding {
             return self.end(step, FinishReason::Stop, tokenizer);
         }
         step.token = Some(tok);
-        if let Some(c) = &mut self.json {
+        if let Some(c) = &mut self.constraint {
             c.advance(tok);
         }
         self.generated += 1;

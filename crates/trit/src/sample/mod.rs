@@ -2,12 +2,16 @@
 //! device backend, a row's best candidates only (`candidates`).
 
 pub mod candidates;
+pub mod constraint;
+pub mod grammar;
 pub mod json;
 pub mod processors;
 pub mod rng;
 pub mod sampler;
 
 pub use candidates::{RowLogits, TopLogits, TOP_CANDIDATES};
-pub use json::{JsonConstraint, JsonOutput, JsonSchema, TokenTable};
+pub use constraint::{ConstrainedOutput, OutputConstraint, OutputRule, TokenTable};
+pub use grammar::Grammar;
+pub use json::JsonSchema;
 pub use processors::Penalties;
 pub use sampler::{Sampler, SamplingParams};

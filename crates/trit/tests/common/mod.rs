@@ -161,7 +161,7 @@ pub fn greedy(max_tokens: usize) -> trit::engine::GenerateOptions {
         sampling: trit::sample::SamplingParams::greedy(),
         stop: vec![],
         eos: vec![],
-        json: None,
+        constraint: None,
     }
 }
 

@@ -2,8 +2,11 @@
 //! documents and their one-byte mutations; schemas enforced on random constrained draws.
 
 use super::*;
+use crate::sample::constraint::{Follow, TokenTable};
+use crate::sample::Sampler;
 use crate::sample::SamplingParams;
 use serde_json::{json, Value};
+use std::sync::Arc;
 
 /// xorshift64*: deterministic test inputs.
 use crate::test_values::TestRng as Rand;
@@ -334,7 +337,7 @@ pub(super) fn draw(schema: JsonSchema, n: u64) -> Vec<Vec<u8>> {
     let mut r = Rand(3);
     let mut outs = Vec::new();
     for seed in 0..n {
-        let mut c = JsonConstraint::new(schema.clone(), table.clone(), vec![eos]);
+        let mut c = Follow::new(schema.clone(), table.clone(), vec![eos]);
         let mut sampler = Sampler::new(SamplingParams {
             temperature: 1.0,
             top_k: 0,
@@ -447,7 +450,7 @@ fn check_person(v: &Value) {
 fn the_mask_keeps_exactly_the_tokens_that_fit() {
     let (table, eos) = byte_vocab();
     let schema = Arc::new(JsonSchema::compile(&person()).unwrap());
-    let mut c = JsonConstraint::new(schema, table.clone(), vec![eos]);
+    let mut c = Follow::new(schema, table.clone(), vec![eos]);
     for &b in br#"{"na"# {
         c.advance(b as u32);
     }

@@ -1,0 +1,314 @@
+//! Constrained decoding: the sampled token must keep the output a prefix of a string of a
+//! language over bytes — a JSON schema (`json/`: `response_format` in the server, `--json` /
+//! `--json-schema` in `trit run`) or a GBNF grammar (`grammar/`: the server's `grammar`,
+//! `--grammar` / `--grammar-file`). As llama.cpp does with grammars, the sampler first draws
+//! from the unconstrained row; only when that token does not fit are the tokens that do not fit
+//! masked out and the draw repeated. Once the output is complete and nothing may follow, only
+//! an end-of-sequence token remains.
+
+use super::grammar::{Grammar, GrammarState};
+use super::json::{ParseState, Recognizer};
+use super::{JsonSchema, Sampler};
+use crate::tokenizer::Tokenizer;
+use std::sync::Arc;
+
+/// Every token's bytes, as the recognizer reads them; `None` for special tokens (never
+/// allowed inside a document) and tokens without bytes.
+pub struct TokenTable {
+    bytes: Vec<Option<Box<[u8]>>>,
+}
+
+impl TokenTable {
+    pub fn new(tok: &Tokenizer) -> TokenTable {
+        let bytes = (0..tok.vocab_size() as u32)
+            .map(|id| {
+                if tok.is_special(id) {
+                    return None;
+                }
+                tok.token_bytes(id)
+                    .filter(|b| !b.is_empty())
+                    .map(Vec::into_boxed_slice)
+            })
+            .collect();
+        TokenTable { bytes }
+    }
+
+    /// A table from explicit token bytes (tests, synthetic vocabularies).
+    pub fn from_bytes(bytes: Vec<Option<Vec<u8>>>) -> TokenTable {
+        TokenTable {
+            bytes: bytes
+                .into_iter()
+                .map(|b| b.filter(|b| !b.is_empty()).map(Vec::into_boxed_slice))
+                .collect(),
+        }
+    }
+
+    pub fn get(&self, id: u32) -> Option<&[u8]> {
+        self.bytes.get(id as usize).and_then(|b| b.as_deref())
+    }
+}
+
+/// A language the output must stay inside, read byte by byte.
+pub trait ByteLanguage {
+    type State: Clone;
+    /// The state before any output.
+    fn start(&self) -> Self::State;
+    /// The state after `bytes`, or `None` when no string of the language continues that way.
+    fn feed_all(&self, st: Self::State, bytes: &[u8]) -> Option<Self::State>;
+    /// The output so far is a complete string of the language.
+    fn can_end(&self, st: &Self::State) -> bool;
+    /// Nothing may follow.
+    fn is_done(&self, st: &Self::State) -> bool;
+}
+
+impl ByteLanguage for JsonSchema {
+    type State = ParseState;
+    fn start(&self) -> ParseState {
+        ParseState::new(self)
+    }
+    fn feed_all(&self, st: ParseState, bytes: &[u8]) -> Option<ParseState> {
+        let mut r = Recognizer::resume(self, st);
+        r.feed_all(bytes).then_some(r.state)
+    }
+    fn can_end(&self, st: &ParseState) -> bool {
+        Recognizer::resume(self, st.clone()).can_end()
+    }
+    fn is_done(&self, st: &ParseState) -> bool {
+        st.is_done()
+    }
+}
+
+impl ByteLanguage for Grammar {
+    type State = GrammarState;
+    fn start(&self) -> GrammarState {
+        Grammar::start(self)
+    }
+    fn feed_all(&self, mut st: GrammarState, bytes: &[u8]) -> Option<GrammarState> {
+        Grammar::feed_all(self, &mut st, bytes).then_some(st)
+    }
+    fn can_end(&self, st: &GrammarState) -> bool {
+        Grammar::can_end(self, st)
+    }
+    fn is_done(&self, st: &GrammarState) -> bool {
+        Grammar::is_done(self, st)
+    }
+}
+
+/// What a request asks its output to be.
+#[derive(Clone, Debug)]
+pub enum OutputRule {
+    Json(Arc<JsonSchema>),
+    Grammar(Arc<Grammar>),
+}
+
+/// The rule, with the vocabulary's bytes to check tokens against (built once per tokenizer
+/// and shared).
+#[derive(Clone)]
+pub struct ConstrainedOutput {
+    pub rule: OutputRule,
+    pub table: Arc<TokenTable>,
+}
+
+impl std::fmt::Debug for ConstrainedOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConstrainedOutput")
+            .field("rule", &self.rule)
+            .finish()
+    }
+}
+
+/// One sequence's constraint: the language, the vocabulary's bytes and where the output is.
+pub struct Follow<L: ByteLanguage> {
+    lang: Arc<L>,
+    table: Arc<TokenTable>,
+    state: L::State,
+    eos: Vec<u32>,
+}
+
+impl<L: ByteLanguage> Follow<L> {
+    /// `eos`: the tokens that end the output, allowed once it is complete.
+    pub fn new(lang: Arc<L>, table: Arc<TokenTable>, eos: Vec<u32>) -> Self {
+        let state = lang.start();
+        Follow {
+            lang,
+            table,
+            state,
+            eos,
+        }
+    }
+
+    fn fits(&self, bytes: &[u8]) -> bool {
+        self.lang.feed_all(self.state.clone(), bytes).is_some()
+    }
+
+    /// The output is complete.
+    pub fn is_complete(&self) -> bool {
+        self.lang.can_end(&self.state)
+    }
+
+    /// Whether `tok` may come next.
+    pub fn allows(&self, tok: u32) -> bool {
+        if self.eos.contains(&tok) {
+            return self.is_complete();
+        }
+        self.table.get(tok).is_some_and(|b| self.fits(b))
+    }
+
+    /// Sets every token that may not come next to −∞; returns how many may.
+    pub fn mask(&self, logits: &mut [f32]) -> usize {
+        // The bytes that can come next at all decide most tokens without a trial parse.
+        let mut first = [false; 256];
+        for (b, ok) in first.iter_mut().enumerate() {
+            *ok = self.fits(&[b as u8]);
+        }
+        let complete = self.is_complete();
+        let mut allowed = 0;
+        for (id, l) in logits.iter_mut().enumerate() {
+            let id = id as u32;
+            let ok = if self.eos.contains(&id) {
+                complete
+            } else {
+                match self.table.get(id) {
+                    Some(bytes) if first[bytes[0] as usize] => bytes.len() == 1 || self.fits(bytes),
+                    _ => false,
+                }
+            };
+            if ok {
+                allowed += 1;
+            } else {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        allowed
+    }
+
+    /// Draws the next token from `logits` under the constraint; `None` when no token fits (a
+    /// vocabulary without the bytes the output needs next), which ends the output.
+    pub fn sample(
+        &self,
+        sampler: &mut Sampler,
+        logits: &mut [f32],
+        history: &[u32],
+    ) -> Option<u32> {
+        if self.lang.is_done(&self.state) {
+            return self.eos.first().copied();
+        }
+        let mut trial = logits.to_vec();
+        let tok = sampler.sample(&mut trial, history);
+        if trial.get(tok as usize).is_some_and(|l| l.is_finite()) && self.allows(tok) {
+            return Some(tok);
+        }
+        if self.mask(logits) == 0 {
+            return None;
+        }
+        Some(sampler.sample(logits, history))
+    }
+
+    /// Records the sampled token (one that [`allows`](Self::allows) accepted).
+    pub fn advance(&mut self, tok: u32) {
+        if let Some(bytes) = self.table.get(tok) {
+            if let Some(next) = self.lang.feed_all(self.state.clone(), bytes) {
+                self.state = next;
+            }
+        }
+    }
+}
+
+/// A sequence's constraint, whichever language it follows.
+pub enum OutputConstraint {
+    Json(Follow<JsonSchema>),
+    Grammar(Follow<Grammar>),
+}
+
+impl OutputConstraint {
+    pub fn new(out: &ConstrainedOutput, eos: Vec<u32>) -> Self {
+        let table = out.table.clone();
+        match &out.rule {
+            OutputRule::Json(s) => OutputConstraint::Json(Follow::new(s.clone(), table, eos)),
+            OutputRule::Grammar(g) => OutputConstraint::Grammar(Follow::new(g.clone(), table, eos)),
+        }
+    }
+
+    pub fn sample(
+        &self,
+        sampler: &mut Sampler,
+        logits: &mut [f32],
+        history: &[u32],
+    ) -> Option<u32> {
+        match self {
+            OutputConstraint::Json(f) => f.sample(sampler, logits, history),
+            OutputConstraint::Grammar(f) => f.sample(sampler, logits, history),
+        }
+    }
+
+    pub fn advance(&mut self, tok: u32) {
+        match self {
+            OutputConstraint::Json(f) => f.advance(tok),
+            OutputConstraint::Grammar(f) => f.advance(tok),
+        }
+    }
+
+    pub fn is_complete(&self) -> bool {
+        match self {
+            OutputConstraint::Json(f) => f.is_complete(),
+            OutputConstraint::Grammar(f) => f.is_complete(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::SamplingParams;
+
+    /// Tokens: "a", "b", "ab", "aé", the two bytes of "é" alone, and end-of-sequence (id 6).
+    fn vocab() -> Arc<TokenTable> {
+        let t = vec![
+            Some(b"a".to_vec()),
+            Some(b"b".to_vec()),
+            Some(b"ab".to_vec()),
+            Some("aé".as_bytes().to_vec()),
+            Some(vec![0xc3]),
+            Some(vec![0xa9]),
+            None,
+        ];
+        Arc::new(TokenTable::from_bytes(t))
+    }
+
+    fn allowed(f: &Follow<Grammar>) -> Vec<usize> {
+        let mut row = vec![0.0f32; 7];
+        f.mask(&mut row);
+        (0..7).filter(|&i| row[i].is_finite()).collect()
+    }
+
+    #[test]
+    fn a_grammar_masks_tokens_and_ends_with_end_of_sequence() {
+        let g = Arc::new(Grammar::parse(r#"root ::= "a"+ "é""#).unwrap());
+        let mut f = Follow::new(g, vocab(), vec![6]);
+        assert_eq!(allowed(&f), [0, 3], "a, aé");
+        f.advance(0);
+        // "é" may come whole inside a token, or split: its lead byte alone.
+        assert_eq!(allowed(&f), [0, 3, 4]);
+        f.advance(4);
+        assert_eq!(allowed(&f), [5], "the continuation byte only");
+        f.advance(5);
+        assert!(f.is_complete());
+        assert_eq!(allowed(&f), [6], "only the end");
+        // Done: the sampler is not even asked.
+        let mut s = Sampler::new(SamplingParams::greedy()).unwrap();
+        let mut row = vec![5.0, 0.0, 0.0, 0.0, 0.0, 0.0, -9.0];
+        assert_eq!(f.sample(&mut s, &mut row, &[]), Some(6));
+    }
+
+    #[test]
+    fn a_draw_outside_the_grammar_is_redrawn_from_the_tokens_inside() {
+        let g = Arc::new(Grammar::parse(r#"root ::= "b" | "ab""#).unwrap());
+        let f = Follow::new(g, vocab(), vec![6]);
+        let mut s = Sampler::new(SamplingParams::greedy()).unwrap();
+        // Greedy: "aé" (id 3) leads but does not fit; of "a", "b" and "ab" (and not the end
+        // yet), "ab" is the best.
+        let mut row = vec![1.0, 2.0, 8.0, 9.0, 0.0, 0.0, 7.0];
+        assert_eq!(f.sample(&mut s, &mut row, &[]), Some(2));
+        assert!(row[3].is_infinite() && row[6].is_infinite() && row[0].is_finite());
+    }
+}
