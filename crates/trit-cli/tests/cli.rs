@@ -310,6 +310,29 @@ fn grammar_output_follows_the_grammar_and_bad_grammars_are_named() {
         assert!(w.starts_with(|c: char| c.is_ascii_uppercase()), "{out:?}");
         assert!(w[1..].bytes().all(|b| b.is_ascii_lowercase()), "{out:?}");
     }
+    // `chat`: every turn's reply.
+    let mut cmd = trit();
+    cmd.args(["chat", "--temp", "0", "-n", "60", "--grammar-file"])
+        .arg(&file)
+        .arg("-m")
+        .arg(default_model().unwrap());
+    let input = b"Name three fruits.\nAnd three colors.\n/exit\n";
+    let out = common::output_with_stdin(&mut cmd, input);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // The banner, then one line per reply.
+    let replies: Vec<&str> = stdout.lines().skip(1).filter(|l| !l.is_empty()).collect();
+    assert_eq!(replies.len(), 2, "{stdout}");
+    for r in replies {
+        assert_eq!(r.split(", ").count(), 3, "{stdout}");
+        assert!(r
+            .split(", ")
+            .all(|w| w.starts_with(|c: char| c.is_ascii_uppercase())));
+    }
     let out = stdout_of(&[
         "run",
         "-q",

@@ -2,7 +2,7 @@
 //! the chat template, and the session evaluates only the tokens after the longest common
 //! prefix with its KV cache, so earlier turns are never re-read.
 
-use super::run::{draft_line, template_kwargs, DraftArgs};
+use super::run::{draft_line, template_kwargs, DraftArgs, OutputArgs};
 use super::{eos_ids, load, ModelArgs, SamplingArgs};
 use anyhow::{bail, Result};
 use clap::Args;
@@ -31,6 +31,9 @@ pub struct ChatArgs {
     pub verbose: bool,
     #[command(flatten)]
     pub draft: DraftArgs,
+    /// Every reply a JSON document, or a string of a grammar.
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 const HELP: &str = "commands: /help (h), /clear or /reset (r) forget the conversation, \
@@ -43,14 +46,16 @@ pub fn run(mut a: ChatArgs) -> Result<()> {
     let Some(template) = &loaded.template else {
         bail!("this model has no chat template; use `trit run --raw` instead");
     };
-    let kwargs = template_kwargs(a.no_think, &a.chat_template_args)?;
+    let constraint = a.output.constraint(&loaded)?;
+    // A constrained reply starts right away: no thinking block before it.
+    let kwargs = template_kwargs(a.no_think || constraint.is_some(), &a.chat_template_args)?;
     let limit = a.sampling.token_limit();
     let mut opts = GenerateOptions {
         max_tokens: limit.unwrap_or(loaded.n_ctx),
         sampling: a.sampling.params(&loaded)?,
         stop: a.sampling.stop.clone(),
         eos: eos_ids(&loaded),
-        constraint: None,
+        constraint,
     };
     let mut session = Session::new(loaded.model.clone(), loaded.n_ctx);
     // A draft keeps its own cache of the conversation, reused between turns the same way.

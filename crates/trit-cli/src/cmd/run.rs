@@ -45,19 +45,8 @@ pub struct RunArgs {
     /// Print only the generated text.
     #[arg(short, long)]
     pub quiet: bool,
-    /// Constrain the output to a JSON object (any).
-    #[arg(long)]
-    pub json: bool,
-    /// Constrain the output to a JSON document of this JSON Schema (inline, or @FILE).
-    #[arg(long, value_name = "SCHEMA")]
-    pub json_schema: Option<String>,
-    /// Constrain the output to a string of this GBNF grammar (llama.cpp's notation; the
-    /// output starts at its `root` rule).
-    #[arg(long, value_name = "GBNF", conflicts_with = "grammar_file")]
-    pub grammar: Option<String>,
-    /// `--grammar`, read from FILE.
-    #[arg(long, value_name = "FILE")]
-    pub grammar_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub output: OutputArgs,
     #[command(flatten)]
     pub draft: DraftArgs,
     /// Keep the prompt's state (its tokens' keys and values) in FILE: a later run whose
@@ -164,37 +153,58 @@ pub fn draft_line(s: &DraftStats, tokens: usize) -> String {
     )
 }
 
-/// `--json` / `--json-schema` / `--grammar` / `--grammar-file` as a constraint over the
-/// loaded model's vocabulary.
-fn constraint(a: &RunArgs, loaded: &Loaded) -> Result<Option<ConstrainedOutput>> {
-    let grammar = match (&a.grammar, &a.grammar_file) {
-        (Some(g), _) => Some(g.clone()),
-        (None, Some(path)) => Some(
-            std::fs::read_to_string(path)
-                .with_context(|| format!("reading the grammar {}", path.display()))?,
-        ),
-        (None, None) => None,
-    };
-    let rule = match (&a.json_schema, a.json, grammar) {
-        (None, false, None) => return Ok(None),
-        (None, false, Some(g)) => OutputRule::Grammar(Arc::new(Grammar::parse(&g)?)),
-        (_, _, Some(_)) => bail!("give either a grammar or --json / --json-schema, not both"),
-        (None, true, None) => OutputRule::Json(Arc::new(JsonSchema::any_object())),
-        (Some(s), _, None) => {
-            let text = match s.strip_prefix('@') {
-                Some(path) => std::fs::read_to_string(path)
-                    .with_context(|| format!("reading the JSON schema {path}"))?,
-                None => s.clone(),
-            };
-            let v: Value =
-                serde_json::from_str(&text).context("--json-schema is not valid JSON")?;
-            OutputRule::Json(Arc::new(JsonSchema::compile(&v)?))
-        }
-    };
-    Ok(Some(ConstrainedOutput {
-        rule,
-        table: Arc::new(TokenTable::new(&loaded.tokenizer)),
-    }))
+/// What the reply must be: a JSON document, or a string of a grammar (`run` and `chat`).
+#[derive(Args, Debug, Default)]
+pub struct OutputArgs {
+    /// Constrain the output to a JSON object (any).
+    #[arg(long)]
+    pub json: bool,
+    /// Constrain the output to a JSON document of this JSON Schema (inline, or @FILE).
+    #[arg(long, value_name = "SCHEMA")]
+    pub json_schema: Option<String>,
+    /// Constrain the output to a string of this GBNF grammar (llama.cpp's notation; the
+    /// output starts at its `root` rule).
+    #[arg(long, value_name = "GBNF", conflicts_with = "grammar_file")]
+    pub grammar: Option<String>,
+    /// `--grammar`, read from FILE.
+    #[arg(long, value_name = "FILE")]
+    pub grammar_file: Option<std::path::PathBuf>,
+}
+
+impl OutputArgs {
+    /// `--json` / `--json-schema` / `--grammar` / `--grammar-file` as a constraint over the
+    /// loaded model's vocabulary.
+    pub fn constraint(&self, loaded: &Loaded) -> Result<Option<ConstrainedOutput>> {
+        let a = self;
+        let grammar = match (&a.grammar, &a.grammar_file) {
+            (Some(g), _) => Some(g.clone()),
+            (None, Some(path)) => Some(
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("reading the grammar {}", path.display()))?,
+            ),
+            (None, None) => None,
+        };
+        let rule = match (&a.json_schema, a.json, grammar) {
+            (None, false, None) => return Ok(None),
+            (None, false, Some(g)) => OutputRule::Grammar(Arc::new(Grammar::parse(&g)?)),
+            (_, _, Some(_)) => bail!("give either a grammar or --json / --json-schema, not both"),
+            (None, true, None) => OutputRule::Json(Arc::new(JsonSchema::any_object())),
+            (Some(s), _, None) => {
+                let text = match s.strip_prefix('@') {
+                    Some(path) => std::fs::read_to_string(path)
+                        .with_context(|| format!("reading the JSON schema {path}"))?,
+                    None => s.clone(),
+                };
+                let v: Value =
+                    serde_json::from_str(&text).context("--json-schema is not valid JSON")?;
+                OutputRule::Json(Arc::new(JsonSchema::compile(&v)?))
+            }
+        };
+        Ok(Some(ConstrainedOutput {
+            rule,
+            table: Arc::new(TokenTable::new(&loaded.tokenizer)),
+        }))
+    }
 }
 
 pub fn template_kwargs(no_think: bool, extra: &Option<String>) -> Result<Map<String, Value>> {
@@ -264,7 +274,7 @@ pub fn run(mut a: RunArgs) -> Result<()> {
     let prompt = prompt_text(&prompt, &a)?;
     super::take_positional_model(model, &mut a.model)?;
     let loaded = load(&a.model)?;
-    let constraint = constraint(&a, &loaded)?;
+    let constraint = a.output.constraint(&loaded)?;
     // A constrained output (a JSON document, a grammar's string) starts the reply: no thinking
     // block before it.
     let kwargs = template_kwargs(a.no_think || constraint.is_some(), &a.chat_template_args)?;
