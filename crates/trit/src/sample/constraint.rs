@@ -8,45 +8,9 @@
 
 use super::grammar::{Grammar, GrammarState};
 use super::json::{ParseState, Recognizer};
+use super::token_table::TokenTable;
 use super::{JsonSchema, Sampler};
-use crate::tokenizer::Tokenizer;
 use std::sync::Arc;
-
-/// Every token's bytes, as the recognizer reads them; `None` for special tokens (never
-/// allowed inside a document) and tokens without bytes.
-pub struct TokenTable {
-    bytes: Vec<Option<Box<[u8]>>>,
-}
-
-impl TokenTable {
-    pub fn new(tok: &Tokenizer) -> TokenTable {
-        let bytes = (0..tok.vocab_size() as u32)
-            .map(|id| {
-                if tok.is_special(id) {
-                    return None;
-                }
-                tok.token_bytes(id)
-                    .filter(|b| !b.is_empty())
-                    .map(Vec::into_boxed_slice)
-            })
-            .collect();
-        TokenTable { bytes }
-    }
-
-    /// A table from explicit token bytes (tests, synthetic vocabularies).
-    pub fn from_bytes(bytes: Vec<Option<Vec<u8>>>) -> TokenTable {
-        TokenTable {
-            bytes: bytes
-                .into_iter()
-                .map(|b| b.filter(|b| !b.is_empty()).map(Vec::into_boxed_slice))
-                .collect(),
-        }
-    }
-
-    pub fn get(&self, id: u32) -> Option<&[u8]> {
-        self.bytes.get(id as usize).and_then(|b| b.as_deref())
-    }
-}
 
 /// A language the output must stay inside, read byte by byte.
 pub trait ByteLanguage {
@@ -154,24 +118,35 @@ impl<L: ByteLanguage> Follow<L> {
         self.table.get(tok).is_some_and(|b| self.fits(b))
     }
 
-    /// Sets every token that may not come next to −∞; returns how many may.
+    /// Sets every token that may not come next to −∞; returns how many may. Walks the
+    /// vocabulary's trie: each shared prefix is fed once, and a prefix the language refuses
+    /// rules out every token under it.
     pub fn mask(&self, logits: &mut [f32]) -> usize {
-        // The bytes that can come next at all decide most tokens without a trial parse.
-        let mut first = [false; 256];
-        for (b, ok) in first.iter_mut().enumerate() {
-            *ok = self.fits(&[b as u8]);
+        let trie = self.table.trie();
+        let mut fits = vec![false; logits.len()];
+        let mut stack = vec![(trie.root(), self.state.clone())];
+        while let Some((n, st)) = stack.pop() {
+            for c in trie.children(n) {
+                let Some(next) = self.lang.feed_all(st.clone(), &[trie.node(c).byte]) else {
+                    continue;
+                };
+                for &id in trie.tokens(c) {
+                    if let Some(f) = fits.get_mut(id as usize) {
+                        *f = true;
+                    }
+                }
+                if !trie.children(c).is_empty() {
+                    stack.push((c, next));
+                }
+            }
         }
         let complete = self.is_complete();
         let mut allowed = 0;
-        for (id, l) in logits.iter_mut().enumerate() {
-            let id = id as u32;
-            let ok = if self.eos.contains(&id) {
+        for (id, (l, fit)) in logits.iter_mut().zip(fits).enumerate() {
+            let ok = if self.eos.contains(&(id as u32)) {
                 complete
             } else {
-                match self.table.get(id) {
-                    Some(bytes) if first[bytes[0] as usize] => bytes.len() == 1 || self.fits(bytes),
-                    _ => false,
-                }
+                fit
             };
             if ok {
                 allowed += 1;

@@ -8,10 +8,12 @@ pub mod json;
 pub mod processors;
 pub mod rng;
 pub mod sampler;
+pub mod token_table;
 
 pub use candidates::{RowLogits, TopLogits, TOP_CANDIDATES};
-pub use constraint::{ConstrainedOutput, OutputConstraint, OutputRule, TokenTable};
+pub use constraint::{ConstrainedOutput, OutputConstraint, OutputRule};
 pub use grammar::Grammar;
 pub use json::JsonSchema;
 pub use processors::Penalties;
 pub use sampler::{Sampler, SamplingParams};
+pub use token_table::TokenTable;

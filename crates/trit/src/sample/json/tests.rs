@@ -2,9 +2,10 @@
 //! documents and their one-byte mutations; schemas enforced on random constrained draws.
 
 use super::*;
-use crate::sample::constraint::{Follow, TokenTable};
+use crate::sample::constraint::Follow;
 use crate::sample::Sampler;
 use crate::sample::SamplingParams;
+use crate::sample::TokenTable;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
