@@ -19,6 +19,11 @@ pub trait ByteLanguage {
     fn start(&self) -> Self::State;
     /// The state after `bytes`, or `None` when no string of the language continues that way.
     fn feed_all(&self, st: Self::State, bytes: &[u8]) -> Option<Self::State>;
+    /// The state after one more byte (`feed_all` of a copy, unless the language can do
+    /// without the copy).
+    fn next(&self, st: &Self::State, b: u8) -> Option<Self::State> {
+        self.feed_all(st.clone(), &[b])
+    }
     /// The output so far is a complete string of the language.
     fn can_end(&self, st: &Self::State) -> bool;
     /// Nothing may follow.
@@ -49,6 +54,9 @@ impl ByteLanguage for Grammar {
     }
     fn feed_all(&self, mut st: GrammarState, bytes: &[u8]) -> Option<GrammarState> {
         Grammar::feed_all(self, &mut st, bytes).then_some(st)
+    }
+    fn next(&self, st: &GrammarState, b: u8) -> Option<GrammarState> {
+        Grammar::next(self, st, b)
     }
     fn can_end(&self, st: &GrammarState) -> bool {
         Grammar::can_end(self, st)
@@ -127,7 +135,7 @@ impl<L: ByteLanguage> Follow<L> {
         let mut stack = vec![(trie.root(), self.state.clone())];
         while let Some((n, st)) = stack.pop() {
             for c in trie.children(n) {
-                let Some(next) = self.lang.feed_all(st.clone(), &[trie.node(c).byte]) else {
+                let Some(next) = self.lang.next(&st, trie.node(c).byte) else {
                     continue;
                 };
                 for &id in trie.tokens(c) {

@@ -248,6 +248,18 @@ impl Grammar {
     /// Feeds one byte of output; `false` when no string of the grammar continues that way
     /// (the state is then unspecified).
     pub fn feed(&self, st: &mut GrammarState, b: u8) -> bool {
+        match self.next(st, b) {
+            Some(n) => {
+                *st = n;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The state after one more byte, or `None` when no string of the grammar continues that
+    /// way. Reads `st` without copying it (a mask tries many bytes from one state).
+    pub fn next(&self, st: &GrammarState, b: u8) -> Option<GrammarState> {
         // (bytes still to come, the value so far, the least value of the sequence's length:
         // shorter values written long are overlong, not UTF-8).
         let (need, value, least) = match st.partial {
@@ -256,11 +268,11 @@ impl Grammar {
                 0xc2..=0xdf => (1, u32::from(b & 0x1f), 0x80),
                 0xe0..=0xef => (2, u32::from(b & 0x0f), 0x800),
                 0xf0..=0xf4 => (3, u32::from(b & 0x07), 0x10000),
-                _ => return false,
+                _ => return None,
             },
             Some((need, value, least)) => {
                 if b & 0xc0 != 0x80 {
-                    return false;
+                    return None;
                 }
                 (need - 1, value << 6 | u32::from(b & 0x3f), least)
             }
@@ -270,36 +282,41 @@ impl Grammar {
             let shift = 6 * u32::from(need);
             let lo = (value << shift).max(least);
             let hi = ((value << shift) | ((1 << shift) - 1)).min(0x10ffff);
-            st.partial = Some((need, value, least));
-            return lo <= hi
+            let open = lo <= hi
                 && st.stacks.iter().any(|s| {
                     s.last()
                         .and_then(|&p| self.elem(p))
                         .is_some_and(|e| e.takes_any(lo, hi))
                 });
+            return open.then(|| GrammarState {
+                stacks: st.stacks.clone(),
+                partial: Some((need, value, least)),
+            });
         }
-        st.partial = None;
         if value < least || char::from_u32(value).is_none() {
-            return false;
+            return None;
         }
-        self.accept(st, value)
+        let stacks = self.accept(&st.stacks, value);
+        (!stacks.is_empty()).then_some(GrammarState {
+            stacks,
+            partial: None,
+        })
     }
 
-    fn accept(&self, st: &mut GrammarState, c: u32) -> bool {
+    /// The stacks after code point `c`.
+    fn accept(&self, stacks: &[Vec<Pos>], c: u32) -> Vec<Vec<Pos>> {
         let mut next = Vec::new();
-        for s in &st.stacks {
+        for s in stacks {
             let Some(&top) = s.last() else { continue };
             if !self.elem(top).is_some_and(|e| e.takes(c)) {
                 continue;
             }
-            let mut s = s.clone();
-            s.pop();
+            let mut s = s[..s.len() - 1].to_vec();
             self.push_next(&mut s, top);
             self.expand(s, &mut next);
         }
         normalize(&mut next);
-        st.stacks = next;
-        !st.stacks.is_empty()
+        next
     }
 
     /// Feeds every byte of `bytes`.
