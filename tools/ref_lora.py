@@ -36,25 +36,37 @@ KEYS = {  # module → (in, out) for the tiny preset
 }
 
 
-def write_adapter(folder):
+def add_pair(weights, rng, stem, n_in, n_out, rank):
+    """A random LoRA pair under `stem` (f16): A ~ U(±1/sqrt(in)) as mlx-lm initializes it,
+    B ~ N(0, 0.05²) (mlx-lm starts B at zero; a trained B is not)."""
     import mlx.core as mx
 
+    a = rng.uniform(-1 / np.sqrt(n_in), 1 / np.sqrt(n_in), (n_in, rank))
+    b = rng.normal(0.0, 0.05, (rank, n_out))
+    weights[stem + ".lora_a"] = mx.array(a.astype(np.float16))
+    weights[stem + ".lora_b"] = mx.array(b.astype(np.float16))
+
+
+def save_adapter(folder, weights, num_layers, rank, scale, keys):
+    """adapters.safetensors and adapter_config.json, as mlx-lm's trainer writes them."""
+    import mlx.core as mx
+
+    os.makedirs(folder, exist_ok=True)
+    mx.save_safetensors(os.path.join(folder, "adapters.safetensors"), weights)
+    config = {"fine_tune_type": "lora", "num_layers": num_layers,
+              "lora_parameters": {"rank": rank, "scale": scale, "dropout": 0.0,
+                                  "keys": list(keys)}}
+    with open(os.path.join(folder, "adapter_config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+
+
+def write_adapter(folder):
     rng = np.random.default_rng(8)
     weights = {}
     for layer in LAYERS:
         for key, (n_in, n_out) in KEYS.items():
-            stem = f"model.layers.{layer}.{key}"
-            a = rng.uniform(-1 / np.sqrt(n_in), 1 / np.sqrt(n_in), (n_in, RANK))
-            b = rng.normal(0.0, 0.05, (RANK, n_out))
-            weights[stem + ".lora_a"] = mx.array(a.astype(np.float16))
-            weights[stem + ".lora_b"] = mx.array(b.astype(np.float16))
-    os.makedirs(folder, exist_ok=True)
-    mx.save_safetensors(os.path.join(folder, "adapters.safetensors"), weights)
-    config = {"fine_tune_type": "lora", "num_layers": len(LAYERS),
-              "lora_parameters": {"rank": RANK, "scale": SCALE, "dropout": 0.0,
-                                  "keys": list(KEYS)}}
-    with open(os.path.join(folder, "adapter_config.json"), "w") as f:
-        json.dump(config, f, indent=2)
+            add_pair(weights, rng, f"model.layers.{layer}.{key}", n_in, n_out, RANK)
+    save_adapter(folder, weights, len(LAYERS), RANK, SCALE, KEYS)
 
 
 def last_logits(folder, adapter):

@@ -26,6 +26,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ref_lora import add_pair, save_adapter  # noqa: E402
 from ref_smollm2 import dump_json  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,8 +60,6 @@ def shapes(cfg):
 
 
 def write_adapter(folder, cfg):
-    import mlx.core as mx
-
     interval = cfg["full_attention_interval"]
     linear, full = shapes(cfg)
     rng = np.random.default_rng(35)
@@ -68,17 +67,9 @@ def write_adapter(folder, cfg):
     for layer in LAYERS:
         kind = full if (layer + 1) % interval == 0 else linear
         for key, (n_in, n_out) in kind.items():
-            stem = f"language_model.model.layers.{layer}.{key}"
-            a = rng.uniform(-1 / np.sqrt(n_in), 1 / np.sqrt(n_in), (n_in, RANK))
-            b = rng.normal(0.0, 0.05, (RANK, n_out))
-            weights[stem + ".lora_a"] = mx.array(a.astype(np.float16))
-            weights[stem + ".lora_b"] = mx.array(b.astype(np.float16))
-    os.makedirs(folder, exist_ok=True)
-    mx.save_safetensors(os.path.join(folder, "adapters.safetensors"), weights)
-    config = {"fine_tune_type": "lora", "num_layers": len(LAYERS),
-              "lora_parameters": {"rank": RANK, "scale": SCALE, "dropout": 0.0, "keys": KEYS}}
-    with open(os.path.join(folder, "adapter_config.json"), "w") as f:
-        json.dump(config, f, indent=2)
+            add_pair(weights, rng, f"language_model.model.layers.{layer}.{key}", n_in, n_out,
+                     RANK)
+    save_adapter(folder, weights, len(LAYERS), RANK, SCALE, KEYS)
 
 
 def run(folder, adapter):

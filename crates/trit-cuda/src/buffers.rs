@@ -55,14 +55,7 @@ impl Buffers {
         let widest = d.max(nq).max(c.ffn);
         // cos/sin of every position, from the CPU's own Rope (YaRN and its factor included).
         let rope = Rope::new(hd, c.rope_theta, c.rope_style, c.rope_scaling.as_ref());
-        let mut cs = Vec::with_capacity(ctx * hd);
-        for p in 0..ctx {
-            let (cos, sin) = rope.angles(p);
-            for (a, b) in cos.iter().zip(&sin) {
-                cs.push(*a);
-                cs.push(*b);
-            }
-        }
+        let cs = rope_table(&rope, ctx);
         let kv = nkv * ctx;
         Ok(Buffers {
             toks: gpu.zeros(ctx)?,
@@ -96,4 +89,18 @@ impl Buffers {
                 .collect::<Result<_>>()?,
         })
     }
+}
+
+/// `(cos, sin)` pairs of every rotated pair of dimensions for positions `0..ctx`, from the CPU's
+/// own `Rope`: the table the decode kernels index by position.
+pub(crate) fn rope_table(rope: &Rope, ctx: usize) -> Vec<f32> {
+    let mut cs = Vec::new();
+    for p in 0..ctx {
+        let (cos, sin) = rope.angles(p);
+        for (a, b) in cos.iter().zip(&sin) {
+            cs.push(*a);
+            cs.push(*b);
+        }
+    }
+    cs
 }

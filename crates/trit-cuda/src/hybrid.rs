@@ -349,14 +349,7 @@ impl Buffers {
         let widest = d.max(nq).max(c.ffn).max(vw);
         // cos/sin from the CPU's own Rope over the rotated dims (NeoX pairs), per position.
         let rope = Rope::new(hy.rotary_dim, c.rope_theta, RopeStyle::Neox, None);
-        let mut cs = Vec::with_capacity(ctx * hy.rotary_dim);
-        for p in 0..ctx {
-            let (cos, sin) = rope.angles(p);
-            for (a, b) in cos.iter().zip(&sin) {
-                cs.push(*a);
-                cs.push(*b);
-            }
-        }
+        let cs = crate::buffers::rope_table(&rope, ctx);
         Ok(Buffers {
             toks: gpu.zeros(ctx)?,
             step: gpu.zeros(2)?,

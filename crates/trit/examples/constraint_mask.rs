@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 use std::time::Instant;
-use trit::sample::constraint::{ByteLanguage, Follow};
+use trit::sample::constraint::{ByteLanguage, Constrain, Follow};
 use trit::sample::{Grammar, JsonSchema, TokenTable};
 use trit::tokenizer::Tokenizer;
 

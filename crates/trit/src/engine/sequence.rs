@@ -7,7 +7,7 @@
 use super::generate::{FinishReason, GenerateOptions, StopMatcher};
 use crate::model::DevicePick;
 use crate::sample::candidates::{log_sum_exp, top_k_indices};
-use crate::sample::{OutputConstraint, RowLogits, Sampler};
+use crate::sample::{constraint_for, OutputConstraint, RowLogits, Sampler};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use crate::Result;
 
@@ -62,7 +62,7 @@ impl Decoding {
             constraint: opts
                 .constraint
                 .as_ref()
-                .map(|c| OutputConstraint::new(c, opts.eos.clone())),
+                .map(|c| constraint_for(c, opts.eos.clone())),
         })
     }
 

@@ -13,8 +13,8 @@ use super::{JsonSchema, Sampler};
 use std::sync::Arc;
 
 /// A language the output must stay inside, read byte by byte.
-pub trait ByteLanguage {
-    type State: Clone;
+pub trait ByteLanguage: Send + Sync + 'static {
+    type State: Clone + Send;
     /// The state before any output.
     fn start(&self) -> Self::State;
     /// The state after `bytes`, or `None` when no string of the language continues that way.
@@ -113,11 +113,6 @@ impl<L: ByteLanguage> Follow<L> {
         self.lang.feed_all(self.state.clone(), bytes).is_some()
     }
 
-    /// The output is complete.
-    pub fn is_complete(&self) -> bool {
-        self.lang.can_end(&self.state)
-    }
-
     /// Whether `tok` may come next.
     pub fn allows(&self, tok: u32) -> bool {
         if self.eos.contains(&tok) {
@@ -164,15 +159,25 @@ impl<L: ByteLanguage> Follow<L> {
         }
         allowed
     }
+}
 
+/// What a sequence does with its constraint, whichever language it follows.
+pub trait Constrain: Send {
+    /// The output is complete.
+    fn is_complete(&self) -> bool;
     /// Draws the next token from `logits` under the constraint; `None` when no token fits (a
     /// vocabulary without the bytes the output needs next), which ends the output.
-    pub fn sample(
-        &self,
-        sampler: &mut Sampler,
-        logits: &mut [f32],
-        history: &[u32],
-    ) -> Option<u32> {
+    fn sample(&self, sampler: &mut Sampler, logits: &mut [f32], history: &[u32]) -> Option<u32>;
+    /// Records the sampled token (one that the constraint allowed).
+    fn advance(&mut self, tok: u32);
+}
+
+impl<L: ByteLanguage> Constrain for Follow<L> {
+    fn is_complete(&self) -> bool {
+        self.lang.can_end(&self.state)
+    }
+
+    fn sample(&self, sampler: &mut Sampler, logits: &mut [f32], history: &[u32]) -> Option<u32> {
         if self.lang.is_done(&self.state) {
             return self.eos.first().copied();
         }
@@ -187,8 +192,7 @@ impl<L: ByteLanguage> Follow<L> {
         Some(sampler.sample(logits, history))
     }
 
-    /// Records the sampled token (one that [`allows`](Self::allows) accepted).
-    pub fn advance(&mut self, tok: u32) {
+    fn advance(&mut self, tok: u32) {
         if let Some(bytes) = self.table.get(tok) {
             if let Some(next) = self.lang.feed_all(self.state.clone(), bytes) {
                 self.state = next;
@@ -197,45 +201,15 @@ impl<L: ByteLanguage> Follow<L> {
     }
 }
 
-/// A sequence's constraint, whichever language it follows.
-pub enum OutputConstraint {
-    Json(Follow<JsonSchema>),
-    Grammar(Follow<Grammar>),
-}
+/// A sequence's constraint: a [`Follow`] of its request's language.
+pub type OutputConstraint = Box<dyn Constrain>;
 
-impl OutputConstraint {
-    pub fn new(out: &ConstrainedOutput, eos: Vec<u32>) -> Self {
-        let table = out.table.clone();
-        match &out.rule {
-            OutputRule::Json(s) => OutputConstraint::Json(Follow::new(s.clone(), table, eos)),
-            OutputRule::Grammar(g) => OutputConstraint::Grammar(Follow::new(g.clone(), table, eos)),
-        }
-    }
-
-    pub fn sample(
-        &self,
-        sampler: &mut Sampler,
-        logits: &mut [f32],
-        history: &[u32],
-    ) -> Option<u32> {
-        match self {
-            OutputConstraint::Json(f) => f.sample(sampler, logits, history),
-            OutputConstraint::Grammar(f) => f.sample(sampler, logits, history),
-        }
-    }
-
-    pub fn advance(&mut self, tok: u32) {
-        match self {
-            OutputConstraint::Json(f) => f.advance(tok),
-            OutputConstraint::Grammar(f) => f.advance(tok),
-        }
-    }
-
-    pub fn is_complete(&self) -> bool {
-        match self {
-            OutputConstraint::Json(f) => f.is_complete(),
-            OutputConstraint::Grammar(f) => f.is_complete(),
-        }
+/// The constraint `out` asks for, from the start of the output.
+pub fn constraint_for(out: &ConstrainedOutput, eos: Vec<u32>) -> OutputConstraint {
+    let table = out.table.clone();
+    match &out.rule {
+        OutputRule::Json(s) => Box::new(Follow::new(s.clone(), table, eos)),
+        OutputRule::Grammar(g) => Box::new(Follow::new(g.clone(), table, eos)),
     }
 }
 

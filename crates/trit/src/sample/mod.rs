@@ -11,7 +11,7 @@ pub mod sampler;
 pub mod token_table;
 
 pub use candidates::{RowLogits, TopLogits, TOP_CANDIDATES};
-pub use constraint::{ConstrainedOutput, OutputConstraint, OutputRule};
+pub use constraint::{constraint_for, Constrain, ConstrainedOutput, OutputConstraint, OutputRule};
 pub use grammar::Grammar;
 pub use json::JsonSchema;
 pub use processors::Penalties;

@@ -2,7 +2,7 @@
 //! documents and their one-byte mutations; schemas enforced on random constrained draws.
 
 use super::*;
-use crate::sample::constraint::Follow;
+use crate::sample::constraint::{Constrain, Follow};
 use crate::sample::Sampler;
 use crate::sample::SamplingParams;
 use crate::sample::TokenTable;
