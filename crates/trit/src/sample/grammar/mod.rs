@@ -11,6 +11,9 @@
 //! grammars, which would expand forever, are refused when parsed.
 
 mod parse;
+mod stack;
+
+use stack::Stack;
 
 use crate::{Error, Result};
 
@@ -86,7 +89,7 @@ struct Pos {
 /// an empty stack: the text may end here), and a code point's leading bytes, if split.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GrammarState {
-    stacks: Vec<Vec<Pos>>,
+    stacks: Vec<Stack>,
     /// (bytes still to come, the value so far, the least value of its length).
     partial: Option<(u8, u32, u32)>,
 }
@@ -191,7 +194,7 @@ impl Grammar {
                 alt: alt as u32,
                 idx: 0,
             };
-            self.expand(vec![pos], &mut stacks);
+            self.expand(Stack::one(pos), &mut stacks);
         }
         normalize(&mut stacks);
         GrammarState {
@@ -208,8 +211,8 @@ impl Grammar {
     /// top. Each position on a stack has an element left; a finished alternative is popped,
     /// and a reference as its alternative's last element replaces the position (so right
     /// recursion does not grow the stack).
-    fn expand(&self, mut stack: Vec<Pos>, out: &mut Vec<Vec<Pos>>) {
-        while let Some(&top) = stack.last() {
+    fn expand(&self, mut stack: Stack, out: &mut Vec<Stack>) {
+        while let Some(top) = stack.last() {
             match self.elem(top) {
                 None => {
                     stack.pop();
@@ -235,7 +238,7 @@ impl Grammar {
     }
 
     /// Pushes the position after `p`, unless `p` was its alternative's last element.
-    fn push_next(&self, stack: &mut Vec<Pos>, p: Pos) {
+    fn push_next(&self, stack: &mut Stack, p: Pos) {
         let next = Pos {
             idx: p.idx + 1,
             ..p
@@ -285,7 +288,7 @@ impl Grammar {
             let open = lo <= hi
                 && st.stacks.iter().any(|s| {
                     s.last()
-                        .and_then(|&p| self.elem(p))
+                        .and_then(|p| self.elem(p))
                         .is_some_and(|e| e.takes_any(lo, hi))
                 });
             return open.then(|| GrammarState {
@@ -304,14 +307,15 @@ impl Grammar {
     }
 
     /// The stacks after code point `c`.
-    fn accept(&self, stacks: &[Vec<Pos>], c: u32) -> Vec<Vec<Pos>> {
+    fn accept(&self, stacks: &[Stack], c: u32) -> Vec<Stack> {
         let mut next = Vec::new();
         for s in stacks {
-            let Some(&top) = s.last() else { continue };
+            let Some(top) = s.last() else { continue };
             if !self.elem(top).is_some_and(|e| e.takes(c)) {
                 continue;
             }
-            let mut s = s[..s.len() - 1].to_vec();
+            let mut s = s.clone();
+            s.pop();
             self.push_next(&mut s, top);
             self.expand(s, &mut next);
         }
@@ -326,17 +330,17 @@ impl Grammar {
 
     /// The text so far is a complete string of the grammar.
     pub fn can_end(&self, st: &GrammarState) -> bool {
-        st.partial.is_none() && st.stacks.iter().any(Vec::is_empty)
+        st.partial.is_none() && st.stacks.iter().any(Stack::is_empty)
     }
 
     /// Nothing may follow: every possible parse is complete.
     pub fn is_done(&self, st: &GrammarState) -> bool {
-        st.partial.is_none() && st.stacks.iter().all(Vec::is_empty)
+        st.partial.is_none() && st.stacks.iter().all(Stack::is_empty)
     }
 }
 
 /// Sorted, without repeats: equal stacks are one possibility.
-fn normalize(stacks: &mut Vec<Vec<Pos>>) {
+fn normalize(stacks: &mut Vec<Stack>) {
     stacks.sort_unstable();
     stacks.dedup();
 }
