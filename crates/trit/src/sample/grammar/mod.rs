@@ -346,4 +346,6 @@ fn normalize(stacks: &mut Vec<Stack>) {
 }
 
 #[cfg(test)]
+mod cross_tests;
+#[cfg(test)]
 mod tests;
