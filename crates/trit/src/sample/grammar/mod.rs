@@ -211,30 +211,41 @@ impl Grammar {
     /// top. Each position on a stack has an element left; a finished alternative is popped,
     /// and a reference as its alternative's last element replaces the position (so right
     /// recursion does not grow the stack).
-    fn expand(&self, mut stack: Stack, out: &mut Vec<Stack>) {
-        while let Some(top) = stack.last() {
-            match self.elem(top) {
-                None => {
-                    stack.pop();
-                }
-                Some(Elem::Chars { .. }) => break,
-                Some(Elem::Rule(r)) => {
-                    stack.pop();
-                    self.push_next(&mut stack, top);
-                    for alt in 0..self.rules[*r].alts.len() {
-                        let mut s = stack.clone();
-                        s.push(Pos {
-                            rule: *r as u32,
-                            alt: alt as u32,
-                            idx: 0,
-                        });
-                        self.expand(s, out);
+    fn expand(&self, stack: Stack, out: &mut Vec<Stack>) {
+        // A work list, not recursion: a long chain of rules that each start with the next
+        // must not exhaust the thread's stack.
+        let mut work = vec![stack];
+        while let Some(mut stack) = work.pop() {
+            loop {
+                let Some(top) = stack.last() else {
+                    out.push(stack);
+                    break;
+                };
+                match self.elem(top) {
+                    None => {
+                        stack.pop();
                     }
-                    return;
+                    Some(Elem::Chars { .. }) => {
+                        out.push(stack);
+                        break;
+                    }
+                    Some(Elem::Rule(r)) => {
+                        stack.pop();
+                        self.push_next(&mut stack, top);
+                        for alt in 0..self.rules[*r].alts.len() {
+                            let mut s = stack.clone();
+                            s.push(Pos {
+                                rule: *r as u32,
+                                alt: alt as u32,
+                                idx: 0,
+                            });
+                            work.push(s);
+                        }
+                        break;
+                    }
                 }
             }
         }
-        out.push(stack);
     }
 
     /// Pushes the position after `p`, unless `p` was its alternative's last element.

@@ -23,11 +23,18 @@ pub(super) fn parse(text: &str) -> Result<(Vec<Rule>, HashMap<String, usize>)> {
         names: HashMap::new(),
         defined: Vec::new(),
         current: String::new(),
+        depth: 0,
     };
     p.space(true);
     while p.at < p.s.len() {
         p.rule()?;
         p.space(true);
+    }
+    let size: usize = p.rules.iter().flat_map(|r| &r.alts).map(Vec::len).sum();
+    if size > MAX_ELEMENTS {
+        return Err(p.err_plain(format!(
+            "{size} elements once repetitions are written out (at most {MAX_ELEMENTS})"
+        )));
     }
     for (name, &id) in &p.names {
         if !p.defined[id] {
@@ -46,6 +53,8 @@ struct Parser<'a> {
     defined: Vec<bool>,
     /// The rule being defined (generated rules are named after it).
     current: String,
+    /// Parentheses open around the current position.
+    depth: usize,
 }
 
 fn is_word(b: u8) -> bool {
@@ -195,7 +204,12 @@ impl Parser<'_> {
                 Some(b'(') => {
                     self.at += 1;
                     self.space(true);
+                    self.depth += 1;
+                    if self.depth > MAX_NESTING {
+                        return Err(self.err(&format!("groups nested deeper than {MAX_NESTING}")));
+                    }
                     let alts = self.alternatives(true)?;
+                    self.depth -= 1;
                     if self.peek() != Some(b')') {
                         return Err(self.err("expected ')'"));
                     }
@@ -389,3 +403,7 @@ impl Parser<'_> {
 
 /// The largest bound of a `{m,n}` repetition (each repetition is a copy of its item).
 const MAX_REPEAT: usize = 10_000;
+/// The most elements a grammar may have with its repetitions written out.
+const MAX_ELEMENTS: usize = 1_000_000;
+/// The deepest nesting of parentheses (the parser recurses into each group).
+const MAX_NESTING: usize = 256;

@@ -169,6 +169,14 @@ fn bad_grammars_are_refused_with_the_reason() {
     let e = err("root ::= \"a\"\n\nfoo ::= \"b\" )");
     assert!(e.contains("line 3"), "{e}");
     assert!(err("root ::= * \"a\"").contains("repetition operator without an item"));
+    // Size and depth limits, instead of exhausting memory or the stack.
+    let wide = format!(
+        "root ::= [a-z]{{10000}} [a-z]{{10000}} {}",
+        "[0-9]{10000} ".repeat(99)
+    );
+    assert!(err(&wide).contains("elements once repetitions are written out"));
+    let deep = format!("root ::= {}\"a\"{}", "(".repeat(300), ")".repeat(300));
+    assert!(err(&deep).contains("nested deeper than 256"));
 }
 
 #[test]
@@ -191,4 +199,17 @@ fn overlong_prefixes_do_not_stand_for_ascii() {
     assert!(any.feed_all(&mut st, &[0xe0, 0xa0]), "U+0800's prefix");
     let mut st = any.start();
     assert!(any.feed(&mut st, 0xe0) && !any.feed_all(&mut st, &[0x81, 0xa2]));
+}
+
+#[test]
+fn long_chains_of_rules_expand_without_recursion() {
+    // r0 ::= r1, r1 ::= r2, … : each starts with the next; expanding the start walks all.
+    let n = 50_000;
+    let mut text = String::from("root ::= r0\n");
+    for i in 0..n {
+        text.push_str(&format!("r{i} ::= r{}\n", i + 1));
+    }
+    text.push_str(&format!("r{n} ::= \"z\"\n"));
+    let g = g(&text);
+    assert!(accepts(&g, "z") && !accepts(&g, "y"));
 }
