@@ -87,7 +87,7 @@ struct Pos {
 
 /// The recognizer's state after some text: the possible stacks (innermost position last;
 /// an empty stack: the text may end here), and a code point's leading bytes, if split.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct GrammarState {
     stacks: Vec<Stack>,
     /// (bytes still to come, the value so far, the least value of its length).
