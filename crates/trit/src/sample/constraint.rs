@@ -30,7 +30,8 @@ pub trait ByteLanguage: Send + Sync + 'static {
     /// Nothing may follow.
     fn is_done(&self, st: &Self::State) -> bool;
     /// A hash of `st` where the language can tell equal states apart ([`same`](Self::same)),
-    /// so a mask computes each (state, byte) step once; `None`: it cannot.
+    /// so a mask computes each (state, byte) step once; `None`: it cannot (the mask then feeds
+    /// every prefix).
     fn state_hash(&self, _st: &Self::State) -> Option<u64> {
         None
     }
@@ -55,6 +56,20 @@ impl ByteLanguage for JsonSchema {
     fn is_done(&self, st: &ParseState) -> bool {
         st.is_done()
     }
+    fn state_hash(&self, st: &ParseState) -> Option<u64> {
+        Some(hash_of(st))
+    }
+    fn same(&self, a: &ParseState, b: &ParseState) -> bool {
+        a == b
+    }
+}
+
+/// A state's hash, for the mask's memo of steps.
+fn hash_of<T: std::hash::Hash>(t: &T) -> u64 {
+    use std::hash::Hasher;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    t.hash(&mut h);
+    h.finish()
 }
 
 impl ByteLanguage for Grammar {
@@ -75,10 +90,7 @@ impl ByteLanguage for Grammar {
         Grammar::is_done(self, st)
     }
     fn state_hash(&self, st: &GrammarState) -> Option<u64> {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        st.hash(&mut h);
-        Some(h.finish())
+        Some(hash_of(st))
     }
     fn same(&self, a: &GrammarState, b: &GrammarState) -> bool {
         a == b
@@ -142,8 +154,9 @@ impl<L: ByteLanguage> Follow<L> {
 
     /// Sets every token that may not come next to −∞; returns how many may. Walks the
     /// vocabulary's trie: each shared prefix is fed once, and a prefix the language refuses
-    /// rules out every token under it; where the language can compare states, each (state,
-    /// byte) step is computed once (prefixes of a repeated class share their states).
+    /// rules out every token under it; where the language can compare states (both do), each
+    /// (state, byte) step is computed once (the prefixes of a JSON string's text or of a
+    /// grammar's repeated class share their states).
     pub fn mask(&self, logits: &mut [f32]) -> usize {
         let trie = self.table.trie();
         let mut fits = vec![false; logits.len()];
@@ -333,39 +346,47 @@ mod tests {
         assert_eq!(f.sample(&mut s, &mut row, &[]), Some(6));
     }
 
-    #[test]
-    fn the_trie_mask_agrees_with_each_token_fed_alone() {
-        // 3,000 random tokens of 1–5 characters over a small alphabet (multi-byte ones too),
-        // masked at every step of an output, against `allows` (each token's bytes fed alone).
-        let mut rng = crate::test_values::TestRng(77);
-        let alphabet = ["a", "b", "(", ")", " ", "é", "1"];
+    /// 3,000 random tokens of 1–5 pieces of `alphabet`.
+    fn random_vocab(alphabet: &[&str], seed: u64) -> Arc<TokenTable> {
+        let mut rng = crate::test_values::TestRng(seed);
         let words: Vec<Option<Vec<u8>>> = (0..3000)
             .map(|_| {
                 let n = 1 + rng.below(5);
-                Some(
-                    (0..n)
-                        .flat_map(|_| alphabet[rng.below(7)].bytes())
-                        .collect(),
-                )
+                let w = (0..n).flat_map(|_| alphabet[rng.below(alphabet.len())].bytes());
+                Some(w.collect())
             })
             .collect();
-        let table = Arc::new(TokenTable::from_bytes(words));
-        let text = r#"root ::= item (" " item)*
-            item ::= "(" [ab]{1,3} ")" | [1é]+ | "a" item"#;
-        let g = Arc::new(Grammar::parse(text).unwrap());
-        let mut f = Follow::new(g, table.clone(), vec![]);
-        for step in 0..12 {
-            let mut row = vec![0.0f32; 3000];
-            let n = f.mask(&mut row);
-            let want: Vec<bool> = (0..3000u32).map(|t| f.allows(t)).collect();
+        Arc::new(TokenTable::from_bytes(words))
+    }
+
+    /// At each of `steps` steps of an output, the trie mask (with its step memo) allows
+    /// exactly the tokens `allows` takes (each token's bytes fed alone); then the allowed
+    /// token of the median id is taken.
+    fn mask_equals_allows<L: ByteLanguage>(mut f: Follow<L>, steps: usize) {
+        let n = f.table.len();
+        for step in 0..steps {
+            let mut row = vec![0.0f32; n];
+            let count = f.mask(&mut row);
+            let want: Vec<bool> = (0..n as u32).map(|t| f.allows(t)).collect();
             let got: Vec<bool> = row.iter().map(|l| l.is_finite()).collect();
             assert_eq!(got, want, "step {step}");
-            assert_eq!(n, want.iter().filter(|&&w| w).count());
-            // Go on with the allowed token of the median id.
-            let ok: Vec<u32> = (0..3000u32).filter(|&t| want[t as usize]).collect();
+            assert_eq!(count, want.iter().filter(|&&w| w).count());
+            let ok: Vec<u32> = (0..n as u32).filter(|&t| want[t as usize]).collect();
             assert!(!ok.is_empty(), "step {step}");
             f.advance(ok[ok.len() / 2]);
         }
+    }
+
+    #[test]
+    fn the_trie_mask_agrees_with_each_token_fed_alone() {
+        let table = random_vocab(&["a", "b", "(", ")", " ", "é", "1"], 77);
+        let text = r#"root ::= item (" " item)*
+            item ::= "(" [ab]{1,3} ")" | [1é]+ | "a" item"#;
+        let g = Arc::new(Grammar::parse(text).unwrap());
+        mask_equals_allows(Follow::new(g, table, vec![]), 12);
+        let table = random_vocab(&["{", "}", "\"", "a", ":", ",", " ", "1", "é", "[", "]"], 5);
+        let json = Arc::new(JsonSchema::any_object());
+        mask_equals_allows(Follow::new(json, table, vec![]), 12);
     }
 
     #[test]

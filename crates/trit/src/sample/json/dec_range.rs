@@ -24,7 +24,7 @@ pub(crate) struct DecRange {
 
 /// Where a bounded number's text is: sign, integer digits, and after a `.` the fraction
 /// digits so far.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub(crate) struct DecPrefix {
     neg: bool,
     int: u64,

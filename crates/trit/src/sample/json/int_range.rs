@@ -15,7 +15,7 @@ pub(crate) struct IntRange {
 }
 
 /// Where an integer's text is: its sign and the value and count of the digits so far.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct IntPrefix {
     pub(crate) neg: bool,
     pub(crate) value: u64,

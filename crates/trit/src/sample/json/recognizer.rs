@@ -26,7 +26,7 @@ const MAX_DEPTH: usize = 32;
 const MAX_NUMBER_LEN: u8 = 40;
 const MAX_INTEGER_LEN: u8 = 18;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum ObjPhase {
     /// After `{`: a key or `}`.
     KeyOrEnd,
@@ -38,13 +38,13 @@ enum ObjPhase {
     CommaOrEnd,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum ArrPhase {
     ValueOrEnd,
     CommaOrEnd,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum NumPhase {
     /// After `-`.
     Sign,
@@ -60,7 +60,7 @@ enum NumPhase {
 }
 
 /// Where a literal's alternatives come from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum LitSource {
     /// The node's `enum`/`const` values.
     Node(u32),
@@ -68,7 +68,7 @@ enum LitSource {
     Keyword(u8),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Frame {
     /// A value of `node` starts here (whitespace first allowed).
     Value { node: u32 },
@@ -157,7 +157,7 @@ enum Outcome {
 
 /// One reading of the document so far: its open values (a schema's `anyOf` of overlapping
 /// branches is read several ways at once: `forks.rs`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Thread {
     stack: Vec<Frame>,
     whitespace: u8,

@@ -18,7 +18,7 @@ const MAX_THREADS: usize = 64;
 
 /// Where a document is: every reading of the text so far. Clone it to try bytes without
 /// committing.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ParseState {
     threads: Vec<Thread>,
 }

@@ -3,7 +3,7 @@
 //! byte is.
 
 /// Where the string lexer is inside a string's content.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(super) enum Lex {
     Normal,
     Escape,

@@ -20,7 +20,7 @@ fn raw_string(n: &Node) -> bool {
     n.kinds == STRING && n.literals.is_none() && n.pattern.is_none() && n.branches.is_empty()
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum XmlPhase {
     /// A parameter's opening (`alive` bit 0) or the closing text (bit 1).
     Next,
