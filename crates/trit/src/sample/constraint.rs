@@ -15,7 +15,8 @@ use std::sync::Arc;
 
 /// A language the output must stay inside, read byte by byte.
 pub trait ByteLanguage: Send + Sync + 'static {
-    type State: Clone + Send;
+    /// Equal states behave alike, so a mask computes each (state, byte) step once.
+    type State: Clone + Send + Eq + std::hash::Hash;
     /// The state before any output.
     fn start(&self) -> Self::State;
     /// The state after `bytes`, or `None` when no string of the language continues that way.
@@ -29,16 +30,6 @@ pub trait ByteLanguage: Send + Sync + 'static {
     fn can_end(&self, st: &Self::State) -> bool;
     /// Nothing may follow.
     fn is_done(&self, st: &Self::State) -> bool;
-    /// A hash of `st` where the language can tell equal states apart ([`same`](Self::same)),
-    /// so a mask computes each (state, byte) step once; `None`: it cannot (the mask then feeds
-    /// every prefix).
-    fn state_hash(&self, _st: &Self::State) -> Option<u64> {
-        None
-    }
-    /// Whether two states with equal hashes are the same state.
-    fn same(&self, _a: &Self::State, _b: &Self::State) -> bool {
-        false
-    }
 }
 
 impl ByteLanguage for JsonSchema {
@@ -56,20 +47,6 @@ impl ByteLanguage for JsonSchema {
     fn is_done(&self, st: &ParseState) -> bool {
         st.is_done()
     }
-    fn state_hash(&self, st: &ParseState) -> Option<u64> {
-        Some(hash_of(st))
-    }
-    fn same(&self, a: &ParseState, b: &ParseState) -> bool {
-        a == b
-    }
-}
-
-/// A state's hash, for the mask's memo of steps.
-fn hash_of<T: std::hash::Hash>(t: &T) -> u64 {
-    use std::hash::Hasher;
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    t.hash(&mut h);
-    h.finish()
 }
 
 impl ByteLanguage for Grammar {
@@ -88,12 +65,6 @@ impl ByteLanguage for Grammar {
     }
     fn is_done(&self, st: &GrammarState) -> bool {
         Grammar::is_done(self, st)
-    }
-    fn state_hash(&self, st: &GrammarState) -> Option<u64> {
-        Some(hash_of(st))
-    }
-    fn same(&self, a: &GrammarState, b: &GrammarState) -> bool {
-        a == b
     }
 }
 
@@ -153,10 +124,9 @@ impl<L: ByteLanguage> Follow<L> {
     }
 
     /// Sets every token that may not come next to −∞; returns how many may. Walks the
-    /// vocabulary's trie: each shared prefix is fed once, and a prefix the language refuses
-    /// rules out every token under it; where the language can compare states (both do), each
-    /// (state, byte) step is computed once (the prefixes of a JSON string's text or of a
-    /// grammar's repeated class share their states).
+    /// vocabulary's trie: each shared prefix is fed once, a prefix the language refuses rules
+    /// out every token under it, and each (state, byte) step is computed once (the prefixes of
+    /// a JSON string's text or of a grammar's repeated class share their states).
     pub fn mask(&self, logits: &mut [f32]) -> usize {
         let trie = self.table.trie();
         let mut fits = vec![false; logits.len()];
@@ -167,28 +137,14 @@ impl<L: ByteLanguage> Follow<L> {
                 }
             }
         };
-        if let Some(h) = self.lang.state_hash(&self.state) {
-            let mut memo = Memo::new(self.state.clone(), h);
-            let mut stack = vec![(trie.root(), 0usize)];
-            while let Some((n, sid)) = stack.pop() {
-                for c in trie.children(n) {
-                    if let Some(next) = memo.next(&*self.lang, sid, trie.node(c).byte) {
-                        mark(c);
-                        if !trie.children(c).is_empty() {
-                            stack.push((c, next));
-                        }
-                    }
-                }
-            }
-        } else {
-            let mut stack = vec![(trie.root(), self.state.clone())];
-            while let Some((n, st)) = stack.pop() {
-                for c in trie.children(n) {
-                    if let Some(next) = self.lang.next(&st, trie.node(c).byte) {
-                        mark(c);
-                        if !trie.children(c).is_empty() {
-                            stack.push((c, next));
-                        }
+        let mut memo = Memo::new(self.state.clone());
+        let mut stack = vec![(trie.root(), 0usize)];
+        while let Some((n, sid)) = stack.pop() {
+            for c in trie.children(n) {
+                if let Some(next) = memo.next(&*self.lang, sid, trie.node(c).byte) {
+                    mark(c);
+                    if !trie.children(c).is_empty() {
+                        stack.push((c, next));
                     }
                 }
             }
@@ -214,16 +170,15 @@ impl<L: ByteLanguage> Follow<L> {
 /// The states one mask meets, each kept once, and the steps between them.
 struct Memo<S> {
     states: Vec<S>,
-    /// State ids by hash (equal hashes compared with `ByteLanguage::same`).
-    by_hash: HashMap<u64, Vec<usize>>,
+    ids: HashMap<S, usize>,
     steps: HashMap<(usize, u8), Option<usize>>,
 }
 
-impl<S: Clone> Memo<S> {
-    fn new(start: S, hash: u64) -> Self {
+impl<S: Clone + Eq + std::hash::Hash> Memo<S> {
+    fn new(start: S) -> Self {
         Memo {
+            ids: HashMap::from([(start.clone(), 0)]),
             states: vec![start],
-            by_hash: HashMap::from([(hash, vec![0])]),
             steps: HashMap::new(),
         }
     }
@@ -233,18 +188,16 @@ impl<S: Clone> Memo<S> {
         if let Some(&r) = self.steps.get(&(sid, b)) {
             return r;
         }
-        let r = lang.next(&self.states[sid], b).map(|st| {
-            let h = lang.state_hash(&st).unwrap_or(0);
-            let ids = self.by_hash.entry(h).or_default();
-            match ids.iter().find(|&&i| lang.same(&self.states[i], &st)) {
-                Some(&i) => i,
+        let r = lang
+            .next(&self.states[sid], b)
+            .map(|st| match self.ids.get(&st) {
+                Some(&id) => id,
                 None => {
-                    ids.push(self.states.len());
+                    self.ids.insert(st.clone(), self.states.len());
                     self.states.push(st);
                     self.states.len() - 1
                 }
-            }
-        });
+            });
         self.steps.insert((sid, b), r);
         r
     }
