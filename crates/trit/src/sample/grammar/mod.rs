@@ -17,8 +17,8 @@ use stack::Stack;
 
 use crate::{Error, Result};
 
-/// One element of a sequence: a code point in (or, negated, outside) the inclusive ranges, or
-/// a reference to a rule.
+/// One element of a sequence: a code point in (or, negated, outside) the inclusive ranges
+/// (sorted), or a reference to a rule.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Elem {
     Chars {
@@ -46,11 +46,9 @@ impl Elem {
         if !negated {
             return ranges.iter().any(|&(a, b)| a <= hi && lo <= b);
         }
-        // Negated: some point of lo..=hi outside every range. Walk the sorted ranges.
-        let mut sorted = ranges.clone();
-        sorted.sort_unstable();
+        // Negated: some point of lo..=hi outside every range. The ranges are sorted (parse).
         let mut next = lo;
-        for (a, b) in sorted {
+        for &(a, b) in ranges {
             if a > next {
                 break;
             }

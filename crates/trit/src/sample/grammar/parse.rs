@@ -349,6 +349,8 @@ impl Parser<'_> {
             ranges.push((lo, hi));
         }
         self.at += 1;
+        // Sorted, so a negated class's gaps can be walked in order (`Elem::takes_any`).
+        ranges.sort_unstable();
         Ok(Elem::Chars { ranges, negated })
     }
 

@@ -127,6 +127,10 @@ fn negated_classes_take_partial_code_points_they_do_not_exclude() {
     let g2 = super::Grammar::parse(r"root ::= [^\u0080-\u07FF]").unwrap();
     let mut st = g2.start();
     assert!(!g2.feed(&mut st, 0xc3));
+    // The same with its ranges written out of order.
+    let g3 = super::Grammar::parse(r"root ::= [^\u0100-\u07FF\u0080-\u00FF]").unwrap();
+    let mut st = g3.start();
+    assert!(!g3.feed(&mut st, 0xc3));
 }
 
 impl Grammar {
