@@ -182,13 +182,9 @@ impl Parser<'_> {
                             negated: false,
                         });
                     }
+                    // A repetition after it takes the whole literal (every element from
+                    // `last`).
                     self.at += 1;
-                    // A repetition applies to the whole literal.
-                    if seq.len() - last > 1 && self.at_repetition() {
-                        let lit = seq.split_off(last);
-                        let id = self.generated(vec![lit]);
-                        seq.push(Elem::Rule(id));
-                    }
                 }
                 Some(b'[') => {
                     self.at += 1;
