@@ -562,7 +562,7 @@ impl CudaModel {
     }
 
     /// Runs `tokens` from `pos0` and lends the logits `which` asks for to `read`: the last
-    /// row straight from the page-locked buffer it was copied (or written) into.
+    /// row straight from the page-locked buffer it was copied (or written) into (`host_row`).
     fn forward_locked(
         &self,
         st: &mut State,
@@ -587,26 +587,12 @@ impl CudaModel {
             };
             self.run_step(st, head, pos0 + i)?;
             if which == Logits::All {
-                match (head, &st.b.mapped_logits) {
-                    (Head::Host, Some(m)) => {
-                        st.gpu.sync()?;
-                        all.extend_from_slice(m.head(self.config.vocab));
-                    }
-                    _ => all.extend(self.read_logits(st)?),
-                }
+                all.extend_from_slice(host_row(&st.gpu, &mut st.b, self.config.vocab)?);
             }
         }
-        // The last row: written into mapped memory by the step's head, or copied behind the
-        // step (copy_to_pinned waits for both).
-        st.gpu.sync()?;
-        let last = match (which, &st.b.mapped_logits) {
-            (Logits::All, _) => None,
-            (Logits::Last, Some(m)) => Some(m.head(self.config.vocab)),
-            (Logits::Last, None) => Some(copy_to_pinned(
-                &st.gpu,
-                &st.b.logits,
-                &mut st.b.host_logits,
-            )?),
+        let last = match which {
+            Logits::All => None,
+            Logits::Last => Some(host_row(&st.gpu, &mut st.b, self.config.vocab)?),
         };
         st.device_pos = Some(pos0 + tokens.len());
         read(last.unwrap_or(&all));
@@ -638,6 +624,18 @@ impl CudaModel {
     pub(crate) fn read_logits(&self, st: &mut State) -> Result<Vec<f32>> {
         let b = &mut st.b;
         Ok(copy_to_pinned(&st.gpu, &b.logits, &mut b.host_logits)?.to_vec())
+    }
+}
+
+/// The logits of the host's last step, waiting for it: where its head wrote them (mapped
+/// host memory, `Head::Host`), or copied behind it into the page-locked buffer.
+fn host_row<'a>(gpu: &Gpu, b: &'a mut Buffers, vocab: usize) -> Result<&'a [f32]> {
+    match &b.mapped_logits {
+        Some(m) => {
+            gpu.sync()?;
+            Ok(m.head(vocab))
+        }
+        None => copy_to_pinned(gpu, &b.logits, &mut b.host_logits),
     }
 }
 

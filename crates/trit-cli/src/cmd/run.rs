@@ -175,8 +175,7 @@ impl OutputArgs {
     /// `--json` / `--json-schema` / `--grammar` / `--grammar-file` as a constraint over the
     /// loaded model's vocabulary.
     pub fn constraint(&self, loaded: &Loaded) -> Result<Option<ConstrainedOutput>> {
-        let a = self;
-        let grammar = match (&a.grammar, &a.grammar_file) {
+        let grammar = match (&self.grammar, &self.grammar_file) {
             (Some(g), _) => Some(g.clone()),
             (None, Some(path)) => Some(
                 std::fs::read_to_string(path)
@@ -184,7 +183,7 @@ impl OutputArgs {
             ),
             (None, None) => None,
         };
-        let rule = match (&a.json_schema, a.json, grammar) {
+        let rule = match (&self.json_schema, self.json, grammar) {
             (None, false, None) => return Ok(None),
             (None, false, Some(g)) => OutputRule::Grammar(Arc::new(Grammar::parse(&g)?)),
             (_, _, Some(_)) => bail!("give either a grammar or --json / --json-schema, not both"),
