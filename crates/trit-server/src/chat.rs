@@ -12,9 +12,10 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
+use trit::chat::ChatTemplate;
 use trit::chat::{split_reasoning, ReasoningStream, ReplyPart};
 use trit::engine::{SeqSummary, TokenLogprob};
-use trit::sample::JsonSchema;
+use trit::sample::{JsonSchema, LazyRule, OutputRule};
 use trit::tokenizer::Tokenizer;
 
 #[derive(Deserialize, Debug, Default)]
@@ -30,6 +31,8 @@ pub(crate) struct ChatFields {
     #[serde(default)]
     pub(crate) logprobs: bool,
     pub(crate) top_logprobs: Option<i64>,
+    /// OpenAI's `parallel_tool_calls` (default true): `false` ends the reply after one call.
+    pub(crate) parallel_tool_calls: Option<bool>,
 }
 
 /// A chat request made into a job: the prompt through the template (tools, forced calls and
@@ -135,12 +138,11 @@ pub(crate) fn prepare(
                 "response_format or grammar together with a forced tool_choice is not supported",
             )),
             // The call in the dialect the model was taught: Qwen3.5's XML or Hermes JSON.
-            Some(f) if template.writes_xml_tool_calls() => {
-                Some(JsonSchema::xml_tool_call(&f).map_err(|e| ApiError::bad_value(&e))?)
-            }
-            Some(f) => Some(JsonSchema::tool_call(&f).map_err(|e| ApiError::bad_value(&e))?),
+            Some(f) => Some(call_schema(template, &f).map_err(|e| ApiError::bad_value(&e))?),
             None => None,
         };
+    // One call and the end, where the request says so.
+    let once = fields.parallel_tool_calls == Some(false);
     let mut kwargs = fields.chat_template_kwargs.unwrap_or_default();
     let thinking = match fields.reasoning_effort.as_deref() {
         None => None,
@@ -188,7 +190,13 @@ pub(crate) fn prepare(
         .tokenizer
         .encode(&text, false)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
-    let job = common.job(state, prompt, top_logprobs, forced)?;
+    let rule = match (forced, tools) {
+        (Some(schema), _) => Some(OutputRule::Json(Arc::new(schema))),
+        // tool_choice auto: any call the model starts must be whole and fit its tool.
+        (None, Some(tools)) => call_watch(template, tools, starts_in_reasoning, once),
+        (None, None) => None,
+    };
+    let job = common.job(state, prompt, top_logprobs, rule)?;
     Ok(Prepared {
         job,
         starts_in_reasoning,
@@ -198,9 +206,51 @@ pub(crate) fn prepare(
     })
 }
 
-/// `logprobs: true` (+ optional `top_logprobs` 0..=20) → how many alternatives to report.
 /// (name, parameters schema) of tools.
 type Signatures = Vec<(String, Value)>;
+
+/// One call of one of `tools`, in the dialect the model was taught: Qwen3.5's XML or Hermes
+/// JSON.
+fn call_schema(template: &ChatTemplate, tools: &Signatures) -> trit::Result<JsonSchema> {
+    match template.writes_xml_tool_calls() {
+        true => JsonSchema::xml_tool_call(tools),
+        false => JsonSchema::tool_call(tools),
+    }
+}
+
+/// With `tool_choice` auto, the reply is free until the model writes `<tool_call>` outside
+/// its thinking block; from there the call is decoded under the tools' schema (a known name,
+/// arguments that fit its parameters, the block closed), then the reply is free again — or,
+/// with `parallel_tool_calls: false`, ends (llama.cpp's lazy tool-call grammar). Tools whose
+/// parameters cannot be enforced (unnamed tools, schema keywords the decoder does not have)
+/// leave the reply free, as before: `auto` never refuses a request the template can render.
+fn call_watch(
+    template: &ChatTemplate,
+    tools: &[Value],
+    starts_in_reasoning: bool,
+    once: bool,
+) -> Option<OutputRule> {
+    let signatures = tools.iter().map(signature).collect::<Result<_, _>>().ok()?;
+    let schema = call_schema(template, &signatures).ok()?;
+    let rule = LazyRule::new("<tool_call>", OutputRule::Json(Arc::new(schema)))
+        .and_then(|r| r.quiet_between("<think>", "</think>", starts_in_reasoning))
+        .ok()?
+        .once(once);
+    Some(OutputRule::Lazy(Arc::new(rule)))
+}
+
+/// A tool's name and parameters schema (an object of anything when it has none).
+fn signature(t: &Value) -> Result<(String, Value), ApiError> {
+    let f = &t["function"];
+    let name = f["name"]
+        .as_str()
+        .ok_or_else(|| ApiError::invalid("tools: every function needs a name"))?;
+    let params = match &f["parameters"] {
+        Value::Null => serde_json::json!({"type": "object"}),
+        p => p.clone(),
+    };
+    Ok((name.to_string(), params))
+}
 
 /// The tools the template sees and, for `tool_choice` `required` or a named function, the
 /// (name, parameters) of the tools the reply must call one of.
@@ -214,17 +264,6 @@ fn tool_choice<'a>(
             Some(Value::String(c)) if c == "none" || c == "auto" => Ok((None, None)),
             Some(_) => Err(ApiError::invalid("tool_choice needs tools")),
         };
-    };
-    let signature = |t: &Value| -> Result<(String, Value), ApiError> {
-        let f = &t["function"];
-        let name = f["name"]
-            .as_str()
-            .ok_or_else(|| ApiError::invalid("tools: every function needs a name"))?;
-        let params = match &f["parameters"] {
-            Value::Null => serde_json::json!({"type": "object"}),
-            p => p.clone(),
-        };
-        Ok((name.to_string(), params))
     };
     match choice {
         None | Some(Value::Null) => Ok((Some(tools), None)),
@@ -255,6 +294,7 @@ fn tool_choice<'a>(
     }
 }
 
+/// `logprobs: true` (+ optional `top_logprobs` 0..=20) → how many alternatives to report.
 fn logprobs_request(logprobs: bool, top: Option<i64>) -> Result<Option<usize>, ApiError> {
     match (logprobs, top) {
         (false, None) => Ok(None),
@@ -681,5 +721,53 @@ mod tests {
         assert!(normalize_messages(&[json!({"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "x"}}]})])
         .is_err());
+    }
+
+    /// The lazy call rule `call_watch` builds: free inside the thinking block the template
+    /// opened, bound to the tools' schema after `<tool_call>` outside it, and (parallel calls
+    /// off) only the end after one call.
+    #[test]
+    fn calls_bind_outside_the_thinking_block_only() {
+        use trit::sample::{
+            constraint_for, ConstrainedOutput, Sampler, SamplingParams, TokenTable,
+        };
+        let words = [
+            "<tool_call>",
+            "x",
+            "</think>",
+            "\n",
+            "{\"name\": \"f\", \"arguments\": {}}",
+            "\n</tool_call>",
+        ];
+        let eos = words.len() as u32;
+        let mut bytes: Vec<Option<Vec<u8>>> =
+            words.iter().map(|w| Some(w.as_bytes().to_vec())).collect();
+        bytes.push(None);
+        let table = Arc::new(TokenTable::from_bytes(bytes));
+        let template = ChatTemplate::new("{{ messages }}", "", "").unwrap();
+        let tools = [json!({"type": "function", "function": {"name": "f"}})];
+        let rule = call_watch(&template, &tools, true, true).expect("a rule");
+        let mut c = constraint_for(&ConstrainedOutput { rule, table }, vec![eos]);
+        let mut sampler = Sampler::new(SamplingParams::greedy()).unwrap();
+        // The greedy pick of a row where `best` leads and every other token is far behind.
+        let mut pick = |c: &trit::sample::OutputConstraint, best: u32| {
+            let mut row = vec![0.0f32; words.len() + 1];
+            row[best as usize] = 10.0;
+            c.sample(&mut sampler, &mut row, &[]).unwrap()
+        };
+        // Thinking: "<tool_call>" then "x" is plain text.
+        for tok in [0, 1, 2] {
+            assert_eq!(pick(&c, tok), tok);
+            c.advance(tok);
+        }
+        // After the block: a call, bound to its schema ("x" cannot follow; "\n" must).
+        assert_eq!(pick(&c, 0), 0);
+        c.advance(0);
+        assert_eq!(pick(&c, 1), 3);
+        for tok in [3, 4, 5] {
+            c.advance(tok);
+        }
+        // One call only: the end, whatever the row says.
+        assert_eq!(pick(&c, 1), eos);
     }
 }

@@ -101,7 +101,7 @@ impl Common {
         state: &AppState,
         prompt: Vec<u32>,
         top_logprobs: Option<usize>,
-        forced: Option<JsonSchema>,
+        rule: Option<OutputRule>,
     ) -> Result<Job, ApiError> {
         if let Some(m) = &self.model {
             if !state.accepts_model(m) {
@@ -118,10 +118,10 @@ impl Common {
                 )));
             }
         }
-        let constraint = match forced {
-            // A forced tool call (chat's tool_choice): decoded under its own schema.
-            Some(schema) => Some(ConstrainedOutput {
-                rule: OutputRule::Json(Arc::new(schema)),
+        let constraint = match rule {
+            // A tool call (chat's tool_choice): decoded under its tools' schema.
+            Some(rule) => Some(ConstrainedOutput {
+                rule,
                 table: state.token_table(),
             }),
             None => self.constraint(state)?,

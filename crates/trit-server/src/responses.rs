@@ -45,6 +45,8 @@ struct ResponsesRequest {
     text: Option<Value>,
     tools: Option<Vec<Value>>,
     tool_choice: Option<Value>,
+    /// `false`: one function call at most, then the response ends.
+    parallel_tool_calls: Option<bool>,
     previous_response_id: Option<String>,
     conversation: Option<Value>,
     store: Option<bool>,
@@ -116,6 +118,7 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
         tools: chat_tools(r.tools.as_deref())?,
         tool_choice: chat_tool_choice(r.tool_choice.as_ref()),
         reasoning_effort: reasoning_effort(r.reasoning.as_ref())?,
+        parallel_tool_calls: r.parallel_tool_calls,
         ..ChatFields::default()
     };
     let Prepared {
@@ -466,7 +469,7 @@ impl Shell<'_> {
             "max_output_tokens": r.max_output_tokens,
             "model": self.model,
             "output": [],
-            "parallel_tool_calls": true,
+            "parallel_tool_calls": r.parallel_tool_calls.unwrap_or(true),
             "previous_response_id": r.previous_response_id,
             "conversation": self.conversation.as_ref().map(|id| json!({"id": id})),
             "reasoning": {

@@ -317,8 +317,8 @@ fn a_forced_tool_choice_calls_a_tool_with_fitting_arguments() {
 
 /// A Qwen3.5-style template (tool calls shown in the XML dialect, `<function=NAME>`) on the
 /// default model: a forced tool call is written in that dialect and read back the same.
-#[test]
-fn a_forced_tool_choice_in_the_xml_dialect_calls_a_tool_with_fitting_arguments() {
+/// A Qwen3.5-style template on the default model: tool calls shown in the XML dialect.
+fn xml_server() -> &'static TestServer {
     static XML: OnceLock<TestServer> = OnceLock::new();
     let template = "{%- if tools %}<|im_start|>system\nTools:{% for t in tools %} \
         {{ t.function.name }}{% endfor %}. Call one as <tool_call>\n<function=NAME>\n\
@@ -326,13 +326,127 @@ fn a_forced_tool_choice_in_the_xml_dialect_calls_a_tool_with_fitting_arguments()
         {% endif %}{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}\
         <|im_end|>\n{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n\
         {% endif %}";
-    let server = XML.get_or_init(|| {
+    XML.get_or_init(|| {
         common::start(Options {
             chat_template: Some(template.into()),
             ..Options::default()
         })
-    });
-    forced_tool_choice_calls_a_fitting_tool(server, "<function=get_weather>\n<parameter=");
+    })
+}
+
+#[test]
+fn a_forced_tool_choice_in_the_xml_dialect_calls_a_tool_with_fitting_arguments() {
+    forced_tool_choice_calls_a_fitting_tool(xml_server(), "<function=get_weather>\n<parameter=");
+}
+
+/// tool_choice auto: the reply is free, but a call the model starts is decoded under the
+/// tools' schema. Free, the default model copies a user's example calls into malformed ones (a
+/// doubled `<tool_call>`, pretty-printed JSON left open); here every call it writes parses and
+/// fits its tool, in both dialects, whole and streamed, and `parallel_tool_calls: false` ends
+/// the reply after the first.
+#[test]
+fn calls_the_model_starts_on_its_own_fit_their_tools() {
+    // The JSON dialect's reply goes on after its first call and makes more.
+    auto_tool_calls_fit(server(), "<tool_call>\n{\"name\": \"get_", 2);
+    auto_tool_calls_fit(xml_server(), "<tool_call>\n<function=get_", 1);
+}
+
+/// Two calls in the JSON dialect, for the model to copy.
+fn examples() -> String {
+    let mut examples = String::new();
+    for city in ["Paris", "Rome"] {
+        examples.push_str(&format!(
+            "<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {{\"city\": \"{city}\", \
+             \"unit\": \"c\"}}}}\n</tool_call>\n"
+        ));
+    }
+    examples
+}
+
+fn auto_tool_calls_fit(server: &TestServer, dialect: &str, min_calls: usize) {
+    let examples = examples();
+    let body = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user",
+                                   "content": format!("Write tool calls like these:\n{examples}")}],
+                           "tools": tools(), "max_tokens": 120, "temperature": 0,
+                           "logprobs": true});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let text = |v: &Value| -> String {
+        v["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no logprobs: {v}"))
+            .iter()
+            .map(|t| t["token"].as_str().unwrap())
+            .collect()
+    };
+    let v = post(server.addr, "/v1/chat/completions", &body(json!({}))).json();
+    let c = &v["choices"][0];
+    let calls = c["message"]["tool_calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let written = text(&v);
+    assert!(calls.len() >= min_calls, "{written:?} → {v}");
+    assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+    // Each call the model opened and closed is one of the reply's calls.
+    assert!(written.starts_with(dialect), "{written:?}");
+    assert_eq!(
+        written.matches("</tool_call>").count(),
+        calls.len(),
+        "{written:?}"
+    );
+    calls.iter().for_each(check_call);
+    // Streamed: the deltas add up to the same calls.
+    let mut b = body(json!({"stream": true}));
+    b.as_object_mut().unwrap().remove("logprobs");
+    let mut streamed: Vec<(String, String)> = Vec::new();
+    for e in post(server.addr, "/v1/chat/completions", &b).events() {
+        for d in e["choices"][0]["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let i = d["index"].as_u64().unwrap() as usize;
+            if i == streamed.len() {
+                streamed.push(Default::default());
+            }
+            streamed[i]
+                .0
+                .push_str(d["function"]["name"].as_str().unwrap_or(""));
+            streamed[i]
+                .1
+                .push_str(d["function"]["arguments"].as_str().unwrap_or(""));
+        }
+    }
+    assert_eq!(streamed.len(), calls.len());
+    let parse = |s: &str| serde_json::from_str::<Value>(s).unwrap();
+    for ((name, args), call) in streamed.iter().zip(&calls) {
+        assert_eq!(name, call["function"]["name"].as_str().unwrap());
+        assert_eq!(
+            parse(args),
+            parse(call["function"]["arguments"].as_str().unwrap())
+        );
+    }
+    // One call, then the end.
+    let v = post(
+        server.addr,
+        "/v1/chat/completions",
+        &body(json!({"parallel_tool_calls": false})),
+    )
+    .json();
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+    let calls = c["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{v}");
+    check_call(&calls[0]);
+    // Nothing after the call but the end token (which `logprobs` lists).
+    let written = text(&v);
+    let (_, after) = written.split_once("</tool_call>").unwrap();
+    assert!(after.is_empty() || after == "<|im_end|>", "{written:?}");
 }
 
 /// Forced calls, named and `required`, whole and streamed; the model's text (its tokens, from

@@ -301,6 +301,38 @@ fn what_the_server_cannot_do_is_refused() {
     );
 }
 
+/// tool_choice auto with `parallel_tool_calls: false`: the call the model starts on its own
+/// (it copies the user's example) fits the tool, and the response ends after it, echoing the
+/// field.
+#[test]
+fn a_call_the_model_starts_fits_its_tool_and_may_be_the_only_one() {
+    let server = start(Options::default());
+    let weather = json!({"type": "function", "name": "get_weather", "description": "Weather now",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city", "unit"], "additionalProperties": false}});
+    let example = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\", \
+                   \"unit\": \"c\"}}\n</tool_call>\n";
+    let body = json!({"input": format!("Write tool calls like these:\n{example}{example}"),
+                      "tools": [weather], "parallel_tool_calls": false,
+                      "max_output_tokens": 120, "temperature": 0});
+    let resp = post(server.addr, "/v1/responses", &body).json();
+    assert_eq!(resp["parallel_tool_calls"], false, "{resp}");
+    assert_eq!(resp["status"], "completed", "{resp}");
+    let output = resp["output"].as_array().unwrap();
+    let calls: Vec<&Value> = output
+        .iter()
+        .filter(|i| i["type"] == "function_call")
+        .collect();
+    assert_eq!(calls.len(), 1, "{resp}");
+    assert_eq!(calls[0]["name"], "get_weather");
+    let args: Value = serde_json::from_str(calls[0]["arguments"].as_str().unwrap()).unwrap();
+    assert!(
+        args["city"].is_string() && (args["unit"] == "c" || args["unit"] == "f"),
+        "{args}"
+    );
+}
+
 /// A function tool forced by `tool_choice`: a `function_call` item whose arguments fit the
 /// tool's parameters, whole and streamed (argument deltas adding up to the same call); the call
 /// and its output sent back as input items answer as chat does with the same assistant tool

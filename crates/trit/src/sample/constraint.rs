@@ -8,6 +8,7 @@
 
 use super::grammar::{Grammar, GrammarState};
 use super::json::{ParseState, Recognizer};
+use super::lazy::{Lazy, LazyRule};
 use super::token_table::TokenTable;
 use super::{JsonSchema, Sampler};
 use std::collections::HashMap;
@@ -73,6 +74,8 @@ impl ByteLanguage for Grammar {
 pub enum OutputRule {
     Json(Arc<JsonSchema>),
     Grammar(Arc<Grammar>),
+    /// Free output until a trigger, then a language (a tool call, say) from the trigger on.
+    Lazy(Arc<LazyRule>),
 }
 
 /// The rule, with the vocabulary's bytes to check tokens against (built once per tokenizer
@@ -113,6 +116,30 @@ impl<L: ByteLanguage> Follow<L> {
 
     fn fits(&self, bytes: &[u8]) -> bool {
         self.lang.feed_all(self.state.clone(), bytes).is_some()
+    }
+
+    /// The state after `bytes` from the language's start, or `None` when no string of the
+    /// language starts that way.
+    pub(super) fn state_after(&self, bytes: &[u8]) -> Option<L::State> {
+        self.lang.feed_all(self.lang.start(), bytes)
+    }
+
+    /// Goes on from `state` (one [`state_after`](Self::state_after) gave).
+    pub(super) fn resume(&mut self, state: L::State) {
+        self.state = state;
+    }
+
+    /// Nothing may follow the output.
+    pub(super) fn is_done(&self) -> bool {
+        self.lang.is_done(&self.state)
+    }
+
+    pub(super) fn table(&self) -> &TokenTable {
+        &self.table
+    }
+
+    pub(super) fn eos(&self) -> &[u32] {
+        &self.eos
     }
 
     /// Whether `tok` may come next.
@@ -223,15 +250,13 @@ impl<L: ByteLanguage> Constrain for Follow<L> {
         if self.lang.is_done(&self.state) {
             return self.eos.first().copied();
         }
-        let mut trial = logits.to_vec();
-        let tok = sampler.sample(&mut trial, history);
-        if trial.get(tok as usize).is_some_and(|l| l.is_finite()) && self.allows(tok) {
-            return Some(tok);
-        }
-        if self.mask(logits) == 0 {
-            return None;
-        }
-        Some(sampler.sample(logits, history))
+        draw(
+            |t| self.allows(t),
+            |row| self.mask(row),
+            sampler,
+            logits,
+            history,
+        )
     }
 
     fn advance(&mut self, tok: u32) {
@@ -243,7 +268,27 @@ impl<L: ByteLanguage> Constrain for Follow<L> {
     }
 }
 
-/// A sequence's constraint: a [`Follow`] of its request's language.
+/// Draws from the unconstrained row first; only when that token is not allowed are the
+/// tokens that are not masked out and the draw repeated (`None`: none is allowed).
+pub(super) fn draw(
+    allows: impl Fn(u32) -> bool,
+    mask: impl FnOnce(&mut [f32]) -> usize,
+    sampler: &mut Sampler,
+    logits: &mut [f32],
+    history: &[u32],
+) -> Option<u32> {
+    let mut trial = logits.to_vec();
+    let tok = sampler.sample(&mut trial, history);
+    if trial.get(tok as usize).is_some_and(|l| l.is_finite()) && allows(tok) {
+        return Some(tok);
+    }
+    if mask(logits) == 0 {
+        return None;
+    }
+    Some(sampler.sample(logits, history))
+}
+
+/// A sequence's constraint: a [`Follow`] of its request's language, or a [`Lazy`] one.
 pub type OutputConstraint = Box<dyn Constrain>;
 
 /// The constraint `out` asks for, from the start of the output.
@@ -252,6 +297,18 @@ pub fn constraint_for(out: &ConstrainedOutput, eos: Vec<u32>) -> OutputConstrain
     match &out.rule {
         OutputRule::Json(s) => Box::new(Follow::new(s.clone(), table, eos)),
         OutputRule::Grammar(g) => Box::new(Follow::new(g.clone(), table, eos)),
+        OutputRule::Lazy(lazy) => match lazy.rule() {
+            OutputRule::Json(s) => Box::new(Lazy::new(lazy.clone(), s.clone(), table, eos)),
+            OutputRule::Grammar(g) => Box::new(Lazy::new(lazy.clone(), g.clone(), table, eos)),
+            // `LazyRule::new` refuses a lazy rule inside another.
+            OutputRule::Lazy(_) => constraint_for(
+                &ConstrainedOutput {
+                    rule: lazy.rule().clone(),
+                    table,
+                },
+                eos,
+            ),
+        },
     }
 }
 
