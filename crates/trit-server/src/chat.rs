@@ -5,7 +5,9 @@
 use crate::error::ApiError;
 use crate::request::{decode, Common, Job};
 use crate::state::{token_bytes, token_text, AppState};
-use crate::stream::{collect, new_id, sse_response, timings, unix_now, usage, ChunkFormatter};
+use crate::stream::{
+    collect_all, combined, new_id, sse_choices, timings, unix_now, usage, ChunkFormatter, Collected,
+};
 use crate::tool_stream::{ToolCallStream, ToolDelta};
 use crate::tools::{parse_tool_calls, ParamTypes};
 use axum::response::{IntoResponse, Response};
@@ -57,7 +59,7 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
         types,
         top_logprobs,
     } = prepare(&state, &common, fields)?;
-    let started = state.start(&job).await?;
+    let choices = state.start_choices(&job).await?;
     let ctx = ReplyContext {
         model_id: state.config.model_id.clone(),
         tokenizer: state.tokenizer.clone(),
@@ -65,54 +67,40 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
         created: unix_now(),
         tools,
         logprobs: top_logprobs.is_some(),
+        index: 0,
     };
     if job.stream {
-        let chunks = ChatChunks {
-            reasoning: ReasoningStream::new(starts_in_reasoning),
-            tool_stream: ctx.tools.then(|| ToolCallStream::new(types)),
-            include_usage: job.include_usage,
-            pending_logprobs: Vec::new(),
-            ctx,
-        };
-        return Ok(sse_response(started, chunks));
+        let chunks = choices.into_iter().enumerate().map(|(index, started)| {
+            let formatter = ChatChunks {
+                reasoning: ReasoningStream::new(starts_in_reasoning),
+                tool_stream: ctx.tools.then(|| ToolCallStream::new(types.clone())),
+                include_usage: job.include_usage,
+                pending_logprobs: Vec::new(),
+                ctx: ReplyContext {
+                    index,
+                    ..ctx.clone()
+                },
+            };
+            (started, formatter)
+        });
+        return Ok(sse_choices(chunks.collect()));
     }
-    let c = collect(started).await?;
-    let split = split_reasoning(&c.text, starts_in_reasoning);
-    let (content, calls) = if ctx.tools {
-        parse_tool_calls(&split.content, &types)
-    } else {
-        (split.content, Vec::new())
-    };
-    let mut message = json!({"role": "assistant", "content": content});
-    if content.is_empty() && !calls.is_empty() {
-        message["content"] = Value::Null;
-    }
-    if let Some(r) = split.reasoning {
-        message["reasoning_content"] = json!(r);
-    }
-    if !calls.is_empty() {
-        message["tool_calls"] = json!(calls
-            .iter()
-            .map(|c| c.to_json(&new_id("call_"), None))
-            .collect::<Vec<_>>());
-    }
-    let logprobs = match ctx.logprobs {
-        true => ctx.logprobs_json(&c.logprobs),
-        false => Value::Null,
-    };
+    let collected = collect_all(choices).await?;
+    let choices: Vec<Value> = collected
+        .iter()
+        .enumerate()
+        .map(|(i, c)| ctx.choice_json(i, c, starts_in_reasoning, &types))
+        .collect();
+    let summaries: Vec<SeqSummary> = collected.into_iter().map(|c| c.summary).collect();
+    let total = combined(&summaries);
     Ok(axum::Json(json!({
         "id": ctx.id,
         "object": "chat.completion",
         "created": ctx.created,
         "model": state.config.model_id,
-        "choices": [{
-            "index": 0,
-            "message": message,
-            "logprobs": logprobs,
-            "finish_reason": finish_reason(&c.summary, calls.len()),
-        }],
-        "usage": usage(&c.summary),
-        "timings": timings(&c.summary),
+        "choices": choices,
+        "usage": usage(&total),
+        "timings": timings(&total),
     }))
     .into_response())
 }
@@ -373,6 +361,7 @@ fn finish_reason(s: &SeqSummary, calls: usize) -> &'static str {
     }
 }
 
+#[derive(Clone)]
 struct ReplyContext {
     model_id: String,
     tokenizer: Arc<Tokenizer>,
@@ -380,9 +369,51 @@ struct ReplyContext {
     created: u64,
     tools: bool,
     logprobs: bool,
+    /// The choice a stream's chunks belong to.
+    index: usize,
 }
 
 impl ReplyContext {
+    /// Choice `index` of a whole reply: the message (reasoning, content, tool calls), its
+    /// log-probabilities and finish reason.
+    fn choice_json(
+        &self,
+        index: usize,
+        c: &Collected,
+        starts_in_reasoning: bool,
+        types: &ParamTypes,
+    ) -> Value {
+        let split = split_reasoning(&c.text, starts_in_reasoning);
+        let (content, calls) = if self.tools {
+            parse_tool_calls(&split.content, types)
+        } else {
+            (split.content, Vec::new())
+        };
+        let mut message = json!({"role": "assistant", "content": content});
+        if content.is_empty() && !calls.is_empty() {
+            message["content"] = Value::Null;
+        }
+        if let Some(r) = split.reasoning {
+            message["reasoning_content"] = json!(r);
+        }
+        if !calls.is_empty() {
+            message["tool_calls"] = json!(calls
+                .iter()
+                .map(|c| c.to_json(&new_id("call_"), None))
+                .collect::<Vec<_>>());
+        }
+        let logprobs = match self.logprobs {
+            true => self.logprobs_json(&c.logprobs),
+            false => Value::Null,
+        };
+        json!({
+            "index": index,
+            "message": message,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason(&c.summary, calls.len()),
+        })
+    }
+
     fn logprobs_json(&self, lps: &[TokenLogprob]) -> Value {
         let entry = |id: u32, lp: f32| {
             json!({
@@ -408,7 +439,8 @@ impl ReplyContext {
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model_id,
-            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+            "choices": [{"index": self.index, "delta": delta, "logprobs": logprobs,
+                         "finish_reason": finish}],
         })
     }
 }
@@ -486,17 +518,20 @@ impl ChunkFormatter for ChatChunks {
             .chunk(json!({}), Value::Null, Some(finish_reason(summary, calls)));
         last["timings"] = timings(summary);
         out.push(last);
-        if self.include_usage {
-            out.push(json!({
+        out
+    }
+
+    fn usage_chunk(&self, summary: &SeqSummary) -> Option<Value> {
+        self.include_usage.then(|| {
+            json!({
                 "id": self.ctx.id,
                 "object": "chat.completion.chunk",
                 "created": self.ctx.created,
                 "model": self.ctx.model_id,
                 "choices": [],
                 "usage": usage(summary),
-            }));
-        }
-        out
+            })
+        })
     }
 }
 
@@ -533,6 +568,7 @@ mod tests {
                 created: 1,
                 tools,
                 logprobs: false,
+                index: 0,
             },
             reasoning: ReasoningStream::new(false),
             tool_stream: tools.then(ToolCallStream::default),
@@ -566,6 +602,7 @@ mod tests {
             events.extend(c.piece(Some(1), piece, None));
         }
         events.extend(c.done(&summary()));
+        events.extend(c.usage_chunk(&summary()));
         let delta = |e: &Value| e["choices"][0]["delta"].clone();
         assert_eq!(
             delta(&events[0]),

@@ -3,7 +3,9 @@
 use crate::error::ApiError;
 use crate::request::{decode, Common};
 use crate::state::{token_text, AppState};
-use crate::stream::{collect, new_id, sse_response, timings, unix_now, usage, ChunkFormatter};
+use crate::stream::{
+    collect_all, combined, new_id, sse_choices, timings, unix_now, usage, ChunkFormatter,
+};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -91,22 +93,42 @@ async fn respond(
         return Err(ApiError::invalid("prompt must not be empty"));
     }
     let job = common.job(&state, prompt, top_logprobs, None)?;
-    let started = state.start(&job).await?;
+    let choices = state.start_choices(&job).await?;
     let chunks = Chunks {
         state: state.clone(),
         id: new_id("cmpl-"),
         created: unix_now(),
         logprobs: top_logprobs.is_some(),
         include_usage: job.include_usage,
+        index: 0,
     };
     if job.stream {
-        return Ok(sse_response(started, chunks));
+        let formatters = choices.into_iter().enumerate().map(|(index, started)| {
+            let formatter = Chunks {
+                index,
+                state: state.clone(),
+                id: chunks.id.clone(),
+                ..chunks
+            };
+            (started, formatter)
+        });
+        return Ok(sse_choices(formatters.collect()));
     }
-    let c = collect(started).await?;
-    let lp = chunks.logprobs_json(&c.logprobs);
-    let mut reply = chunks.chunk(&c.text, lp, Some(c.summary.finish.as_str()));
-    reply["usage"] = usage(&c.summary);
-    reply["timings"] = timings(&c.summary);
+    let collected = collect_all(choices).await?;
+    let mut reply = chunks.chunk("", Value::Null, None);
+    reply["choices"] = collected
+        .iter()
+        .enumerate()
+        .map(|(index, c)| {
+            let lp = chunks.logprobs_json(&c.logprobs);
+            json!({"index": index, "text": c.text, "logprobs": lp,
+                   "finish_reason": c.summary.finish.as_str()})
+        })
+        .collect();
+    let summaries: Vec<SeqSummary> = collected.into_iter().map(|c| c.summary).collect();
+    let total = combined(&summaries);
+    reply["usage"] = usage(&total);
+    reply["timings"] = timings(&total);
     Ok(axum::Json(reply).into_response())
 }
 
@@ -116,6 +138,8 @@ struct Chunks {
     created: u64,
     logprobs: bool,
     include_usage: bool,
+    /// The choice a stream's chunks belong to.
+    index: usize,
 }
 
 impl Chunks {
@@ -125,7 +149,8 @@ impl Chunks {
             "object": "text_completion",
             "created": self.created,
             "model": self.state.config.model_id,
-            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
+            "choices": [{"index": self.index, "text": text, "logprobs": logprobs,
+                         "finish_reason": finish}],
         })
     }
 
@@ -173,13 +198,15 @@ impl ChunkFormatter for Chunks {
     }
 
     fn done(&mut self, summary: &SeqSummary) -> Vec<Value> {
-        let mut out = vec![self.chunk("", Value::Null, Some(summary.finish.as_str()))];
-        if self.include_usage {
+        vec![self.chunk("", Value::Null, Some(summary.finish.as_str()))]
+    }
+
+    fn usage_chunk(&self, summary: &SeqSummary) -> Option<Value> {
+        self.include_usage.then(|| {
             let mut u = self.chunk("", Value::Null, None);
             u["choices"] = json!([]);
             u["usage"] = usage(summary);
-            out.push(u);
-        }
-        out
+            u
+        })
     }
 }

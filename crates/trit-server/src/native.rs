@@ -47,6 +47,12 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
         return Err(ApiError::invalid("prompt must not be empty"));
     }
     let job = common.job(&state, prompt, top, None)?;
+    if job.n != 1 {
+        return Err(ApiError::invalid(
+            "n is not supported on /completion (one reply, in llama.cpp's shape); \
+             /v1/completions takes it",
+        ));
+    }
     let started = state.start(&job).await?;
     let mut f = Native {
         state: state.clone(),

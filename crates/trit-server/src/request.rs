@@ -83,7 +83,11 @@ pub struct Common {
     pub dynatemp_range: Option<f64>,
 }
 
+/// Choices one request may ask for (OpenAI's `n`).
+pub const MAX_CHOICES: usize = 16;
+
 /// What the scheduler needs, validated.
+#[derive(Clone)]
 pub struct Job {
     pub prompt: Vec<u32>,
     pub options: GenerateOptions,
@@ -92,6 +96,9 @@ pub struct Job {
     pub keep: Option<usize>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Choices to generate (OpenAI's `n`): sequences of the same prompt, choice i sampled
+    /// with the seed + i.
+    pub n: usize,
 }
 
 impl Common {
@@ -111,13 +118,15 @@ impl Common {
                 )));
             }
         }
-        if let Some(n) = self.n {
-            if n != 1 {
+        let n = match self.n {
+            None => 1,
+            Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => n as usize,
+            Some(n) => {
                 return Err(ApiError::invalid(format!(
-                    "n = {n} is not supported: only one choice per request (n = 1)"
-                )));
+                    "n must be between 1 and {MAX_CHOICES}, got {n}"
+                )))
             }
-        }
+        };
         let constraint = match rule {
             // A tool call (chat's tool_choice): decoded under its tools' schema.
             Some(rule) => Some(ConstrainedOutput {
@@ -196,6 +205,7 @@ impl Common {
                 .stream_options
                 .as_ref()
                 .is_some_and(|o| o.include_usage),
+            n,
         })
     }
 

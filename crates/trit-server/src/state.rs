@@ -122,6 +122,25 @@ impl AppState {
     }
 }
 
+impl AppState {
+    /// Starts the job's `n` choices: the first alone — its prompt's full KV blocks enter the
+    /// prefix index as they fill — then the others together, which map those blocks instead of
+    /// reading the prompt again. Choice i samples with the job's seed + i, so sampled choices
+    /// differ and a seeded request repeats. If one cannot start, the started ones are dropped
+    /// (cancelled) and the error returned.
+    pub async fn start_choices(&self, job: &Job) -> Result<Vec<Started>, ApiError> {
+        let mut all = vec![self.start(job).await?];
+        let rest = (1..job.n).map(|i| {
+            let mut choice = job.clone();
+            let seed = &mut choice.options.sampling.seed;
+            *seed = seed.wrapping_add(i as u64);
+            async move { self.start(&choice).await }
+        });
+        all.extend(futures_util::future::try_join_all(rest).await?);
+        Ok(all)
+    }
+}
+
 /// Text of one token for logprobs (special tokens included, as OpenAI shows them).
 pub fn token_text(tokenizer: &Tokenizer, id: u32) -> String {
     match tokenizer.token_bytes(id) {

@@ -10,7 +10,7 @@ use crate::state::Started;
 use axum::body::Body;
 use axum::http::{header, HeaderValue};
 use axum::response::Response;
-use futures_util::stream;
+use futures_util::stream::{self, StreamExt};
 use serde_json::{json, Value};
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -84,18 +84,29 @@ pub trait ChunkFormatter: Send + 'static {
         text: &str,
         logprob: Option<&TokenLogprob>,
     ) -> Vec<Value>;
-    /// The final chunks (finish reason, then usage if asked for).
+    /// The final chunks of one choice (its finish reason).
     fn done(&mut self, summary: &SeqSummary) -> Vec<Value>;
+    /// The usage chunk sent once every choice is done, where the request asked for one
+    /// (`summary`: the choices' [`combined`] totals).
+    fn usage_chunk(&self, _summary: &SeqSummary) -> Option<Value> {
+        None
+    }
     /// Whether the stream ends with OpenAI's `data: [DONE]` (llama.cpp's own endpoint has none).
     fn done_marker(&self) -> bool {
         true
     }
 }
 
+/// One choice's events, tagged with its index.
+type ChoiceEvents = stream::BoxStream<'static, (usize, SeqEvent)>;
+
 struct SseState<F> {
-    formatter: F,
-    started: Option<Started>,
-    events: Option<tokio::sync::mpsc::UnboundedReceiver<SeqEvent>>,
+    /// One per choice, in choice order.
+    formatters: Vec<F>,
+    /// The choices' first events, sent after the start chunks.
+    firsts: Option<Vec<SeqEvent>>,
+    events: stream::SelectAll<ChoiceEvents>,
+    summaries: Vec<Option<SeqSummary>>,
     pending: VecDeque<String>,
     finished: bool,
 }
@@ -105,25 +116,32 @@ fn frame(v: &Value) -> String {
 }
 
 impl<F: ChunkFormatter> SseState<F> {
-    fn handle(&mut self, event: SeqEvent) {
+    fn handle(&mut self, i: usize, event: SeqEvent) {
         match event {
             SeqEvent::Piece {
                 token,
                 text,
                 logprob,
             } => {
-                for v in self.formatter.piece(token, &text, logprob.as_ref()) {
+                for v in self.formatters[i].piece(token, &text, logprob.as_ref()) {
                     self.pending.push_back(frame(&v));
                 }
             }
             SeqEvent::Done(s) => {
-                for v in self.formatter.done(&s) {
+                for v in self.formatters[i].done(&s) {
                     self.pending.push_back(frame(&v));
                 }
-                if self.formatter.done_marker() {
-                    self.pending.push_back("data: [DONE]\n\n".into());
+                self.summaries[i] = Some(s);
+                let all: Option<Vec<SeqSummary>> = self.summaries.iter().cloned().collect();
+                if let Some(all) = all {
+                    if let Some(u) = self.formatters[0].usage_chunk(&combined(&all)) {
+                        self.pending.push_back(frame(&u));
+                    }
+                    if self.formatters[0].done_marker() {
+                        self.pending.push_back("data: [DONE]\n\n".into());
+                    }
+                    self.finished = true;
                 }
-                self.finished = true;
             }
             SeqEvent::Error(e) => {
                 self.pending
@@ -137,10 +155,31 @@ impl<F: ChunkFormatter> SseState<F> {
 
 /// The SSE response for a started sequence.
 pub fn sse_response<F: ChunkFormatter>(started: Started, formatter: F) -> Response {
+    sse_choices(vec![(started, formatter)])
+}
+
+/// The SSE response for a request's choices (OpenAI's `n`), each formatted by its own
+/// formatter (which tags its chunks with its index); their events interleave as they come,
+/// and the usage chunk and `[DONE]` follow the last choice's end. Dropping the body (the
+/// client left) drops every choice's receiver, which cancels them all.
+pub fn sse_choices<F: ChunkFormatter>(choices: Vec<(Started, F)>) -> Response {
+    let n = choices.len();
+    let mut formatters = Vec::with_capacity(n);
+    let mut firsts = Vec::with_capacity(n);
+    let mut streams: Vec<ChoiceEvents> = Vec::with_capacity(n);
+    for (i, (started, formatter)) in choices.into_iter().enumerate() {
+        formatters.push(formatter);
+        firsts.push(started.first);
+        streams.push(Box::pin(stream::unfold(
+            started.events,
+            move |mut rx| async move { rx.recv().await.map(|e| ((i, e), rx)) },
+        )));
+    }
     let state = SseState {
-        formatter,
-        started: Some(started),
-        events: None,
+        formatters,
+        firsts: Some(firsts),
+        events: stream::select_all(streams),
+        summaries: vec![None; n],
         pending: VecDeque::new(),
         finished: false,
     };
@@ -152,20 +191,19 @@ pub fn sse_response<F: ChunkFormatter>(started: Started, formatter: F) -> Respon
             if st.finished {
                 return None;
             }
-            if let Some(s) = st.started.take() {
-                for v in st.formatter.start() {
-                    st.pending.push_back(frame(&v));
+            if let Some(firsts) = st.firsts.take() {
+                for f in &mut st.formatters {
+                    for v in f.start() {
+                        st.pending.push_back(frame(&v));
+                    }
                 }
-                st.events = Some(s.events);
-                st.handle(s.first);
+                for (i, e) in firsts.into_iter().enumerate() {
+                    st.handle(i, e);
+                }
                 continue;
             }
-            let next = match st.events.as_mut() {
-                Some(rx) => rx.recv().await,
-                None => None,
-            };
-            match next {
-                Some(e) => st.handle(e),
+            match st.events.next().await {
+                Some((i, e)) => st.handle(i, e),
                 None => {
                     let err = ApiError::internal("the sequence ended without a result");
                     st.pending.push_back(frame(&err.body()));
@@ -182,6 +220,25 @@ pub fn sse_response<F: ChunkFormatter>(started: Started, formatter: F) -> Respon
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     resp
+}
+
+/// Several choices' totals as OpenAI counts them: the prompt once (the first choice's, which
+/// read it; the others mapped its blocks), every choice's generated tokens.
+pub fn combined(summaries: &[SeqSummary]) -> SeqSummary {
+    let first = &summaries[0];
+    SeqSummary {
+        finish: first.finish,
+        prompt_tokens: first.prompt_tokens,
+        cached_tokens: first.cached_tokens,
+        completion_tokens: summaries.iter().map(|s| s.completion_tokens).sum(),
+        prompt_secs: first.prompt_secs,
+        gen_secs: summaries.iter().map(|s| s.gen_secs).fold(0.0, f64::max),
+    }
+}
+
+/// Waits for the end of every choice.
+pub async fn collect_all(choices: Vec<Started>) -> Result<Vec<Collected>, ApiError> {
+    futures_util::future::try_join_all(choices.into_iter().map(collect)).await
 }
 
 /// OpenAI's `usage`, with the prompt tokens served from the prefix cache.

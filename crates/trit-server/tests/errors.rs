@@ -166,7 +166,9 @@ fn out_of_range_sampling_parameters() {
 #[test]
 fn unsupported_n_tool_choice_and_messages() {
     let cases = [
-        hello(json!({"n": 2})),
+        hello(json!({"n": 0})),
+        hello(json!({"n": 17})),
+        hello(json!({"n": -1})),
         hello(json!({"tools": [], "tool_choice": "required"})),
         json!({"messages": []}),
         json!({"messages": [{"role": "wizard", "content": "x"}]}),
@@ -188,6 +190,14 @@ fn unsupported_n_tool_choice_and_messages() {
         &json!({"prompt": ["a", "b"], "max_tokens": 2}),
     );
     expect_error(&r, 400, "invalid_request_error");
+    // llama.cpp's own endpoint answers one reply in its shape.
+    let r = post(
+        server().addr,
+        "/completion",
+        &json!({"prompt": "a", "n_predict": 2, "n": 2}),
+    );
+    let message = expect_error(&r, 400, "invalid_request_error");
+    assert!(message.contains("/v1/completions"), "{message}");
 }
 
 #[test]
