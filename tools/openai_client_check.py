@@ -52,6 +52,15 @@ check(finishes == [chat.choices[0].finish_reason], "one finish reason")
 check(chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == chat.usage.completion_tokens,
       "usage chunk")
 
+# n: several choices, each the reply of a lone request with the seed + index.
+several = client.chat.completions.create(model=model, messages=messages, max_tokens=8,
+                                         temperature=1.0, seed=5, n=3)
+check([c.index for c in several.choices] == [0, 1, 2], "choice indexes")
+for c in several.choices:
+    alone = client.chat.completions.create(model=model, messages=messages, max_tokens=8,
+                                           temperature=1.0, seed=5 + c.index)
+    check(alone.choices[0].message.content == c.message.content, f"choice {c.index}")
+
 completion = client.completions.create(model=model, prompt="Once upon a time", max_tokens=6,
                                        temperature=0, logprobs=2)
 check(completion.object == "text_completion", "completion object")
