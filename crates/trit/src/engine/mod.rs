@@ -5,6 +5,8 @@
 pub mod block_pool;
 pub mod embedding;
 pub mod generate;
+pub mod kl_divergence;
+pub mod logits_file;
 mod parked_slots;
 pub mod perplexity;
 pub mod scheduler;

@@ -21,24 +21,37 @@ pub struct Perplexity {
 /// Logits are computed in slices of this many tokens to bound memory with large vocabularies.
 const SLICE: usize = 128;
 
-pub fn perplexity(
+/// What [`score_windows`] reports, in order.
+pub enum WindowEvent<'a> {
+    /// A scored position: its logits and the token the text has next.
+    Row { logits: &'a [f32], next: u32 },
+    /// Window `done` of `total` is finished.
+    WindowDone { done: usize, total: usize },
+}
+
+/// Windows of `tokens` that `perplexity` evaluates: `n_ctx` each, at most `max_chunks`.
+pub fn window_count(tokens: usize, n_ctx: usize, max_chunks: Option<usize>) -> usize {
+    let chunks = tokens / n_ctx.max(1);
+    max_chunks.map_or(chunks, |m| chunks.min(m))
+}
+
+/// Evaluates the windows and reports each scored position's logits (window by window,
+/// position by position) to `on_event`, which may stop the run with an error.
+pub fn score_windows(
     model: &Arc<Model>,
     tokens: &[u32],
     n_ctx: usize,
     first: usize,
     bos: Option<u32>,
     max_chunks: Option<usize>,
-    progress: &mut dyn FnMut(usize, usize),
-) -> Result<Perplexity> {
+    on_event: &mut dyn FnMut(WindowEvent) -> Result<()>,
+) -> Result<()> {
     if n_ctx < 2 || first >= n_ctx - 1 {
         return Err(Error::InvalidArgument(format!(
             "perplexity needs a context of at least 2 tokens and first ({first}) < ctx - 1 ({n_ctx})"
         )));
     }
-    let mut chunks = tokens.len() / n_ctx;
-    if let Some(m) = max_chunks {
-        chunks = chunks.min(m);
-    }
+    let chunks = window_count(tokens.len(), n_ctx, max_chunks);
     if chunks == 0 {
         return Err(Error::InvalidArgument(format!(
             "the text has {} tokens, fewer than one window of {n_ctx}",
@@ -47,8 +60,6 @@ pub fn perplexity(
     }
     let vocab = model.config().vocab;
     let mut session = Session::new(model.clone(), n_ctx);
-    let (mut sum, mut sum_sq, mut count) = (0f64, 0f64, 0usize);
-    let mut per_chunk = Vec::new();
     for c in 0..chunks {
         let mut window = tokens[c * n_ctx..(c + 1) * n_ctx].to_vec();
         if let Some(b) = bos {
@@ -62,29 +73,82 @@ pub fn perplexity(
                 if pos < first || pos + 1 >= n_ctx {
                     continue;
                 }
-                let nll = -log_softmax_at(row, window[pos + 1] as usize);
-                sum += nll;
-                sum_sq += nll * nll;
-                count += 1;
+                on_event(WindowEvent::Row {
+                    logits: row,
+                    next: window[pos + 1],
+                })?;
             }
         }
-        per_chunk.push((sum / count as f64).exp());
-        progress(c + 1, chunks);
+        on_event(WindowEvent::WindowDone {
+            done: c + 1,
+            total: chunks,
+        })?;
     }
-    let mean = sum / count as f64;
-    let var = (sum_sq / count as f64 - mean * mean).max(0.0);
-    let ppl = mean.exp();
-    let err = if count > 1 {
-        ppl * (var / (count - 1) as f64).sqrt()
-    } else {
-        0.0
-    };
-    Ok(Perplexity {
-        ppl,
-        err,
-        scored: count,
-        per_chunk,
-    })
+    Ok(())
+}
+
+pub fn perplexity(
+    model: &Arc<Model>,
+    tokens: &[u32],
+    n_ctx: usize,
+    first: usize,
+    bos: Option<u32>,
+    max_chunks: Option<usize>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Perplexity> {
+    let mut nll = NllSums::default();
+    let mut per_chunk = Vec::new();
+    score_windows(model, tokens, n_ctx, first, bos, max_chunks, &mut |e| {
+        match e {
+            WindowEvent::Row { logits, next } => nll.add(logits, next),
+            WindowEvent::WindowDone { done, total } => {
+                per_chunk.push(nll.ppl());
+                progress(done, total);
+            }
+        }
+        Ok(())
+    })?;
+    Ok(nll.finish(per_chunk))
+}
+
+/// Negative log-likelihoods of the scored tokens, summed.
+#[derive(Default)]
+pub struct NllSums {
+    sum: f64,
+    sum_sq: f64,
+    count: usize,
+}
+
+impl NllSums {
+    pub fn add(&mut self, logits: &[f32], next: u32) {
+        let nll = -log_softmax_at(logits, next as usize);
+        self.sum += nll;
+        self.sum_sq += nll * nll;
+        self.count += 1;
+    }
+
+    /// The perplexity so far.
+    pub fn ppl(&self) -> f64 {
+        (self.sum / self.count as f64).exp()
+    }
+
+    pub fn finish(self, per_chunk: Vec<f64>) -> Perplexity {
+        let count = self.count;
+        let mean = self.sum / count as f64;
+        let var = (self.sum_sq / count as f64 - mean * mean).max(0.0);
+        let ppl = mean.exp();
+        let err = if count > 1 {
+            ppl * (var / (count - 1) as f64).sqrt()
+        } else {
+            0.0
+        };
+        Perplexity {
+            ppl,
+            err,
+            scored: count,
+            per_chunk,
+        }
+    }
 }
 
 fn log_softmax_at(row: &[f32], target: usize) -> f64 {
