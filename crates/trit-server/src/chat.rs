@@ -83,7 +83,7 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
             };
             (started, formatter)
         });
-        return Ok(sse_choices(chunks.collect()));
+        return Ok(sse_choices(chunks.collect(), job.n));
     }
     let collected = collect_all(choices).await?;
     let choices: Vec<Value> = collected
@@ -92,7 +92,7 @@ pub async fn handle(state: Arc<AppState>, body: &[u8]) -> Result<Response, ApiEr
         .map(|(i, c)| ctx.choice_json(i, c, starts_in_reasoning, &types))
         .collect();
     let summaries: Vec<SeqSummary> = collected.into_iter().map(|c| c.summary).collect();
-    let total = combined(&summaries);
+    let total = combined(&summaries, job.n);
     Ok(axum::Json(json!({
         "id": ctx.id,
         "object": "chat.completion",

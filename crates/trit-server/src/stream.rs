@@ -101,6 +101,7 @@ pub trait ChunkFormatter: Send + 'static {
 type ChoiceEvents = stream::BoxStream<'static, (usize, SeqEvent)>;
 
 struct SseState<F> {
+    per_prompt: usize,
     /// One per choice, in choice order.
     formatters: Vec<F>,
     /// The choices' first events, sent after the start chunks.
@@ -134,7 +135,9 @@ impl<F: ChunkFormatter> SseState<F> {
                 self.summaries[i] = Some(s);
                 let all: Option<Vec<SeqSummary>> = self.summaries.iter().cloned().collect();
                 if let Some(all) = all {
-                    if let Some(u) = self.formatters[0].usage_chunk(&combined(&all)) {
+                    if let Some(u) =
+                        self.formatters[0].usage_chunk(&combined(&all, self.per_prompt))
+                    {
                         self.pending.push_back(frame(&u));
                     }
                     if self.formatters[0].done_marker() {
@@ -155,14 +158,15 @@ impl<F: ChunkFormatter> SseState<F> {
 
 /// The SSE response for a started sequence.
 pub fn sse_response<F: ChunkFormatter>(started: Started, formatter: F) -> Response {
-    sse_choices(vec![(started, formatter)])
+    sse_choices(vec![(started, formatter)], 1)
 }
 
 /// The SSE response for a request's choices (OpenAI's `n`), each formatted by its own
 /// formatter (which tags its chunks with its index); their events interleave as they come,
-/// and the usage chunk and `[DONE]` follow the last choice's end. Dropping the body (the
-/// client left) drops every choice's receiver, which cancels them all.
-pub fn sse_choices<F: ChunkFormatter>(choices: Vec<(Started, F)>) -> Response {
+/// and the usage chunk and `[DONE]` follow the last choice's end (consecutive groups of
+/// `per_prompt` choices share a prompt: see [`combined`]). Dropping the body (the client left)
+/// drops every choice's receiver, which cancels them all.
+pub fn sse_choices<F: ChunkFormatter>(choices: Vec<(Started, F)>, per_prompt: usize) -> Response {
     let n = choices.len();
     let mut formatters = Vec::with_capacity(n);
     let mut firsts = Vec::with_capacity(n);
@@ -176,6 +180,7 @@ pub fn sse_choices<F: ChunkFormatter>(choices: Vec<(Started, F)>) -> Response {
         )));
     }
     let state = SseState {
+        per_prompt,
         formatters,
         firsts: Some(firsts),
         events: stream::select_all(streams),
@@ -222,18 +227,28 @@ pub fn sse_choices<F: ChunkFormatter>(choices: Vec<(Started, F)>) -> Response {
     resp
 }
 
-/// Several choices' totals as OpenAI counts them: the prompt once (the first choice's, which
-/// read it; the others mapped its blocks), every choice's generated tokens.
-pub fn combined(summaries: &[SeqSummary]) -> SeqSummary {
-    let first = &summaries[0];
-    SeqSummary {
-        finish: first.finish,
-        prompt_tokens: first.prompt_tokens,
-        cached_tokens: first.cached_tokens,
-        completion_tokens: summaries.iter().map(|s| s.completion_tokens).sum(),
-        prompt_secs: first.prompt_secs,
-        gen_secs: summaries.iter().map(|s| s.gen_secs).fold(0.0, f64::max),
+/// Several choices' totals as OpenAI counts them: each prompt once (the first choice of its
+/// group of `per_prompt`, which read it; the others mapped its blocks), every choice's
+/// generated tokens.
+pub fn combined(summaries: &[SeqSummary], per_prompt: usize) -> SeqSummary {
+    let mut total = SeqSummary {
+        finish: summaries[0].finish,
+        prompt_tokens: 0,
+        cached_tokens: 0,
+        completion_tokens: 0,
+        prompt_secs: 0.0,
+        gen_secs: 0.0,
+    };
+    for group in summaries.chunks(per_prompt.max(1)) {
+        total.prompt_tokens += group[0].prompt_tokens;
+        total.cached_tokens += group[0].cached_tokens;
+        total.prompt_secs += group[0].prompt_secs;
     }
+    for s in summaries {
+        total.completion_tokens += s.completion_tokens;
+        total.gen_secs = total.gen_secs.max(s.gen_secs);
+    }
+    total
 }
 
 /// Waits for the end of every choice.

@@ -187,9 +187,19 @@ fn unsupported_n_tool_choice_and_messages() {
     let r = post(
         server().addr,
         "/v1/completions",
-        &json!({"prompt": ["a", "b"], "max_tokens": 2}),
+        &json!({"prompt": [], "max_tokens": 2}),
     );
     expect_error(&r, 400, "invalid_request_error");
+    // max_tokens 0 is only for echo, which has nothing to stream then.
+    for body in [
+        json!({"prompt": "a", "max_tokens": 0}),
+        json!({"prompt": "a", "max_tokens": 0, "echo": true, "stream": true}),
+        json!({"prompt": vec!["a"; 65], "max_tokens": 1}),
+        json!({"prompt": ["a", "b"], "max_tokens": 1, "n": 40}),
+    ] {
+        let r = post(server().addr, "/v1/completions", &body);
+        expect_error(&r, 400, "invalid_request_error");
+    }
     // llama.cpp's own endpoint answers one reply in its shape.
     let r = post(
         server().addr,

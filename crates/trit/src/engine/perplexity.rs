@@ -3,8 +3,9 @@
 //! first token when the model adds one), and only positions from `first` on are scored
 //! (llama.cpp: `first = n_ctx / 2`), so every scored token sees at least `first` of context.
 
+use super::sequence::{token_logprob, TokenLogprob};
 use super::session::Session;
-use crate::model::Model;
+use crate::model::{Logits, Model};
 use crate::{Error, Result};
 use std::sync::Arc;
 
@@ -149,6 +150,32 @@ impl NllSums {
             per_chunk,
         }
     }
+}
+
+/// The log-probability of each of `tokens` after the first, given those before it, with the
+/// `top` most likely tokens at its position — what a completion with `echo` reports for its
+/// prompt (and lm-evaluation-harness sums into log-likelihoods). Computed on a cache of its
+/// own, `SLICE` rows of logits at a time.
+pub fn prompt_logprobs(model: &Model, tokens: &[u32], top: usize) -> Result<Vec<TokenLogprob>> {
+    if model.runs_on_device() {
+        return Err(Error::Unsupported(
+            "log-probabilities of a prompt are computed on the CPU; this model runs on a \
+             device"
+                .into(),
+        ));
+    }
+    let vocab = model.config().vocab;
+    let mut cache = model.new_cache(tokens.len());
+    let mut out = Vec::with_capacity(tokens.len().saturating_sub(1));
+    for (s, slice) in tokens.chunks(SLICE).enumerate() {
+        let logits = model.forward(slice, &mut cache, Logits::All)?;
+        for (i, row) in logits.chunks_exact(vocab).enumerate() {
+            if let Some(&next) = tokens.get(s * SLICE + i + 1) {
+                out.push(token_logprob(row, next, top));
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn log_softmax_at(row: &[f32], target: usize) -> f64 {

@@ -310,6 +310,11 @@ impl Model {
         self.kv_types
     }
 
+    /// The weights live on a device backend (`--device cuda`), not in this process's memory.
+    pub fn runs_on_device(&self) -> bool {
+        matches!(self.net, Net::External(_))
+    }
+
     /// A cache for `n_ctx` positions; for hybrid models it also holds the recurrent state.
     pub fn new_cache(&self, n_ctx: usize) -> KvCache {
         match &self.net {
