@@ -654,3 +654,25 @@ fn output_into_a_closed_pipe_ends_quietly() {
 fn libc_sigpipe() -> i32 {
     13
 }
+
+/// `--dry-multiplier` (llama.cpp's DRY flags): the greedy raw continuation of a looping prompt
+/// repeats the loop; with DRY it takes another token.
+#[test]
+fn dry_flags_break_a_repeating_loop() {
+    if default_model().is_none() {
+        eprintln!("skipped: no default model in models/default");
+        return;
+    }
+    let prompt = "the cat sat on the mat and the cat sat on the mat and the cat sat on the";
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "-q", "--raw", "--temp", "0", "-n", "6"];
+        args.extend_from_slice(extra);
+        args.push(prompt);
+        stdout_of(&args)
+    };
+    assert!(run(&[]).starts_with(" mat"));
+    let dry = run(&["--dry-multiplier", "0.8", "--dry-penalty-last-n", "-1"]);
+    assert!(!dry.starts_with(" mat"), "{dry:?}");
+    let none = run(&["--dry-multiplier", "0.8", "--dry-sequence-breaker", "mat"]);
+    assert!(none.starts_with(" mat"), "{none:?}");
+}

@@ -330,6 +330,7 @@ fn sampled_requests() -> Vec<(GenerateOptions, usize)> {
             penalties: Penalties::default(),
             seed,
             logit_bias: Vec::new(),
+            dry: None,
         },
         stop: vec![],
         eos: vec![],

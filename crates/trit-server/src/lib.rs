@@ -73,6 +73,7 @@ impl AppState {
             metrics: Default::default(),
             started: stream::unix_now(),
             token_table: Default::default(),
+            dry_breakers: Default::default(),
             responses: Default::default(),
             conversations: Default::default(),
         }))

@@ -9,7 +9,9 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::sync::Arc;
 use trit::engine::GenerateOptions;
-use trit::sample::{ConstrainedOutput, Grammar, JsonSchema, OutputRule, Penalties, SamplingParams};
+use trit::sample::{
+    Breakers, ConstrainedOutput, Dry, Grammar, JsonSchema, OutputRule, Penalties, SamplingParams,
+};
 
 /// Decodes a JSON body into `T`; a broken body or a wrong type is a 400 naming the field.
 pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
@@ -77,7 +79,13 @@ pub struct Common {
     pub typical_p: Option<f64>,
     pub tfs_z: Option<f64>,
     pub mirostat: Option<i64>,
-    pub dry_multiplier: Option<f64>,
+    /// llama.cpp's DRY repetition penalty (`sample/dry.rs`): off at multiplier 0.
+    pub dry_multiplier: Option<f32>,
+    pub dry_base: Option<f32>,
+    pub dry_allowed_length: Option<i64>,
+    /// Recent tokens searched for repeats; −1: the whole context, 0: off.
+    pub dry_penalty_last_n: Option<i64>,
+    pub dry_sequence_breakers: Option<Vec<String>>,
     pub xtc_probability: Option<f64>,
     pub top_n_sigma: Option<f64>,
     pub dynatemp_range: Option<f64>,
@@ -170,6 +178,8 @@ impl Common {
             Some(m) => usize::try_from(m).unwrap_or(usize::MAX),
         };
         let mut sampling = self.sampling(&state.config.defaults, state.tokenizer.vocab_size())?;
+        sampling.dry = self.dry(state)?;
+        sampling.validate().map_err(|e| ApiError::bad_value(&e))?;
         if self.ignore_eos == Some(true) {
             let ban = state.config.eos.iter().map(|&t| (t, f32::NEG_INFINITY));
             sampling.logit_bias.extend(ban);
@@ -273,10 +283,6 @@ impl Common {
             ("tfs_z", self.tfs_z.is_some_and(|v| v != 1.0)),
             ("mirostat", self.mirostat.is_some_and(|v| v != 0)),
             (
-                "dry_multiplier",
-                self.dry_multiplier.is_some_and(|v| v != 0.0),
-            ),
-            (
                 "xtc_probability",
                 self.xtc_probability.is_some_and(|v| v != 0.0),
             ),
@@ -289,10 +295,52 @@ impl Common {
         match active.iter().find(|a| a.1) {
             Some((name, _)) => Err(ApiError::invalid(format!(
                 "{name} is not supported by this server (only its neutral value is accepted); \
-                 it has temperature, top_k, top_p, min_p, the penalties and logit_bias"
+                 it has temperature, top_k, top_p, min_p, the penalties, DRY and logit_bias"
             ))),
             None => Ok(()),
         }
+    }
+
+    /// llama.cpp's DRY fields (its defaults: base 1.75, allowed length 2, the whole context,
+    /// breakers newline, `:`, `"` and `*`); `None` while the multiplier is 0.
+    fn dry(&self, state: &AppState) -> Result<Option<Dry>, ApiError> {
+        let multiplier = self.dry_multiplier.unwrap_or(0.0);
+        if multiplier == 0.0 {
+            return Ok(None);
+        }
+        let allowed_length = match self.dry_allowed_length.unwrap_or(2) {
+            n if n >= 0 => n as usize,
+            n => {
+                return Err(ApiError::invalid(format!(
+                    "dry_allowed_length must be ≥ 0, got {n}"
+                )))
+            }
+        };
+        let last_n = match self.dry_penalty_last_n.unwrap_or(-1) {
+            -1 => state.config.n_ctx,
+            n if n >= 0 => n as usize,
+            n => {
+                return Err(ApiError::invalid(format!(
+                    "dry_penalty_last_n must be -1 (the context) or ≥ 0, got {n}"
+                )))
+            }
+        };
+        let breakers = match &self.dry_sequence_breakers {
+            None => state.default_dry_breakers(),
+            Some(list) if list.len() > 64 => {
+                return Err(ApiError::invalid(
+                    "dry_sequence_breakers: at most 64 strings",
+                ))
+            }
+            Some(list) => Arc::new(Breakers::new(&state.tokenizer, list)),
+        };
+        Ok(Some(Dry {
+            multiplier,
+            base: self.dry_base.unwrap_or(1.75),
+            allowed_length,
+            last_n,
+            breakers,
+        }))
     }
 
     fn sampling(&self, d: &SamplingParams, vocab: usize) -> Result<SamplingParams, ApiError> {
@@ -338,6 +386,7 @@ impl Common {
                 None => fresh_seed(),
             },
             logit_bias: self.logit_bias(vocab)?,
+            dry: None,
         };
         p.validate().map_err(|e| ApiError::bad_value(&e))?;
         Ok(p)

@@ -10,7 +10,8 @@ use std::time::Instant;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use trit::chat::ChatTemplate;
 use trit::engine::{Scheduler, SeqEvent, SeqRequest, SubmitError};
-use trit::sample::{SamplingParams, TokenTable};
+use trit::sample::dry::DEFAULT_BREAKERS;
+use trit::sample::{Breakers, SamplingParams, TokenTable};
 use trit::tokenizer::Tokenizer;
 
 #[derive(Clone, Debug)]
@@ -57,6 +58,8 @@ pub struct AppState {
     pub started: u64,
     /// Every token's bytes for constrained decoding, made on the first request that asks.
     pub token_table: OnceLock<Arc<TokenTable>>,
+    /// llama.cpp's default DRY sequence breakers in this vocabulary, made on first use.
+    pub dry_breakers: OnceLock<Arc<Breakers>>,
     /// `/v1/responses`' stored responses (`previous_response_id`, `GET`/`DELETE` by id).
     pub responses: crate::response_store::ResponseStore,
     /// The Conversations API's conversations (`conversations.rs`; `conversation` on
@@ -83,6 +86,16 @@ impl AppState {
     pub fn token_table(&self) -> Arc<TokenTable> {
         self.token_table
             .get_or_init(|| Arc::new(TokenTable::new(&self.tokenizer)))
+            .clone()
+    }
+
+    /// DRY's default sequence breakers as token sequences (built once, on first use).
+    pub fn default_dry_breakers(&self) -> Arc<Breakers> {
+        self.dry_breakers
+            .get_or_init(|| {
+                let strings = DEFAULT_BREAKERS.map(String::from);
+                Arc::new(Breakers::new(&self.tokenizer, &strings))
+            })
             .clone()
     }
 

@@ -574,7 +574,11 @@ fn ignore_eos_and_n_predict_and_refused_samplers() {
     for (extra, name) in [
         (json!({"mirostat": 2}), "mirostat"),
         (json!({"typical_p": 0.9}), "typical_p"),
-        (json!({"dry_multiplier": 0.8}), "dry_multiplier"),
+        (json!({"dry_multiplier": 0.8, "dry_base": 0.5}), "dry_base"),
+        (
+            json!({"dry_multiplier": 0.8, "dry_penalty_last_n": -2}),
+            "dry_penalty_last_n",
+        ),
         (json!({"xtc_probability": 0.5}), "xtc_probability"),
         (json!({"n_predict": 4}), "n_predict"),
     ] {
@@ -582,6 +586,34 @@ fn ignore_eos_and_n_predict_and_refused_samplers() {
         assert_eq!(r.status, 400, "{extra}: {}", r.text());
         assert!(r.text().contains(name), "{}", r.text());
     }
+}
+
+/// llama.cpp's DRY fields: a greedy reply that would go on repeating its prompt's loop takes
+/// another token once the token extending the loop is penalized (`tests/dry_sampler.rs` holds
+/// the penalties to llama.cpp's).
+#[test]
+fn dry_breaks_a_loop_the_greedy_reply_would_repeat() {
+    let prompt = "the cat sat on the mat and the cat sat on the mat and the cat sat on the";
+    let reply = |extra: Value| {
+        let mut b = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let r = post(server().addr, "/v1/completions", &b);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let free = reply(json!({}));
+    assert!(free.starts_with(" mat"), "the loop goes on: {free:?}");
+    let dry = reply(json!({"dry_multiplier": 0.8}));
+    assert!(!dry.starts_with(" mat"), "{dry:?}");
+    // Off at multiplier 0, and breakers of the request's own are taken.
+    assert_eq!(reply(json!({"dry_multiplier": 0.0})), free);
+    let custom = reply(json!({"dry_multiplier": 0.8, "dry_sequence_breakers": ["mat"]}));
+    assert!(
+        custom.starts_with(" mat"),
+        "\"mat\" breaks every repeat: {custom:?}"
+    );
 }
 
 /// llama.cpp's `GET /props` and `POST /apply-template`: the served settings and template, and

@@ -59,6 +59,7 @@ fn drafted_generation_equals_the_targets_own() {
         },
         seed: 11,
         logit_bias: Vec::new(),
+        dry: None,
     };
     let cases = [
         (SamplingParams::greedy(), vec![], 48),

@@ -18,7 +18,8 @@ use std::sync::Arc;
 use trit::chat::ChatTemplate;
 use trit::format::ModelFiles;
 use trit::model::{KvType, KvTypes, Model};
-use trit::sample::{Penalties, SamplingParams};
+use trit::sample::dry::DEFAULT_BREAKERS;
+use trit::sample::{Breakers, Dry, Penalties, SamplingParams};
 use trit::tokenizer::Tokenizer;
 
 /// Where the model comes from: `--model`, then `TRIT_MODEL`, then the repository's default.
@@ -192,6 +193,21 @@ pub struct SamplingArgs {
     /// (bans it); repeatable.
     #[arg(short = 'l', long, value_parser = parse_logit_bias, value_name = "ID(+|-)BIAS")]
     pub logit_bias: Vec<(u32, f32)>,
+    /// DRY repetition penalty (llama.cpp's): a token that would extend a repeat of at least
+    /// --dry-allowed-length tokens loses MULT · base^(length − allowed) of its logit; 0 = off.
+    #[arg(long, default_value_t = 0.0, value_name = "MULT")]
+    pub dry_multiplier: f32,
+    #[arg(long, default_value_t = 1.75)]
+    pub dry_base: f32,
+    #[arg(long, default_value_t = 2)]
+    pub dry_allowed_length: usize,
+    /// Recent tokens searched for repeats (-1: the whole context, 0: off).
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    pub dry_penalty_last_n: i64,
+    /// A DRY sequence breaker (repeatable; replaces the defaults newline, `:`, `"`, `*`;
+    /// "none" for no breakers).
+    #[arg(long = "dry-sequence-breaker", value_name = "STRING")]
+    pub dry_sequence_breakers: Vec<String>,
 }
 
 fn parse_max_tokens(s: &str) -> std::result::Result<i64, String> {
@@ -238,6 +254,11 @@ impl SamplingArgs {
             frequency_penalty: 0.0,
             seed: 0,
             logit_bias: Vec::new(),
+            dry_multiplier: 0.0,
+            dry_base: 1.75,
+            dry_allowed_length: 2,
+            dry_penalty_last_n: -1,
+            dry_sequence_breakers: Vec::new(),
             stop: Vec::new(),
         };
         none.params(loaded)
@@ -264,7 +285,31 @@ impl SamplingArgs {
             },
             seed: self.seed,
             logit_bias: self.logit_bias.clone(),
+            dry: self.dry(loaded)?,
         })
+    }
+
+    fn dry(&self, loaded: &Loaded) -> Result<Option<Dry>> {
+        if self.dry_multiplier == 0.0 {
+            return Ok(None);
+        }
+        let last_n = match self.dry_penalty_last_n {
+            -1 => loaded.n_ctx,
+            n if n >= 0 => n as usize,
+            n => bail!("--dry-penalty-last-n must be -1 (the context) or ≥ 0, not {n}"),
+        };
+        let strings: Vec<String> = match self.dry_sequence_breakers.as_slice() {
+            [] => DEFAULT_BREAKERS.map(String::from).to_vec(),
+            [none] if none == "none" => Vec::new(),
+            list => list.to_vec(),
+        };
+        Ok(Some(Dry {
+            multiplier: self.dry_multiplier,
+            base: self.dry_base,
+            allowed_length: self.dry_allowed_length,
+            last_n,
+            breakers: Arc::new(Breakers::new(&loaded.tokenizer, &strings)),
+        }))
     }
 }
 

@@ -3,6 +3,7 @@
 
 pub mod candidates;
 pub mod constraint;
+pub mod dry;
 pub mod grammar;
 pub mod json;
 pub mod lazy;
@@ -13,6 +14,7 @@ pub mod token_table;
 
 pub use candidates::{RowLogits, TopLogits, TOP_CANDIDATES};
 pub use constraint::{constraint_for, Constrain, ConstrainedOutput, OutputConstraint, OutputRule};
+pub use dry::{Breakers, Dry};
 pub use grammar::Grammar;
 pub use json::JsonSchema;
 pub use lazy::LazyRule;

@@ -1,8 +1,9 @@
-//! Token selection. Order follows llama.cpp's default chain: logit bias → penalties → top-k →
+//! Token selection. Order follows llama.cpp's default chain: logit bias → penalties → DRY → top-k →
 //! top-p → min-p (both on untempered probabilities) → temperature → draw. Temperature 0 is
 //! greedy.
 
 use super::candidates::{top_k_indices, TopLogits};
+use super::dry::Dry;
 use super::processors::Penalties;
 use super::rng::Rng;
 use crate::{Error, Result};
@@ -20,6 +21,8 @@ pub struct SamplingParams {
     pub seed: u64,
     /// Added to these tokens' logits before anything else (−∞ bans a token).
     pub logit_bias: Vec<(u32, f32)>,
+    /// llama.cpp's DRY repetition penalty, after the other penalties (`None`: off).
+    pub dry: Option<Dry>,
 }
 
 impl Default for SamplingParams {
@@ -32,6 +35,7 @@ impl Default for SamplingParams {
             penalties: Penalties::default(),
             seed: 0,
             logit_bias: Vec::new(),
+            dry: None,
         }
     }
 }
@@ -65,6 +69,14 @@ impl SamplingParams {
         {
             return bad("a logit bias must be a number or −∞");
         }
+        if let Some(d) = &self.dry {
+            if !(d.multiplier >= 0.0 && d.multiplier.is_finite()) {
+                return bad("dry_multiplier must be a finite number ≥ 0");
+            }
+            if !(d.base >= 1.0 && d.base.is_finite()) {
+                return bad("dry_base must be a finite number ≥ 1");
+            }
+        }
         Ok(())
     }
 
@@ -74,7 +86,8 @@ impl SamplingParams {
     /// and no logit bias (they change logits of tokens that may lie outside the candidates).
     pub fn exact_on_top(&self, k: usize) -> bool {
         let no_penalties = (self.penalties.is_neutral() || self.penalties.last_n == 0)
-            && self.logit_bias.is_empty();
+            && self.logit_bias.is_empty()
+            && !self.dry.as_ref().is_some_and(Dry::is_active);
         let within = self.temperature <= 0.0 || (self.top_k >= 1 && self.top_k <= k);
         no_penalties && k >= 1 && within
     }
@@ -126,6 +139,9 @@ impl Sampler {
             }
         }
         p.penalties.apply(logits, history);
+        if let Some(d) = &p.dry {
+            d.apply(logits, history);
+        }
         if p.temperature <= 0.0 {
             return argmax(logits);
         }
@@ -248,6 +264,7 @@ mod tests {
             penalties: Penalties::default(),
             seed: 42,
             logit_bias: Vec::new(),
+            dry: None,
         }
     }
 
