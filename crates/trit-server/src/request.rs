@@ -11,6 +11,7 @@ use std::sync::Arc;
 use trit::engine::GenerateOptions;
 use trit::sample::{
     Breakers, ConstrainedOutput, Dry, Grammar, JsonSchema, OutputRule, Penalties, SamplingParams,
+    Truncation,
 };
 
 /// Decodes a JSON body into `T`; a broken body or a wrong type is a 400 naming the field.
@@ -76,7 +77,7 @@ pub struct Common {
     /// llama.cpp: prompt tokens a context shift keeps; −1: the whole prompt.
     pub n_keep: Option<i64>,
     /// llama.cpp samplers this server does not have: accepted at their neutral values only.
-    pub typical_p: Option<f64>,
+    pub typical_p: Option<f32>,
     pub tfs_z: Option<f64>,
     pub mirostat: Option<i64>,
     /// llama.cpp's DRY repetition penalty (`sample/dry.rs`): off at multiplier 0.
@@ -86,8 +87,9 @@ pub struct Common {
     /// Recent tokens searched for repeats; −1: the whole context, 0: off.
     pub dry_penalty_last_n: Option<i64>,
     pub dry_sequence_breakers: Option<Vec<String>>,
-    pub xtc_probability: Option<f64>,
-    pub top_n_sigma: Option<f64>,
+    pub xtc_probability: Option<f32>,
+    pub xtc_threshold: Option<f32>,
+    pub top_n_sigma: Option<f32>,
     pub dynatemp_range: Option<f64>,
 }
 
@@ -279,14 +281,8 @@ impl Common {
     /// client that sets mirostat gets told, not a different sampler).
     fn check_samplers(&self) -> Result<(), ApiError> {
         let active = [
-            ("typical_p", self.typical_p.is_some_and(|v| v != 1.0)),
             ("tfs_z", self.tfs_z.is_some_and(|v| v != 1.0)),
             ("mirostat", self.mirostat.is_some_and(|v| v != 0)),
-            (
-                "xtc_probability",
-                self.xtc_probability.is_some_and(|v| v != 0.0),
-            ),
-            ("top_n_sigma", self.top_n_sigma.is_some_and(|v| v > 0.0)),
             (
                 "dynatemp_range",
                 self.dynatemp_range.is_some_and(|v| v != 0.0),
@@ -295,7 +291,8 @@ impl Common {
         match active.iter().find(|a| a.1) {
             Some((name, _)) => Err(ApiError::invalid(format!(
                 "{name} is not supported by this server (only its neutral value is accepted); \
-                 it has temperature, top_k, top_p, min_p, the penalties, DRY and logit_bias"
+                 it has temperature, top_k, top_p, min_p, typical_p, top_n_sigma, XTC, the \
+                 penalties, DRY and logit_bias"
             ))),
             None => Ok(()),
         }
@@ -387,6 +384,12 @@ impl Common {
             },
             logit_bias: self.logit_bias(vocab)?,
             dry: None,
+            truncation: Truncation {
+                top_n_sigma: self.top_n_sigma.unwrap_or(-1.0),
+                typical_p: self.typical_p.unwrap_or(1.0),
+                xtc_probability: self.xtc_probability.unwrap_or(0.0),
+                xtc_threshold: self.xtc_threshold.unwrap_or(0.1),
+            },
         };
         p.validate().map_err(|e| ApiError::bad_value(&e))?;
         Ok(p)

@@ -567,19 +567,29 @@ fn ignore_eos_and_n_predict_and_refused_samplers() {
     let mut b = body(json!({"n_predict": -1}));
     b.as_object_mut().unwrap().remove("max_tokens");
     assert_eq!(chat(b)["choices"][0]["finish_reason"], "stop");
+    // llama.cpp's typical, top-n-σ and XTC samplers (tests/truncation_samplers.rs holds them
+    // to llama.cpp's); at temperature 0 the best token XTC leaves.
+    for extra in [
+        json!({"typical_p": 0.9, "temperature": 0.8, "seed": 1}),
+        json!({"top_n_sigma": 1.5, "temperature": 0.8, "seed": 1}),
+        json!({"xtc_probability": 0.5, "xtc_threshold": 0.1, "temperature": 0.8, "seed": 1}),
+    ] {
+        assert!(chat(body(extra))["choices"][0]["finish_reason"].is_string());
+    }
     // Neutral values of samplers this server lacks pass; active ones are named.
     chat(body(
         json!({"typical_p": 1.0, "mirostat": 0, "dry_multiplier": 0.0}),
     ));
     for (extra, name) in [
         (json!({"mirostat": 2}), "mirostat"),
-        (json!({"typical_p": 0.9}), "typical_p"),
+        (json!({"typical_p": 0.0}), "typical_p"),
+        (json!({"tfs_z": 0.5}), "tfs_z"),
         (json!({"dry_multiplier": 0.8, "dry_base": 0.5}), "dry_base"),
         (
             json!({"dry_multiplier": 0.8, "dry_penalty_last_n": -2}),
             "dry_penalty_last_n",
         ),
-        (json!({"xtc_probability": 0.5}), "xtc_probability"),
+        (json!({"xtc_probability": 1.5}), "xtc_probability"),
         (json!({"n_predict": 4}), "n_predict"),
     ] {
         let r = post(addr, "/v1/chat/completions", &body(extra.clone()));

@@ -19,7 +19,7 @@ use trit::chat::ChatTemplate;
 use trit::format::ModelFiles;
 use trit::model::{KvType, KvTypes, Model};
 use trit::sample::dry::DEFAULT_BREAKERS;
-use trit::sample::{Breakers, Dry, Penalties, SamplingParams};
+use trit::sample::{Breakers, Dry, Penalties, SamplingParams, Truncation};
 use trit::tokenizer::Tokenizer;
 
 /// Where the model comes from: `--model`, then `TRIT_MODEL`, then the repository's default.
@@ -208,6 +208,19 @@ pub struct SamplingArgs {
     /// "none" for no breakers).
     #[arg(long = "dry-sequence-breaker", value_name = "STRING")]
     pub dry_sequence_breakers: Vec<String>,
+    /// Top-n-σ: drop tokens more than N standard deviations of the logits below the best
+    /// (llama.cpp's --top-nsigma; off at ≤ 0).
+    #[arg(long = "top-nsigma", default_value_t = -1.0, allow_negative_numbers = true)]
+    pub top_n_sigma: f32,
+    /// Locally typical sampling (llama.cpp's --typical; 1 = off).
+    #[arg(long = "typical", default_value_t = 1.0, value_name = "P")]
+    pub typical_p: f32,
+    /// XTC: the chance per step of excluding the top choices (llama.cpp's; 0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub xtc_probability: f32,
+    /// XTC: tokens at least this likely count as top choices (above 0.5 XTC never acts).
+    #[arg(long, default_value_t = 0.1)]
+    pub xtc_threshold: f32,
 }
 
 fn parse_max_tokens(s: &str) -> std::result::Result<i64, String> {
@@ -259,6 +272,10 @@ impl SamplingArgs {
             dry_allowed_length: 2,
             dry_penalty_last_n: -1,
             dry_sequence_breakers: Vec::new(),
+            top_n_sigma: -1.0,
+            typical_p: 1.0,
+            xtc_probability: 0.0,
+            xtc_threshold: 0.1,
             stop: Vec::new(),
         };
         none.params(loaded)
@@ -286,6 +303,12 @@ impl SamplingArgs {
             seed: self.seed,
             logit_bias: self.logit_bias.clone(),
             dry: self.dry(loaded)?,
+            truncation: Truncation {
+                top_n_sigma: self.top_n_sigma,
+                typical_p: self.typical_p,
+                xtc_probability: self.xtc_probability,
+                xtc_threshold: self.xtc_threshold,
+            },
         })
     }
 

@@ -11,6 +11,7 @@ pub mod processors;
 pub mod rng;
 pub mod sampler;
 pub mod token_table;
+pub mod truncation;
 
 pub use candidates::{RowLogits, TopLogits, TOP_CANDIDATES};
 pub use constraint::{constraint_for, Constrain, ConstrainedOutput, OutputConstraint, OutputRule};
@@ -21,3 +22,4 @@ pub use lazy::LazyRule;
 pub use processors::Penalties;
 pub use sampler::{Sampler, SamplingParams};
 pub use token_table::TokenTable;
+pub use truncation::Truncation;

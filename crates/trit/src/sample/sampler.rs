@@ -1,11 +1,12 @@
-//! Token selection. Order follows llama.cpp's default chain: logit bias → penalties → DRY → top-k →
-//! top-p → min-p (both on untempered probabilities) → temperature → draw. Temperature 0 is
-//! greedy.
+//! Token selection. Order follows llama.cpp's default chain: logit bias → penalties → DRY →
+//! top-n-σ → top-k → typical → top-p → min-p (on untempered probabilities) → XTC → temperature
+//! → draw. Temperature 0 is greedy (over what the truncation samplers keep, when any is on).
 
 use super::candidates::{top_k_indices, TopLogits};
 use super::dry::Dry;
 use super::processors::Penalties;
 use super::rng::Rng;
+use super::truncation::{top_n_sigma, typical, xtc, Truncation};
 use crate::{Error, Result};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -23,6 +24,8 @@ pub struct SamplingParams {
     pub logit_bias: Vec<(u32, f32)>,
     /// llama.cpp's DRY repetition penalty, after the other penalties (`None`: off).
     pub dry: Option<Dry>,
+    /// Top-n-σ, locally typical sampling and XTC (all off by default).
+    pub truncation: Truncation,
 }
 
 impl Default for SamplingParams {
@@ -36,6 +39,7 @@ impl Default for SamplingParams {
             seed: 0,
             logit_bias: Vec::new(),
             dry: None,
+            truncation: Truncation::default(),
         }
     }
 }
@@ -69,6 +73,7 @@ impl SamplingParams {
         {
             return bad("a logit bias must be a number or −∞");
         }
+        self.truncation.validate()?;
         if let Some(d) = &self.dry {
             if !(d.multiplier >= 0.0 && d.multiplier.is_finite()) {
                 return bad("dry_multiplier must be a finite number ≥ 0");
@@ -87,7 +92,8 @@ impl SamplingParams {
     pub fn exact_on_top(&self, k: usize) -> bool {
         let no_penalties = (self.penalties.is_neutral() || self.penalties.last_n == 0)
             && self.logit_bias.is_empty()
-            && !self.dry.as_ref().is_some_and(Dry::is_active);
+            && !self.dry.as_ref().is_some_and(Dry::is_active)
+            && self.truncation.is_neutral();
         let within = self.temperature <= 0.0 || (self.top_k >= 1 && self.top_k <= k);
         no_penalties && k >= 1 && within
     }
@@ -142,8 +148,23 @@ impl Sampler {
         if let Some(d) = &p.dry {
             d.apply(logits, history);
         }
-        if p.temperature <= 0.0 {
+        if p.temperature <= 0.0 && p.truncation.is_neutral() {
             return argmax(logits);
+        }
+        let cand = self.kept(logits);
+        if cand.is_empty() {
+            return 0;
+        }
+        self.draw(cand)
+    }
+
+    /// The candidates a draw chooses among once the truncation samplers have run on `logits`
+    /// (after bias and penalties): top-n-σ, top-k, typical, top-p, min-p and XTC, in
+    /// llama.cpp's order; sorted best first.
+    pub fn kept(&mut self, logits: &mut [f32]) -> Vec<(u32, f32)> {
+        let p = &self.params;
+        if p.truncation.top_n_sigma > 0.0 {
+            top_n_sigma(logits, p.truncation.top_n_sigma);
         }
         // Candidates sorted by logit, descending (ties: lower id first, the order the GPU's
         // candidate kernel uses too); a top-k takes one pass over the row, no top-k sorts it.
@@ -160,12 +181,10 @@ impl Sampler {
             top_k_indices(logits, p.top_k, true)
                 .into_iter()
                 .map(|i| (i, logits[i as usize]))
+                .filter(|c| c.1.is_finite())
                 .collect()
         };
-        if cand.is_empty() {
-            return 0;
-        }
-        self.draw(cand)
+        self.truncate(cand)
     }
 
     /// Picks the next token from a row's best candidates alone (see [`TopLogits`]): the same
@@ -190,12 +209,17 @@ impl Sampler {
         if cand.is_empty() {
             return 0;
         }
+        let cand = self.truncate(cand);
         self.draw(cand)
     }
 
-    /// top-p, min-p, temperature and the draw over `cand` (sorted best first, top-k applied).
-    fn draw(&mut self, mut cand: Vec<(u32, f32)>) -> u32 {
+    /// Typical, top-p, min-p and XTC over `cand` (sorted best first, top-k applied).
+    fn truncate(&mut self, mut cand: Vec<(u32, f32)>) -> Vec<(u32, f32)> {
+        if cand.is_empty() {
+            return cand;
+        }
         let p = &self.params;
+        typical(&mut cand, p.truncation.typical_p);
         let probs = softmax(cand.iter().map(|c| c.1), 1.0);
         let mut keep = cand.len();
         if p.top_p < 1.0 {
@@ -213,7 +237,26 @@ impl Sampler {
             keep = keep.min(probs.iter().take_while(|&&pr| pr >= floor).count().max(1));
         }
         cand.truncate(keep.max(1));
+        let t = &p.truncation;
+        if t.xtc_active() && cand.len() >= 2 {
+            let threshold = t.xtc_threshold;
+            if self.rng.next_f64() <= t.xtc_probability as f64 {
+                xtc(&mut cand, threshold);
+            }
+        }
+        cand
+    }
 
+    /// Temperature and the draw over `cand` (sorted best first, truncated); at temperature
+    /// 0 the best of them.
+    fn draw(&mut self, cand: Vec<(u32, f32)>) -> u32 {
+        let p = &self.params;
+        if cand.is_empty() {
+            return 0;
+        }
+        if p.temperature <= 0.0 {
+            return cand[0].0;
+        }
         let probs = softmax(cand.iter().map(|c| c.1), p.temperature);
         let r = self.rng.next_f64();
         let mut cum = 0.0;
@@ -265,6 +308,7 @@ mod tests {
             seed: 42,
             logit_bias: Vec::new(),
             dry: None,
+            truncation: Default::default(),
         }
     }
 

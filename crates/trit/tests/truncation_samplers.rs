@@ -1,0 +1,66 @@
+//! Top-n-σ, locally typical sampling and XTC against llama.cpp's samplers
+//! (tests/fixtures/sampling/truncation.json, tools/ref_truncation.py): on seeded logits rows
+//! (flat to peaked), alone and chained with top-k, top-p and min-p in llama.cpp's order, the
+//! same tokens are kept.
+
+mod common;
+
+use serde_json::Value;
+use trit::sample::{Penalties, Sampler, SamplingParams, Truncation};
+
+#[test]
+fn the_same_tokens_are_kept_as_by_llama_cpp() {
+    let fixture: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            common::repo_root().join("tests/fixtures/sampling/truncation.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let rows: Vec<Vec<f32>> = fixture["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            r.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect()
+        })
+        .collect();
+    let mut checked = 0;
+    for case in fixture["cases"].as_array().unwrap() {
+        let c = &case["chain"];
+        let get = |k: &str, off: f64| c.get(k).and_then(Value::as_f64).unwrap_or(off) as f32;
+        let params = SamplingParams {
+            temperature: 1.0,
+            top_k: c.get("top_k").and_then(Value::as_u64).unwrap_or(0) as usize,
+            top_p: get("top_p", 1.0),
+            min_p: get("min_p", 0.0),
+            penalties: Penalties::default(),
+            seed: 3,
+            logit_bias: Vec::new(),
+            dry: None,
+            truncation: Truncation {
+                top_n_sigma: get("top_n_sigma", -1.0),
+                typical_p: get("typical_p", 1.0),
+                xtc_probability: get("xtc_probability", 0.0),
+                xtc_threshold: get("xtc_threshold", 0.1),
+            },
+        };
+        let mut sampler = Sampler::new(params).unwrap();
+        let mut row = rows[case["row"].as_u64().unwrap() as usize].clone();
+        let mut kept: Vec<u32> = sampler.kept(&mut row).iter().map(|c| c.0).collect();
+        kept.sort_unstable();
+        let want: Vec<u32> = case["kept"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(kept, want, "{c} on row {}", case["row"]);
+        checked += 1;
+    }
+    assert_eq!(checked, 32);
+}
