@@ -1,7 +1,8 @@
 """Writes tests/fixtures/sampling/truncation.json: the tokens llama.cpp's sampler chain keeps
 (llama-cpp-python 0.3.36's `llama_sampler_*` bindings) from logits rows, for its top-n-sigma,
 locally typical and XTC samplers alone and in llama.cpp's default order with top-k, top-p and
-min-p (XTC at probability 1, so that it always acts). No model is needed: the rows are seeded
+min-p (XTC at probability 1, so that it always acts); and the probabilities its dynamic
+temperature (`temp_ext`) gives the tokens top-k (and top-p) keep. No model is needed: the rows are seeded
 random logits of 2,000 tokens, scaled to give peaked and flat distributions.
 
 Needs tools/setup_peers.sh (.cache/venv with llama-cpp-python 0.3.36).
@@ -53,6 +54,27 @@ def kept(row, c):
     return ids
 
 
+DYNATEMP = [
+    {"top_k": 50, "temp": 0.8, "range": 0.5, "exponent": 1.0},
+    {"top_k": 200, "top_p": 0.9, "temp": 1.0, "range": 0.7, "exponent": 2.0},
+]
+
+
+def dynatemp_probs(row, c):
+    """The probabilities llama.cpp's temp_ext leaves on the tokens top-k (and top-p) keep."""
+    chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+    L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(c["top_k"]))
+    if "top_p" in c:
+        L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_p(c["top_p"], 0))
+    L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp_ext(c["temp"], c["range"], c["exponent"]))
+    data = (L.llama_token_data * N)(*[L.llama_token_data(i, float(row[i]), 0.0) for i in range(N)])
+    cur = L.llama_token_data_array(data, N, -1, False)
+    L.llama_sampler_apply(chain, ctypes.byref(cur))
+    probs = {str(int(cur.data[i].id)): float(cur.data[i].p) for i in range(cur.size)}
+    L.llama_sampler_free(chain)
+    return probs
+
+
 def main():
     rng = np.random.default_rng(7)
     rows = []
@@ -64,7 +86,9 @@ def main():
         for c in CHAINS:
             ids = kept(row, c)
             cases.append({"row": r, "chain": c, "kept": ids})
-    out = {"generated_by": "tools/ref_truncation.py", "llama_cpp_build": "0c1e570 (llama-cpp-python 0.3.36)",
+    dyn = [{"row": r, "chain": c, "probs": dynatemp_probs(row, c)}
+           for r, row in enumerate(rows) for c in DYNATEMP]
+    out = {"generated_by": "tools/ref_truncation.py", "dynatemp": dyn, "llama_cpp_build": "0c1e570 (llama-cpp-python 0.3.36)",
            "rows": [[round(float(x), 4) for x in row] for row in rows], "cases": cases}
     dst = ROOT / "tests" / "fixtures" / "sampling" / "truncation.json"
     dst.write_text(json.dumps(out, separators=(",", ":")) + "\n")

@@ -10,8 +10,8 @@ use serde_json::Value;
 use std::sync::Arc;
 use trit::engine::GenerateOptions;
 use trit::sample::{
-    Breakers, ConstrainedOutput, Dry, Grammar, JsonSchema, OutputRule, Penalties, SamplingParams,
-    Truncation,
+    Breakers, ConstrainedOutput, Dry, DynamicTemperature, Grammar, JsonSchema, OutputRule,
+    Penalties, SamplingParams, Truncation,
 };
 
 /// Decodes a JSON body into `T`; a broken body or a wrong type is a 400 naming the field.
@@ -90,7 +90,9 @@ pub struct Common {
     pub xtc_probability: Option<f32>,
     pub xtc_threshold: Option<f32>,
     pub top_n_sigma: Option<f32>,
-    pub dynatemp_range: Option<f64>,
+    /// llama.cpp's dynamic temperature: `temperature ± range` by the candidates' entropy.
+    pub dynatemp_range: Option<f32>,
+    pub dynatemp_exponent: Option<f32>,
 }
 
 /// Choices one request may ask for (OpenAI's `n`).
@@ -283,16 +285,12 @@ impl Common {
         let active = [
             ("tfs_z", self.tfs_z.is_some_and(|v| v != 1.0)),
             ("mirostat", self.mirostat.is_some_and(|v| v != 0)),
-            (
-                "dynatemp_range",
-                self.dynatemp_range.is_some_and(|v| v != 0.0),
-            ),
         ];
         match active.iter().find(|a| a.1) {
             Some((name, _)) => Err(ApiError::invalid(format!(
                 "{name} is not supported by this server (only its neutral value is accepted); \
-                 it has temperature, top_k, top_p, min_p, typical_p, top_n_sigma, XTC, the \
-                 penalties, DRY and logit_bias"
+                 it has temperature (and dynatemp), top_k, top_p, min_p, typical_p, \
+                 top_n_sigma, XTC, the penalties, DRY and logit_bias"
             ))),
             None => Ok(()),
         }
@@ -384,6 +382,18 @@ impl Common {
             },
             logit_bias: self.logit_bias(vocab)?,
             dry: None,
+            dynatemp: match self.dynatemp_range {
+                Some(r) if r.is_nan() || r < 0.0 => {
+                    return Err(ApiError::invalid(format!(
+                        "dynatemp_range must be ≥ 0, got {r}"
+                    )))
+                }
+                Some(range) if range > 0.0 => Some(DynamicTemperature {
+                    range,
+                    exponent: self.dynatemp_exponent.unwrap_or(1.0),
+                }),
+                _ => None,
+            },
             truncation: Truncation {
                 top_n_sigma: self.top_n_sigma.unwrap_or(-1.0),
                 typical_p: self.typical_p.unwrap_or(1.0),

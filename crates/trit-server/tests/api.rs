@@ -573,6 +573,7 @@ fn ignore_eos_and_n_predict_and_refused_samplers() {
         json!({"typical_p": 0.9, "temperature": 0.8, "seed": 1}),
         json!({"top_n_sigma": 1.5, "temperature": 0.8, "seed": 1}),
         json!({"xtc_probability": 0.5, "xtc_threshold": 0.1, "temperature": 0.8, "seed": 1}),
+        json!({"dynatemp_range": 0.5, "dynatemp_exponent": 1.5, "temperature": 0.8}),
     ] {
         assert!(chat(body(extra))["choices"][0]["finish_reason"].is_string());
     }
@@ -584,6 +585,7 @@ fn ignore_eos_and_n_predict_and_refused_samplers() {
         (json!({"mirostat": 2}), "mirostat"),
         (json!({"typical_p": 0.0}), "typical_p"),
         (json!({"tfs_z": 0.5}), "tfs_z"),
+        (json!({"dynatemp_range": -1.0}), "dynatemp_range"),
         (json!({"dry_multiplier": 0.8, "dry_base": 0.5}), "dry_base"),
         (
             json!({"dry_multiplier": 0.8, "dry_penalty_last_n": -2}),

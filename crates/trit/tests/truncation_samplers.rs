@@ -6,7 +6,7 @@
 mod common;
 
 use serde_json::Value;
-use trit::sample::{Penalties, Sampler, SamplingParams, Truncation};
+use trit::sample::{DynamicTemperature, Penalties, Sampler, SamplingParams, Truncation};
 
 #[test]
 fn the_same_tokens_are_kept_as_by_llama_cpp() {
@@ -42,6 +42,7 @@ fn the_same_tokens_are_kept_as_by_llama_cpp() {
             seed: 3,
             logit_bias: Vec::new(),
             dry: None,
+            dynatemp: None,
             truncation: Truncation {
                 top_n_sigma: get("top_n_sigma", -1.0),
                 typical_p: get("typical_p", 1.0),
@@ -63,4 +64,37 @@ fn the_same_tokens_are_kept_as_by_llama_cpp() {
         checked += 1;
     }
     assert_eq!(checked, 32);
+
+    // Dynamic temperature: the probabilities of the kept tokens.
+    let mut compared = 0;
+    for case in fixture["dynatemp"].as_array().unwrap() {
+        let want = case["probs"].as_object().unwrap();
+        if want.len() < 2 {
+            continue; // llama.cpp leaves a lone candidate's stale probability
+        }
+        let c = &case["chain"];
+        let f = |k: &str| c[k].as_f64().unwrap() as f32;
+        let params = SamplingParams {
+            temperature: f("temp"),
+            top_k: c["top_k"].as_u64().unwrap() as usize,
+            top_p: c.get("top_p").and_then(Value::as_f64).unwrap_or(1.0) as f32,
+            min_p: 0.0,
+            dynatemp: Some(DynamicTemperature {
+                range: f("range"),
+                exponent: f("exponent"),
+            }),
+            ..SamplingParams::default()
+        };
+        let mut sampler = Sampler::new(params).unwrap();
+        let mut row = rows[case["row"].as_u64().unwrap() as usize].clone();
+        let kept = sampler.kept(&mut row);
+        let probs = sampler.distribution(&kept);
+        assert_eq!(kept.len(), want.len(), "{c}");
+        for ((id, _), p) in kept.iter().zip(probs) {
+            let w = want[&id.to_string()].as_f64().unwrap();
+            assert!((p - w).abs() < 1e-5, "{c}: token {id} {p} vs {w}");
+        }
+        compared += 1;
+    }
+    assert!(compared >= 5, "{compared}");
 }

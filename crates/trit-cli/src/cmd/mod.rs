@@ -19,7 +19,7 @@ use trit::chat::ChatTemplate;
 use trit::format::ModelFiles;
 use trit::model::{KvType, KvTypes, Model};
 use trit::sample::dry::DEFAULT_BREAKERS;
-use trit::sample::{Breakers, Dry, Penalties, SamplingParams, Truncation};
+use trit::sample::{Breakers, Dry, DynamicTemperature, Penalties, SamplingParams, Truncation};
 use trit::tokenizer::Tokenizer;
 
 /// Where the model comes from: `--model`, then `TRIT_MODEL`, then the repository's default.
@@ -221,6 +221,13 @@ pub struct SamplingArgs {
     /// XTC: tokens at least this likely count as top choices (above 0.5 XTC never acts).
     #[arg(long, default_value_t = 0.1)]
     pub xtc_threshold: f32,
+    /// Dynamic temperature: each step's temperature moves within --temp ± RANGE with the
+    /// candidates' entropy (llama.cpp's; 0 = off).
+    #[arg(long, default_value_t = 0.0, value_name = "RANGE")]
+    pub dynatemp_range: f32,
+    /// The exponent of that mapping.
+    #[arg(long = "dynatemp-exp", default_value_t = 1.0)]
+    pub dynatemp_exponent: f32,
 }
 
 fn parse_max_tokens(s: &str) -> std::result::Result<i64, String> {
@@ -276,6 +283,8 @@ impl SamplingArgs {
             typical_p: 1.0,
             xtc_probability: 0.0,
             xtc_threshold: 0.1,
+            dynatemp_range: 0.0,
+            dynatemp_exponent: 1.0,
             stop: Vec::new(),
         };
         none.params(loaded)
@@ -303,6 +312,10 @@ impl SamplingArgs {
             seed: self.seed,
             logit_bias: self.logit_bias.clone(),
             dry: self.dry(loaded)?,
+            dynatemp: (self.dynatemp_range > 0.0).then_some(DynamicTemperature {
+                range: self.dynatemp_range,
+                exponent: self.dynatemp_exponent,
+            }),
             truncation: Truncation {
                 top_n_sigma: self.top_n_sigma,
                 typical_p: self.typical_p,

@@ -4,6 +4,7 @@
 pub mod candidates;
 pub mod constraint;
 pub mod dry;
+pub mod dynatemp;
 pub mod grammar;
 pub mod json;
 pub mod lazy;
@@ -16,6 +17,7 @@ pub mod truncation;
 pub use candidates::{RowLogits, TopLogits, TOP_CANDIDATES};
 pub use constraint::{constraint_for, Constrain, ConstrainedOutput, OutputConstraint, OutputRule};
 pub use dry::{Breakers, Dry};
+pub use dynatemp::DynamicTemperature;
 pub use grammar::Grammar;
 pub use json::JsonSchema;
 pub use lazy::LazyRule;

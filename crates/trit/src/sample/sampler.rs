@@ -4,6 +4,7 @@
 
 use super::candidates::{top_k_indices, TopLogits};
 use super::dry::Dry;
+use super::dynatemp::DynamicTemperature;
 use super::processors::Penalties;
 use super::rng::Rng;
 use super::truncation::{top_n_sigma, typical, xtc, Truncation};
@@ -26,6 +27,8 @@ pub struct SamplingParams {
     pub dry: Option<Dry>,
     /// Top-n-σ, locally typical sampling and XTC (all off by default).
     pub truncation: Truncation,
+    /// llama.cpp's dynamic temperature (`None`: the fixed one).
+    pub dynatemp: Option<DynamicTemperature>,
 }
 
 impl Default for SamplingParams {
@@ -40,6 +43,7 @@ impl Default for SamplingParams {
             logit_bias: Vec::new(),
             dry: None,
             truncation: Truncation::default(),
+            dynatemp: None,
         }
     }
 }
@@ -94,7 +98,8 @@ impl SamplingParams {
             && self.logit_bias.is_empty()
             && !self.dry.as_ref().is_some_and(Dry::is_active)
             && self.truncation.is_neutral();
-        let within = self.temperature <= 0.0 || (self.top_k >= 1 && self.top_k <= k);
+        let within = self.temperature <= 0.0
+            || (self.top_k >= 1 && self.top_k <= k && self.dynatemp.is_none());
         no_penalties && k >= 1 && within
     }
 }
@@ -257,7 +262,7 @@ impl Sampler {
         if p.temperature <= 0.0 {
             return cand[0].0;
         }
-        let probs = softmax(cand.iter().map(|c| c.1), p.temperature);
+        let probs = self.distribution(&cand);
         let r = self.rng.next_f64();
         let mut cum = 0.0;
         for (c, pr) in cand.iter().zip(&probs) {
@@ -267,6 +272,26 @@ impl Sampler {
             }
         }
         cand.last().map(|c| c.0).unwrap_or(0)
+    }
+}
+
+impl Sampler {
+    /// The probabilities the draw uses over `cand` (the kept candidates, best first): the
+    /// softmax at the step's temperature (dynamic when asked; at 0, all on the best).
+    pub fn distribution(&self, cand: &[(u32, f32)]) -> Vec<f64> {
+        let p = &self.params;
+        let t = match &p.dynatemp {
+            Some(d) => d.temperature(p.temperature, &cand.iter().map(|c| c.1).collect::<Vec<_>>()),
+            None => p.temperature,
+        };
+        if t <= 0.0 {
+            let mut one = vec![0.0; cand.len()];
+            if let Some(first) = one.first_mut() {
+                *first = 1.0;
+            }
+            return one;
+        }
+        softmax(cand.iter().map(|c| c.1), t)
     }
 }
 
@@ -308,6 +333,7 @@ mod tests {
             seed: 42,
             logit_bias: Vec::new(),
             dry: None,
+            dynatemp: None,
             truncation: Default::default(),
         }
     }
