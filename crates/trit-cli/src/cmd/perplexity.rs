@@ -229,6 +229,23 @@ fn kl_divergence(mut a: PerplexityArgs) -> Result<()> {
     Ok(())
 }
 
+/// The quantile rows llama-perplexity prints, largest first.
+const QUANTILES: [(&str, f64); 13] = [
+    ("Maximum", 1.0),
+    ("99.9%  ", 0.999),
+    ("99.0%  ", 0.99),
+    ("95.0%  ", 0.95),
+    ("90.0%  ", 0.9),
+    ("75.0%  ", 0.75),
+    ("Median ", 0.5),
+    ("25.0%  ", 0.25),
+    ("10.0%  ", 0.1),
+    (" 5.0%  ", 0.05),
+    (" 1.0%  ", 0.01),
+    (" 0.1%  ", 0.001),
+    ("Minimum", 0.0),
+];
+
 fn print_statistics(k: &KlDivergence) {
     let pm = |e: Estimate| format!("{:10.6} ± {:10.6}", e.value, e.err);
     println!("====== Perplexity statistics ======");
@@ -244,21 +261,11 @@ fn print_statistics(k: &KlDivergence) {
     println!();
     println!("====== KL divergence statistics ======");
     println!("Mean    KLD: {}", pm(k.kld()));
-    let kld_rows = [
-        ("Maximum", 1.0),
-        ("99.9%  ", 0.999),
-        ("99.0%  ", 0.99),
-        ("95.0%  ", 0.95),
-        ("90.0%  ", 0.9),
-        ("Median ", 0.5),
-        ("10.0%  ", 0.1),
-        (" 5.0%  ", 0.05),
-        (" 1.0%  ", 0.01),
-        (" 0.1%  ", 0.001),
-        ("Minimum", 0.0),
-    ];
-    let values = k.kld_quantiles(&kld_rows.map(|r| r.1));
-    for ((label, _), v) in kld_rows.iter().zip(values) {
+    // llama-perplexity's rows; the KL divergence leaves out the quartiles.
+    let quartile = |f: f64| f == 0.75 || f == 0.25;
+    let kld_rows: Vec<(&str, f64)> = QUANTILES.into_iter().filter(|r| !quartile(r.1)).collect();
+    let fractions: Vec<f64> = kld_rows.iter().map(|r| r.1).collect();
+    for ((label, _), v) in kld_rows.iter().zip(k.kld_quantiles(&fractions)) {
         println!("{label} KLD: {v:10.6}");
     }
     println!();
@@ -269,23 +276,8 @@ fn print_statistics(k: &KlDivergence) {
         100.0 * p.value,
         100.0 * p.err
     );
-    let p_rows = [
-        ("Maximum", 1.0),
-        ("99.9%  ", 0.999),
-        ("99.0%  ", 0.99),
-        ("95.0%  ", 0.95),
-        ("90.0%  ", 0.9),
-        ("75.0%  ", 0.75),
-        ("Median ", 0.5),
-        ("25.0%  ", 0.25),
-        ("10.0%  ", 0.1),
-        (" 5.0%  ", 0.05),
-        (" 1.0%  ", 0.01),
-        (" 0.1%  ", 0.001),
-        ("Minimum", 0.0),
-    ];
-    let values = k.p_diff_quantiles(&p_rows.map(|r| r.1));
-    for ((label, _), v) in p_rows.iter().zip(values) {
+    let fractions = QUANTILES.map(|r| r.1);
+    for ((label, _), v) in QUANTILES.iter().zip(k.p_diff_quantiles(&fractions)) {
         println!("{label} Δp: {:6.3}%", 100.0 * v);
     }
     let rms = k.p_diff_rms();
