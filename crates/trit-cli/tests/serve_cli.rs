@@ -213,3 +213,27 @@ fn a_draft_model_serves_the_same_reply() {
     );
     drop(drafting);
 }
+
+/// Sampler flags on `trit serve` are the defaults of requests that leave a field unset, as
+/// llama-server's: `--temp 0 --dry-multiplier 0.8` makes a request without sampling fields a
+/// greedy one under DRY (it leaves the loop its prompt sets up); a request's own fields win.
+#[test]
+fn sampler_flags_are_the_defaults_of_requests() {
+    let (server, addr) = start(&["--temp", "0", "--dry-multiplier", "0.8"]);
+    let prompt = "the cat sat on the mat and the cat sat on the mat and the cat sat on the";
+    let text = |extra: &str| {
+        let body = format!(r#"{{"prompt": "{prompt}", "max_tokens": 6{extra}}}"#);
+        let reply = request(&addr, "POST /v1/completions", &body);
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+        let body = reply.split("\r\n\r\n").nth(1).unwrap();
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let by_default = text("");
+    assert!(!by_default.starts_with(" mat"), "{by_default:?}");
+    assert_eq!(text(""), by_default, "greedy by default");
+    let off = text(r#", "dry_multiplier": 0"#);
+    assert!(off.starts_with(" mat"), "{off:?}");
+    drop(server);
+    common::assert_refused(&["serve", "--typical", "0"], "typical_p");
+}

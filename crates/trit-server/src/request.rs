@@ -299,39 +299,48 @@ impl Common {
     /// llama.cpp's DRY fields (its defaults: base 1.75, allowed length 2, the whole context,
     /// breakers newline, `:`, `"` and `*`); `None` while the multiplier is 0.
     fn dry(&self, state: &AppState) -> Result<Option<Dry>, ApiError> {
-        let multiplier = self.dry_multiplier.unwrap_or(0.0);
+        // The server's own DRY (`trit serve --dry-multiplier …`) where the request says nothing.
+        let server = state.config.defaults.dry.as_ref();
+        let multiplier = match (self.dry_multiplier, server) {
+            (Some(m), _) => m,
+            (None, Some(d)) => d.multiplier,
+            (None, None) => 0.0,
+        };
         if multiplier == 0.0 {
             return Ok(None);
         }
-        let allowed_length = match self.dry_allowed_length.unwrap_or(2) {
-            n if n >= 0 => n as usize,
-            n => {
+        let allowed_length = match self.dry_allowed_length {
+            None => server.map_or(2, |d| d.allowed_length),
+            Some(n) if n >= 0 => n as usize,
+            Some(n) => {
                 return Err(ApiError::invalid(format!(
                     "dry_allowed_length must be ≥ 0, got {n}"
                 )))
             }
         };
-        let last_n = match self.dry_penalty_last_n.unwrap_or(-1) {
-            -1 => state.config.n_ctx,
-            n if n >= 0 => n as usize,
-            n => {
+        let last_n = match self.dry_penalty_last_n {
+            None => server.map_or(state.config.n_ctx, |d| d.last_n),
+            Some(-1) => state.config.n_ctx,
+            Some(n) if n >= 0 => n as usize,
+            Some(n) => {
                 return Err(ApiError::invalid(format!(
                     "dry_penalty_last_n must be -1 (the context) or ≥ 0, got {n}"
                 )))
             }
         };
-        let breakers = match &self.dry_sequence_breakers {
-            None => state.default_dry_breakers(),
-            Some(list) if list.len() > 64 => {
+        let breakers = match (&self.dry_sequence_breakers, server) {
+            (None, Some(d)) => d.breakers.clone(),
+            (None, None) => state.default_dry_breakers(),
+            (Some(list), _) if list.len() > 64 => {
                 return Err(ApiError::invalid(
                     "dry_sequence_breakers: at most 64 strings",
                 ))
             }
-            Some(list) => Arc::new(Breakers::new(&state.tokenizer, list)),
+            (Some(list), _) => Arc::new(Breakers::new(&state.tokenizer, list)),
         };
         Ok(Some(Dry {
             multiplier,
-            base: self.dry_base.unwrap_or(1.75),
+            base: self.dry_base.or(server.map(|d| d.base)).unwrap_or(1.75),
             allowed_length,
             last_n,
             breakers,
@@ -390,15 +399,22 @@ impl Common {
                 }
                 Some(range) if range > 0.0 => Some(DynamicTemperature {
                     range,
-                    exponent: self.dynatemp_exponent.unwrap_or(1.0),
+                    exponent: self
+                        .dynatemp_exponent
+                        .or(d.dynatemp.as_ref().map(|t| t.exponent))
+                        .unwrap_or(1.0),
                 }),
-                _ => None,
+                Some(_) => None,
+                None => d.dynatemp.clone().map(|t| DynamicTemperature {
+                    exponent: self.dynatemp_exponent.unwrap_or(t.exponent),
+                    ..t
+                }),
             },
             truncation: Truncation {
-                top_n_sigma: self.top_n_sigma.unwrap_or(-1.0),
-                typical_p: self.typical_p.unwrap_or(1.0),
-                xtc_probability: self.xtc_probability.unwrap_or(0.0),
-                xtc_threshold: self.xtc_threshold.unwrap_or(0.1),
+                top_n_sigma: self.top_n_sigma.unwrap_or(d.truncation.top_n_sigma),
+                typical_p: self.typical_p.unwrap_or(d.truncation.typical_p),
+                xtc_probability: self.xtc_probability.unwrap_or(d.truncation.xtc_probability),
+                xtc_threshold: self.xtc_threshold.unwrap_or(d.truncation.xtc_threshold),
             },
         };
         p.validate().map_err(|e| ApiError::bad_value(&e))?;

@@ -9,7 +9,10 @@ pub mod info;
 pub mod perplexity;
 pub mod pull;
 pub mod run;
+mod sampling;
 pub mod serve;
+
+pub use sampling::{SamplerArgs, SamplingArgs};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -18,8 +21,6 @@ use std::sync::Arc;
 use trit::chat::ChatTemplate;
 use trit::format::ModelFiles;
 use trit::model::{KvType, KvTypes, Model};
-use trit::sample::dry::DEFAULT_BREAKERS;
-use trit::sample::{Breakers, Dry, DynamicTemperature, Penalties, SamplingParams, Truncation};
 use trit::tokenizer::Tokenizer;
 
 /// Where the model comes from: `--model`, then `TRIT_MODEL`, then the repository's default.
@@ -158,195 +159,6 @@ fn cuda_model(_files: &ModelFiles, _n_ctx: usize) -> Result<Model> {
          `cargo build --release -p trit-cli --features cuda` (no CUDA toolkit needed to build; \
          running needs an NVIDIA GPU and its driver)"
     )
-}
-
-#[derive(Args, Clone, Debug)]
-pub struct SamplingArgs {
-    /// Maximum tokens to generate; -1: until the context is full (with `run
-    /// --context-shift`: no limit). llama.cpp's -n.
-    #[arg(short = 'n', long, default_value_t = 256, allow_negative_numbers = true,
-          value_parser = parse_max_tokens)]
-    pub max_tokens: i64,
-    /// Temperature (0 = greedy). Default: the model's recommendation.
-    #[arg(long)]
-    pub temp: Option<f32>,
-    #[arg(long)]
-    pub top_k: Option<usize>,
-    #[arg(long)]
-    pub top_p: Option<f32>,
-    #[arg(long)]
-    pub min_p: Option<f32>,
-    /// Repetition penalty (1.0 = off).
-    #[arg(long)]
-    pub repeat_penalty: Option<f32>,
-    #[arg(long, default_value_t = 0.0)]
-    pub presence_penalty: f32,
-    #[arg(long, default_value_t = 0.0)]
-    pub frequency_penalty: f32,
-    /// Random seed (same seed, same output).
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Stop before this string (repeatable).
-    #[arg(long)]
-    pub stop: Vec<String>,
-    /// Bias a token's logit, llama.cpp style: TOKEN_ID(+|-)BIAS, e.g. 15043+1 or 15043-inf
-    /// (bans it); repeatable.
-    #[arg(short = 'l', long, value_parser = parse_logit_bias, value_name = "ID(+|-)BIAS")]
-    pub logit_bias: Vec<(u32, f32)>,
-    /// DRY repetition penalty (llama.cpp's): a token that would extend a repeat of at least
-    /// --dry-allowed-length tokens loses MULT · base^(length − allowed) of its logit; 0 = off.
-    #[arg(long, default_value_t = 0.0, value_name = "MULT")]
-    pub dry_multiplier: f32,
-    #[arg(long, default_value_t = 1.75)]
-    pub dry_base: f32,
-    #[arg(long, default_value_t = 2)]
-    pub dry_allowed_length: usize,
-    /// Recent tokens searched for repeats (-1: the whole context, 0: off).
-    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
-    pub dry_penalty_last_n: i64,
-    /// A DRY sequence breaker (repeatable; replaces the defaults newline, `:`, `"`, `*`;
-    /// "none" for no breakers).
-    #[arg(long = "dry-sequence-breaker", value_name = "STRING")]
-    pub dry_sequence_breakers: Vec<String>,
-    /// Top-n-σ: drop tokens more than N standard deviations of the logits below the best
-    /// (llama.cpp's --top-nsigma; off at ≤ 0).
-    #[arg(long = "top-nsigma", default_value_t = -1.0, allow_negative_numbers = true)]
-    pub top_n_sigma: f32,
-    /// Locally typical sampling (llama.cpp's --typical; 1 = off).
-    #[arg(long = "typical", default_value_t = 1.0, value_name = "P")]
-    pub typical_p: f32,
-    /// XTC: the chance per step of excluding the top choices (llama.cpp's; 0 = off).
-    #[arg(long, default_value_t = 0.0)]
-    pub xtc_probability: f32,
-    /// XTC: tokens at least this likely count as top choices (above 0.5 XTC never acts).
-    #[arg(long, default_value_t = 0.1)]
-    pub xtc_threshold: f32,
-    /// Dynamic temperature: each step's temperature moves within --temp ± RANGE with the
-    /// candidates' entropy (llama.cpp's; 0 = off).
-    #[arg(long, default_value_t = 0.0, value_name = "RANGE")]
-    pub dynatemp_range: f32,
-    /// The exponent of that mapping.
-    #[arg(long = "dynatemp-exp", default_value_t = 1.0)]
-    pub dynatemp_exponent: f32,
-}
-
-fn parse_max_tokens(s: &str) -> std::result::Result<i64, String> {
-    match s.parse::<i64>() {
-        Ok(n) if n >= -1 => Ok(n),
-        _ => Err(format!("{s:?}: expected a token count, or -1 for no limit")),
-    }
-}
-
-fn parse_logit_bias(s: &str) -> std::result::Result<(u32, f32), String> {
-    let at = s
-        .find(['+', '-'])
-        .ok_or_else(|| format!("{s:?}: expected TOKEN_ID+BIAS or TOKEN_ID-BIAS"))?;
-    let id = s[..at]
-        .parse::<u32>()
-        .map_err(|_| format!("{s:?}: {:?} is not a token id", &s[..at]))?;
-    let bias = match &s[at..] {
-        "-inf" => f32::NEG_INFINITY,
-        b => b
-            .parse::<f32>()
-            .ok()
-            .filter(|b| b.is_finite())
-            .ok_or_else(|| format!("{s:?}: {b:?} is not a finite bias (or -inf)"))?,
-    };
-    Ok((id, bias))
-}
-
-impl SamplingArgs {
-    /// `-n` as a length limit: None for -1 (until the context's end).
-    pub fn token_limit(&self) -> Option<usize> {
-        usize::try_from(self.max_tokens).ok()
-    }
-
-    /// The model's recommended sampling (no command-line overrides).
-    pub fn model_defaults(loaded: &Loaded) -> Result<SamplingParams> {
-        let none = SamplingArgs {
-            max_tokens: 0,
-            temp: None,
-            top_k: None,
-            top_p: None,
-            min_p: None,
-            repeat_penalty: None,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            seed: 0,
-            logit_bias: Vec::new(),
-            dry_multiplier: 0.0,
-            dry_base: 1.75,
-            dry_allowed_length: 2,
-            dry_penalty_last_n: -1,
-            dry_sequence_breakers: Vec::new(),
-            top_n_sigma: -1.0,
-            typical_p: 1.0,
-            xtc_probability: 0.0,
-            xtc_threshold: 0.1,
-            dynatemp_range: 0.0,
-            dynatemp_exponent: 1.0,
-            stop: Vec::new(),
-        };
-        none.params(loaded)
-    }
-
-    /// The sampling parameters: these flags over the model's defaults. A biased token id
-    /// outside the vocabulary is refused (the server answers it with a 400 likewise).
-    pub fn params(&self, loaded: &Loaded) -> Result<SamplingParams> {
-        let vocab = loaded.tokenizer.vocab_size();
-        if let Some((id, _)) = self.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
-            bail!("--logit-bias: {id} is not a token id of this model (0..{vocab})");
-        }
-        let d = &loaded.files.generation;
-        Ok(SamplingParams {
-            temperature: self.temp.or(d.temperature).unwrap_or(0.7),
-            top_k: self.top_k.or(d.top_k).unwrap_or(20),
-            top_p: self.top_p.or(d.top_p).unwrap_or(0.8),
-            min_p: self.min_p.or(d.min_p).unwrap_or(0.0),
-            penalties: Penalties {
-                repetition: self.repeat_penalty.or(d.repetition_penalty).unwrap_or(1.0),
-                presence: self.presence_penalty,
-                frequency: self.frequency_penalty,
-                last_n: 64,
-            },
-            seed: self.seed,
-            logit_bias: self.logit_bias.clone(),
-            dry: self.dry(loaded)?,
-            dynatemp: (self.dynatemp_range > 0.0).then_some(DynamicTemperature {
-                range: self.dynatemp_range,
-                exponent: self.dynatemp_exponent,
-            }),
-            truncation: Truncation {
-                top_n_sigma: self.top_n_sigma,
-                typical_p: self.typical_p,
-                xtc_probability: self.xtc_probability,
-                xtc_threshold: self.xtc_threshold,
-            },
-        })
-    }
-
-    fn dry(&self, loaded: &Loaded) -> Result<Option<Dry>> {
-        if self.dry_multiplier == 0.0 {
-            return Ok(None);
-        }
-        let last_n = match self.dry_penalty_last_n {
-            -1 => loaded.n_ctx,
-            n if n >= 0 => n as usize,
-            n => bail!("--dry-penalty-last-n must be -1 (the context) or ≥ 0, not {n}"),
-        };
-        let strings: Vec<String> = match self.dry_sequence_breakers.as_slice() {
-            [] => DEFAULT_BREAKERS.map(String::from).to_vec(),
-            [none] if none == "none" => Vec::new(),
-            list => list.to_vec(),
-        };
-        Ok(Some(Dry {
-            multiplier: self.dry_multiplier,
-            base: self.dry_base,
-            allowed_length: self.dry_allowed_length,
-            last_n,
-            breakers: Arc::new(Breakers::new(&loaded.tokenizer, &strings)),
-        }))
-    }
 }
 
 pub struct Loaded {

@@ -1,7 +1,7 @@
 //! `trit serve [MODEL]`: the OpenAI-compatible server (crate `trit-server`).
 
 use super::run::DraftArgs;
-use super::{eos_ids, load, ModelArgs, SamplingArgs};
+use super::{eos_ids, load, ModelArgs, SamplerArgs};
 use anyhow::{Context, Result};
 use clap::Args;
 use std::path::PathBuf;
@@ -17,6 +17,10 @@ pub struct ServeArgs {
     /// requests share batched steps instead). CPU, attention-only models.
     #[command(flatten)]
     pub draft: DraftArgs,
+    /// How requests that leave a sampling field unset are sampled (the model's
+    /// recommendation where neither says).
+    #[command(flatten)]
+    pub samplers: SamplerArgs,
     /// Address to listen on; only this machine can connect unless you change it.
     #[arg(long, default_value = "127.0.0.1", env = "TRIT_ARG_HOST")]
     pub host: String,
@@ -127,7 +131,8 @@ pub fn run(mut a: ServeArgs) -> Result<()> {
         }
         None => None,
     };
-    let defaults = SamplingArgs::model_defaults(&loaded)?;
+    // Sampler flags are the defaults of requests that leave a field unset (llama-server's).
+    let defaults = a.samplers.params(&loaded, 0, Vec::new())?;
     let config = ServerConfig {
         model_id: model_id.clone(),
         n_ctx: loaded.n_ctx,
