@@ -151,6 +151,7 @@ impl LogitsWriter {
 /// Reads a file: the header (checked against the file's length) at open, records in order.
 pub struct LogitsReader {
     path: String,
+    rows_read: usize,
     input: BufReader<File>,
     pub header: LogitsHeader,
     bytes: Vec<u8>,
@@ -214,6 +215,7 @@ impl LogitsReader {
         debug_assert_eq!(header.file_len(), len);
         Ok(LogitsReader {
             path: name,
+            rows_read: 0,
             input,
             bytes: vec![0; 2 * record_len(n_vocab)],
             record: vec![0; record_len(n_vocab)],
@@ -233,7 +235,16 @@ impl LogitsReader {
         for (c, b) in self.record.iter_mut().zip(self.bytes.chunks_exact(2)) {
             *c = u16::from_le_bytes([b[0], b[1]]);
         }
-        Ok(EncodedRow::new(&self.record, self.header.n_vocab))
+        self.rows_read += 1;
+        let row = EncodedRow::new(&self.record, self.header.n_vocab);
+        // A damaged record would turn every statistic into NaN; say where instead.
+        if !(row.scale.is_finite() && row.scale >= 0.0 && row.min_log_prob.is_finite()) {
+            return Err(Error::Format(format!(
+                "{}: record {} is damaged (scale {}, offset {})",
+                self.path, self.rows_read, row.scale, row.min_log_prob
+            )));
+        }
+        Ok(row)
     }
 }
 
@@ -329,6 +340,33 @@ mod tests {
         let mut tok = bytes.clone();
         tok[20..24].copy_from_slice(&9i32.to_le_bytes());
         assert!(refused(&tok).contains("outside its vocabulary"));
+        // A record whose scale is not a number opens, and is refused when read.
+        let mut nan = bytes.clone();
+        let second = 20 + 4 * 16 + 2 * record_len(5);
+        nan[second..second + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+        std::fs::write(&path, &nan).unwrap();
+        let mut r = LogitsReader::open(&path).unwrap();
+        assert!(r.next_row().is_ok());
+        let e = r.next_row().err().expect("refused").to_string();
+        assert!(e.contains("record 2 is damaged"), "{e}");
+        // Random damage: every copy opens and reads to an end or an error, never a panic.
+        let mut rng = crate::test_values::TestRng(11);
+        for i in 0..300 {
+            let mut b = bytes.clone();
+            match i % 3 {
+                0 => b.truncate(rng.below(bytes.len())),
+                _ => {
+                    let at = rng.below(b.len());
+                    b[at] = rng.next_u64() as u8;
+                }
+            }
+            std::fs::write(&path, &b).unwrap();
+            if let Ok(mut r) = LogitsReader::open(&path) {
+                while let Ok(row) = r.next_row() {
+                    assert!(row.scale.is_finite() && row.min_log_prob.is_finite());
+                }
+            }
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
