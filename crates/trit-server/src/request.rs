@@ -10,8 +10,8 @@ use serde_json::Value;
 use std::sync::Arc;
 use trit::engine::GenerateOptions;
 use trit::sample::{
-    Breakers, ConstrainedOutput, Dry, DynamicTemperature, Grammar, JsonSchema, OutputRule,
-    Penalties, SamplingParams, Truncation,
+    Breakers, ConstrainedOutput, Dry, DynamicTemperature, Grammar, JsonSchema, LazyRule,
+    OutputRule, Penalties, SamplingParams, Truncation,
 };
 
 /// Decodes a JSON body into `T`; a broken body or a wrong type is a 400 naming the field.
@@ -70,6 +70,11 @@ pub struct Common {
     pub json_schema: Option<Value>,
     /// llama.cpp's GBNF grammar (a string): the output must be a string of it.
     pub grammar: Option<Value>,
+    /// llama.cpp: the grammar binds only from a trigger on (`grammar_triggers`).
+    pub grammar_lazy: Option<bool>,
+    /// llama.cpp's triggers: `{"type": 1, "value": WORD}` (a word) or `{"type": 0, "value":
+    /// TEXT, "token": ID}` (a token, by its text); patterns (types 2, 3) are refused.
+    pub grammar_triggers: Option<Vec<Value>>,
     /// llama.cpp: keep generating past end-of-sequence tokens (they are banned).
     pub ignore_eos: Option<bool>,
     /// llama.cpp's name for max_tokens; −1: until the context is full.
@@ -448,8 +453,16 @@ impl Common {
                 None => Ok(None),
                 Some(Value::String(text)) => {
                     let g = Grammar::parse(text).map_err(|e| ApiError::bad_value(&e))?;
+                    let mut rule = OutputRule::Grammar(Arc::new(g));
+                    if self.grammar_lazy == Some(true) {
+                        let words = self.trigger_words(state)?;
+                        let words: Vec<&str> = words.iter().map(String::as_str).collect();
+                        let lazy = LazyRule::with_triggers(&words, rule)
+                            .map_err(|e| ApiError::bad_value(&e))?;
+                        rule = OutputRule::Lazy(Arc::new(lazy));
+                    }
                     Ok(Some(ConstrainedOutput {
-                        rule: OutputRule::Grammar(Arc::new(g)),
+                        rule,
                         table: table(),
                     }))
                 }
@@ -465,6 +478,36 @@ impl Common {
             rule: OutputRule::Json(Arc::new(schema)),
             table: table(),
         }))
+    }
+
+    /// The texts of `grammar_triggers` (llama.cpp's shape: a word, or a token and its text).
+    fn trigger_words(&self, state: &AppState) -> Result<Vec<String>, ApiError> {
+        let triggers = self.grammar_triggers.as_deref().unwrap_or_default();
+        if triggers.is_empty() {
+            return Err(ApiError::invalid(
+                "grammar_lazy needs grammar_triggers: the words from which the grammar binds",
+            ));
+        }
+        triggers
+            .iter()
+            .map(
+                |t| match (t["type"].as_i64(), &t["value"], t["token"].as_u64()) {
+                    (Some(1), Value::String(word), _) => Ok(word.clone()),
+                    (Some(0), _, Some(id)) if (id as usize) < state.tokenizer.vocab_size() => {
+                        Ok(crate::state::token_text(&state.tokenizer, id as u32))
+                    }
+                    (Some(0), Value::String(text), None) => Ok(text.clone()),
+                    (Some(2 | 3), _, _) => Err(ApiError::invalid(
+                        "grammar_triggers: pattern triggers (types 2 and 3) are not supported; \
+                     give words (type 1) or tokens (type 0)",
+                    )),
+                    _ => Err(ApiError::invalid(format!(
+                        "grammar_triggers: {t} is not {{\"type\": 1, \"value\": WORD}} or \
+                     {{\"type\": 0, \"token\": ID}}"
+                    ))),
+                },
+            )
+            .collect()
     }
 
     /// The schema `response_format` or `json_schema` asks for, if any.

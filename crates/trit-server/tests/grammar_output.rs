@@ -113,3 +113,79 @@ fn bad_grammars_and_conflicts_are_refused_with_the_reason() {
     let null = json!({"prompt": "x", "max_tokens": 2, "grammar": null});
     assert_eq!(post(server().addr, "/v1/completions", &null).status, 200);
 }
+
+/// llama.cpp's lazy grammars (`grammar_lazy` + `grammar_triggers`): the text is free until a
+/// trigger word, the grammar binds from it to the end of its string, and then the text is free
+/// again. The default model continues a run of tool calls (newline first, then `<tool_call>`);
+/// with a lazy grammar that wants an upper-case name after the trigger, the newline stays and
+/// every call it starts has such a name; a plain grammar binds from the first token.
+#[test]
+fn a_lazy_grammar_binds_from_its_trigger() {
+    let examples: Vec<String> = ["Paris", "Rome", "Oslo"]
+        .iter()
+        .map(|c| {
+            format!(
+                "<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {{\"city\": \"{c}\"}}}}\n\
+                 </tool_call>"
+            )
+        })
+        .collect();
+    let prompt = examples.join("\n");
+    let grammar = r#"root ::= "<tool_call>\n{\"name\": \"" [A-Z]{2,8} "\"}""#;
+    let text = |extra: Value| {
+        let mut b = json!({"prompt": prompt, "max_tokens": 40, "temperature": 0});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let r = post(server().addr, "/v1/completions", &b);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let free = text(json!({}));
+    assert!(free.starts_with("\n<tool_call>"), "{free:?}");
+    let trigger = json!([{"type": 1, "value": "<tool_call>"}]);
+    let lazy = text(json!({"grammar": grammar, "grammar_lazy": true, "grammar_triggers": trigger}));
+    assert!(lazy.starts_with('\n'), "free before the trigger: {lazy:?}");
+    let calls: Vec<&str> = lazy.split("<tool_call>").skip(1).collect();
+    assert!(!calls.is_empty(), "{lazy:?}");
+    for (i, call) in calls.iter().enumerate() {
+        let Some(name) = call.strip_prefix("\n{\"name\": \"") else {
+            assert!(
+                i + 1 == calls.len(),
+                "only the last may be cut short: {lazy:?}"
+            );
+            continue;
+        };
+        let upper = name.bytes().take_while(u8::is_ascii_uppercase).count();
+        let cut = i + 1 == calls.len() && !name.contains('"');
+        assert!(
+            cut || ((2..=8).contains(&upper) && name[upper..].starts_with("\"}")),
+            "{lazy:?}"
+        );
+    }
+    // A plain grammar binds from the first token: no newline, one string and the end.
+    let plain = text(json!({"grammar": grammar}));
+    assert!(
+        plain.starts_with("<tool_call>\n{\"name\": \"") && plain.ends_with("\"}"),
+        "{plain:?}"
+    );
+    for (extra, word) in [
+        (json!({"grammar_lazy": true}), "grammar_triggers"),
+        (
+            json!({"grammar_lazy": true, "grammar_triggers": [{"type": 2, "value": "<.*"}]}),
+            "pattern",
+        ),
+        (
+            json!({"grammar_lazy": true, "grammar_triggers": [{"type": 1, "value": "Next"}]}),
+            "Next",
+        ),
+    ] {
+        let mut b = json!({"prompt": "Hi", "max_tokens": 4, "grammar": grammar});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let r = post(server().addr, "/v1/completions", &b);
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert!(r.text().contains(word), "{}", r.text());
+    }
+}

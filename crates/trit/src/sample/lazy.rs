@@ -14,11 +14,14 @@ use std::sync::Arc;
 
 /// The longest trigger or quiet-region delimiter.
 const MAX_PATTERN: usize = 32;
+/// Triggers one rule may have.
+const MAX_TRIGGERS: usize = 16;
 
 /// Where a lazy constraint starts to bind, and what binds then.
 #[derive(Clone, Debug)]
 pub struct LazyRule {
-    trigger: Vec<u8>,
+    /// Any of these starts the language (each is a prefix of its strings).
+    triggers: Vec<Vec<u8>>,
     rule: OutputRule,
     quiet: Option<(Vec<u8>, Vec<u8>)>,
     starts_quiet: bool,
@@ -29,23 +32,36 @@ impl LazyRule {
     /// Free output until `trigger`; from its first byte the output follows `rule`, whose strings
     /// must start with the trigger.
     pub fn new(trigger: &str, rule: OutputRule) -> Result<LazyRule> {
-        check_pattern("trigger", trigger)?;
-        let starts = match &rule {
-            OutputRule::Json(s) => starts_with(&**s, trigger.as_bytes()),
-            OutputRule::Grammar(g) => starts_with(&**g, trigger.as_bytes()),
-            OutputRule::Lazy(_) => {
-                return Err(Error::InvalidArgument(
-                    "a lazy rule cannot hold another lazy rule".into(),
-                ))
-            }
-        };
-        if !starts {
+        LazyRule::with_triggers(&[trigger], rule)
+    }
+
+    /// Free output until any of `triggers` (llama.cpp's `grammar_triggers` words).
+    pub fn with_triggers(triggers: &[&str], rule: OutputRule) -> Result<LazyRule> {
+        if triggers.is_empty() || triggers.len() > MAX_TRIGGERS {
             return Err(Error::InvalidArgument(format!(
-                "the lazy rule's language does not start with its trigger {trigger:?}"
+                "a lazy rule needs 1 to {MAX_TRIGGERS} triggers, not {}",
+                triggers.len()
             )));
         }
+        for trigger in triggers {
+            check_pattern("trigger", trigger)?;
+            let starts = match &rule {
+                OutputRule::Json(s) => starts_with(&**s, trigger.as_bytes()),
+                OutputRule::Grammar(g) => starts_with(&**g, trigger.as_bytes()),
+                OutputRule::Lazy(_) => {
+                    return Err(Error::InvalidArgument(
+                        "a lazy rule cannot hold another lazy rule".into(),
+                    ))
+                }
+            };
+            if !starts {
+                return Err(Error::InvalidArgument(format!(
+                    "the lazy rule's language does not start with its trigger {trigger:?}"
+                )));
+            }
+        }
         Ok(LazyRule {
-            trigger: trigger.as_bytes().to_vec(),
+            triggers: triggers.iter().map(|t| t.as_bytes().to_vec()).collect(),
             rule,
             quiet: None,
             starts_quiet: false,
@@ -122,16 +138,19 @@ impl Watch {
     }
 
     /// Reads `bytes` of free output; returns the offset just past a trigger that ends inside
-    /// them (the bytes after it are not read).
-    fn read(&mut self, rule: &LazyRule, bytes: &[u8]) -> Option<usize> {
+    /// them and which one it is (the bytes after it are not read).
+    fn read(&mut self, rule: &LazyRule, bytes: &[u8]) -> Option<(usize, usize)> {
         for (i, &b) in bytes.iter().enumerate() {
             self.push(b);
             match &rule.quiet {
                 Some((_, close)) if self.quiet && self.ends_with(close) => self.quiet = false,
                 Some(_) if self.quiet => {}
                 Some((open, _)) if self.ends_with(open) => self.quiet = true,
-                _ if self.ends_with(&rule.trigger) => return Some(i + 1),
-                _ => {}
+                _ => {
+                    if let Some(t) = rule.triggers.iter().position(|t| self.ends_with(t)) {
+                        return Some((i + 1, t));
+                    }
+                }
             }
         }
         None
@@ -177,10 +196,10 @@ impl<L: ByteLanguage> Lazy<L> {
     }
 
     fn read(&self, watch: &mut Watch, bytes: &[u8]) -> Read<L::State> {
-        let Some(end) = watch.read(&self.rule, bytes) else {
+        let Some((end, which)) = watch.read(&self.rule, bytes) else {
             return Read::Free;
         };
-        let mut text = self.rule.trigger.clone();
+        let mut text = self.rule.triggers[which].clone();
         text.extend_from_slice(&bytes[end..]);
         match self.follow.state_after(&text) {
             Some(st) => Read::Bound(st),

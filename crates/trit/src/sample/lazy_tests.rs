@@ -135,6 +135,21 @@ fn a_trigger_far_into_free_output_is_still_seen() {
 }
 
 #[test]
+fn any_of_several_triggers_binds_the_output() {
+    let g = Grammar::parse(r#"root ::= ("<t>" | "x") "{" [ab]* "}""#).unwrap();
+    let rule = LazyRule::with_triggers(&["<t>", "x"], OutputRule::Grammar(Arc::new(g)));
+    let mut l = lazy(rule.unwrap());
+    feed(&mut l, &["a", "x"]);
+    assert_eq!(allowed(&l), ["{"], "x started it");
+    feed(&mut l, &["{", "}", "<t>"]);
+    assert_eq!(
+        allowed(&l),
+        ["{"],
+        "and so does <t>, after the first string"
+    );
+}
+
+#[test]
 fn rules_that_cannot_work_are_refused() {
     let err = |r: Result<LazyRule>| r.expect_err("refused").to_string();
     assert!(err(LazyRule::new("<x>", rule())).contains("does not start with"));
@@ -143,6 +158,8 @@ fn rules_that_cannot_work_are_refused() {
     assert!(err(LazyRule::new(&long, rule())).contains("1 to 32 bytes"));
     let lazy = OutputRule::Lazy(Arc::new(LazyRule::new("<t>", rule()).unwrap()));
     assert!(err(LazyRule::new("<t>", lazy)).contains("another lazy rule"));
+    assert!(err(LazyRule::with_triggers(&[], rule())).contains("1 to 16 triggers"));
+    assert!(err(LazyRule::with_triggers(&["<t>", "x"], rule())).contains("\"x\""));
     let ok = LazyRule::new("<t>", rule()).unwrap();
     assert!(err(ok.quiet_between("", "</q>", false)).contains("opening"));
     // A JSON document cannot start with "<".
