@@ -606,15 +606,8 @@ fn ignore_eos_and_n_predict_and_refused_samplers() {
 #[test]
 fn dry_breaks_a_loop_the_greedy_reply_would_repeat() {
     let prompt = "the cat sat on the mat and the cat sat on the mat and the cat sat on the";
-    let reply = |extra: Value| {
-        let mut b = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0});
-        b.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        let r = post(server().addr, "/v1/completions", &b);
-        assert_eq!(r.status, 200, "{}", r.text());
-        r.json()["choices"][0]["text"].as_str().unwrap().to_string()
-    };
+    let body = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0});
+    let reply = |extra: Value| common::completion_text(server().addr, &body, &extra);
     let free = reply(json!({}));
     assert!(free.starts_with(" mat"), "the loop goes on: {free:?}");
     let dry = reply(json!({"dry_multiplier": 0.8}));

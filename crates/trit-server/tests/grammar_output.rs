@@ -132,15 +132,8 @@ fn a_lazy_grammar_binds_from_its_trigger() {
         .collect();
     let prompt = examples.join("\n");
     let grammar = r#"root ::= "<tool_call>\n{\"name\": \"" [A-Z]{2,8} "\"}""#;
-    let text = |extra: Value| {
-        let mut b = json!({"prompt": prompt, "max_tokens": 40, "temperature": 0});
-        b.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        let r = post(server().addr, "/v1/completions", &b);
-        assert_eq!(r.status, 200, "{}", r.text());
-        r.json()["choices"][0]["text"].as_str().unwrap().to_string()
-    };
+    let body = json!({"prompt": prompt, "max_tokens": 40, "temperature": 0});
+    let text = |extra: Value| common::completion_text(server().addr, &body, &extra);
     let free = text(json!({}));
     assert!(free.starts_with("\n<tool_call>"), "{free:?}");
     let trigger = json!([{"type": 1, "value": "<tool_call>"}]);

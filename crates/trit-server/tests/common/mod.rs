@@ -299,6 +299,17 @@ pub fn post(addr: SocketAddr, path: &str, body: &Value) -> Reply {
     )
 }
 
+/// The text of a `/v1/completions` reply to `body` with `extra`'s fields added (a 200 asserted).
+pub fn completion_text(addr: SocketAddr, body: &Value, extra: &Value) -> String {
+    let mut b = body.clone();
+    if let (Some(b), Some(e)) = (b.as_object_mut(), extra.as_object()) {
+        b.extend(e.clone());
+    }
+    let r = post(addr, "/v1/completions", &b);
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
 pub fn get(addr: SocketAddr, path: &str) -> Reply {
     request_raw(addr, "GET", path, b"", Some(API_KEY))
 }
