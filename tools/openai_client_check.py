@@ -66,6 +66,18 @@ completion = client.completions.create(model=model, prompt="Once upon a time", m
 check(completion.object == "text_completion", "completion object")
 check("".join(completion.choices[0].logprobs.tokens) == completion.choices[0].text, "logprob tokens")
 
+# echo, as lm-evaluation-harness scores a continuation: two prompts of token ids, one token
+# generated after each; the prompts' log-probabilities come first (the very first is None).
+ids = [[504, 3575, 282, 4649, 314], [504, 3575, 282]]
+scored = client.completions.create(model=model, prompt=ids, max_tokens=1, temperature=0,
+                                   logprobs=1, echo=True)
+check([c.index for c in scored.choices] == [0, 1], "one choice per prompt")
+for c, p in zip(scored.choices, ids):
+    lp = c.logprobs
+    check(lp.token_logprobs[0] is None and len(lp.token_logprobs) == len(p) + 1, "echo logprobs")
+    check(all(isinstance(x, float) for x in lp.token_logprobs[1:]), "prompt token logprobs")
+    check(lp.top_logprobs[0] is None and len(lp.top_logprobs[-1]) == 1, "top logprobs")
+
 # Tool-call round trip: tools offered, then the call and its result sent back as history.
 tools = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather of a city",
