@@ -10,9 +10,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use trit::engine::kl_divergence::{Estimate, KlDivergence};
 use trit::engine::logits_file::{scored_per_chunk, LogitsHeader, LogitsReader, LogitsWriter};
-use trit::engine::perplexity::{
-    perplexity, score_windows, window_count, NllSums, Perplexity, WindowEvent,
-};
+use trit::engine::perplexity::{score_windows, window_count, NllSums, Perplexity, WindowEvent};
 
 #[derive(Args, Debug)]
 pub struct PerplexityArgs {
@@ -65,62 +63,59 @@ pub fn run(mut a: PerplexityArgs) -> Result<()> {
         "perplexity: {} tokens, {windows} windows of {n_ctx}, scoring from position {first}",
         tokens.len(),
     );
-    let mut progress = progress_line();
-    let r = match &a.kl_divergence_base {
-        None => perplexity(
-            &loaded.model,
-            &tokens,
-            n_ctx,
-            first,
-            bos,
-            a.chunks,
-            &mut progress,
-        )?,
-        Some(path) => {
-            let header = LogitsHeader {
+    if windows == 0 {
+        bail!(
+            "the text has {} tokens, fewer than one window of {n_ctx}",
+            tokens.len()
+        );
+    }
+    // With --kl-divergence-base, every scored row also goes to the base file.
+    let mut out = match &a.kl_divergence_base {
+        Some(path) => Some(LogitsWriter::create(
+            path,
+            &LogitsHeader {
                 n_ctx,
                 n_vocab: loaded.model.config().vocab,
                 n_chunk: windows,
                 tokens: tokens[..windows * n_ctx].to_vec(),
-            };
-            if windows == 0 {
-                bail!(
-                    "the text has {} tokens, fewer than one window of {n_ctx}",
-                    tokens.len()
-                );
-            }
-            let mut out = LogitsWriter::create(path, &header)?;
-            let (mut nll, mut per_chunk) = (NllSums::default(), Vec::new());
-            score_windows(
-                &loaded.model,
-                &tokens,
-                n_ctx,
-                first,
-                bos,
-                a.chunks,
-                &mut |e| {
-                    match e {
-                        WindowEvent::Row { logits, next } => {
-                            nll.add(logits, next);
-                            out.write_row(logits)?;
-                        }
-                        WindowEvent::WindowDone { done, total } => {
-                            per_chunk.push(nll.ppl());
-                            progress(done, total);
-                        }
-                    }
-                    Ok(())
-                },
-            )?;
-            out.finish()?;
-            eprintln!();
-            eprintln!(
-                "log-probabilities of {windows} windows written to {}",
-                path.display()
-            );
-            nll.finish(per_chunk)
-        }
+            },
+        )?),
+        None => None,
     };
+    let mut progress = progress_line();
+    let (mut nll, mut per_chunk) = (NllSums::default(), Vec::new());
+    score_windows(
+        &loaded.model,
+        &tokens,
+        n_ctx,
+        first,
+        bos,
+        a.chunks,
+        &mut |e| {
+            match e {
+                WindowEvent::Row { logits, next } => {
+                    nll.add(logits, next);
+                    if let Some(out) = out.as_mut() {
+                        out.write_row(logits)?;
+                    }
+                }
+                WindowEvent::WindowDone { done, total } => {
+                    per_chunk.push(nll.ppl());
+                    progress(done, total);
+                }
+            }
+            Ok(())
+        },
+    )?;
+    eprintln!();
+    if let (Some(out), Some(path)) = (out, &a.kl_divergence_base) {
+        out.finish()?;
+        eprintln!(
+            "log-probabilities of {windows} windows written to {}",
+            path.display()
+        );
+    }
+    let r = nll.finish(per_chunk);
     eprintln!();
     print_perplexity(&r);
     Ok(())
