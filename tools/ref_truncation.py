@@ -2,7 +2,8 @@
 (llama-cpp-python 0.3.36's `llama_sampler_*` bindings) from logits rows, for its top-n-sigma,
 locally typical and XTC samplers alone and in llama.cpp's default order with top-k, top-p and
 min-p (XTC at probability 1, so that it always acts); and the probabilities its dynamic
-temperature (`temp_ext`) gives the tokens top-k (and top-p) keep. No model is needed: the rows are seeded
+temperature (`temp_ext`) gives the tokens top-k (and top-p) keep; and two steps of mirostat 1
+and 2 (the kept tokens of each and the first step's draw, which moves the target). No model is needed: the rows are seeded
 random logits of 2,000 tokens, scaled to give peaked and flat distributions.
 
 Needs tools/setup_peers.sh (.cache/venv with llama-cpp-python 0.3.36).
@@ -75,6 +76,34 @@ def dynatemp_probs(row, c):
     return probs
 
 
+MIROSTAT = [
+    {"version": 2, "temp": 1.0, "tau": 5.0, "eta": 0.1},
+    {"version": 2, "temp": 0.7, "tau": 3.0, "eta": 0.5},
+    {"version": 1, "temp": 1.0, "tau": 5.0, "eta": 0.1},
+    {"version": 1, "temp": 0.8, "tau": 2.0, "eta": 0.3},
+]
+
+
+def mirostat_steps(rows, c):
+    """Two steps of llama.cpp's mirostat on rows[0] then rows[1]: the kept ids of each step and
+    the token it drew at the first (which moves its target)."""
+    chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+    L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(c["temp"]))
+    if c["version"] == 2:
+        L.llama_sampler_chain_add(chain, L.llama_sampler_init_mirostat_v2(1, c["tau"], c["eta"]))
+    else:
+        L.llama_sampler_chain_add(chain, L.llama_sampler_init_mirostat(N, 1, c["tau"], c["eta"], 100))
+    steps = []
+    for row in rows:
+        data = (L.llama_token_data * N)(*[L.llama_token_data(i, float(row[i]), 0.0) for i in range(N)])
+        cur = L.llama_token_data_array(data, N, -1, False)
+        L.llama_sampler_apply(chain, ctypes.byref(cur))
+        kept = sorted(int(cur.data[i].id) for i in range(cur.size))
+        steps.append({"kept": kept, "drawn": int(cur.data[cur.selected].id)})
+    L.llama_sampler_free(chain)
+    return steps
+
+
 def main():
     rng = np.random.default_rng(7)
     rows = []
@@ -88,7 +117,9 @@ def main():
             cases.append({"row": r, "chain": c, "kept": ids})
     dyn = [{"row": r, "chain": c, "probs": dynatemp_probs(row, c)}
            for r, row in enumerate(rows) for c in DYNATEMP]
-    out = {"generated_by": "tools/ref_truncation.py", "dynatemp": dyn, "llama_cpp_build": "0c1e570 (llama-cpp-python 0.3.36)",
+    miro = [{"rows": [a, b], "params": c, "steps": mirostat_steps([rows[a], rows[b]], c)}
+            for c in MIROSTAT for a, b in [(1, 2), (2, 0), (3, 1)]]
+    out = {"generated_by": "tools/ref_truncation.py", "dynatemp": dyn, "mirostat": miro, "llama_cpp_build": "0c1e570 (llama-cpp-python 0.3.36)",
            "rows": [[round(float(x), 4) for x in row] for row in rows], "cases": cases}
     dst = ROOT / "tests" / "fixtures" / "sampling" / "truncation.json"
     dst.write_text(json.dumps(out, separators=(",", ":")) + "\n")

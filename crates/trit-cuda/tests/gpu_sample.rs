@@ -331,6 +331,7 @@ fn sampled_requests() -> Vec<(GenerateOptions, usize)> {
             seed,
             logit_bias: Vec::new(),
             dry: None,
+            mirostat: None,
             dynatemp: None,
             truncation: Default::default(),
         },

@@ -10,7 +10,7 @@ use serde_json::Value;
 use std::sync::Arc;
 use trit::engine::GenerateOptions;
 use trit::sample::{
-    Breakers, ConstrainedOutput, Dry, DynamicTemperature, Grammar, JsonSchema, LazyRule,
+    Breakers, ConstrainedOutput, Dry, DynamicTemperature, Grammar, JsonSchema, LazyRule, Mirostat,
     OutputRule, Penalties, SamplingParams, Truncation,
 };
 
@@ -84,7 +84,10 @@ pub struct Common {
     /// llama.cpp samplers this server does not have: accepted at their neutral values only.
     pub typical_p: Option<f32>,
     pub tfs_z: Option<f64>,
+    /// llama.cpp's mirostat: 0 off, 1 or 2, with `mirostat_tau` (5) and `mirostat_eta` (0.1).
     pub mirostat: Option<i64>,
+    pub mirostat_tau: Option<f32>,
+    pub mirostat_eta: Option<f32>,
     /// llama.cpp's DRY repetition penalty (`sample/dry.rs`): off at multiplier 0.
     pub dry_multiplier: Option<f32>,
     pub dry_base: Option<f32>,
@@ -287,15 +290,12 @@ impl Common {
     /// llama.cpp sampler fields at anything but their neutral value are refused by name (a
     /// client that sets mirostat gets told, not a different sampler).
     fn check_samplers(&self) -> Result<(), ApiError> {
-        let active = [
-            ("tfs_z", self.tfs_z.is_some_and(|v| v != 1.0)),
-            ("mirostat", self.mirostat.is_some_and(|v| v != 0)),
-        ];
+        let active = [("tfs_z", self.tfs_z.is_some_and(|v| v != 1.0))];
         match active.iter().find(|a| a.1) {
             Some((name, _)) => Err(ApiError::invalid(format!(
                 "{name} is not supported by this server (only its neutral value is accepted); \
                  it has temperature (and dynatemp), top_k, top_p, min_p, typical_p, \
-                 top_n_sigma, XTC, the penalties, DRY and logit_bias"
+                 top_n_sigma, XTC, mirostat, the penalties, DRY and logit_bias"
             ))),
             None => Ok(()),
         }
@@ -396,6 +396,26 @@ impl Common {
             },
             logit_bias: self.logit_bias(vocab)?,
             dry: None,
+            mirostat: match self.mirostat {
+                None => d.mirostat.clone(),
+                Some(0) => None,
+                Some(v @ (1 | 2)) => Some(Mirostat {
+                    version: v as u8,
+                    tau: self
+                        .mirostat_tau
+                        .or(d.mirostat.as_ref().map(|m| m.tau))
+                        .unwrap_or(5.0),
+                    eta: self
+                        .mirostat_eta
+                        .or(d.mirostat.as_ref().map(|m| m.eta))
+                        .unwrap_or(0.1),
+                }),
+                Some(v) => {
+                    return Err(ApiError::invalid(format!(
+                        "mirostat must be 0 (off), 1 or 2, got {v}"
+                    )))
+                }
+            },
             dynatemp: match self.dynatemp_range {
                 Some(r) if r.is_nan() || r < 0.0 => {
                     return Err(ApiError::invalid(format!(

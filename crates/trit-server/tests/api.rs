@@ -574,6 +574,8 @@ fn ignore_eos_and_n_predict_and_refused_samplers() {
         json!({"top_n_sigma": 1.5, "temperature": 0.8, "seed": 1}),
         json!({"xtc_probability": 0.5, "xtc_threshold": 0.1, "temperature": 0.8, "seed": 1}),
         json!({"dynatemp_range": 0.5, "dynatemp_exponent": 1.5, "temperature": 0.8}),
+        json!({"mirostat": 2, "mirostat_tau": 4.0, "mirostat_eta": 0.2, "temperature": 0.8}),
+        json!({"mirostat": 1, "temperature": 0.8, "seed": 3}),
     ] {
         assert!(chat(body(extra))["choices"][0]["finish_reason"].is_string());
     }
@@ -582,7 +584,7 @@ fn ignore_eos_and_n_predict_and_refused_samplers() {
         json!({"typical_p": 1.0, "mirostat": 0, "dry_multiplier": 0.0}),
     ));
     for (extra, name) in [
-        (json!({"mirostat": 2}), "mirostat"),
+        (json!({"mirostat": 3}), "mirostat"),
         (json!({"typical_p": 0.0}), "typical_p"),
         (json!({"tfs_z": 0.5}), "tfs_z"),
         (json!({"dynatemp_range": -1.0}), "dynatemp_range"),

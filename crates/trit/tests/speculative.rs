@@ -60,6 +60,7 @@ fn drafted_generation_equals_the_targets_own() {
         seed: 11,
         logit_bias: Vec::new(),
         dry: None,
+        mirostat: None,
         dynatemp: None,
         truncation: Default::default(),
     };

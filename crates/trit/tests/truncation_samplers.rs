@@ -6,7 +6,7 @@
 mod common;
 
 use serde_json::Value;
-use trit::sample::{DynamicTemperature, Penalties, Sampler, SamplingParams, Truncation};
+use trit::sample::{DynamicTemperature, Mirostat, Penalties, Sampler, SamplingParams, Truncation};
 
 #[test]
 fn the_same_tokens_are_kept_as_by_llama_cpp() {
@@ -42,6 +42,7 @@ fn the_same_tokens_are_kept_as_by_llama_cpp() {
             seed: 3,
             logit_bias: Vec::new(),
             dry: None,
+            mirostat: None,
             dynatemp: None,
             truncation: Truncation {
                 top_n_sigma: get("top_n_sigma", -1.0),
@@ -97,4 +98,48 @@ fn the_same_tokens_are_kept_as_by_llama_cpp() {
         compared += 1;
     }
     assert!(compared >= 5, "{compared}");
+
+    // Mirostat: the tokens kept at the first step (target 2τ), and at the second after the
+    // target moved by the surprise of the token llama.cpp drew at the first.
+    let mut steps = 0;
+    for case in fixture["mirostat"].as_array().unwrap() {
+        let c = &case["params"];
+        let f = |k: &str| c[k].as_f64().unwrap() as f32;
+        let m = Mirostat {
+            version: c["version"].as_u64().unwrap() as u8,
+            tau: f("tau"),
+            eta: f("eta"),
+        };
+        let mut mu = 2.0 * m.tau;
+        for (step, want) in case["steps"].as_array().unwrap().iter().enumerate() {
+            let row = &rows[case["rows"][step].as_u64().unwrap() as usize];
+            let mut cand: Vec<(u32, f32)> = row
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, l / f("temp")))
+                .collect();
+            cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            m.keep(&mut cand, mu, row.len());
+            let mut kept: Vec<u32> = cand.iter().map(|c| c.0).collect();
+            kept.sort_unstable();
+            let ids: Vec<u32> = want["kept"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_u64().unwrap() as u32)
+                .collect();
+            assert_eq!(kept, ids, "{c} step {step}");
+            // The drawn token's probability among the kept ones moves the target.
+            let drawn = want["drawn"].as_u64().unwrap() as u32;
+            let max = cand[0].1;
+            let z: f32 = cand.iter().map(|c| (c.1 - max).exp()).sum();
+            let at = cand
+                .iter()
+                .position(|c| c.0 == drawn)
+                .expect("drawn among the kept");
+            mu = m.update(mu, (cand[at].1 - max).exp() / z);
+            steps += 1;
+        }
+    }
+    assert_eq!(steps, 24);
 }

@@ -7,7 +7,9 @@ use anyhow::{bail, Result};
 use clap::Args;
 use std::sync::Arc;
 use trit::sample::dry::DEFAULT_BREAKERS;
-use trit::sample::{Breakers, Dry, DynamicTemperature, Penalties, SamplingParams, Truncation};
+use trit::sample::{
+    Breakers, Dry, DynamicTemperature, Mirostat, Penalties, SamplingParams, Truncation,
+};
 
 /// Unset flags take the model's recommendation (GGUF `general.sampling.*`, else
 /// `generation_config.json`, else Qwen3's no-thinking values) or llama.cpp's default.
@@ -70,6 +72,16 @@ pub struct SamplerArgs {
     /// The exponent of that mapping (default 1).
     #[arg(long = "dynatemp-exp")]
     pub dynatemp_exponent: Option<f32>,
+    /// Mirostat 1 or 2 (llama.cpp's; replaces the penalties and the truncation samplers;
+    /// default 0 = off).
+    #[arg(long, value_name = "N")]
+    pub mirostat: Option<u8>,
+    /// Mirostat's target surprise τ in bits per token (default 5).
+    #[arg(long = "mirostat-ent", value_name = "TAU")]
+    pub mirostat_tau: Option<f32>,
+    /// Mirostat's learning rate η (default 0.1).
+    #[arg(long = "mirostat-lr", value_name = "ETA")]
+    pub mirostat_eta: Option<f32>,
 }
 
 impl SamplerArgs {
@@ -97,6 +109,14 @@ impl SamplerArgs {
             seed,
             logit_bias,
             dry: self.dry(loaded)?,
+            mirostat: match self.mirostat.unwrap_or(0) {
+                0 => None,
+                version => Some(Mirostat {
+                    version,
+                    tau: self.mirostat_tau.unwrap_or(5.0),
+                    eta: self.mirostat_eta.unwrap_or(0.1),
+                }),
+            },
             dynatemp: self
                 .dynatemp_range
                 .filter(|&r| r > 0.0)

@@ -1,10 +1,12 @@
 //! Token selection. Order follows llama.cpp's default chain: logit bias → penalties → DRY →
 //! top-n-σ → top-k → typical → top-p → min-p (on untempered probabilities) → XTC → temperature
 //! → draw. Temperature 0 is greedy (over what the truncation samplers keep, when any is on).
+//! Mirostat, when on, replaces everything after the logit bias (as in llama.cpp).
 
 use super::candidates::{top_k_indices, TopLogits};
 use super::dry::Dry;
 use super::dynatemp::DynamicTemperature;
+use super::mirostat::Mirostat;
 use super::processors::Penalties;
 use super::rng::Rng;
 use super::truncation::{top_n_sigma, typical, xtc, Truncation};
@@ -29,6 +31,8 @@ pub struct SamplingParams {
     pub truncation: Truncation,
     /// llama.cpp's dynamic temperature (`None`: the fixed one).
     pub dynatemp: Option<DynamicTemperature>,
+    /// Mirostat in place of the penalties and the truncation chain (`None`: off).
+    pub mirostat: Option<Mirostat>,
 }
 
 impl Default for SamplingParams {
@@ -44,6 +48,7 @@ impl Default for SamplingParams {
             dry: None,
             truncation: Truncation::default(),
             dynatemp: None,
+            mirostat: None,
         }
     }
 }
@@ -78,6 +83,14 @@ impl SamplingParams {
             return bad("a logit bias must be a number or −∞");
         }
         self.truncation.validate()?;
+        if let Some(m) = &self.mirostat {
+            if !(m.version == 1 || m.version == 2) {
+                return bad("mirostat must be 0 (off), 1 or 2");
+            }
+            if !(m.tau.is_finite() && m.eta.is_finite() && m.tau > 0.0 && m.eta >= 0.0) {
+                return bad("mirostat_tau must be > 0 and mirostat_eta ≥ 0");
+            }
+        }
         if let Some(d) = &self.dry {
             if !(d.multiplier >= 0.0 && d.multiplier.is_finite()) {
                 return bad("dry_multiplier must be a finite number ≥ 0");
@@ -97,7 +110,8 @@ impl SamplingParams {
         let no_penalties = (self.penalties.is_neutral() || self.penalties.last_n == 0)
             && self.logit_bias.is_empty()
             && !self.dry.as_ref().is_some_and(Dry::is_active)
-            && self.truncation.is_neutral();
+            && self.truncation.is_neutral()
+            && self.mirostat.is_none();
         let within = self.temperature <= 0.0
             || (self.top_k >= 1 && self.top_k <= k && self.dynatemp.is_none());
         no_penalties && k >= 1 && within
@@ -107,22 +121,27 @@ impl SamplingParams {
 pub struct Sampler {
     params: SamplingParams,
     rng: Rng,
+    /// Mirostat's running surprise target (2τ at the start).
+    mu: f32,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Self> {
         params.validate()?;
         let rng = Rng::new(params.seed);
-        Ok(Sampler { params, rng })
+        let mu = params.mirostat.as_ref().map_or(0.0, |m| 2.0 * m.tau);
+        Ok(Sampler { params, rng, mu })
     }
 
     /// A sampler whose generator continues from `state` (a device's stand-in draws as the
     /// host would).
     pub fn with_rng_state(params: SamplingParams, state: [u64; 4]) -> Result<Self> {
         params.validate()?;
+        let mu = params.mirostat.as_ref().map_or(0.0, |m| 2.0 * m.tau);
         Ok(Sampler {
             params,
             rng: Rng::from_state(state),
+            mu,
         })
     }
 
@@ -148,6 +167,9 @@ impl Sampler {
             if let Some(l) = logits.get_mut(t as usize) {
                 *l += b;
             }
+        }
+        if p.mirostat.is_some() {
+            return self.sample_mirostat(logits);
         }
         p.penalties.apply(logits, history);
         if let Some(d) = &p.dry {
@@ -276,6 +298,49 @@ impl Sampler {
 }
 
 impl Sampler {
+    /// Mirostat's step (after the logit bias, as llama.cpp's chain): temperature, the tokens
+    /// the target allows, a draw among them, the target moved by the drawn token's surprise.
+    fn sample_mirostat(&mut self, logits: &[f32]) -> u32 {
+        let Some(m) = self.params.mirostat.clone() else {
+            return argmax(logits);
+        };
+        let t = self.params.temperature;
+        if t <= 0.0 {
+            // llama.cpp's temperature 0 leaves the best token alone: certain, 0 bits.
+            self.mu = m.update(self.mu, 1.0);
+            return argmax(logits);
+        }
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.is_finite())
+            .map(|(i, &l)| (i as u32, l / t))
+            .collect();
+        cand.sort_by(by_rank);
+        m.keep(&mut cand, self.mu, logits.len());
+        if cand.is_empty() {
+            return 0;
+        }
+        let probs = softmax(cand.iter().map(|c| c.1), 1.0);
+        let r = self.rng.next_f64();
+        let mut pick = cand.len() - 1;
+        let mut cum = 0.0;
+        for (i, pr) in probs.iter().enumerate() {
+            cum += pr;
+            if r < cum {
+                pick = i;
+                break;
+            }
+        }
+        self.mu = m.update(self.mu, probs[pick] as f32);
+        cand[pick].0
+    }
+
+    /// Mirostat's current surprise target.
+    pub fn mirostat_mu(&self) -> f32 {
+        self.mu
+    }
+
     /// The probabilities the draw uses over `cand` (the kept candidates, best first): the
     /// softmax at the step's temperature (dynamic when asked; at 0, all on the best).
     pub fn distribution(&self, cand: &[(u32, f32)]) -> Vec<f64> {
@@ -333,6 +398,7 @@ mod tests {
             seed: 42,
             logit_bias: Vec::new(),
             dry: None,
+            mirostat: None,
             dynatemp: None,
             truncation: Default::default(),
         }
@@ -345,6 +411,39 @@ mod tests {
             h[s.sample(&mut logits.to_vec(), &[]) as usize] += 1;
         }
         h
+    }
+
+    #[test]
+    fn mirostat_draws_within_its_target_and_moves_it() {
+        let m = Mirostat {
+            version: 2,
+            tau: 3.0,
+            eta: 0.1,
+        };
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            mirostat: Some(m.clone()),
+            ..SamplingParams::default()
+        })
+        .unwrap();
+        assert_eq!(s.mirostat_mu(), 6.0, "2τ at the start");
+        let logits: Vec<f32> = (0..64).map(|i| -(i as f32) * 0.3).collect();
+        for _ in 0..50 {
+            let mu = s.mirostat_mu();
+            let mut allowed: Vec<(u32, f32)> = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, l))
+                .collect();
+            m.keep(&mut allowed, mu, logits.len());
+            let t = s.sample(&mut logits.clone(), &[]);
+            assert!(
+                allowed.iter().any(|c| c.0 == t),
+                "{t} outside {}",
+                allowed.len()
+            );
+            assert_ne!(s.mirostat_mu(), mu);
+        }
     }
 
     #[test]
