@@ -1,6 +1,8 @@
 //! `trit perplexity` follows llama-perplexity's convention: on the same GGUF and text, the
 //! final estimate must be within 1% of llama.cpp's (tests/fixtures/smollm2/reference.json).
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -72,16 +74,7 @@ fn stat(out: &str, label: &str) -> f64 {
 }
 
 fn run_trit(args: &[&std::ffi::OsStr]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_trit"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    common::ok_stdout(&common::trit().args(args).output().unwrap())
 }
 
 /// `--kl-divergence-base` / `--kl-divergence` against llama-perplexity's
