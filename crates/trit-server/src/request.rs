@@ -189,9 +189,7 @@ impl Common {
             }
             Some(m) => usize::try_from(m).unwrap_or(usize::MAX),
         };
-        let mut sampling = self.sampling(&state.config.defaults, state.tokenizer.vocab_size())?;
-        sampling.dry = self.dry(state)?;
-        sampling.validate().map_err(|e| ApiError::bad_value(&e))?;
+        let mut sampling = self.sampling(state)?;
         if self.ignore_eos == Some(true) {
             let ban = state.config.eos.iter().map(|&t| (t, f32::NEG_INFINITY));
             sampling.logit_bias.extend(ban);
@@ -352,7 +350,10 @@ impl Common {
         }))
     }
 
-    fn sampling(&self, d: &SamplingParams, vocab: usize) -> Result<SamplingParams, ApiError> {
+    /// The request's sampling fields over the server's defaults, validated.
+    fn sampling(&self, state: &AppState) -> Result<SamplingParams, ApiError> {
+        let d = &state.config.defaults;
+        let vocab = state.tokenizer.vocab_size();
         if let Some(t) = self.temperature {
             if !(0.0..=2.0).contains(&t) {
                 return Err(ApiError::invalid(format!(
@@ -395,7 +396,7 @@ impl Common {
                 None => fresh_seed(),
             },
             logit_bias: self.logit_bias(vocab)?,
-            dry: None,
+            dry: self.dry(state)?,
             mirostat: match self.mirostat {
                 None => d.mirostat.clone(),
                 Some(0) => None,
